@@ -1,0 +1,3 @@
+"""The server's pykka actors, one module each (workflow-server.md § Process model)."""
+
+__all__: list[str] = []

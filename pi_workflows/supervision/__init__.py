@@ -1,0 +1,3 @@
+"""Child-process supervision: spawning, start identities, signals, child channels."""
+
+__all__: list[str] = []
