@@ -1,0 +1,302 @@
+"""Canonical JSON: RFC 8785 (JCS), the one canonical form for the wire, digests and fingerprints.
+
+Implements python-port.md decision 1 and client-protocol.md § Transports: ECMAScript
+number formatting, UTF-16 code-unit key order, no white space, byte-identical with
+Node's `JSON.stringify` of the same value with keys sorted by UTF-16 code units.
+
+orjson does the work whenever its output is already canonical. It is not for
+floats (`1.0`, `1e+20`), NaN and infinities (written as `null`), and keys at or
+above U+E000 (orjson sorts by code point, JCS by UTF-16 code unit). A cheap scan
+of orjson's output finds those cases, and only then the exact encoder below runs.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import orjson
+
+from pi_workflows.errors import PiWorkflowsError
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "CanonicalJSONError",
+    "InvalidJSONError",
+    "JsonValue",
+    "NonCanonicalError",
+    "NotSerializableError",
+    "dumps",
+    "loads",
+    "sha256_digest",
+]
+
+JsonValue: TypeAlias = (
+    bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+)
+
+MAX_SAFE_INTEGER = 2**53 - 1
+"""Largest integer that every ECMAScript implementation reads back exactly."""
+
+
+class CanonicalJSONError(PiWorkflowsError, ValueError):
+    """Base class for every canonical JSON failure."""
+
+
+class NotSerializableError(CanonicalJSONError):
+    """The value has no canonical JSON form (NaN, infinity, unsafe integer, bad key or type)."""
+
+
+class InvalidJSONError(CanonicalJSONError):
+    """The bytes are not JSON at all (syntax, invalid UTF-8, lone surrogate escape)."""
+
+
+class NonCanonicalError(CanonicalJSONError):
+    """The bytes are valid JSON but not in canonical form (or repeat an object key)."""
+
+
+_ORJSON_OPTIONS = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_STRICT_INTEGER
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+
+# A float token in a value position: orjson writes every finite float with "." or "e".
+# Matches inside strings are harmless false positives: they only cost the exact path.
+_SUSPECT_FLOAT = re.compile(rb"(?:^|[:,\[])-?[0-9]+[.e]")
+# UTF-8 lead bytes of U+E000..U+FFFF and of astral characters: the only characters
+# whose code-point order differs from their UTF-16 code-unit order.
+_SUSPECT_KEY_ORDER = re.compile(rb"[\xee-\xf4]")
+
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def dumps(value: Any) -> bytes:
+    """Return the RFC 8785 canonical UTF-8 bytes of `value`.
+
+    Args:
+        value: `None`, `bool`, `int`, `float`, `str`, `list`/`tuple` or `dict` with
+            `str` keys, nested to any depth (subclasses are treated as their base type).
+
+    Raises:
+        NotSerializableError: NaN or an infinity, an integer outside ±(2^53−1), a
+            non-string key, a lone surrogate, or a value of another type.
+    """
+    try:
+        out = orjson.dumps(value, default=_coerce, option=_ORJSON_OPTIONS)
+    except (orjson.JSONEncodeError, TypeError):
+        # orjson refuses lone surrogates, non-string keys, deep nesting and unknown
+        # types; the exact encoder either handles the value or names the problem.
+        return _exact_dumps(value)
+    if (
+        _SUSPECT_FLOAT.search(out)
+        or (not out.isascii() and _SUSPECT_KEY_ORDER.search(out))
+        or (b"null" in out and orjson.loads(out) != value)
+    ):
+        # orjson writes NaN and infinities as null; a round trip that differs
+        # from the value reveals them (and tuples, which the exact path handles).
+        return _exact_dumps(value)
+    return out
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Parse canonical JSON bytes.
+
+    Integer tokens within ±(2^53−1) become `int`, every other number a `float`, so
+    `dumps(loads(b)) == b` for every canonical `b`.
+
+    Raises:
+        InvalidJSONError: not JSON, invalid UTF-8, or a lone surrogate escape.
+        NonCanonicalError: valid JSON whose canonical form differs from `data`,
+            including any object with a repeated key.
+    """
+    raw = bytes(data)
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSONError(f"not valid JSON: {exc.msg}") from None
+    try:
+        again = dumps(value)
+    except NotSerializableError:
+        value = _floats_for_unsafe_integers(value)
+        again = dumps(value)
+    if again != raw:
+        raise _explain_non_canonical(raw, again)
+    return value
+
+
+def sha256_digest(value: Any) -> str:
+    """Return `sha256:<hex>` of the canonical bytes of `value` (definitions, inputs, payloads)."""
+    return "sha256:" + hashlib.sha256(dumps(value)).hexdigest()
+
+
+def _coerce(value: Any) -> Any:
+    """orjson `default`: map subclasses to their base type, reject everything else."""
+    return _as_base_type(value)
+
+
+def _as_base_type(value: Any) -> Any:
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list | tuple):
+        return list(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise NotSerializableError(f"a value of type {type(value).__name__} has no JSON form")
+
+
+def _exact_dumps(value: Any) -> bytes:
+    parts: list[str] = []
+    try:
+        _encode(value, parts)
+    except RecursionError:
+        raise NotSerializableError("the value is nested too deeply") from None
+    try:
+        return "".join(parts).encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotSerializableError("a string contains a lone surrogate") from None
+
+
+def _encode(value: Any, parts: list[str]) -> None:
+    # An explicit stack would avoid recursion limits, but orjson already refuses
+    # nesting deeper than 255, and the wire's 1 MiB frame bounds what arrives.
+    if value is None:
+        parts.append("null")
+    elif value is True:
+        parts.append("true")
+    elif value is False:
+        parts.append("false")
+    elif type(value) is str:
+        parts.append(_encode_string(value))
+    elif type(value) is int:
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise NotSerializableError(
+                "an integer is outside ±(2^53−1) and would not read back exactly; "
+                "send it as a string"
+            )
+        parts.append(str(value))
+    elif type(value) is float:
+        parts.append(format_number(value))
+    elif type(value) is dict:
+        _encode_object(value, parts)
+    elif type(value) is list or type(value) is tuple:
+        parts.append("[")
+        for index, item in enumerate(value):
+            if index:
+                parts.append(",")
+            _encode(item, parts)
+        parts.append("]")
+    else:
+        _encode(_as_base_type(value), parts)
+
+
+def _encode_object(value: dict[Any, Any], parts: list[str]) -> None:
+    for key in value:
+        if not isinstance(key, str):
+            raise NotSerializableError(
+                f"an object key of type {type(key).__name__} is not a string"
+            )
+    parts.append("{")
+    for index, key in enumerate(sorted(value, key=_utf16_order)):
+        if index:
+            parts.append(",")
+        parts.append(_encode_string(str.__str__(key)))
+        parts.append(":")
+        _encode(value[key], parts)
+    parts.append("}")
+
+
+def _utf16_order(key: str) -> bytes:
+    # Big-endian UTF-16 bytes compare exactly as the sequence of UTF-16 code units.
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def format_number(number: float) -> str:
+    """Format a float as ECMAScript `Number.prototype.toString` does (RFC 8785 § 3.2.2.3)."""
+    if math.isnan(number) or math.isinf(number):
+        raise NotSerializableError("NaN and infinities have no JSON form")
+    if number == 0:
+        return "0"  # covers -0, which ECMAScript also prints as "0"
+    sign = "-" if number < 0 else ""
+    digits, point = _shortest_digits(abs(number))
+    count = len(digits)
+    if count <= point <= 21:
+        return sign + digits + "0" * (point - count)
+    if 0 < point <= 21:
+        return sign + digits[:point] + "." + digits[point:]
+    if -6 < point <= 0:
+        return sign + "0." + "0" * -point + digits
+    exponent = point - 1
+    exponent_text = ("+" if exponent > 0 else "-") + str(abs(exponent))
+    mantissa = digits if count == 1 else digits[0] + "." + digits[1:]
+    return sign + mantissa + "e" + exponent_text
+
+
+def _shortest_digits(number: float) -> tuple[str, int]:
+    """Return (digits, point) with number == 0.digits × 10^point and no redundant zeros.
+
+    Python's `repr` yields the shortest digit string that reads back exactly, the
+    same string the ECMAScript algorithm selects.
+    """
+    mantissa, _, exponent_text = repr(number).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    all_digits = (whole + fraction).lstrip("0")
+    digits = all_digits.rstrip("0")
+    exponent = int(exponent_text or 0) - len(fraction) + (len(all_digits) - len(digits))
+    return digits, len(digits) + exponent
+
+
+def _floats_for_unsafe_integers(value: Any) -> Any:
+    if type(value) is int and not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        return float(value)
+    if type(value) is dict:
+        return {key: _floats_for_unsafe_integers(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_floats_for_unsafe_integers(item) for item in value]
+    return value
+
+
+class _DuplicateKeyError(Exception):
+    pass
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _DuplicateKeyError
+    return result
+
+
+def _explain_non_canonical(raw: bytes, canonical: bytes) -> NonCanonicalError:
+    """Name the first reason `raw` is not canonical (only on the error path)."""
+    try:
+        json.loads(raw, object_pairs_hook=_reject_duplicates)
+    except _DuplicateKeyError:
+        return NonCanonicalError("an object repeats a key")
+    except ValueError:
+        pass
+    offset = next(
+        (i for i, (a, b) in enumerate(zip(raw, canonical, strict=False)) if a != b),
+        min(len(raw), len(canonical)),
+    )
+    return NonCanonicalError(
+        f"JSON is not in canonical form (RFC 8785); first difference at byte {offset}"
+    )

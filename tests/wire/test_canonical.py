@@ -1,0 +1,192 @@
+"""Canonical JSON (RFC 8785): reference vectors, number forms, key order, errors, loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pi_workflows.wire.canonical import (
+    MAX_SAFE_INTEGER,
+    CanonicalJSONError,
+    InvalidJSONError,
+    NonCanonicalError,
+    NotSerializableError,
+    dumps,
+    loads,
+)
+
+RFC_DATA = Path(__file__).parent.parent / "fixtures" / "rfc8785"
+VECTORS = sorted(path.name for path in (RFC_DATA / "input").glob("*.json"))
+
+
+def _parse_like_ecmascript(text: str) -> Any:
+    """Parse the way JSON.parse does: every number is a double."""
+
+    def parse_int(token: str) -> int | float:
+        number = int(token)
+        return number if abs(number) <= MAX_SAFE_INTEGER else float(token)
+
+    return json.loads(text, parse_int=parse_int)
+
+
+@pytest.mark.parametrize("name", VECTORS)
+def test_rfc8785_reference_vector(name: str) -> None:
+    value = _parse_like_ecmascript((RFC_DATA / "input" / name).read_text("utf-8"))
+    assert dumps(value) == (RFC_DATA / "output" / name).read_bytes()
+
+
+def test_reference_vectors_are_present() -> None:
+    assert len(VECTORS) == 6
+
+
+@pytest.mark.parametrize(
+    ("number", "text"),
+    [
+        (1e21, "1e+21"),
+        (1e20, "100000000000000000000"),
+        (1e-7, "1e-7"),
+        (1e-6, "0.000001"),
+        (123.0, "123"),
+        (-0.0, "0"),
+        (0.0, "0"),
+        (0.1, "0.1"),
+        (-1.5, "-1.5"),
+        (5e-324, "5e-324"),
+        (1.7976931348623157e308, "1.7976931348623157e+308"),
+        (123456789012345680000.0, "123456789012345680000"),
+        (1.5e-7, "1.5e-7"),
+        (2.2250738585072014e-308, "2.2250738585072014e-308"),
+        (9007199254740992.0, "9007199254740992"),
+        (333333333.3333333, "333333333.3333333"),
+    ],
+)
+def test_numbers_use_ecmascript_form(number: float, text: str) -> None:
+    assert dumps(number) == text.encode()
+
+
+def test_keys_sort_by_utf16_code_units_not_code_points() -> None:
+    value = {"\ue000": 1, "\U0001f600": 2, "a": 3, "\u00e9": 4}
+    assert dumps(value) == '{"a":3,"\u00e9":4,"\U0001f600":2,"\ue000":1}'.encode()
+
+
+def test_strings_escape_as_json_stringify() -> None:
+    text = '"\\\b\f\n\r\t\x00\x1f\x7f\u2028/'
+    assert dumps(text) == b'"\\"\\\\\\b\\f\\n\\r\\t\\u0000\\u001f\x7f\xe2\x80\xa8/"'
+
+
+def test_no_white_space_and_nested_structures() -> None:
+    assert dumps({"b": [1, {"d": None, "c": True}], "a": False}) == (
+        b'{"a":false,"b":[1,{"c":true,"d":null}]}'
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        MAX_SAFE_INTEGER + 1,
+        -MAX_SAFE_INTEGER - 1,
+        2**64,
+        {1: "x"},
+        {"a": {None: 1}},
+        "\ud800",
+        {"\udfff": 1},
+        object(),
+        b"bytes",
+        {"set": {1, 2}},
+    ],
+)
+def test_values_without_canonical_form_raise_value_error(value: Any) -> None:
+    with pytest.raises(NotSerializableError) as info:
+        dumps(value)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value)
+
+
+def test_boundary_integers_are_allowed() -> None:
+    assert dumps([MAX_SAFE_INTEGER, -MAX_SAFE_INTEGER]) == b"[9007199254740991,-9007199254740991]"
+
+
+def test_subclasses_serialize_as_their_base_type() -> None:
+    class Name(str):
+        pass
+
+    class Count(int):
+        pass
+
+    assert dumps({Name("k"): Count(3), "t": (1, 2)}) == b'{"k":3,"t":[1,2]}'
+
+
+def test_loads_returns_int_for_safe_integers_and_float_otherwise() -> None:
+    value = loads(b'{"big":100000000000000000000,"f":1.5,"i":9007199254740991,"n":-3}')
+    assert value == {"big": 1e20, "f": 1.5, "i": MAX_SAFE_INTEGER, "n": -3}
+    assert type(value["big"]) is float
+    assert type(value["i"]) is int
+    assert type(value["n"]) is int
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b'{"b":1,"a":2}', NonCanonicalError),
+        (b'{"a": 1}', NonCanonicalError),
+        (b'{"a":1,"a":1}', NonCanonicalError),
+        (b"1.0", NonCanonicalError),
+        (b"1E3", NonCanonicalError),
+        (b"1e3", NonCanonicalError),
+        (b"-0", NonCanonicalError),
+        (b'"\\u0041"', NonCanonicalError),
+        (b'"\\/"', NonCanonicalError),
+        (b'"\\u001F"', NonCanonicalError),
+        (b"9007199254740993", NonCanonicalError),
+        (b'{"a":1}\n', NonCanonicalError),
+        (b'"\\ud800"', InvalidJSONError),
+        (b'"\xed\xa0\x80"', InvalidJSONError),
+        (b'"\xff"', InvalidJSONError),
+        (b"NaN", InvalidJSONError),
+        (b"{", InvalidJSONError),
+        (b"", InvalidJSONError),
+    ],
+)
+def test_loads_rejects_non_canonical_and_invalid_input(data: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        loads(data)
+
+
+def test_duplicate_keys_are_named_in_the_error() -> None:
+    with pytest.raises(NonCanonicalError, match="repeats a key"):
+        loads(b'{"a":1,"a":1}')
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=("Cs",))),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(st.characters(exclude_categories=("Cs",))), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(json_values)
+def test_loads_inverts_dumps_for_every_canonical_document(value: Any) -> None:
+    data = dumps(value)
+    assert dumps(loads(data)) == data
+
+
+@given(st.binary(max_size=64))
+def test_loads_never_fails_with_anything_but_canonical_errors(data: bytes) -> None:
+    try:
+        value = loads(data)
+    except CanonicalJSONError:
+        return
+    assert dumps(value) == data
