@@ -5,17 +5,21 @@ number formatting, UTF-16 code-unit key order, no white space, byte-identical wi
 Node's `JSON.stringify` of the same value with keys sorted by UTF-16 code units.
 
 orjson does the work whenever its output is already canonical. It is not for
-floats (`1.0`, `1e+20`), NaN and infinities (written as `null`), and keys at or
-above U+E000 (orjson sorts by code point, JCS by UTF-16 code unit). A cheap scan
-of orjson's output finds those cases, and only then the exact encoder below runs.
+floats (`1.0`, `1e+20`, NaN written as `null`), integers beyond ±(2^53−1), and
+keys at or above U+E000 (orjson sorts by code point, JCS by UTF-16 code unit).
+A C pre-check (`_jcs_scan`) walks the value once to rule those out; where the
+extension was not built, checks on orjson's output do the same job more slowly.
+Only values that fail the check go through the exact encoder below.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import io
 import json
 import math
+import pickle
 import re
 import uuid
 from collections.abc import Callable
@@ -69,12 +73,28 @@ _ORJSON_OPTIONS = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 
-# A float token in a value position: orjson writes every finite float with "." or "e".
-# Matches inside strings are harmless false positives: they only cost the exact path.
-_SUSPECT_FLOAT = re.compile(rb"(?:^|[:,\[])-?[0-9]+[.e]")
+# Every finite float orjson writes has a "." right after a digit or an "e+"/"e-".
+# The literal-led pattern runs at memchr speed; a hit (possibly inside a string)
+# is confirmed by the exact token pattern, which costs more per byte.
+_DIGIT_DOT_SEARCH = re.compile(rb"\.(?<=[0-9]\.)").search
+_DIGIT_EXPONENT_PLUS_SEARCH = re.compile(rb"e\+(?<=[0-9]e\+)").search
+_DIGIT_EXPONENT_MINUS_SEARCH = re.compile(rb"e-(?<=[0-9]e-)").search
+_FLOAT_TOKEN = re.compile(rb"(?:^|[:,\[])-?[0-9]+[.e]")
+_NON_FINITE_BINFLOAT = re.compile(rb"G[\x7f\xff][\xf0-\xff]")
 # UTF-8 lead bytes of U+E000..U+FFFF and of astral characters: the only characters
-# whose code-point order differs from their UTF-16 code-unit order.
-_SUSPECT_KEY_ORDER = re.compile(rb"[\xee-\xf4]")
+# whose code-point order differs from their UTF-16 code-unit order. One memchr scan
+# each is far cheaper than one character-class regex scan.
+_CODE_POINT_ORDER_LEADS = tuple(bytes([lead]) for lead in range(0xEE, 0xF5))
+
+try:
+    from pi_workflows.wire._jcs_scan import orjson_output_is_canonical
+except ImportError:  # built without a C compiler: the output checks below stand in
+    _orjson_output_is_canonical: Callable[[Any], bool] | None = None
+else:
+    _orjson_output_is_canonical = orjson_output_is_canonical
+
+_orjson_dumps = orjson.dumps
+_ORJSON_REFUSALS = (orjson.JSONEncodeError, TypeError)
 
 _encode_string: Callable[[str], str] = json.encoder.encode_basestring
 
@@ -90,21 +110,59 @@ def dumps(value: Any) -> bytes:
         NotSerializableError: NaN or an infinity, an integer outside ±(2^53−1), a
             non-string key, a lone surrogate, or a value of another type.
     """
+    if _orjson_output_is_canonical is not None:
+        if _orjson_output_is_canonical(value):
+            try:
+                return _orjson_dumps(value, option=orjson.OPT_SORT_KEYS)
+            except _ORJSON_REFUSALS:
+                pass  # a lone surrogate in a string value: let the exact encoder name it
+        return _exact_dumps(value)
+    return _dumps_with_output_checks(value)
+
+
+def _dumps_with_output_checks(value: Any) -> bytes:
+    """`dumps` without the C pre-check: inspect orjson's output instead of the value."""
     try:
-        out = orjson.dumps(value, default=_coerce, option=_ORJSON_OPTIONS)
-    except (orjson.JSONEncodeError, TypeError):
+        out = _orjson_dumps(value, default=_as_base_type, option=_ORJSON_OPTIONS)
+    except _ORJSON_REFUSALS:
         # orjson refuses lone surrogates, non-string keys, deep nesting and unknown
         # types; the exact encoder either handles the value or names the problem.
         return _exact_dumps(value)
+    # Each test is a literal-led scan; the slower confirmation runs only on a hit.
     if (
-        _SUSPECT_FLOAT.search(out)
-        or (not out.isascii() and _SUSPECT_KEY_ORDER.search(out))
-        or (b"null" in out and orjson.loads(out) != value)
+        (
+            _DIGIT_DOT_SEARCH(out)
+            or (b"e+" in out and _DIGIT_EXPONENT_PLUS_SEARCH(out))
+            or (b"e-" in out and _DIGIT_EXPONENT_MINUS_SEARCH(out))
+        )
+        and _FLOAT_TOKEN.search(out)
+    ) or (
+        (not out.isascii() and _may_misorder_keys(out))
+        or (b"null" in out and _may_hold_non_finite(value))
     ):
-        # orjson writes NaN and infinities as null; a round trip that differs
-        # from the value reveals them (and tuples, which the exact path handles).
         return _exact_dumps(value)
     return out
+
+
+def _may_misorder_keys(out: bytes) -> bool:
+    return any(lead in out for lead in _CODE_POINT_ORDER_LEADS)
+
+
+def _may_hold_non_finite(value: Any) -> bool:
+    """True if `value` may hold NaN or an infinity, which orjson writes as null.
+
+    pickle walks the value in C and writes each float as BINFLOAT (`G`) followed by
+    its big-endian IEEE bytes; all-ones exponent bits mark NaN and infinities. Other
+    bytes that happen to match only cost a trip through the exact encoder.
+    """
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=5)
+    pickler.fast = True  # no memo: a third faster, and JSON values hold no cycles
+    try:
+        pickler.dump(value)
+    except Exception:  # noqa: BLE001 - unpicklable values go to the exact encoder to be named
+        return True
+    return _NON_FINITE_BINFLOAT.search(buffer.getbuffer()) is not None
 
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
@@ -136,11 +194,6 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
 def sha256_digest(value: Any) -> str:
     """Return `sha256:<hex>` of the canonical bytes of `value` (definitions, inputs, payloads)."""
     return "sha256:" + hashlib.sha256(dumps(value)).hexdigest()
-
-
-def _coerce(value: Any) -> Any:
-    """orjson `default`: map subclasses to their base type, reject everything else."""
-    return _as_base_type(value)
 
 
 def _as_base_type(value: Any) -> Any:

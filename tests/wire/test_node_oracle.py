@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.wire.canonical import MAX_SAFE_INTEGER, dumps
+from pi_workflows.wire.canonical import MAX_SAFE_INTEGER, _dumps_with_output_checks, dumps
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed; the oracle needs it")
@@ -131,8 +131,10 @@ def test_dumps_is_byte_identical_with_node() -> None:
     values += [[number] for number in BOUNDARY_FLOATS]
     expected = _node_canonical(values)
     assert len(expected) == len(values)
-    mismatches = [
-        (value, want, dumps(value)) for value, want in zip(values, expected, strict=True)
-        if dumps(value) != want
-    ]
-    assert not mismatches, f"seed {seed}: first mismatch {mismatches[0]!r}"
+    for encode in (dumps, _dumps_with_output_checks):
+        mismatches = [
+            (value, want, encode(value))
+            for value, want in zip(values, expected, strict=True)
+            if encode(value) != want
+        ]
+        assert not mismatches, f"seed {seed}, {encode.__name__}: first {mismatches[0]!r}"
