@@ -4,4 +4,40 @@ Implements client-protocol.md and workflow-server.md § Live client protocol,
 § Runner protocol and § Supervised channel adapters.
 """
 
-__all__: list[str] = []
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
+from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameError, encode_frame
+from pi_workflows.wire.protocol import (
+    CLIENT_SCHEMA,
+    OUTCOMES,
+    EventMessage,
+    HelloMessage,
+    ProtocolViolation,
+    RequestMessage,
+    ResponseMessage,
+    SafeError,
+    client_message_from_wire,
+    decode_client_message,
+    encode_client_message,
+    validate,
+)
+
+__all__ = [
+    "CLIENT_SCHEMA",
+    "MAX_FRAME_BYTES",
+    "OUTCOMES",
+    "CanonicalJSONError",
+    "EventMessage",
+    "FrameError",
+    "HelloMessage",
+    "ProtocolViolation",
+    "RequestMessage",
+    "ResponseMessage",
+    "SafeError",
+    "client_message_from_wire",
+    "decode_client_message",
+    "dumps",
+    "encode_client_message",
+    "encode_frame",
+    "loads",
+    "validate",
+]

@@ -30,10 +30,12 @@ import orjson
 from pi_workflows.errors import PiWorkflowsError
 
 __all__ = [
+    "MAX_NESTING_DEPTH",
     "MAX_SAFE_INTEGER",
     "CanonicalJSONError",
     "InvalidJSONError",
     "JsonValue",
+    "NestingTooDeepError",
     "NonCanonicalError",
     "NotSerializableError",
     "dumps",
@@ -48,6 +50,9 @@ JsonValue: TypeAlias = (
 MAX_SAFE_INTEGER = 2**53 - 1
 """Largest integer that every ECMAScript implementation reads back exactly."""
 
+MAX_NESTING_DEPTH = 255
+"""Deepest nesting of arrays and objects with a canonical form here (orjson's own limit)."""
+
 
 class CanonicalJSONError(PiWorkflowsError, ValueError):
     """Base class for every canonical JSON failure."""
@@ -59,6 +64,10 @@ class NotSerializableError(CanonicalJSONError):
 
 class InvalidJSONError(CanonicalJSONError):
     """The bytes are not JSON at all (syntax, invalid UTF-8, lone surrogate escape)."""
+
+
+class NestingTooDeepError(NotSerializableError):
+    """The value nests arrays and objects deeper than MAX_NESTING_DEPTH."""
 
 
 class NonCanonicalError(CanonicalJSONError):
@@ -183,6 +192,10 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise InvalidJSONError(f"not valid JSON: {exc.msg}") from None
     try:
         again = dumps(value)
+    except NestingTooDeepError:
+        raise InvalidJSONError(
+            f"JSON nests deeper than {MAX_NESTING_DEPTH} levels"
+        ) from None
     except NotSerializableError:
         value = _floats_for_unsafe_integers(value)
         again = dumps(value)
@@ -218,19 +231,14 @@ def _as_base_type(value: Any) -> Any:
 
 def _exact_dumps(value: Any) -> bytes:
     parts: list[str] = []
-    try:
-        _encode(value, parts)
-    except RecursionError:
-        raise NotSerializableError("the value is nested too deeply") from None
+    _encode(value, parts, 0)
     try:
         return "".join(parts).encode("utf-8")
     except UnicodeEncodeError:
         raise NotSerializableError("a string contains a lone surrogate") from None
 
 
-def _encode(value: Any, parts: list[str]) -> None:
-    # An explicit stack would avoid recursion limits, but orjson already refuses
-    # nesting deeper than 255, and the wire's 1 MiB frame bounds what arrives.
+def _encode(value: Any, parts: list[str], depth: int) -> None:
     if value is None:
         parts.append("null")
     elif value is True:
@@ -249,19 +257,28 @@ def _encode(value: Any, parts: list[str]) -> None:
     elif type(value) is float:
         parts.append(format_number(value))
     elif type(value) is dict:
-        _encode_object(value, parts)
+        _check_depth(depth)
+        _encode_object(value, parts, depth)
     elif type(value) is list or type(value) is tuple:
+        _check_depth(depth)
         parts.append("[")
         for index, item in enumerate(value):
             if index:
                 parts.append(",")
-            _encode(item, parts)
+            _encode(item, parts, depth + 1)
         parts.append("]")
     else:
-        _encode(_as_base_type(value), parts)
+        _encode(_as_base_type(value), parts, depth)
 
 
-def _encode_object(value: dict[Any, Any], parts: list[str]) -> None:
+def _check_depth(depth: int) -> None:
+    if depth >= MAX_NESTING_DEPTH:
+        raise NestingTooDeepError(
+            f"the value nests deeper than {MAX_NESTING_DEPTH} levels of arrays and objects"
+        )
+
+
+def _encode_object(value: dict[Any, Any], parts: list[str], depth: int) -> None:
     for key in value:
         if not isinstance(key, str):
             raise NotSerializableError(
@@ -273,7 +290,7 @@ def _encode_object(value: dict[Any, Any], parts: list[str]) -> None:
             parts.append(",")
         parts.append(_encode_string(str.__str__(key)))
         parts.append(":")
-        _encode(value[key], parts)
+        _encode(value[key], parts, depth + 1)
     parts.append("}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 from pi_workflows.errors import PiWorkflowsError
@@ -55,7 +55,7 @@ class TruncatedFrameError(FrameError):
     """The connection ended in the middle of a frame."""
 
 
-def encode_frame(message: dict[str, Any]) -> bytes:
+def encode_frame(message: Mapping[str, Any]) -> bytes:
     """Return the canonical bytes of `message` followed by a newline.
 
     Raises:
@@ -63,9 +63,9 @@ def encode_frame(message: dict[str, Any]) -> bytes:
             content reference instead.
         NotSerializableError: the message has no canonical JSON form.
     """
-    if not isinstance(message, dict):
+    if not isinstance(message, Mapping):
         raise MalformedFrameError("a frame must carry a JSON object")
-    body = dumps(message)
+    body = dumps(dict(message))
     if len(body) > MAX_FRAME_BYTES:
         raise FrameTooLargeError(
             f"message of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit"
@@ -73,10 +73,10 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return body + _NEWLINE
 
 
-def decode_frame(body: bytes) -> dict[str, Any]:
+def decode_frame(body: bytes, max_frame_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
     """Decode one frame body (without its newline) into a JSON object."""
-    if len(body) > MAX_FRAME_BYTES:
-        raise FrameTooLargeError(f"frame exceeds the {MAX_FRAME_BYTES}-byte limit")
+    if len(body) > max_frame_bytes:
+        raise FrameTooLargeError(f"frame exceeds the {max_frame_bytes}-byte limit")
     try:
         value = loads(body)
     except CanonicalJSONError as exc:
@@ -156,11 +156,11 @@ class FrameDecoder:
 
     def _decode_or_fail(self, body: bytes) -> dict[str, Any]:
         try:
-            if len(body) > self._max:
-                raise FrameTooLargeError(f"frame exceeds the {self._max}-byte limit")
-            return decode_frame(body)
+            return decode_frame(body, self._max)
         except FrameError as exc:
             self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure ends the connection
+            self._fail(MalformedFrameError(f"frame could not be decoded: {type(exc).__name__}"))
 
     def _fail(self, error: FrameError) -> NoReturn:
         self._error = error

@@ -211,3 +211,21 @@ def test_loads_never_fails_with_anything_but_canonical_errors(data: bytes) -> No
     except CanonicalJSONError:
         return
     assert dumps(value) == data
+
+
+@pytest.mark.parametrize("depth", [256, 600, 1023])
+def test_deep_nesting_is_a_clear_error_both_ways(depth: int) -> None:
+    with pytest.raises(InvalidJSONError, match="deeper"):
+        loads(b"[" * depth + b"]" * depth)
+    with pytest.raises(InvalidJSONError, match="deeper"):
+        loads(b'{"a":' * depth + b"1" + b"}" * depth)
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    with pytest.raises(NotSerializableError, match="deeper"):
+        dumps(value)
+
+
+def test_nesting_up_to_the_limit_round_trips() -> None:
+    data = b"[" * 255 + b"]" * 255
+    assert dumps(loads(data)) == data

@@ -169,3 +169,12 @@ def test_random_bytes_never_crash_the_decoder_or_grow_it(pieces: list[bytes], li
         decoder.finish()
     except FrameError:
         assert decoder.buffered == 0
+
+
+def test_deeply_nested_frame_fails_closed() -> None:
+    decoder = FrameDecoder()
+    with pytest.raises(MalformedFrameError):
+        decoder.feed(b'{"a":' + b"[" * 900 + b"]" * 900 + b"}\n")
+    assert decoder.buffered == 0
+    with pytest.raises(MalformedFrameError):
+        decoder.feed(b'{"a":1}\n')

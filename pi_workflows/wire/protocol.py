@@ -1,0 +1,642 @@
+"""Protocol schemas and message codecs for the client, runner and channel-adapter channels.
+
+Implements client-protocol.md § Envelope and workflow-server.md § Live client protocol,
+§ Runner lifecycle (the launch envelope), § Runner protocol and § Supervised channel
+adapters. The JSON Schemas in `wire/schemas/` are the contract; this module loads and
+applies them, so the same files can drive a TypeScript implementation.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from typing import Any, Final, Literal, NotRequired, TypeAlias, TypedDict, cast
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match, by_relevance
+
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.wire.canonical import dumps, loads
+from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameTooLargeError
+
+__all__ = [
+    "CHANNEL_ADAPTER_KINDS",
+    "CHANNEL_MESSAGE_KINDS",
+    "CHANNEL_SCHEMA",
+    "CHANNEL_SERVER_KINDS",
+    "CLIENT_MESSAGE_TYPES",
+    "CLIENT_SCHEMA",
+    "DISPLAY_STATUSES",
+    "EVENT_KINDS",
+    "LAUNCH_SCHEMA",
+    "OUTCOMES",
+    "RUNNER_COMMANDS",
+    "RUNNER_MESSAGE_KINDS",
+    "RUNNER_SERVER_KINDS",
+    "RUN_LIST_PAGE_SCHEMA",
+    "RUN_PAGE_SCHEMA",
+    "RUN_VIEW_SCHEMA",
+    "SCHEMA_NAMES",
+    "SESSION_VIEW_SCHEMA",
+    "ChannelSender",
+    "ClientMessage",
+    "DisplayStatus",
+    "EventKind",
+    "EventMessage",
+    "HelloMessage",
+    "Outcome",
+    "ProtocolViolation",
+    "RequestMessage",
+    "ResponseMessage",
+    "RunnerSender",
+    "SafeError",
+    "channel_message_from_wire",
+    "client_message_from_wire",
+    "decode_channel_message",
+    "decode_client_message",
+    "decode_launch_envelope",
+    "decode_runner_message",
+    "encode_channel_message",
+    "encode_client_message",
+    "encode_launch_envelope",
+    "encode_runner_message",
+    "launch_envelope_from_wire",
+    "load_schema",
+    "runner_message_from_wire",
+    "validate",
+]
+
+CLIENT_SCHEMA: Final = "pi-workflows.client.v1"
+"""The `schema` value of every live client message."""
+
+LAUNCH_SCHEMA: Final = "pi-workflows.worker-launch.v1"
+"""The `schema` value of the runner launch envelope and of every runner channel message."""
+
+CHANNEL_SCHEMA: Final = "pi-workflows.channel.v1"
+"""The `schema` value of every channel-adapter message."""
+
+RUN_VIEW_SCHEMA: Final = "pi-workflows.run-view.v1"
+RUN_LIST_PAGE_SCHEMA: Final = "pi-workflows.run-list-page.v1"
+SESSION_VIEW_SCHEMA: Final = "pi-workflows.session-view.v1"
+RUN_PAGE_SCHEMA: Final = "pi-workflows.run-page.v1"
+
+SCHEMA_NAMES: Final = (
+    "client.v1",
+    "worker-launch.v1",
+    "runner.v1",
+    "channel.v1",
+    "run-view.v1",
+    "run-list-page.v1",
+    "session-view.v1",
+    "run-page.v1",
+)
+"""Every schema file in `wire/schemas/`, by the name `validate` takes (`<name>.schema.json`)."""
+
+Outcome: TypeAlias = Literal[
+    "accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable"
+]
+OUTCOMES: Final[tuple[Outcome, ...]] = (
+    "accepted",
+    "adopted",
+    "rejected",
+    "conflict",
+    "notFound",
+    "claimLost",
+    "unavailable",
+)
+"""The closed set of command outcomes (client responses and runner replies)."""
+
+CLIENT_MESSAGE_TYPES: Final = ("hello", "request", "response", "event")
+
+EventKind: TypeAlias = Literal[
+    "runList", "runSnapshot", "runPatch", "runPage", "sessionSnapshot", "unavailable"
+]
+EVENT_KINDS: Final[tuple[EventKind, ...]] = (
+    "runList",
+    "runSnapshot",
+    "runPatch",
+    "runPage",
+    "sessionSnapshot",
+    "unavailable",
+)
+
+DisplayStatus: TypeAlias = Literal[
+    "queued",
+    "running",
+    "waiting",
+    "paused",
+    "completed",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "ambiguous",
+]
+DISPLAY_STATUSES: Final[tuple[DisplayStatus, ...]] = (
+    "queued",
+    "running",
+    "waiting",
+    "paused",
+    "completed",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "ambiguous",
+)
+"""The closed `display.status` set; only the server computes it."""
+
+RUNNER_MESSAGE_KINDS: Final = (
+    "runner.ready",
+    "node.started",
+    "node.update",
+    "node.finished",
+    "node.failed",
+    "run.parked",
+    "run.finished",
+    "interaction.requested",
+    "interaction.accepted",
+    "interaction.rejected",
+    "notification.requested",
+    "presentation.requested",
+    "effect.reserve",
+    "effect.settle",
+    "runner.progress",
+    "runner.exiting",
+)
+"""Kinds a runner may send to the server."""
+
+RUNNER_SERVER_KINDS: Final = ("command", "reply")
+"""Kinds the server sends to a runner."""
+
+RUNNER_COMMANDS: Final = ("start", "resume", "continue", "restart")
+
+CHANNEL_MESSAGE_KINDS: Final = (
+    "channel.ready",
+    "channel.present",
+    "channel.answer",
+    "channel.settle",
+    "channel.exiting",
+)
+CHANNEL_SERVER_KINDS: Final = ("channel.present",)
+"""Channel kinds the server sends to an adapter."""
+CHANNEL_ADAPTER_KINDS: Final = (
+    "channel.ready",
+    "channel.answer",
+    "channel.settle",
+    "channel.exiting",
+)
+"""Channel kinds an adapter sends to the server."""
+
+RunnerSender: TypeAlias = Literal["runner", "server"]
+ChannelSender: TypeAlias = Literal["adapter", "server"]
+
+_SCHEMA_PACKAGE = "pi_workflows.wire"
+_SCHEMA_PREFIX = "pi-workflows."
+
+
+class ProtocolViolation(PiWorkflowsError, ValueError):  # noqa: N818 - the protocol's own name
+    """A decoded message does not match its protocol schema.
+
+    The text names only schema-defined locations and keywords, never peer-supplied
+    content, so it is safe to log and to return as a bounded error. The receiver
+    closes only the offending connection.
+
+    Attributes:
+        schema_name: The schema the message was checked against, e.g. `client.v1`.
+        keyword: The JSON Schema keyword that failed, e.g. `required`, or `None`.
+        location: JSON pointer of the offending value inside the message.
+    """
+
+    def __init__(
+        self, message: str, *, schema_name: str, keyword: str | None = None, location: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.schema_name = schema_name
+        self.keyword = keyword
+        self.location = location
+
+
+class SafeError(TypedDict):
+    """A bounded safe error in a response: a machine code and a short message."""
+
+    code: str
+    message: str
+
+
+class HelloMessage(TypedDict):
+    """The first message the server sends on a client connection."""
+
+    schema: Literal["pi-workflows.client.v1"]
+    type: Literal["hello"]
+    connectionId: str
+    packageVersion: str
+
+
+class RequestMessage(TypedDict):
+    """One client operation; `requestId` names one transport attempt only."""
+
+    schema: Literal["pi-workflows.client.v1"]
+    type: Literal["request"]
+    requestId: str
+    clientId: str
+    operation: str
+    idempotencyKey: str
+    payload: dict[str, Any]
+    runId: NotRequired[str]
+    expectedRevision: NotRequired[int]
+
+
+class ResponseMessage(TypedDict):
+    """Settles one request; an accepted or adopted response has no `error`."""
+
+    schema: Literal["pi-workflows.client.v1"]
+    type: Literal["response"]
+    requestId: str
+    outcome: Outcome
+    revision: NotRequired[int]
+    receipt: NotRequired[dict[str, Any]]
+    error: NotRequired[SafeError]
+
+
+class EventMessage(TypedDict):
+    """One revisioned subscription event."""
+
+    schema: Literal["pi-workflows.client.v1"]
+    type: Literal["event"]
+    subscriptionId: str
+    kind: EventKind
+    revision: int
+    payload: dict[str, Any]
+
+
+ClientMessage: TypeAlias = HelloMessage | RequestMessage | ResponseMessage | EventMessage
+"""Any live client message; narrow it with `message["type"]`."""
+
+
+# ---------------------------------------------------------------------------
+# Schema loading and validation
+
+
+def _schema_file_name(schema_name: str) -> str:
+    name = schema_name.removeprefix(_SCHEMA_PREFIX).removesuffix(".schema.json")
+    if name not in SCHEMA_NAMES:
+        raise KeyError(f"unknown protocol schema {schema_name!r}")
+    return name
+
+
+@functools.cache
+def _schema_document(name: str) -> dict[str, Any]:
+    text = (
+        resources.files(_SCHEMA_PACKAGE)
+        .joinpath("schemas")
+        .joinpath(f"{name}.schema.json")
+        .read_text(encoding="utf-8")
+    )
+    document: dict[str, Any] = json.loads(text)
+    return document
+
+
+def load_schema(schema_name: str) -> dict[str, Any]:
+    """Return a copy of one protocol schema document.
+
+    Args:
+        schema_name: A name from `SCHEMA_NAMES` (`client.v1`), optionally with the
+            `pi-workflows.` prefix or the `.schema.json` suffix.
+
+    Raises:
+        KeyError: no such schema.
+    """
+    return copy.deepcopy(_schema_document(_schema_file_name(schema_name)))
+
+
+@functools.lru_cache(maxsize=128)
+def _ecma_regex(pattern: str) -> re.Pattern[str]:
+    """Compile an ECMA-262 `pattern` so Python matches what JavaScript matches.
+
+    Python's `$` also matches before a final newline, so `"run.cancel\\n"` would pass
+    `^...$`. An unescaped `$` outside a character class becomes `\\Z`.
+    """
+    out: list[str] = []
+    index = 0
+    in_class = False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            out.append(pattern[index : index + 2])
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+        index += 1
+    return re.compile("".join(out))
+
+
+def _pattern_keyword(
+    validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _ecma_regex(pattern).search(instance):
+        yield ValidationError("string does not match the pattern")
+
+
+# jsonschema's `extend` is untyped in its stubs; the result is a Draft 2020-12 validator class.
+_ProtocolValidator: Any = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator, {"pattern": _pattern_keyword}
+)
+
+
+_default_relevance: Any = by_relevance()
+
+
+def _relevance(error: ValidationError) -> tuple[bool, Any]:
+    """Rank `unevaluatedProperties` last: it also fires when a shared-field `allOf` fails."""
+    return (error.validator != "unevaluatedProperties", _default_relevance(error))
+
+
+@functools.cache
+def _validator(name: str) -> Any:
+    document = _schema_document(name)
+    Draft202012Validator.check_schema(document)
+    return _ProtocolValidator(document)
+
+
+def validate(schema_name: str, message: object) -> None:
+    """Check one decoded message against a protocol schema.
+
+    Args:
+        schema_name: A name from `SCHEMA_NAMES`, e.g. `client.v1` or `runner.v1`.
+        message: The decoded JSON value.
+
+    Raises:
+        ProtocolViolation: the message does not match; the text holds no peer content.
+        KeyError: no such schema.
+    """
+    name = _schema_file_name(schema_name)
+    error = best_match(_validator(name).iter_errors(message), key=_relevance)
+    if error is not None:
+        raise _violation(name, error)
+
+
+def _violation(name: str, error: ValidationError) -> ProtocolViolation:
+    keyword = str(error.validator)
+    location = "".join(f"/{part}" for part in error.absolute_path)
+    value = error.validator_value
+    reason: str
+    if keyword == "required" and isinstance(error.instance, dict) and isinstance(value, list):
+        missing = [field for field in value if field not in error.instance]
+        reason = "missing required field " + ", ".join(repr(field) for field in missing)
+    elif keyword in {"additionalProperties", "unevaluatedProperties"}:
+        reason = "unknown field"
+    elif keyword in {"const", "enum"}:
+        reason = "value is not one of the allowed values"
+    elif keyword == "type":
+        reason = f"expected {value}"
+    elif keyword in {"minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"}:
+        reason = f"violates {keyword} {value}"
+    elif keyword == "pattern":
+        reason = "string does not match the required pattern"
+    elif keyword == "not":
+        reason = "field combination is not allowed"
+    else:
+        reason = f"fails {keyword}"
+    return ProtocolViolation(
+        f"message violates {name} at {location or '/'}: {reason}",
+        schema_name=name,
+        keyword=keyword,
+        location=location,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Generic decode and encode
+
+
+def _checked(name: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolViolation(
+            f"message violates {name} at /: a message must be a JSON object",
+            schema_name=name,
+            keyword="type",
+        )
+    validate(name, value)
+    return value
+
+
+def _check_sender(name: str, message: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    if message.get("kind") not in allowed:
+        raise ProtocolViolation(
+            f"message violates {name} at /kind: this sender may not send that kind",
+            schema_name=name,
+            keyword="kind",
+            location="/kind",
+        )
+
+
+def _decode(name: str, frame: bytes | bytearray | memoryview) -> dict[str, Any]:
+    if len(frame) > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(f"message exceeds the {MAX_FRAME_BYTES}-byte frame limit")
+    return _checked(name, loads(frame))
+
+
+def _encode(name: str, message: Mapping[str, Any], allowed: tuple[str, ...] | None = None) -> bytes:
+    checked = _checked(name, message)
+    if allowed is not None:
+        _check_sender(name, checked, allowed)
+    body = dumps(message)
+    if len(body) > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(
+            f"message of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit; "
+            "send a content reference instead"
+        )
+    return body
+
+
+# ---------------------------------------------------------------------------
+# Live client protocol
+
+
+def client_message_from_wire(value: object) -> ClientMessage:
+    """Check an already-decoded value (e.g. from `FrameDecoder`) as a client message.
+
+    Raises:
+        ProtocolViolation: not an object, or not a valid `pi-workflows.client.v1` message.
+    """
+    return cast(ClientMessage, _checked("client.v1", value))
+
+
+def decode_client_message(frame: bytes | bytearray | memoryview) -> ClientMessage:
+    """Decode one client frame body (without its newline).
+
+    Order of checks: size limit, canonical JSON, JSON object, schema.
+
+    Raises:
+        FrameTooLargeError: more than MAX_FRAME_BYTES.
+        CanonicalJSONError: not JSON, or not canonical (white space, key order,
+            number form, escapes, duplicate keys, bad UTF-8, lone surrogates).
+        ProtocolViolation: canonical JSON that is not a valid client message.
+    """
+    return cast(ClientMessage, _decode("client.v1", frame))
+
+
+def encode_client_message(message: Mapping[str, Any]) -> bytes:
+    """Validate a client message, then return its canonical bytes (no trailing newline).
+
+    Raises:
+        ProtocolViolation: the message does not match the schema.
+        NotSerializableError: a value has no canonical JSON form.
+        FrameTooLargeError: the encoding exceeds MAX_FRAME_BYTES.
+    """
+    return _encode("client.v1", message)
+
+
+# ---------------------------------------------------------------------------
+# Runner launch envelope and runner channel
+
+
+def launch_envelope_from_wire(value: object) -> dict[str, Any]:
+    """Check an already-decoded value as a `pi-workflows.worker-launch.v1` envelope.
+
+    Raises:
+        ProtocolViolation: the envelope does not match the schema.
+    """
+    return _checked("worker-launch.v1", value)
+
+
+def decode_launch_envelope(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Decode the canonical bytes of a runner launch envelope.
+
+    Raises:
+        FrameTooLargeError, CanonicalJSONError, ProtocolViolation: as for
+        `decode_client_message`.
+    """
+    return _decode("worker-launch.v1", data)
+
+
+def encode_launch_envelope(envelope: Mapping[str, Any]) -> bytes:
+    """Validate a launch envelope and return its canonical bytes (the hashed form).
+
+    Raises:
+        ProtocolViolation, NotSerializableError, FrameTooLargeError: as for
+        `encode_client_message`.
+    """
+    return _encode("worker-launch.v1", envelope)
+
+
+def _runner_kinds(sender: RunnerSender | None) -> tuple[str, ...] | None:
+    if sender is None:
+        return None
+    return RUNNER_MESSAGE_KINDS if sender == "runner" else RUNNER_SERVER_KINDS
+
+
+def runner_message_from_wire(
+    value: object, *, sender: RunnerSender | None = None
+) -> dict[str, Any]:
+    """Check an already-decoded value as a runner channel message.
+
+    Args:
+        value: The decoded message.
+        sender: `"runner"` when the server reads from a runner (only runner kinds are
+            accepted), `"server"` when a runner reads commands and replies, `None`
+            to accept any kind of the channel.
+
+    Raises:
+        ProtocolViolation: the message does not match the schema or the sender.
+    """
+    message = _checked("runner.v1", value)
+    allowed = _runner_kinds(sender)
+    if allowed is not None:
+        _check_sender("runner.v1", message, allowed)
+    return message
+
+
+def decode_runner_message(
+    frame: bytes | bytearray | memoryview, *, sender: RunnerSender | None = None
+) -> dict[str, Any]:
+    """Decode one runner channel frame body (without its newline).
+
+    Args:
+        frame: The frame body.
+        sender: As for `runner_message_from_wire`; the server passes `"runner"`.
+
+    Raises:
+        FrameTooLargeError, CanonicalJSONError, ProtocolViolation: as for
+        `decode_client_message`.
+    """
+    if len(frame) > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(f"message exceeds the {MAX_FRAME_BYTES}-byte frame limit")
+    return runner_message_from_wire(loads(frame), sender=sender)
+
+
+def encode_runner_message(
+    message: Mapping[str, Any], *, sender: RunnerSender | None = None
+) -> bytes:
+    """Validate a runner channel message and return its canonical bytes.
+
+    Raises:
+        ProtocolViolation, NotSerializableError, FrameTooLargeError: as for
+        `encode_client_message`.
+    """
+    return _encode("runner.v1", message, _runner_kinds(sender))
+
+
+# ---------------------------------------------------------------------------
+# Channel-adapter channel
+
+
+def _channel_kinds(sender: ChannelSender | None) -> tuple[str, ...] | None:
+    if sender is None:
+        return None
+    return CHANNEL_ADAPTER_KINDS if sender == "adapter" else CHANNEL_SERVER_KINDS
+
+
+def channel_message_from_wire(
+    value: object, *, sender: ChannelSender | None = None
+) -> dict[str, Any]:
+    """Check an already-decoded value as a channel-adapter message.
+
+    Args:
+        value: The decoded message.
+        sender: `"adapter"` when the server reads from an adapter, `"server"` when an
+            adapter reads presentations, `None` to accept any kind of the channel.
+
+    Raises:
+        ProtocolViolation: the message does not match the schema or the sender.
+    """
+    message = _checked("channel.v1", value)
+    allowed = _channel_kinds(sender)
+    if allowed is not None:
+        _check_sender("channel.v1", message, allowed)
+    return message
+
+
+def decode_channel_message(
+    frame: bytes | bytearray | memoryview, *, sender: ChannelSender | None = None
+) -> dict[str, Any]:
+    """Decode one channel-adapter frame body (without its newline).
+
+    Raises:
+        FrameTooLargeError, CanonicalJSONError, ProtocolViolation: as for
+        `decode_client_message`.
+    """
+    if len(frame) > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(f"message exceeds the {MAX_FRAME_BYTES}-byte frame limit")
+    return channel_message_from_wire(loads(frame), sender=sender)
+
+
+def encode_channel_message(
+    message: Mapping[str, Any], *, sender: ChannelSender | None = None
+) -> bytes:
+    """Validate a channel-adapter message and return its canonical bytes.
+
+    Raises:
+        ProtocolViolation, NotSerializableError, FrameTooLargeError: as for
+        `encode_client_message`.
+    """
+    return _encode("channel.v1", message, _channel_kinds(sender))
