@@ -1,0 +1,101 @@
+"""The coordinator-epoch actor: one active coordinator connection per origin session.
+
+Implements workflow-server.md § Origin-session activity: "the server keeps one
+active coordinator connection and process-local epoch for each origin session. A
+replacement connection fences the old one." Epochs live only in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+
+__all__ = [
+    "CheckCoordinator",
+    "ClaimCoordinator",
+    "CoordinatorEpochActor",
+    "CoordinatorGrant",
+    "ReleaseConnection",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorGrant:
+    """The epoch granted to one connection for one origin session."""
+
+    session_id: str
+    connection_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCoordinator:
+    """Make `connection_id` the active coordinator of `session_id`, fencing any other."""
+
+    session_id: str
+    """The origin Pi session."""
+    connection_id: str
+    """The client connection that will coordinate it."""
+    reply: Callable[[Reply], None]
+    """Receives the `CoordinatorGrant`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckCoordinator:
+    """Ask whether (session, connection, epoch) is still the active coordinator."""
+
+    session_id: str
+    connection_id: str
+    epoch: int
+    reply: Callable[[Reply], None] = field(repr=False)
+    """Receives True or False."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseConnection:
+    """A connection closed: end every coordinator epoch it held."""
+
+    connection_id: str
+
+
+class CoordinatorEpochActor(ServerActor):
+    """Owns: the active coordinator epoch of each origin session (in memory only).
+
+    Receives: `ClaimCoordinator`, `CheckCoordinator`, `ReleaseConnection`.
+    Sends: replies only.
+    Invariants: at most one active epoch per session; epochs only increase, so a
+        fenced connection can never become active again with its old epoch.
+    On failure: reported to the server; epochs are process-local by design, so
+        nothing durable is lost.
+    """
+
+    name = "coordinator-epoch"
+
+    def __init__(self, on_actor_failure: ActorFailureHandler) -> None:
+        super().__init__(on_actor_failure)
+        self._next_epoch = 0
+        self._active: dict[str, CoordinatorGrant] = {}
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case ClaimCoordinator(session_id=session, connection_id=connection, reply=reply):
+                self._next_epoch += 1
+                grant = CoordinatorGrant(session, connection, self._next_epoch)
+                self._active[session] = grant
+                reply(Reply(grant))
+            case CheckCoordinator(
+                session_id=session, connection_id=connection, epoch=epoch, reply=reply
+            ):
+                reply(
+                    Reply(self._active.get(session) == CoordinatorGrant(session, connection, epoch))
+                )
+            case ReleaseConnection(connection_id=connection):
+                for session, grant in list(self._active.items()):
+                    if grant.connection_id == connection:
+                        del self._active[session]
+            case _:
+                raise TypeError(f"coordinator-epoch actor got {type(message).__name__}")
+        return None

@@ -1,0 +1,138 @@
+"""Child processes: spawning in their own group, start identities, group signals.
+
+Implements workflow-server.md § Process supervision: each child starts in its own
+process group and is known by PID plus process start time, so a reused PID can
+never make the server signal an unrelated process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = [
+    "ChildProcess",
+    "ProcessIdentity",
+    "exited_unreaped",
+    "identity_of",
+    "is_alive",
+    "signal_group",
+    "signal_own_child",
+    "spawn_child",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """A process as the kernel knows it now: PID and start time (psutil create_time)."""
+
+    pid: int
+    start_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChildProcess:
+    """A child started by `spawn_child`; its group ID equals its PID."""
+
+    identity: ProcessIdentity
+    popen: subprocess.Popen[bytes]
+
+
+def identity_of(pid: int) -> ProcessIdentity | None:
+    """Return the identity of a running process, or None if there is none."""
+    try:
+        return ProcessIdentity(pid, psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def is_alive(identity: ProcessIdentity) -> bool:
+    """True only if the exact process (same PID and start time) still runs."""
+    current = identity_of(identity.pid)
+    if current is None or current != identity:
+        return False
+    try:
+        return psutil.Process(identity.pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def spawn_child(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    log_path: Path | None = None,
+) -> ChildProcess:
+    """Start `argv` in a new session (its own process group) and record its identity.
+
+    stdout and stderr go to `log_path` (created 0600) or to /dev/null: child output
+    may hold private content and stays in the user-only state folder.
+    """
+    if log_path is not None:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        output: int = fd
+    else:
+        fd = -1
+        output = subprocess.DEVNULL
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    identity = identity_of(popen.pid) or ProcessIdentity(popen.pid, 0.0)
+    return ChildProcess(identity, popen)
+
+
+def signal_group(identity: ProcessIdentity, sig: signal.Signals) -> bool:
+    """Send `sig` to the process group led by `identity`, if that exact process lives.
+
+    For processes this server did not start (e.g. orphans found after a restart);
+    returns False when the exact process is gone (ESRCH counts as gone).
+    """
+    if not is_alive(identity):
+        return False
+    try:
+        os.killpg(identity.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def signal_own_child(child: ChildProcess, sig: signal.Signals) -> None:
+    """Signal the group of a child this process started and has not reaped yet.
+
+    An unreaped child keeps its PID (and so its group ID) reserved, even as a zombie,
+    so the signal cannot reach an unrelated process.
+    """
+    if child.popen.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.identity.pid, sig)
+
+
+def exited_unreaped(child: ChildProcess) -> bool:
+    """True if the child has exited; it is left a zombie so its group can be signalled."""
+    if child.popen.returncode is not None:
+        return True
+    try:
+        info = os.waitid(os.P_PID, child.identity.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None

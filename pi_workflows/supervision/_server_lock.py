@@ -1,0 +1,77 @@
+"""The global server lock: one live server per state folder, proved by the kernel.
+
+Implements workflow-server.md § Server lifecycle ("one global lock"). An exclusive
+`flock` on `host/server.lock` is released by the kernel when its process dies, so
+a crash restart can take over at once instead of waiting out the old lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pi_workflows.errors import PiWorkflowsError
+
+__all__ = ["ServerAlreadyRunningError", "ServerLock"]
+
+
+class ServerAlreadyRunningError(PiWorkflowsError):
+    """Another live server holds the lock for this state folder."""
+
+    def __init__(self, pid: int | None) -> None:
+        who = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"a workflow server is already running for this state folder ({who}); "
+            "use `pi-workflows server status` or `pi-workflows server stop`"
+        )
+        self.pid = pid
+
+
+@dataclass
+class ServerLock:
+    """An exclusive lock file holding the owner's PID. Not reentrant."""
+
+    path: Path
+    _fd: int = -1
+
+    def acquire(self) -> None:
+        """Take the lock without waiting.
+
+        Raises:
+            ServerAlreadyRunningError: a live process holds it.
+        """
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise ServerAlreadyRunningError(holder) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Release the lock (the kernel does the same if the process dies)."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd >= 0
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None

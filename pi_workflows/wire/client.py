@@ -1,0 +1,279 @@
+"""`WorkflowClient`: the one way every client talks to the server. It never opens SQLite.
+
+Implements client-protocol.md § Envelope and § Commands and uncertain results:
+fresh request IDs per transport attempt, stable idempotency keys, one reconnect
+and retry after a lost connection that adopts the stored receipt.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pi_workflows._version import __version__
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.wire.framing import FrameError, SocketFrameReader, encode_frame
+from pi_workflows.wire.protocol import (
+    CLIENT_SCHEMA,
+    ProtocolViolation,
+    ResponseMessage,
+    client_message_from_wire,
+)
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "HostUnavailableError",
+    "PackageMismatchError",
+    "RequestFailedError",
+    "WorkflowClient",
+    "socket_path_for",
+]
+
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+SERVER_START_TIMEOUT_S = 15.0
+
+
+class HostUnavailableError(PiWorkflowsError):
+    """`hostUnavailable`: the client cannot reach or start the server."""
+
+    retryable = True
+
+
+class PackageMismatchError(PiWorkflowsError):
+    """The server speaks another protocol or runs another package version."""
+
+
+class RequestFailedError(PiWorkflowsError):
+    """The server answered with an outcome other than accepted or adopted."""
+
+    def __init__(self, response: ResponseMessage) -> None:
+        error = response.get("error") or {}
+        message = error.get("message") or response["outcome"]
+        super().__init__(message)
+        self.outcome = response["outcome"]
+        self.code = error.get("code", response["outcome"])
+        self.response = response
+
+
+def socket_path_for(agent_dir: Path) -> Path:
+    """Return the server socket of an agent directory: `<agent dir>/workflows/host/host.sock`."""
+    return agent_dir / "workflows" / "host" / "host.sock"
+
+
+@dataclass
+class WorkflowClient:
+    """A connection to the workflow server for one client identity.
+
+    Args:
+        agent_dir: Pi's agent directory (holds `workflows/`); defaults like Pi's own.
+        client_id: Stable client identity used in receipts; random when omitted.
+        autostart: Start the server through `pi-workflows server start` when it is
+            not running.
+        timeout: Seconds to wait for one response.
+
+    **Blocking:** every method blocks the calling thread, at most `timeout` seconds
+    per attempt. Not thread-safe: use one client per thread.
+    """
+
+    agent_dir: Path
+    client_id: str = field(default_factory=lambda: f"client-{uuid.uuid4().hex[:12]}")
+    autostart: bool = True
+    timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    connection_id: str | None = None
+    _sock: socket.socket | None = None
+    _reader: SocketFrameReader | None = None
+    _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def socket_path(self) -> Path:
+        """The server socket this client uses."""
+        return socket_path_for(self.agent_dir)
+
+    def connect(self) -> None:
+        """Connect (starting the server when allowed) and check its hello.
+
+        Raises:
+            HostUnavailableError: no server answers and none could be started.
+            PackageMismatchError: the server runs another protocol or version.
+        """
+        if self._sock is not None:
+            return
+        try:
+            self._open()
+        except (OSError, HostUnavailableError):
+            if not self.autostart:
+                raise HostUnavailableError(
+                    "the workflow server is not running; start it with `pi-workflows server start`"
+                ) from None
+            start_server(self.agent_dir)
+            self._open()
+
+    def close(self) -> None:
+        """Close the connection (a later request reconnects)."""
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._reader = None
+
+    def __enter__(self) -> WorkflowClient:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def request(
+        self,
+        operation: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        expected_revision: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> ResponseMessage:
+        """Send one operation and return its response, whatever the outcome.
+
+        **Idempotency:** one key for all attempts; after a lost connection the
+        client reconnects once and retries with a new request ID and the same key,
+        so a command the server already committed is adopted, not repeated.
+
+        Raises:
+            HostUnavailableError: the server could not be reached twice in a row.
+        """
+        key = idempotency_key or f"{self.client_id}-{uuid.uuid4().hex}"
+        request: dict[str, Any] = {
+            "schema": CLIENT_SCHEMA,
+            "type": "request",
+            "clientId": self.client_id,
+            "operation": operation,
+            "idempotencyKey": key,
+            "payload": dict(payload or {}),
+        }
+        if run_id is not None:
+            request["runId"] = run_id
+        if expected_revision is not None:
+            request["expectedRevision"] = expected_revision
+        for attempt in (1, 2):
+            try:
+                self.connect()
+                return self._round_trip(request)
+            except (OSError, FrameError, _ConnectionLostError) as exc:
+                self.close()
+                if attempt == 2:
+                    raise HostUnavailableError(
+                        f"lost the connection to the workflow server ({type(exc).__name__}); "
+                        "check `pi-workflows server status`"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def call(
+        self,
+        operation: str,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> ResponseMessage:
+        """Like `request`, but raise `RequestFailedError` unless accepted or adopted."""
+        response = self.request(operation, payload, **options)
+        if response["outcome"] not in ("accepted", "adopted"):
+            raise RequestFailedError(response)
+        return response
+
+    def send_raw(self, data: bytes) -> None:
+        """Write bytes as they are (tests use it to send malformed frames)."""
+        self.connect()
+        assert self._sock is not None
+        self._sock.sendall(data)
+
+    def read_message(self) -> dict[str, Any] | None:
+        """Read the next message of any type (events included); None at end of stream."""
+        assert self._reader is not None, "connect first"
+        return self._reader.read_message()
+
+    def _round_trip(self, request: dict[str, Any]) -> ResponseMessage:
+        assert self._sock is not None and self._reader is not None
+        request_id = f"{self.client_id}-r{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        self._sock.sendall(encode_frame({**request, "requestId": request_id}))
+        while True:
+            message = self._reader.read_message()
+            if message is None:
+                raise _ConnectionLostError
+            checked = client_message_from_wire(message)
+            if checked["type"] == "response" and checked["requestId"] == request_id:
+                return checked
+            # events and stale responses of an abandoned attempt are not ours to settle
+
+    def _open(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.socket_path))
+            reader = SocketFrameReader(sock)
+            hello = reader.read_message()
+        except OSError:
+            sock.close()
+            raise
+        except FrameError as exc:
+            sock.close()
+            raise HostUnavailableError(f"the server sent a bad hello: {exc}") from None
+        if hello is None:
+            sock.close()
+            raise HostUnavailableError("the server closed the connection before its hello")
+        self._check_hello(sock, hello)
+        self._sock = sock
+        self._reader = reader
+
+    def _check_hello(self, sock: socket.socket, hello: dict[str, Any]) -> None:
+        try:
+            checked = client_message_from_wire(hello)
+        except ProtocolViolation:
+            sock.close()
+            raise PackageMismatchError(
+                "the workflow server speaks another protocol; install matching "
+                "pi-workflows packages"
+            ) from None
+        if checked["type"] != "hello":
+            sock.close()
+            raise PackageMismatchError("the workflow server did not start with a hello")
+        if checked["packageVersion"] != __version__:
+            sock.close()
+            raise PackageMismatchError(
+                f"the workflow server runs pi-workflows {checked['packageVersion']}, this "
+                f"client is {__version__}; stop it with `pi-workflows server stop` and "
+                "install matching packages"
+            )
+        self.connection_id = checked["connectionId"]
+
+
+class _ConnectionLostError(Exception):
+    """The server closed the connection before answering."""
+
+
+def start_server(agent_dir: Path, timeout: float = SERVER_START_TIMEOUT_S) -> None:
+    """Run `pi-workflows server start` for `agent_dir` and wait for it.
+
+    Raises:
+        HostUnavailableError: the server did not become ready in time.
+    """
+    env = dict(os.environ, PI_CODING_AGENT_DIR=str(agent_dir))
+    command = [sys.executable, "-m", "pi_workflows.cli", "server", "start"]
+    try:
+        result = subprocess.run(
+            command, env=env, capture_output=True, timeout=timeout, check=False, text=True
+        )
+    except subprocess.TimeoutExpired:
+        raise HostUnavailableError(
+            f"the workflow server did not start within {timeout:.0f} s"
+        ) from None
+    if result.returncode != 0:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise HostUnavailableError(f"could not start the workflow server: {detail}")
