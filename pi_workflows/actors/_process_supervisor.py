@@ -99,7 +99,7 @@ class ProcessSupervisorActor(ServerActor):
                 self._children[child.identity] = _Supervised(child, on_exit)
                 reply(Reply(child.identity))
             case StopChild(identity=identity, grace_ticks=grace):
-                self._stop(identity, grace)
+                self._stop_child(identity, grace)
             case Tick():
                 self._tick += 1
                 self._reap_and_escalate()
@@ -118,7 +118,7 @@ class ProcessSupervisorActor(ServerActor):
         """Children started and not yet reaped."""
         return len(self._children)
 
-    def _stop(self, identity: ProcessIdentity, grace_ticks: int) -> None:
+    def _stop_child(self, identity: ProcessIdentity, grace_ticks: int) -> None:
         supervised = self._children.get(identity)
         if supervised is None:
             return

@@ -1,59 +1,459 @@
 """The `pi-workflows` command group and the `piw` viewer entry point.
 
-Commands parse their arguments, call the client, render the result and map
-errors to exit codes. Commands whose issue has not landed say so and exit 2.
+Commands parse their arguments, call `WorkflowClient`, render the result and map
+errors to exit codes; none opens SQLite. Read commands take `--json` and print one
+JSON document on stdout; errors go to stderr as one sentence that says what to do.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import click
+import psutil
 
 from pi_workflows._version import __version__
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.storage import SchemaMismatchError, workflows_dir
+from pi_workflows.supervision import ServerAlreadyRunningError
+from pi_workflows.wire.client import (
+    HostUnavailableError,
+    PackageMismatchError,
+    RequestFailedError,
+    WorkflowClient,
+)
 
-NOT_YET_EXIT_CODE = 2
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_ALREADY_RUNNING = 4
+EXIT_STATE = 5
+START_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 20.0
+
+STATUS_KEYS = (
+    "state",
+    "epoch",
+    "socket",
+    "activeRunners",
+    "runs",
+    "expiredClaims",
+    "pendingInteractions",
+    "ambiguousEffects",
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _not_yet(what: str) -> None:
-    click.echo(f"pi-workflows: '{what}' is not built yet in version {__version__}.", err=True)
-    sys.exit(NOT_YET_EXIT_CODE)
+def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    click.echo(f"pi-workflows: {message}", err=True)
+    sys.exit(code)
+
+
+def _client_errors(function: F) -> F:
+    """Map client errors to one sentence on stderr and an exit code."""
+
+    @wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except HostUnavailableError as exc:
+            _fail(str(exc), EXIT_UNAVAILABLE)
+        except PackageMismatchError as exc:
+            _fail(str(exc), EXIT_UNAVAILABLE)
+        except RequestFailedError as exc:
+            _fail(f"{exc.outcome}: {exc}", EXIT_FAILED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _state_dir(ctx: click.Context) -> Path:
+    return Path(ctx.obj["state_dir"])
+
+
+def _client(ctx: click.Context, *, autostart: bool = True) -> WorkflowClient:
+    return WorkflowClient(
+        _state_dir(ctx), client_id=f"cli-{os.getuid()}-{os.getpid()}", autostart=autostart
+    )
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, sort_keys=True))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pi-workflows")
-def main() -> None:
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Workflow state folder (default: $PI_CODING_AGENT_DIR/workflows or ~/.pi/agent/workflows).",
+)
+@click.pass_context
+def main(ctx: click.Context, state_dir: Path | None) -> None:
     """Durable, crash-correct workflows for the Pi coding agent.
 
     Example: pi-workflows server status --json
     """
+    ctx.ensure_object(dict)
+    ctx.obj["state_dir"] = (state_dir or workflows_dir()).absolute()
+
+
+# --- server ---------------------------------------------------------------------------
 
 
 @main.group()
 def server() -> None:
-    """Start, stop and inspect the workflow server."""
+    """Start, stop and inspect the workflow server.
+
+    Example: pi-workflows server start
+    """
+
+
+@server.command("run")
+@click.option("--idle-exit", type=float, default=None, help="Seconds idle before exiting.")
+@click.option("--max-workers", type=int, default=None, help="Execution capacity.")
+@click.option("--ready-fd", type=int, default=None, hidden=True)
+@click.pass_context
+def server_run(
+    ctx: click.Context, idle_exit: float | None, max_workers: int | None, ready_fd: int | None
+) -> None:
+    """Run the server attached to this terminal until stopped.
+
+    Example: pi-workflows server run --idle-exit 600
+    """
+    from pi_workflows.server import (
+        DEFAULT_IDLE_EXIT_S,
+        IDLE_EXIT_ENV,
+        ServerStartError,
+        WorkflowServer,
+    )
+
+    if idle_exit is None:
+        raw = os.environ.get(IDLE_EXIT_ENV, "").strip()
+        idle_exit = float(raw) if raw else DEFAULT_IDLE_EXIT_S
+    try:
+        instance = WorkflowServer(
+            _state_dir(ctx), max_workers=max_workers, idle_exit_s=idle_exit or None
+        )
+        instance.start()
+    except ServerAlreadyRunningError as exc:
+        _fail(str(exc), EXIT_ALREADY_RUNNING)
+    except SchemaMismatchError as exc:
+        _fail(str(exc), EXIT_STATE)
+    except (ServerStartError, PiWorkflowsError, OSError) as exc:
+        _fail(f"the server could not start: {exc}", EXIT_FAILED)
+    _install_signal_handlers(instance)
+    if ready_fd is not None:
+        os.write(ready_fd, f"ready {instance.epoch}\n".encode())
+        os.close(ready_fd)
+    else:
+        click.echo(f"pi-workflows server running (epoch {instance.epoch}); Ctrl+C stops it")
+    while not instance.wait(1.0):
+        pass
+    if ready_fd is None:
+        click.echo(f"pi-workflows server stopped: {instance.stop_reason}")
+
+
+def _install_signal_handlers(instance: Any) -> None:
+    def on_signal(signum: int, frame: object) -> None:
+        instance.stop_async(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        import pykka.debug
+
+        signal.signal(signal.SIGUSR1, pykka.debug.log_thread_tracebacks)
+    except (ImportError, AttributeError):
+        pass
+
+
+def _reachable(ctx: click.Context) -> bool:
+    client = _client(ctx, autostart=False)
+    try:
+        client.connect()
+    except (HostUnavailableError, PackageMismatchError, OSError):
+        return False
+    client.close()
+    return True
+
+
+@server.command("start")
+@click.option("--timeout", type=float, default=START_TIMEOUT_S, show_default=True)
+@click.pass_context
+def server_start(ctx: click.Context, timeout: float) -> None:
+    """Start a detached server and return once it is ready.
+
+    Example: pi-workflows server start
+    """
+    if _reachable(ctx):
+        click.echo("pi-workflows server is already running")
+        return
+    state_dir = _state_dir(ctx)
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    read_end, write_end = os.pipe()
+    out_fd = os.open(logs / "server.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        child = subprocess.Popen(
+            [
+                sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir),
+                "server", "run", "--ready-fd", str(write_end),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=out_fd,
+            pass_fds=(write_end,),
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(write_end)
+        os.close(out_fd)
+    try:
+        line = _read_ready(read_end, timeout)
+    finally:
+        os.close(read_end)
+    if line.startswith("ready"):
+        click.echo(f"pi-workflows server started (epoch {line.split()[1]})")
+        return
+    if child.poll() is None:
+        child.kill()
+        _fail(f"the server did not become ready within {timeout:.0f} s; see {logs / 'server.out'}")
+    if child.returncode == EXIT_ALREADY_RUNNING and _reachable(ctx):
+        click.echo("pi-workflows server is already running")
+        return
+    _fail(f"the server exited during start: {_last_line(logs / 'server.out')}")
+
+
+def _read_ready(fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if not readable:
+            break
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("ascii", "replace").strip()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return "no output"
+    return (lines[-1] if lines else "no output")[:300]
+
+
+@server.command("stop")
+@click.option("--timeout", type=float, default=STOP_TIMEOUT_S, show_default=True)
+@click.pass_context
+@_client_errors
+def server_stop(ctx: click.Context, timeout: float) -> None:
+    """Stop the server after its in-flight commands have their receipts.
+
+    Example: pi-workflows server stop
+    """
+    pid = _server_pid(_state_dir(ctx))
+    client = _client(ctx, autostart=False)
+    try:
+        client.connect()
+    except HostUnavailableError:
+        click.echo("pi-workflows server is not running")
+        return
+    with client:
+        client.call("server.stop")
+    if pid is not None:
+        try:
+            psutil.Process(pid).wait(timeout)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:
+            _fail(f"the server did not stop within {timeout:.0f} s")
+    click.echo("pi-workflows server stopped")
+
+
+def _server_pid(state_dir: Path) -> int | None:
+    try:
+        text = (state_dir / "host" / "server.lock").read_text("ascii").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
 
 
 @server.command("status")
-def server_status() -> None:
-    """Show the server state. Example: pi-workflows server status"""
-    _not_yet("server status")
+@json_option
+@click.pass_context
+@_client_errors
+def server_status(ctx: click.Context, as_json: bool) -> None:
+    """Show the server state and safe counts (no IDs, paths or payloads).
+
+    Example: pi-workflows server status --json
+    """
+    client = _client(ctx, autostart=False)
+    try:
+        with client:
+            status = client.call("server.status")["receipt"]
+    except HostUnavailableError:
+        status = {
+            "state": "stopped",
+            "epoch": None,
+            "socket": "unavailable",
+            "activeRunners": 0,
+            "runs": {"queued": 0, "running": 0, "parked": 0, "waiting": 0},
+            "expiredClaims": 0,
+            "pendingInteractions": 0,
+            "ambiguousEffects": 0,
+        }
+    status = {key: status[key] for key in STATUS_KEYS}
+    if as_json:
+        _print_json(status)
+        return
+    runs = status["runs"]
+    click.echo(f"state: {status['state']}  epoch: {status['epoch']}  socket: {status['socket']}")
+    click.echo(
+        f"runs: {runs['queued']} queued, {runs['running']} running, "
+        f"{runs['parked']} parked, {runs['waiting']} waiting; "
+        f"active runners: {status['activeRunners']}"
+    )
+    click.echo(
+        f"expired claims: {status['expiredClaims']}  pending interactions: "
+        f"{status['pendingInteractions']}  ambiguous effects: {status['ambiguousEffects']}"
+    )
+
+
+# --- runs -----------------------------------------------------------------------------
 
 
 @main.group()
 def run() -> None:
-    """Start and control workflow runs."""
+    """Start and control workflow runs.
+
+    Example: pi-workflows run list
+    """
+
+
+@run.command("start")
+@click.argument("name")
+@click.option("--input-json", default="{}", help="The run input as a JSON object.")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Project folder whose .pi/workflows/ is searched first (default: the current one).",
+)
+@json_option
+@click.pass_context
+@_client_errors
+def run_start(
+    ctx: click.Context, name: str, input_json: str, project: Path | None, as_json: bool
+) -> None:
+    """Start a run of workflow NAME.
+
+    Example: pi-workflows run start release --input-json '{"version": "1.2.0"}'
+    """
+    try:
+        workflow_input = json.loads(input_json)
+    except json.JSONDecodeError:
+        _fail("--input-json is not valid JSON; pass an object such as '{\"n\": 1}'", EXIT_USAGE)
+    payload = {
+        "workflow": name,
+        "input": workflow_input,
+        "projectPath": str((project or Path.cwd()).resolve()),
+    }
+    with _client(ctx) as client:
+        receipt = client.call("run.start", payload)["receipt"]
+    if as_json:
+        _print_json(receipt)
+    else:
+        click.echo(receipt["runId"])
 
 
 @run.command("list")
-def run_list() -> None:
-    """List runs. Example: pi-workflows run list"""
-    _not_yet("run list")
+@json_option
+@click.pass_context
+@_client_errors
+def run_list(ctx: click.Context, as_json: bool) -> None:
+    """List runs, newest first.
+
+    Example: pi-workflows run list --json
+    """
+    with _client(ctx) as client:
+        page = client.call("run.list")["receipt"]
+    if as_json:
+        _print_json(page)
+        return
+    for item in page["items"]:
+        click.echo(f"{item['runId']}  {item['display']['status']:<10} {item['workflow']}")
+
+
+@run.command("status")
+@click.argument("run_id")
+@json_option
+@click.pass_context
+@_client_errors
+def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """Show one run.
+
+    Example: pi-workflows run status run-0123abcd
+    """
+    with _client(ctx) as client:
+        receipt = client.call("run.get", run_id=run_id)["receipt"]
+    if as_json:
+        _print_json(receipt)
+        return
+    click.echo(f"{receipt['runId']}  {receipt['display']['status']}  {receipt['workflow']}")
+    click.echo(f"revision {receipt['revision']}, generation {receipt['generation']}")
+
+
+def _control_command(operation: str, verb: str) -> None:
+    @run.command(verb, help=f"{verb.capitalize()} a run.\n\nExample: pi-workflows run {verb} RUN_ID")
+    @click.argument("run_id")
+    @json_option
+    @click.pass_context
+    @_client_errors
+    def command(ctx: click.Context, run_id: str, as_json: bool) -> None:
+        with _client(ctx) as client:
+            answer = client.call(operation, run_id=run_id)
+        if as_json:
+            _print_json(answer["receipt"])
+        else:
+            suffix = " (already done)" if answer["outcome"] == "adopted" else ""
+            click.echo(f"{verb}: {answer['receipt'].get('runId', run_id)}{suffix}")
+
+
+for _operation, _verb in (
+    ("run.cancel", "cancel"),
+    ("run.pause", "pause"),
+    ("run.resume", "resume"),
+    ("run.restart", "restart"),
+):
+    _control_command(_operation, _verb)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="piw")
 @click.argument("run_id", required=False)
 def piw_main(run_id: str | None) -> None:
-    """Terminal viewer for workflow runs. Example: piw RUN_ID"""
-    _not_yet("piw")
+    """Terminal viewer for workflow runs (not built yet). Example: piw RUN_ID"""
+    _fail(f"the piw viewer is not built yet in version {__version__}", EXIT_USAGE)

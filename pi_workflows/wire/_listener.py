@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,6 @@ from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
     ProtocolViolation,
     RequestMessage,
-    ResponseMessage,
     client_message_from_wire,
 )
 
@@ -73,9 +72,9 @@ class Connection:
     _writing: bool = False
     closed: bool = False
 
-    def respond(self, response: ResponseMessage) -> None:
+    def respond(self, response: Mapping[str, Any]) -> None:
         """Queue a response; it is written in order, after any earlier response."""
-        frame = encode_frame(dict(response))
+        frame = encode_frame(response)
         self._loop.call_soon_threadsafe(self._queue_response, frame)
 
     def offer_event(self, subscription_id: str, event: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ and retry after a lost connection that adopts the stored receipt.
 from __future__ import annotations
 
 import itertools
-import os
 import socket
 import subprocess
 import sys
@@ -63,9 +62,9 @@ class RequestFailedError(PiWorkflowsError):
         self.response = response
 
 
-def socket_path_for(agent_dir: Path) -> Path:
-    """Return the server socket of an agent directory: `<agent dir>/workflows/host/host.sock`."""
-    return agent_dir / "workflows" / "host" / "host.sock"
+def socket_path_for(state_dir: Path) -> Path:
+    """Return the server socket of a state folder: `<state dir>/host/host.sock`."""
+    return state_dir / "host" / "host.sock"
 
 
 @dataclass
@@ -73,7 +72,7 @@ class WorkflowClient:
     """A connection to the workflow server for one client identity.
 
     Args:
-        agent_dir: Pi's agent directory (holds `workflows/`); defaults like Pi's own.
+        state_dir: the workflow state folder, `<agent dir>/workflows`.
         client_id: Stable client identity used in receipts; random when omitted.
         autostart: Start the server through `pi-workflows server start` when it is
             not running.
@@ -83,7 +82,7 @@ class WorkflowClient:
     per attempt. Not thread-safe: use one client per thread.
     """
 
-    agent_dir: Path
+    state_dir: Path
     client_id: str = field(default_factory=lambda: f"client-{uuid.uuid4().hex[:12]}")
     autostart: bool = True
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
@@ -95,7 +94,7 @@ class WorkflowClient:
     @property
     def socket_path(self) -> Path:
         """The server socket this client uses."""
-        return socket_path_for(self.agent_dir)
+        return socket_path_for(self.state_dir)
 
     def connect(self) -> None:
         """Connect (starting the server when allowed) and check its hello.
@@ -113,7 +112,7 @@ class WorkflowClient:
                 raise HostUnavailableError(
                     "the workflow server is not running; start it with `pi-workflows server start`"
                 ) from None
-            start_server(self.agent_dir)
+            start_server(self.state_dir)
             self._open()
 
     def close(self) -> None:
@@ -258,17 +257,18 @@ class _ConnectionLostError(Exception):
     """The server closed the connection before answering."""
 
 
-def start_server(agent_dir: Path, timeout: float = SERVER_START_TIMEOUT_S) -> None:
-    """Run `pi-workflows server start` for `agent_dir` and wait for it.
+def start_server(state_dir: Path, timeout: float = SERVER_START_TIMEOUT_S) -> None:
+    """Run `pi-workflows server start` for `state_dir`; it returns after the ready handshake.
 
     Raises:
         HostUnavailableError: the server did not become ready in time.
     """
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(agent_dir))
-    command = [sys.executable, "-m", "pi_workflows.cli", "server", "start"]
+    command = [
+        sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir), "server", "start"
+    ]
     try:
         result = subprocess.run(
-            command, env=env, capture_output=True, timeout=timeout, check=False, text=True
+            command, capture_output=True, timeout=timeout, check=False, text=True
         )
     except subprocess.TimeoutExpired:
         raise HostUnavailableError(

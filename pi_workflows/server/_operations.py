@@ -1,0 +1,433 @@
+"""Client operations: each one a function run by the database actor.
+
+Implements client-protocol.md § Envelope and § Commands and uncertain results, and
+workflow-server.md § Live client protocol: a state-changing command looks up its
+receipt, applies its change and records its receipt in one transaction, and only
+then is answered. Reads create no receipts. Errors become bounded safe errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.storage import (
+    Claim,
+    ClaimHeldError,
+    ClaimLostError,
+    CommandRequest,
+    Database,
+    InvalidTransitionError,
+    LookupOutcome,
+    NewRun,
+    ReceiptOutcome,
+    RevisionConflictError,
+    RunNotFoundError,
+    RunSummary,
+    Tx,
+    cancel_run,
+    enqueue_run,
+    get_run,
+    get_run_summary,
+    list_runs,
+    lookup_receipt,
+    pause_run,
+    record_receipt,
+    resume_run,
+    run_list_revision,
+    status_counts,
+)
+from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
+
+__all__ = [
+    "COMMANDS",
+    "READS",
+    "OperationContext",
+    "build_run_list",
+    "display_status",
+    "handle_operation",
+    "rejected",
+]
+
+RUN_LIST_PAGE_ITEMS = 256
+WORKFLOW_SUFFIX = ".workflow.py"
+
+
+@dataclass
+class OperationContext:
+    """Server facts an operation may need; built once by the server.
+
+    Internal: operations run on the database actor's thread only.
+    """
+
+    epoch: int
+    active_runners: Callable[[], int]
+    """Live runner processes (from the process supervisor's registry)."""
+    host_claims: dict[str, Claim] = field(default_factory=dict)
+    """Host claims this server holds for launched runs, by run ID."""
+    builtin_workflows: Mapping[str, Path] = field(default_factory=dict)
+    agent_workflows_dir: Path | None = None
+
+
+class OperationError(PiWorkflowsError):
+    """An operation refused its input; `outcome` and `code` go into the response."""
+
+    def __init__(self, outcome: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.code = code
+
+
+def response(request: RequestMessage, outcome: str, **fields: Any) -> dict[str, Any]:
+    """Build a response envelope for `request`."""
+    return {
+        "schema": CLIENT_SCHEMA,
+        "type": "response",
+        "requestId": request["requestId"],
+        "outcome": outcome,
+        **fields,
+    }
+
+
+def rejected(request: RequestMessage, outcome: str, code: str, message: str) -> dict[str, Any]:
+    """A response carrying one bounded safe error."""
+    return response(request, outcome, error={"code": code, "message": message[:1000]})
+
+
+# --- Reads: no receipts ------------------------------------------------------------
+
+
+def _server_status(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    counts = status_counts(db, db.clock.now_ms())
+    queue = counts.queue_by_state
+    runs = counts.runs_by_status
+    receipt = {
+        "state": "running",
+        "epoch": ctx.epoch,
+        "socket": "available",
+        "activeRunners": ctx.active_runners(),
+        "runs": {
+            "queued": queue.get("queued", 0),
+            "running": queue.get("starting", 0) + queue.get("running", 0),
+            "parked": queue.get("parked", 0) - runs.get("waiting", 0),
+            "waiting": runs.get("waiting", 0),
+        },
+        "expiredClaims": counts.expired_claims,
+        "pendingInteractions": counts.pending_interactions,
+        "ambiguousEffects": counts.ambiguous_effects,
+    }
+    return response(request, "accepted", receipt=receipt)
+
+
+def display_status(summary: RunSummary) -> str:
+    """The closed `display.status` of a run (client-protocol.md § Run and session views)."""
+    if summary.status in ("completed", "failed", "timed_out", "cancelled"):
+        return summary.status
+    if summary.paused:
+        return "paused"
+    if summary.status == "waiting":
+        return "waiting"
+    if summary.queue_state in ("starting", "running"):
+        return "running"
+    return "queued"
+
+
+def _summary_item(summary: RunSummary) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "runId": summary.run_id,
+        "workflow": summary.workflow_name,
+        "revision": summary.revision,
+        "createdAt": summary.created_at,
+        "updatedAt": summary.updated_at,
+        "display": {"status": display_status(summary)},
+    }
+    if summary.title is not None:
+        item["title"] = summary.title
+    if summary.finished_at is not None:
+        item["finishedAt"] = summary.finished_at
+    if summary.park_reason is not None:
+        item["display"]["reason"] = summary.park_reason
+    if summary.failure_class is not None:
+        item["display"]["failureClass"] = summary.failure_class
+    return item
+
+
+def build_run_list(db: Database, since_revision: int) -> tuple[int, dict[str, Any]] | None:
+    """The first run-list page, or None when the list did not change since `since_revision`."""
+    revision = run_list_revision(db)
+    if revision == since_revision:
+        return None
+    summaries = list_runs(db, limit=RUN_LIST_PAGE_ITEMS)
+    return revision, {
+        "schema": RUN_LIST_PAGE_SCHEMA,
+        "revision": revision,
+        "items": [_summary_item(summary) for summary in summaries],
+    }
+
+
+def _run_list(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    built = build_run_list(db, -1)
+    assert built is not None
+    revision, page = built
+    return response(request, "accepted", revision=revision, receipt=page)
+
+
+def _run_get(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    run_id = _run_id(request)
+    run = get_run(db, run_id)
+    if run is None:
+        raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+    summary = get_run_summary(db, run_id)
+    status = display_status(summary) if summary is not None else "queued"
+    receipt = {
+        "runId": run.run_id,
+        "workflow": run.workflow_name,
+        "revision": run.revision,
+        "generation": run.generation,
+        "status": run.status,
+        "paused": bool(run.paused),
+        "createdAt": run.created_at,
+        "updatedAt": run.updated_at,
+        "display": {"status": status},
+    }
+    for key, value in (
+        ("title", run.title),
+        ("finishedAt", run.finished_at),
+        ("failureClass", run.failure_class),
+        ("failureReason", run.failure_reason),
+        ("restartOf", run.restart_of),
+    ):
+        if value is not None:
+            receipt[key] = value
+    return response(request, "accepted", revision=run.revision, receipt=receipt)
+
+
+# --- Commands: receipt, change and event in one transaction ---------------------------
+
+
+def _command(request: RequestMessage) -> CommandRequest:
+    durable_payload = dict(request["payload"])
+    if "runId" in request:
+        durable_payload["runId"] = request["runId"]
+    if "expectedRevision" in request:
+        durable_payload["expectedRevision"] = request["expectedRevision"]
+    return CommandRequest(
+        request_id=request["requestId"],
+        client_id=request["clientId"],
+        operation=request["operation"],
+        idempotency_key=request["idempotencyKey"],
+        payload=durable_payload,
+    )
+
+
+Change = Callable[[Tx], tuple[str | None, int | None, dict[str, Any]]]
+"""Applies one command inside the transaction: (run ID, revision, receipt body)."""
+
+
+def _run_command(
+    db: Database, request: RequestMessage, change: Callable[[Tx, CommandRequest], Any]
+) -> dict[str, Any]:
+    command = _command(request)
+    with db.write() as tx:
+        found = lookup_receipt(tx, command)
+        if found.outcome is LookupOutcome.ADOPTED:
+            assert found.receipt is not None
+            return _adopted(request, found.receipt)
+        if found.outcome is LookupOutcome.CONFLICT:
+            return rejected(
+                request,
+                "conflict",
+                "idempotencyConflict",
+                "this request ID or idempotency key was already used with another payload",
+            )
+        try:
+            run_id, revision, body = change(tx, command)
+        except OperationError as exc:
+            if exc.outcome != "rejected":
+                raise
+            # A definite rejection is stored too, so a retry gets the same answer.
+            error = {"code": exc.code, "message": str(exc)[:1000]}
+            record_receipt(tx, command, outcome=ReceiptOutcome.REJECTED, receipt=error)
+            return response(request, "rejected", error=error)
+        record_receipt(
+            tx,
+            command,
+            outcome=ReceiptOutcome.ACCEPTED,
+            receipt=body,
+            run_id=run_id,
+            accepted_revision=revision,
+        )
+    result = response(request, "accepted", receipt=body)
+    if revision is not None:
+        result["revision"] = revision
+    return result
+
+
+def _adopted(request: RequestMessage, stored: Any) -> dict[str, Any]:
+    if stored.outcome is ReceiptOutcome.REJECTED:
+        return response(request, "rejected", error=stored.receipt)
+    result = response(request, "adopted", receipt=stored.receipt)
+    if stored.accepted_revision is not None:
+        result["revision"] = stored.accepted_revision
+    return result
+
+
+def _run_id(request: RequestMessage) -> str:
+    run_id = request.get("runId")
+    if not run_id:
+        raise OperationError("rejected", "runIdRequired", "this operation needs a runId")
+    return run_id
+
+
+def _transition(
+    name: str,
+    apply: Callable[..., Any],
+) -> Callable[[Database, RequestMessage, OperationContext], dict[str, Any]]:
+    def operation(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+        run_id = _run_id(request)
+
+        def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
+            if get_run(tx, run_id) is None:
+                raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+            result = apply(
+                tx,
+                run_id,
+                claim=ctx.host_claims.get(run_id),
+                expected_revision=request.get("expectedRevision"),
+            )
+            body = {"runId": run_id, "state": result.phase.value, "operation": name}
+            return run_id, result.revision, body
+
+        return _run_command(db, request, change)
+
+    return operation
+
+
+def _start(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    payload = request["payload"]
+    name = payload.get("workflow")
+    if not isinstance(name, str) or not name:
+        raise OperationError("rejected", "workflowRequired", "payload.workflow names the workflow")
+    project = payload.get("projectPath")
+    if project is not None and (not isinstance(project, str) or not Path(project).is_absolute()):
+        raise OperationError("rejected", "projectPathInvalid", "projectPath must be absolute")
+    workflow_input = payload.get("input", {})
+
+    def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
+        source = _locate_workflow(name, project, ctx)
+        run_id = f"run-{uuid.uuid4().hex}"
+        result = enqueue_run(
+            tx,
+            NewRun(
+                run_id=run_id,
+                workflow_name=name,
+                project_path=project or "",
+                source_identity=source,
+                definition_digest=source["root"]["hash"],
+                input_hash=sha256_digest(workflow_input),
+                input=workflow_input,
+            ),
+        )
+        return run_id, result.revision, {"runId": run_id, "state": result.phase.value}
+
+    return _run_command(db, request, change)
+
+
+def _locate_workflow(name: str, project: str | None, ctx: OperationContext) -> dict[str, Any]:
+    """Find `NAME.workflow.py` by the discovery order and hash it; the server never imports it.
+
+    The source resolver child (a later issue) replaces this with a loaded definition.
+    """
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise OperationError("rejected", "workflowNameInvalid", "a workflow name is letters, digits, - and _")
+    candidates: list[Path] = []
+    if project is not None:
+        candidates.append(Path(project) / ".pi" / "workflows" / f"{name}{WORKFLOW_SUFFIX}")
+    if ctx.agent_workflows_dir is not None:
+        candidates.append(ctx.agent_workflows_dir / f"{name}{WORKFLOW_SUFFIX}")
+    if name in ctx.builtin_workflows:
+        candidates.append(ctx.builtin_workflows[name])
+    for path in candidates:
+        if path.is_file():
+            digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+            return {"root": {"kind": "file", "path": str(path), "hash": digest}, "mounted": []}
+    raise OperationError("rejected", "workflowNotFound", f"no workflow named {name!r} was found")
+
+
+def _restart(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    old_id = _run_id(request)
+
+    def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
+        old = get_run(tx, old_id)
+        if old is None:
+            raise OperationError("notFound", "runNotFound", f"no run {old_id}")
+        if old.finished_at is None:
+            raise OperationError(
+                "rejected", "runNotTerminal", "only a finished run restarts; cancel it first"
+            )
+        run_id = f"run-{uuid.uuid4().hex}"
+        result = enqueue_run(
+            tx,
+            NewRun(
+                run_id=run_id,
+                workflow_name=old.workflow_name,
+                project_path=old.project_path,
+                source_identity=json.loads(old.source_identity),
+                definition_digest=old.definition_digest,
+                input_hash=old.input_hash,
+                input=json.loads(old.input),
+                title=old.title,
+                restart_of=old_id,
+            ),
+        )
+        body = {"runId": run_id, "restartOf": old_id, "state": result.phase.value}
+        return run_id, result.revision, body
+
+    return _run_command(db, request, change)
+
+
+Operation = Callable[[Database, RequestMessage, OperationContext], dict[str, Any]]
+
+READS: dict[str, Operation] = {
+    "server.status": _server_status,
+    "run.list": _run_list,
+    "run.get": _run_get,
+}
+
+COMMANDS: dict[str, Operation] = {
+    "run.start": _start,
+    "run.pause": _transition("pause", pause_run),
+    "run.resume": _transition("resume", resume_run),
+    "run.cancel": _transition("cancel", cancel_run),
+    "run.restart": _restart,
+}
+
+
+def handle_operation(
+    db: Database, request: RequestMessage, ctx: OperationContext
+) -> dict[str, Any]:
+    """Run one read or command and return its response; never raises for bad input."""
+    operation = READS.get(request["operation"]) or COMMANDS.get(request["operation"])
+    if operation is None:
+        return rejected(
+            request, "rejected", "unknownOperation", f"unknown operation {request['operation']}"
+        )
+    try:
+        return operation(db, request, ctx)
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    except RunNotFoundError as exc:
+        return rejected(request, "notFound", "runNotFound", str(exc))
+    except RevisionConflictError as exc:
+        return rejected(request, "conflict", "revisionConflict", str(exc))
+    except (ClaimLostError, ClaimHeldError) as exc:
+        return rejected(request, "claimLost", "claimLost", str(exc))
+    except InvalidTransitionError as exc:
+        return rejected(request, "rejected", "invalidTransition", str(exc))

@@ -1,0 +1,502 @@
+"""`WorkflowServer`: the composition root that owns the lock, the actors and the socket.
+
+Implements workflow-server.md § Process model, § Server lifecycle and § Worker
+scheduling. Start order: lock, database, server epoch, actors, socket, ticker.
+Stop order is the reverse, after in-flight commands have their receipts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from pi_workflows._version import __version__
+from pi_workflows.actors._base import Reply, wait_reply
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor
+from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor, ReleaseConnection
+from pi_workflows.actors._database import DatabaseActor, Transact
+from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
+from pi_workflows.actors._scheduler import SchedulerActor, Wake
+from pi_workflows.actors._subscriptions import (
+    ConnectionClosed,
+    Subscribe,
+    SubscriptionActor,
+    Unsubscribe,
+)
+from pi_workflows.actors._ticker import Ticker
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._logging import configure_server_logging
+from pi_workflows.server._operations import (
+    COMMANDS,
+    READS,
+    OperationContext,
+    build_run_list,
+    handle_operation,
+    rejected,
+    response,
+)
+from pi_workflows.storage import (
+    Clock,
+    Database,
+    ServerClaim,
+    SystemClock,
+    acquire_server_epoch,
+    ensure_private_dir,
+    open_database,
+    release_server_epoch,
+    server_has_work,
+    workflows_dir,
+)
+from pi_workflows.supervision import ServerLock
+from pi_workflows.wire._listener import ClientListener, Connection
+from pi_workflows.wire.protocol import RequestMessage
+
+__all__ = [
+    "DEFAULT_IDLE_EXIT_S",
+    "DEFAULT_MAX_WORKERS",
+    "IDLE_EXIT_ENV",
+    "MAX_WORKERS_ENV",
+    "ServerStartError",
+    "WorkflowServer",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_WORKERS = 4
+MAX_WORKERS_ENV = "PI_WORKFLOWS_MAX_WORKERS"
+DEFAULT_IDLE_EXIT_S = 600.0
+"""An idle server (no client, runner, queued run or unsettled work) exits after this."""
+IDLE_EXIT_ENV = "PI_WORKFLOWS_IDLE_EXIT_SECONDS"
+SERVER_LEASE_TTL_MS = 15_000
+RENEW_EVERY_S = 2.0
+STOP_DRAIN_TIMEOUT_S = 10.0
+ACTOR_STOP_TIMEOUT_S = 10.0
+DB_CALL_TIMEOUT_S = 10.0
+
+
+class ServerStartError(PiWorkflowsError):
+    """The server could not start (bad configuration or state)."""
+
+
+def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
+    """`PI_WORKFLOWS_MAX_WORKERS` as a positive integer, or the default of 4."""
+    raw = (environ if environ is not None else dict(os.environ)).get(MAX_WORKERS_ENV, "")
+    if not raw.strip():
+        return DEFAULT_MAX_WORKERS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ServerStartError(f"{MAX_WORKERS_ENV} must be a positive integer, not {raw!r}")
+    return value
+
+
+class WorkflowServer:
+    """One workflow server for one state folder, embeddable in a test.
+
+    Args:
+        state_dir: the workflow state folder (`<agent dir>/workflows` by default).
+        max_workers: execution capacity; default `PI_WORKFLOWS_MAX_WORKERS` or 4.
+        idle_exit_s: stop after this long with nothing to do; None never stops.
+        tick_s: the ticker interval (renewal, subscriptions, scheduling, reaping).
+        clock: time source for stored times (tests may pass a manual clock).
+
+    **Blocking:** `start` returns once the socket accepts commands; `stop` returns
+    once every in-flight command has its receipt and every actor has stopped.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        *,
+        max_workers: int | None = None,
+        idle_exit_s: float | None = DEFAULT_IDLE_EXIT_S,
+        tick_s: float = 0.25,
+        clock: Clock | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
+        self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
+        if self.max_workers < 1:
+            raise ServerStartError("max_workers must be at least 1")
+        self.idle_exit_s = idle_exit_s
+        self.tick_s = tick_s
+        self.clock: Clock = clock or SystemClock()
+        self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
+        self.epoch = 0
+        self.stop_reason: str | None = None
+        self._lock = ServerLock(self.host_dir / "server.lock")
+        self._stopped = threading.Event()
+        self._stopping = threading.Lock()
+        self._accepting = False
+        self._in_flight = 0
+        self._in_flight_lock = threading.Condition()
+        self._refs: list[pykka.ActorRef[Any]] = []
+        self._database: pykka.ActorRef[Any] | None = None
+        self._subscriptions: pykka.ActorRef[Any] | None = None
+        self._coordinators: pykka.ActorRef[Any] | None = None
+        self._scheduler: pykka.ActorRef[Any] | None = None
+        self._supervisor: pykka.ActorRef[Any] | None = None
+        self._listener: ClientListener | None = None
+        self._ticker: Ticker | None = None
+        self._server_claim: ServerClaim | None = None
+        self._log_handler: logging.Handler | None = None
+        self._ctx: OperationContext | None = None
+        self._watcher: threading.Thread | None = None
+
+    # --- paths -----------------------------------------------------------------------
+
+    @property
+    def host_dir(self) -> Path:
+        """`<state>/host`: the socket and the lock, mode 0700."""
+        return self.state_dir / "host"
+
+    @property
+    def socket_path(self) -> Path:
+        """The client socket, `<state>/host/host.sock`, mode 0600."""
+        return self.host_dir / "host.sock"
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> WorkflowServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop("context exit")
+
+    def start(self) -> None:
+        """Take the lock and the epoch, start the actors, then accept clients.
+
+        Raises:
+            ServerAlreadyRunningError: another live server holds the lock.
+            SchemaMismatchError: the database has another schema; nothing was written.
+        """
+        for folder in (self.state_dir, self.host_dir, self.state_dir / "logs"):
+            ensure_private_dir(folder)
+        self._lock.acquire()
+        try:
+            self._log_handler = configure_server_logging(self.state_dir / "logs")
+            db = open_database(self.state_dir / "state.sqlite", clock=self.clock)
+            self._take_epoch(db)
+            self._start_actors(db)
+            self._start_listener()
+        except BaseException:
+            self._teardown()
+            raise
+        self._accepting = True
+        log.info("server started", extra={"action": "server.started", "epoch": self.epoch})
+        self._watcher = threading.Thread(target=self._watch, name="server-watch", daemon=True)
+        self._watcher.start()
+
+    def _take_epoch(self, db: Database) -> None:
+        # Holding the lock proves no other server lives, so its lease may be taken over
+        # at once: a crash restart never waits out the old lease.
+        with db.write() as tx:
+            claim = acquire_server_epoch(
+                tx,
+                owner_id=self.owner_id,
+                pid=os.getpid(),
+                ttl_ms=SERVER_LEASE_TTL_MS,
+                previous_owner_gone=True,
+            )
+        self._server_claim = claim
+        self.epoch = claim.epoch
+
+    def _start_actors(self, db: Database) -> None:
+        fail = self._on_actor_failure
+        database = DatabaseActor.start(db, fail)
+        self._database = database
+        self._refs.append(database)
+        supervisor = ProcessSupervisorActor.start(fail)
+        self._supervisor = supervisor
+        self._ctx = OperationContext(
+            epoch=self.epoch,
+            active_runners=lambda: 0,
+            agent_workflows_dir=self.state_dir,
+        )
+        assert self._server_claim is not None
+        every = max(1, round(RENEW_EVERY_S / self.tick_s))
+        renewer = ClaimRenewerActor.start(
+            database, self._server_claim, every, self._on_lease_lost, fail
+        )
+        self._scheduler = SchedulerActor.start(database, self.max_workers, None, fail)
+        self._subscriptions = SubscriptionActor.start(database, fail)
+        self._coordinators = CoordinatorEpochActor.start(fail)
+        # Stop order (reverse of this list): database last.
+        self._refs = [
+            database,
+            supervisor,
+            renewer,
+            self._scheduler,
+            self._subscriptions,
+            self._coordinators,
+        ]
+        self._ticker = Ticker(self.tick_s)
+        for ref in (renewer, self._scheduler, self._subscriptions, supervisor):
+            self._ticker.register(ref)
+
+    def _start_listener(self) -> None:
+        self._listener = ClientListener(
+            self.socket_path, _Router(self), __version__, self._on_listener_crash
+        )
+        self._listener.start()
+        assert self._ticker is not None
+        self._ticker.start()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop gracefully: refuse new commands, wait for receipts, stop everything."""
+        with self._stopping:
+            if self._stopped.is_set():
+                return
+            self.stop_reason = self.stop_reason or reason
+            self._accepting = False
+            self._wait_in_flight()
+            log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
+            self._teardown()
+            self._stopped.set()
+
+    def stop_async(self, reason: str) -> None:
+        """Stop from a thread that must not block (an actor, the listener)."""
+        threading.Thread(target=self.stop, args=(reason,), name="server-stop").start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stopped; True if it did within `timeout`."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def running(self) -> bool:
+        """True between a successful start and the end of stop."""
+        return self._accepting and not self._stopped.is_set()
+
+    def _wait_in_flight(self) -> None:
+        deadline = time.monotonic() + STOP_DRAIN_TIMEOUT_S
+        with self._in_flight_lock:
+            while self._in_flight > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    log.warning(
+                        "stopping with commands still in flight",
+                        extra={"action": "server.stop_timeout"},
+                    )
+                    return
+                self._in_flight_lock.wait(remaining)
+
+    def _teardown(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+        if self._listener is not None:
+            self._listener.stop()
+        for ref in reversed(self._refs[1:]):
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+                ref.stop(block=True, timeout=ACTOR_STOP_TIMEOUT_S)
+        self._release_epoch()
+        if self._refs:
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+                self._refs[0].stop(block=True, timeout=ACTOR_STOP_TIMEOUT_S)
+        self._refs = []
+        self._lock.release()
+        if self._log_handler is not None:
+            logging.getLogger("pi_workflows").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
+    def _release_epoch(self) -> None:
+        claim = self._server_claim
+        if claim is None or self._database is None:
+            return
+
+        def release(db: Database) -> None:
+            with db.write() as tx:
+                release_server_epoch(tx, claim)
+
+        with contextlib.suppress(Exception):
+            self.call_database(release, "server.release")
+
+    # --- database access for non-actor threads -----------------------------------------
+
+    def call_database(self, work: Callable[[Database], Any], label: str) -> Any:
+        """Run `work` on the database actor and wait for it (never from an actor)."""
+        database = self._database
+        assert database is not None
+
+        def send(deliver: Callable[[Reply], None]) -> None:
+            database.tell(Transact(work, deliver, label))
+
+        return wait_reply(send, DB_CALL_TIMEOUT_S)
+
+    # --- failures and idleness ----------------------------------------------------------
+
+    def _on_actor_failure(self, name: str, exc: BaseException | None) -> None:
+        reason = f"actor {name} failed ({type(exc).__name__ if exc else 'unknown'})"
+        self.stop_async(reason)
+
+    def _on_lease_lost(self, reason: str) -> None:
+        self.stop_async(reason)
+
+    def _on_listener_crash(self, exc: BaseException) -> None:
+        self.stop_async(f"client listener failed ({type(exc).__name__})")
+
+    def _watch(self) -> None:
+        """Stop after `idle_exit_s` with no client, runner, queued run or unsettled work."""
+        idle_since: float | None = None
+        interval = max(self.tick_s, 0.05)
+        while not self._stopped.wait(interval):
+            if self.idle_exit_s is None or not self._accepting:
+                continue
+            if self._is_idle():
+                now = time.monotonic()
+                idle_since = idle_since if idle_since is not None else now
+                if now - idle_since >= self.idle_exit_s:
+                    self.stop_async("idle")
+                    return
+            else:
+                idle_since = None
+
+    def _is_idle(self) -> bool:
+        if self._listener is None or self._listener.connection_count > 0:
+            return False
+        with self._in_flight_lock:
+            if self._in_flight:
+                return False
+        try:
+            return not self.call_database(server_has_work, "server.idle_check")
+        except Exception:  # noqa: BLE001 - an unanswered check means "not idle"
+            return False
+
+    # --- request routing ----------------------------------------------------------------
+
+    def _begin_request(self) -> bool:
+        with self._in_flight_lock:
+            if not self._accepting:
+                return False
+            self._in_flight += 1
+            return True
+
+    def _end_request(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+            self._in_flight_lock.notify_all()
+
+
+class _Router:
+    """Routes requests from the listener's loop to actors; never blocks the loop."""
+
+    def __init__(self, server: WorkflowServer) -> None:
+        self._server = server
+
+    def on_connect(self, connection: Connection) -> None:
+        return None
+
+    def on_disconnect(self, connection: Connection) -> None:
+        server = self._server
+        if server._subscriptions is not None:
+            server._subscriptions.tell(ConnectionClosed(connection.connection_id))
+        if server._coordinators is not None:
+            server._coordinators.tell(ReleaseConnection(connection.connection_id))
+
+    def on_request(self, connection: Connection, request: RequestMessage) -> None:
+        server = self._server
+        operation = request["operation"]
+        if not server._begin_request():
+            connection.respond(
+                rejected(request, "unavailable", "serverStopping", "the server is stopping")
+            )
+            return
+        try:
+            self._dispatch(connection, request, operation)
+        except BaseException:
+            server._end_request()
+            raise
+
+    def _dispatch(self, connection: Connection, request: RequestMessage, operation: str) -> None:
+        server = self._server
+        if operation == "server.stop":
+            connection.respond(response(request, "accepted", receipt={"state": "stopping"}))
+            server._end_request()
+            server.stop_async("stop requested")
+            return
+        if operation == "view.subscribe":
+            self._subscribe(connection, request)
+            return
+        if operation == "view.unsubscribe":
+            self._unsubscribe(connection, request)
+            return
+        if operation not in READS and operation not in COMMANDS:
+            connection.respond(
+                rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
+            )
+            server._end_request()
+            return
+        ctx = server._ctx
+        assert ctx is not None and server._database is not None
+
+        def reply(result: Reply) -> None:
+            try:
+                if result.error is not None:
+                    log.error(
+                        "operation failed",
+                        extra={"action": "operation.error", "operation": operation},
+                        exc_info=result.error,
+                    )
+                    connection.respond(
+                        rejected(request, "unavailable", "internalError", "the server failed this request; retry it")
+                    )
+                else:
+                    connection.respond(result.value)
+                    if operation in COMMANDS and server._scheduler is not None:
+                        server._scheduler.tell(Wake())
+            finally:
+                server._end_request()
+
+        server._database.tell(
+            Transact(lambda db: handle_operation(db, request, ctx), reply, operation)
+        )
+
+    def _subscribe(self, connection: Connection, request: RequestMessage) -> None:
+        server = self._server
+        try:
+            kind = request["payload"].get("kind")
+            if kind != "runList":
+                connection.respond(
+                    rejected(request, "rejected", "unknownView", "only the runList view exists yet")
+                )
+                return
+            subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
+            assert server._subscriptions is not None
+            connection.respond(
+                response(request, "accepted", receipt={"subscriptionId": subscription_id})
+            )
+            server._subscriptions.tell(
+                Subscribe(connection, subscription_id, "runList", build_run_list)
+            )
+        finally:
+            server._end_request()
+
+    def _unsubscribe(self, connection: Connection, request: RequestMessage) -> None:
+        server = self._server
+        subscription_id = request["payload"].get("subscriptionId")
+        assert server._subscriptions is not None
+
+        def reply(result: Reply) -> None:
+            try:
+                if result.value:
+                    answer = response(request, "accepted", receipt={"subscriptionId": subscription_id})
+                else:
+                    answer = rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
+                connection.respond(answer)
+            finally:
+                server._end_request()
+
+        server._subscriptions.tell(
+            Unsubscribe(connection.connection_id, str(subscription_id), reply)
+        )

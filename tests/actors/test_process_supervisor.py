@@ -1,0 +1,105 @@
+"""The process supervisor: own process groups, SIGTERM then SIGKILL in ticks, reaping."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from pi_workflows.actors._base import wait_reply
+from pi_workflows.actors._process_supervisor import (
+    ChildExited,
+    ProcessSupervisorActor,
+    Spawn,
+    StopChild,
+)
+from pi_workflows.actors._ticker import Ticker
+from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive
+
+pytestmark = pytest.mark.timeout(30)
+
+IGNORES_TERM = (
+    "import signal, time, subprocess, sys\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def supervisor() -> Iterator[Any]:
+    failures: list[str] = []
+    ref = ProcessSupervisorActor.start(lambda name, exc: failures.append(name))
+    ticker = Ticker(0.02)
+    ticker.register(ref)
+    ticker.start()
+    try:
+        yield ref
+    finally:
+        ticker.stop()
+        ref.stop(block=True, timeout=10)
+    assert not failures
+
+
+def _spawn(supervisor: Any, code: str, exits: list[ChildExited], done: threading.Event) -> ProcessIdentity:
+    def on_exit(exited: ChildExited) -> None:
+        exits.append(exited)
+        done.set()
+
+    identity: ProcessIdentity = wait_reply(
+        lambda deliver: supervisor.tell(
+            Spawn([sys.executable, "-c", code], dict(os.environ), deliver, on_exit)
+        ),
+        10,
+    )
+    return identity
+
+
+def test_children_get_their_own_group_and_a_start_identity(supervisor: Any) -> None:
+    exits: list[ChildExited] = []
+    done = threading.Event()
+    identity = _spawn(supervisor, "import time; time.sleep(60)", exits, done)
+    assert identity == identity_of(identity.pid)
+    assert os.getpgid(identity.pid) == identity.pid
+    assert os.getpgid(identity.pid) != os.getpgid(0)
+    supervisor.tell(StopChild(identity, grace_ticks=50))
+    assert done.wait(10)
+    assert exits[0].returncode == -15 and not exits[0].killed
+    assert not is_alive(identity)
+
+
+def test_a_child_ignoring_sigterm_is_killed_with_its_group(supervisor: Any, tmp_path: Any) -> None:
+    exits: list[ChildExited] = []
+    done = threading.Event()
+    identity = _spawn(supervisor, IGNORES_TERM, exits, done)
+    process = psutil.Process(identity.pid)
+    while not process.children():
+        psutil.wait_procs([process], timeout=0.05)
+    grandchild = process.children()[0]
+    supervisor.tell(StopChild(identity, grace_ticks=5))
+    assert done.wait(10)
+    assert exits[0].killed and exits[0].returncode == -9
+    gone, _ = psutil.wait_procs([grandchild], timeout=10)
+    assert gone, "the whole process group is stopped, not only its leader"
+
+
+def test_an_exiting_child_is_reaped_and_reported(supervisor: Any) -> None:
+    exits: list[ChildExited] = []
+    done = threading.Event()
+    identity = _spawn(supervisor, "raise SystemExit(3)", exits, done)
+    assert done.wait(10)
+    assert exits == [ChildExited(identity, 3, False)]
+    with pytest.raises(psutil.NoSuchProcess):
+        psutil.Process(identity.pid).status()
+
+
+def test_a_reused_pid_is_not_the_same_process() -> None:
+    me = identity_of(os.getpid())
+    assert me is not None and is_alive(me)
+    assert not is_alive(ProcessIdentity(me.pid, me.start_time - 100))

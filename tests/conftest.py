@@ -1,0 +1,95 @@
+"""Shared fixtures: short private temp folders (Unix socket paths are short) and
+child-process cleanup by PID, even when a test fails."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh folder under /tmp with a short path (sun_path holds 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="piw-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def state_dir(short_tmp: Path) -> Path:
+    """`<agent dir>/workflows` inside a short temp folder (not created yet)."""
+    return short_tmp / "agent" / "workflows"
+
+
+class Processes:
+    """Starts child processes and kills every one of them (and their groups) at teardown."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[str]] = []
+        self._adopted: list[psutil.Process] = []
+
+    def cli(self, state_dir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run `pi-workflows --state-dir STATE ARGS` to completion."""
+        env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
+        return subprocess.run(
+            [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
+
+    def spawn_cli(self, state_dir: Path, *args: str) -> subprocess.Popen[str]:
+        """Start `pi-workflows --state-dir STATE ARGS` in its own group; killed at teardown."""
+        env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self.started.append(child)
+        return child
+
+    def adopt(self, pid: int) -> None:
+        """Kill this PID at teardown too (e.g. a detached server started by the CLI)."""
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            self._adopted.append(process)
+
+    def cleanup(self) -> None:
+        for child in self.started:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(10)
+        for process in self._adopted:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+                process.wait(10)
+        self._adopted.clear()
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    tracker = Processes()
+    try:
+        yield tracker
+    finally:
+        tracker.cleanup()

@@ -1,0 +1,37 @@
+"""Fixtures for server tests: an embedded server with fast ticks and a client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+
+WORKFLOW_SOURCE = '"""A workflow file the server locates and hashes (it never imports it)."""\n'
+
+
+@pytest.fixture
+def project(short_tmp: Path) -> Path:
+    """A project folder with `.pi/workflows/hello.workflow.py`."""
+    folder = short_tmp / "project"
+    (folder / ".pi" / "workflows").mkdir(parents=True)
+    (folder / ".pi" / "workflows" / "hello.workflow.py").write_text(WORKFLOW_SOURCE)
+    return folder
+
+
+@pytest.fixture
+def server(state_dir: Path) -> Iterator[WorkflowServer]:
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")
+
+
+@pytest.fixture
+def client(server: WorkflowServer) -> Iterator[WorkflowClient]:
+    with WorkflowClient(server.state_dir, autostart=False, timeout=10) as connected:
+        yield connected
