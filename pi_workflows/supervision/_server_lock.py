@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +48,7 @@ class ServerLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_pid(fd)
+            holder = _wait_for_holder_pid(fd)
             os.close(fd)
             raise ServerAlreadyRunningError(holder) from None
         os.ftruncate(fd, 0)
@@ -67,6 +68,19 @@ class ServerLock:
     def held(self) -> bool:
         """True while this object holds the lock."""
         return self._fd >= 0
+
+
+HOLDER_PID_WAIT_S = 1.0
+
+
+def _wait_for_holder_pid(fd: int) -> int | None:
+    """Read the holder's PID, giving a holder that just took the lock time to write it."""
+    deadline = time.monotonic() + HOLDER_PID_WAIT_S
+    while True:
+        pid = _read_pid(fd)
+        if pid is not None or time.monotonic() >= deadline:
+            return pid
+        time.sleep(0.01)  # no event marks the write; the wait is bounded and rare
 
 
 def _read_pid(fd: int) -> int | None:

@@ -1,0 +1,725 @@
+"""Every SQL statement of the storage layer, as a named constant.
+
+Implements the house rule "SQL is named, reviewable text" (style-examples.md § For our
+project, 8): verb-first names, named parameters, explicit column lists, no f-strings.
+A test compiles every constant here against a fresh schema. Internal module.
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: E501  (SQL reads better unwrapped than split mid-clause)
+
+__all__ = [
+    "BEGIN_IMMEDIATE",
+    "CHECK_CLAIMED_QUEUE_WITHOUT_LEASE",
+    "CHECK_DECISION_RESOLUTIONS",
+    "CHECK_DUPLICATE_PENDING_STEP_MESSAGES",
+    "CHECK_EFFECT_APPLIED_TWICE",
+    "CHECK_EFFECT_STATE_MISMATCH",
+    "CHECK_EVENT_REVISION_GAPS",
+    "CHECK_FINISHED_AT",
+    "CHECK_LEASE_GENERATION",
+    "CHECK_MULTIPLE_UNFINISHED_ATTEMPTS",
+    "CHECK_RESERVATIONS",
+    "CHECK_RUNNING_ATTEMPT_WITHOUT_RUNNER",
+    "CHECK_RUNS_WITHOUT_QUEUE",
+    "CHECK_RUN_QUEUE_PAIRS",
+    "CHECK_RUN_REVISION_MATCHES_EVENTS",
+    "CHECK_TERMINAL_PAUSED",
+    "CHECK_TERMINAL_PENDING_DECISIONS",
+    "CHECK_TERMINAL_PENDING_REQUESTS",
+    "CHECK_TERMINAL_PENDING_STEP_MESSAGES",
+    "CHECK_TERMINAL_RUNS_WITH_LEASE",
+    "CHECK_TERMINAL_UNFINISHED_ATTEMPTS",
+    "CHECK_TERMINAL_UNSETTLED_EFFECTS",
+    "CHECK_TWO_ACTIVE_WORKERS",
+    "COMMIT",
+    "COUNT_ACTIVE_QUEUE_ROWS",
+    "COUNT_AMBIGUOUS_EFFECTS",
+    "COUNT_EXPIRED_LEASES",
+    "COUNT_FINISHED_VISITS",
+    "COUNT_PENDING_REQUESTS",
+    "COUNT_QUEUE_BY_STATE",
+    "COUNT_RUNS_BY_STATUS",
+    "COUNT_SCHEMA_OBJECTS",
+    "DELETE_LEASE",
+    "INSERT_BLOB",
+    "INSERT_COMMAND",
+    "INSERT_EVENT",
+    "INSERT_NODE_ATTEMPT",
+    "INSERT_PENDING_DECISION_CANCELLATIONS",
+    "INSERT_QUEUE_ROW",
+    "INSERT_RUN",
+    "INSERT_RUN_BINDING",
+    "INSERT_RUN_WORKER",
+    "INSERT_SCHEMA_INFO",
+    "INSERT_VIEW_CONTENT",
+    "PRAGMA_FOREIGN_KEYS_ON",
+    "PRAGMA_FOREIGN_KEY_CHECK",
+    "PRAGMA_INTEGRITY_CHECK",
+    "PRAGMA_JOURNAL_MODE_WAL",
+    "PRAGMA_QUERY_ONLY",
+    "PRAGMA_SYNCHRONOUS_FULL",
+    "ROLLBACK",
+    "SELECT_ACTIVE_RUN_WORKER",
+    "SELECT_ACTIVE_RUN_WORKERS",
+    "SELECT_ADMISSIBLE_RUNS",
+    "SELECT_BLOB_CONTENTS",
+    "SELECT_BLOB_LOCATION",
+    "SELECT_COMMAND_BY_KEY",
+    "SELECT_COMMAND_BY_REQUEST",
+    "SELECT_EVENTS",
+    "SELECT_EXPIRED_CLAIMED_RUNS",
+    "SELECT_LEASE",
+    "SELECT_NODE_ATTEMPT",
+    "SELECT_QUEUE_ROW",
+    "SELECT_RUN",
+    "SELECT_RUN_ATTEMPTS",
+    "SELECT_RUN_HEAD",
+    "SELECT_RUN_ROOT",
+    "SELECT_RUN_LIST_REVISION",
+    "SELECT_RUN_SUMMARIES",
+    "SELECT_RUN_SUMMARY",
+    "SELECT_RUN_WORKER",
+    "SELECT_SCHEMA_INFO",
+    "SELECT_SCHEMA_INFO_TABLE",
+    "SELECT_SERVER_HAS_WORK",
+    "SELECT_SERVER_LEASE",
+    "SELECT_SERVER_LEASE_HEAD",
+    "SELECT_SESSION_RESERVATION",
+    "SELECT_TABLE_NAMES",
+    "SELECT_UNFINISHED_ATTEMPT",
+    "SELECT_VIEW_CONTENTS",
+    "SELECT_VIEW_CONTENT_LOCATION",
+    "UPDATE_APPLYING_EFFECTS_AMBIGUOUS",
+    "UPDATE_APPLYING_EFFECT_ATTEMPTS_AMBIGUOUS",
+    "UPDATE_ATTEMPT_FINISH",
+    "UPDATE_ATTEMPT_WAITING",
+    "UPDATE_BINDING_RELEASE",
+    "UPDATE_LEASE_CHECK_RENEW",
+    "UPDATE_LEASE_RENEW",
+    "UPDATE_OWNER_LEASES_RENEW",
+    "UPDATE_PENDING_DECISIONS_CANCEL",
+    "UPDATE_PENDING_EFFECTS_CANCEL",
+    "UPDATE_PENDING_MESSAGES_CANCEL",
+    "UPDATE_PENDING_REQUESTS_CANCEL",
+    "UPDATE_QUEUE_REQUEUE",
+    "UPDATE_QUEUE_STATE",
+    "UPDATE_RUNNING_ATTEMPTS_INTERRUPTED",
+    "UPDATE_RUN_GENERATION",
+    "UPDATE_RUN_REVISION",
+    "UPDATE_RUN_STATUS",
+    "UPDATE_RUN_TERMINAL",
+    "UPDATE_RUN_WORKER_FINISH",
+    "UPDATE_RUN_WORKER_READY",
+    "UPDATE_SERVER_LEASE_RELEASE",
+    "UPDATE_SERVER_LEASE_RENEW",
+    "UPDATE_UNFINISHED_ATTEMPTS_CLOSE",
+    "UPSERT_LEASE",
+    "UPSERT_SERVER_LEASE",
+]
+
+# --- Transaction control and connection pragmas -------------------------------------
+
+# Start a write transaction that takes the write lock at once (no upgrade deadlocks).
+BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
+# Make a write transaction durable.
+COMMIT = "COMMIT"
+# Undo a write transaction.
+ROLLBACK = "ROLLBACK"
+# Enforce foreign keys on this connection (off by default in SQLite).
+PRAGMA_FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
+# Write-ahead logging: readers never block the writer.
+PRAGMA_JOURNAL_MODE_WAL = "PRAGMA journal_mode = WAL"
+# Sync the WAL on every commit, so a returned COMMIT survives power loss.
+PRAGMA_SYNCHRONOUS_FULL = "PRAGMA synchronous = FULL"
+# Refuse every write on this connection (read-only opens and schema inspection).
+PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
+# SQLite's structural self-check; one row 'ok' when healthy.
+PRAGMA_INTEGRITY_CHECK = "PRAGMA integrity_check"
+# Rows whose foreign keys point at nothing.
+PRAGMA_FOREIGN_KEY_CHECK = "PRAGMA foreign_key_check"
+
+# --- Schema record ------------------------------------------------------------------
+
+# How many objects the schema holds (0 means a fresh, empty database).
+COUNT_SCHEMA_OBJECTS = "SELECT count(*) FROM sqlite_schema"
+# Whether the schema record table exists.
+SELECT_SCHEMA_INFO_TABLE = (
+    "SELECT name FROM sqlite_schema WHERE type = 'table' AND name = 'schema_info'"
+)
+# The schema record.
+SELECT_SCHEMA_INFO = (
+    "SELECT schema_name, schema_version, ddl_digest FROM schema_info WHERE singleton = 1"
+)
+# Write the schema record of a new database.
+INSERT_SCHEMA_INFO = """
+INSERT INTO schema_info (singleton, schema_name, schema_version, ddl_digest, created_at)
+VALUES (1, :schema_name, :schema_version, :ddl_digest, :created_at)
+"""
+# Every table name, for the verifier's presence check.
+SELECT_TABLE_NAMES = "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name"
+
+# --- Runs ---------------------------------------------------------------------------
+
+# Create a run (revision 1 is its enqueue event).
+INSERT_RUN = """
+INSERT INTO runs (
+    run_id, workflow_name, title, project_path, source_identity, definition_digest,
+    input_hash, input, status, paused, revision, generation, root_run_id, parent_run_id,
+    restart_of, continuation_of, created_at, updated_at
+) VALUES (
+    :run_id, :workflow_name, :title, :project_path, :source_identity, :definition_digest,
+    :input_hash, :input, 'queued', 0, 1, 0, :root_run_id, :parent_run_id,
+    :restart_of, :continuation_of, :now, :now
+)
+"""
+# The lineage root of a run, to place a restart or continuation in its tree.
+SELECT_RUN_ROOT = "SELECT root_run_id FROM runs WHERE run_id = :run_id"
+# One complete run row.
+SELECT_RUN = """
+SELECT run_id, workflow_name, title, project_path, source_identity, definition_digest,
+       input_hash, input, status, paused, revision, generation, root_run_id, parent_run_id,
+       restart_of, continuation_of, created_at, updated_at, finished_at, failure_class,
+       failure_reason
+FROM runs WHERE run_id = :run_id
+"""
+# The run list, newest first, keyset-paged by (created_at, run_id).
+SELECT_RUN_SUMMARIES = """
+SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
+       q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
+       r.failure_class
+FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :limit
+"""
+# The run list's revision: every committed change adds 1 to exactly one run revision.
+SELECT_RUN_LIST_REVISION = "SELECT COALESCE(sum(revision), 0) FROM runs"
+# The status facts of one run.
+SELECT_RUN_SUMMARY = """
+SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
+       q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
+       r.failure_class
+FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+WHERE r.run_id = :run_id
+"""
+# Run counts per status, for server status.
+COUNT_RUNS_BY_STATUS = "SELECT status AS key, count(*) AS n FROM runs GROUP BY status"
+# Everything a transition or protected write checks, in one read.
+SELECT_RUN_HEAD = """
+SELECT r.run_id, r.status, r.paused, r.revision, r.generation, q.state AS queue_state,
+       l.owner_type AS lease_owner_type, l.owner_id AS lease_owner_id,
+       l.token_hash AS lease_token_hash, l.generation AS lease_generation,
+       l.expires_at AS lease_expires_at
+FROM runs AS r
+LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+LEFT JOIN leases AS l ON l.resource = r.run_id
+WHERE r.run_id = :run_id
+"""
+# Bump the revision of a run whose lifecycle state does not change.
+UPDATE_RUN_REVISION = (
+    "UPDATE runs SET revision = :revision, updated_at = :now WHERE run_id = :run_id"
+)
+# Move a run to a nonterminal status (pause flag and revision with it).
+UPDATE_RUN_STATUS = """
+UPDATE runs SET status = :status, paused = :paused, revision = :revision, updated_at = :now
+WHERE run_id = :run_id
+"""
+# Move a run to a terminal status; a terminal run is never paused.
+UPDATE_RUN_TERMINAL = """
+UPDATE runs
+SET status = :status, paused = 0, revision = :revision, updated_at = :now, finished_at = :now,
+    failure_class = :failure_class, failure_reason = :failure_reason
+WHERE run_id = :run_id
+"""
+# Record a newly issued claim generation.
+UPDATE_RUN_GENERATION = "UPDATE runs SET generation = :generation WHERE run_id = :run_id"
+
+# --- Run queue ----------------------------------------------------------------------
+
+# Create the queue row of a new run.
+INSERT_QUEUE_ROW = """
+INSERT INTO run_queue (run_id, state, kind, priority, enqueued_at, park_reason, updated_at)
+VALUES (:run_id, 'queued', :kind, :priority, :now, NULL, :now)
+"""
+# One queue row.
+SELECT_QUEUE_ROW = """
+SELECT run_id, state, kind, priority, enqueued_at, park_reason, updated_at
+FROM run_queue WHERE run_id = :run_id
+"""
+# Change the queue state (and park reason) of a run.
+UPDATE_QUEUE_STATE = """
+UPDATE run_queue SET state = :state, park_reason = :park_reason, updated_at = :now
+WHERE run_id = :run_id
+"""
+# Put a run back in line for admission.
+UPDATE_QUEUE_REQUEUE = """
+UPDATE run_queue SET state = 'queued', park_reason = NULL, enqueued_at = :now, updated_at = :now
+WHERE run_id = :run_id
+"""
+# The next admissible runs of one kind: queued and not paused, best first.
+SELECT_ADMISSIBLE_RUNS = """
+SELECT q.run_id, q.state, q.kind, q.priority, q.enqueued_at, q.park_reason, q.updated_at
+FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
+WHERE q.state = 'queued' AND q.kind = :kind AND r.paused = 0
+ORDER BY q.priority DESC, q.enqueued_at, q.run_id
+LIMIT :limit
+"""
+# Runs holding or taking a runner (capacity includes pending launches).
+COUNT_ACTIVE_QUEUE_ROWS = "SELECT count(*) FROM run_queue WHERE state IN ('starting', 'running')"
+# Whether durable work keeps the server alive: admissible or executing runs, claims,
+# active runners, scheduled wakes (deadlines), unsettled effects, provisional
+# submissions, and decisions that time out or wait on an external channel.
+SELECT_SERVER_HAS_WORK = """
+SELECT EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
+               WHERE q.state IN ('starting', 'running') OR (q.state = 'queued' AND r.paused = 0))
+    OR EXISTS (SELECT 1 FROM leases)
+    OR EXISTS (SELECT 1 FROM run_workers WHERE status IN ('starting', 'ready'))
+    OR EXISTS (SELECT 1 FROM node_attempts WHERE status = 'waiting' AND deadline_at IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM effects WHERE state IN ('pending', 'applying'))
+    OR EXISTS (SELECT 1 FROM interactive_submissions WHERE outcome = 'validating')
+    OR EXISTS (SELECT 1 FROM human_decisions AS d
+               WHERE d.status = 'pending' AND (d.expires_at IS NOT NULL OR EXISTS (
+                   SELECT 1 FROM channel_messages AS c WHERE c.decision_id = d.decision_id)))
+"""
+# Queue counts per state, for server status.
+COUNT_QUEUE_BY_STATE = "SELECT state AS key, count(*) AS n FROM run_queue GROUP BY state"
+
+# --- Leases (run claims) ------------------------------------------------------------
+
+# Grant a claim, replacing an expired one (the caller checked it is not live).
+UPSERT_LEASE = """
+INSERT INTO leases (
+    resource, owner_type, owner_id, token_hash, generation, acquired_at, heartbeat_at, expires_at
+) VALUES (
+    :run_id, :owner_type, :owner_id, :token_hash, :generation, :now, :now, :expires_at
+)
+ON CONFLICT (resource) DO UPDATE SET
+    owner_type = excluded.owner_type, owner_id = excluded.owner_id,
+    token_hash = excluded.token_hash, generation = excluded.generation,
+    acquired_at = excluded.acquired_at, heartbeat_at = excluded.heartbeat_at,
+    expires_at = excluded.expires_at
+"""
+# The protected write's fast path: check the exact live claim (and the expected revision,
+# when given) and renew it, in one statement; returns the run's revision, or no row.
+UPDATE_LEASE_CHECK_RENEW = """
+UPDATE leases SET heartbeat_at = :now, expires_at = :expires_at
+WHERE resource = :run_id AND generation = :generation AND owner_type = :owner_type
+  AND owner_id = :owner_id AND token_hash = :token_hash AND expires_at > :now
+  AND (:expected_revision IS NULL
+       OR :expected_revision = (SELECT revision FROM runs WHERE run_id = :run_id))
+RETURNING (SELECT revision FROM runs WHERE run_id = :run_id) AS revision
+"""
+# Renew the exact claim the caller just verified.
+UPDATE_LEASE_RENEW = """
+UPDATE leases SET heartbeat_at = :now, expires_at = :expires_at
+WHERE resource = :run_id AND generation = :generation
+"""
+# Renew every live claim of one owner (the claim-renewer timer).
+UPDATE_OWNER_LEASES_RENEW = """
+UPDATE leases SET heartbeat_at = :now, expires_at = :expires_at
+WHERE owner_type = :owner_type AND owner_id = :owner_id AND expires_at > :now
+RETURNING resource, generation, expires_at
+"""
+# Drop the claim on a run.
+DELETE_LEASE = "DELETE FROM leases WHERE resource = :run_id"
+# One claim, without its token hash.
+SELECT_LEASE = """
+SELECT resource, owner_type, owner_id, generation, acquired_at, heartbeat_at, expires_at
+FROM leases WHERE resource = :run_id
+"""
+# Runs whose runner-holding state has an expired or missing claim (recovery input).
+SELECT_EXPIRED_CLAIMED_RUNS = """
+SELECT q.run_id, q.state, q.kind, q.priority, q.enqueued_at, q.park_reason, q.updated_at
+FROM run_queue AS q LEFT JOIN leases AS l ON l.resource = q.run_id
+WHERE q.state IN ('starting', 'running') AND (l.resource IS NULL OR l.expires_at <= :now)
+ORDER BY q.run_id
+"""
+# Pending interactive requests, for server status.
+COUNT_PENDING_REQUESTS = "SELECT count(*) FROM interactive_requests WHERE status = 'pending'"
+# Ambiguous effects awaiting operator recovery, for server status.
+COUNT_AMBIGUOUS_EFFECTS = "SELECT count(*) FROM effects WHERE state = 'ambiguous'"
+# How many claims have expired without release, for server status.
+COUNT_EXPIRED_LEASES = "SELECT count(*) FROM leases WHERE expires_at <= :now"
+
+# --- Server lease and epoch ---------------------------------------------------------
+
+# The server lease, with its token hash, for the holder's checks.
+SELECT_SERVER_LEASE_HEAD = """
+SELECT epoch, owner_id, token_hash, expires_at, released_at FROM server_lease WHERE singleton = 1
+"""
+# The server lease without its token hash.
+SELECT_SERVER_LEASE = """
+SELECT epoch, owner_id, pid, acquired_at, heartbeat_at, expires_at, released_at
+FROM server_lease WHERE singleton = 1
+"""
+# Take the server lease with the next epoch.
+UPSERT_SERVER_LEASE = """
+INSERT INTO server_lease (
+    singleton, epoch, owner_id, token_hash, pid, acquired_at, heartbeat_at, expires_at, released_at
+) VALUES (1, :epoch, :owner_id, :token_hash, :pid, :now, :now, :expires_at, NULL)
+ON CONFLICT (singleton) DO UPDATE SET
+    epoch = excluded.epoch, owner_id = excluded.owner_id, token_hash = excluded.token_hash,
+    pid = excluded.pid, acquired_at = excluded.acquired_at, heartbeat_at = excluded.heartbeat_at,
+    expires_at = excluded.expires_at, released_at = NULL
+"""
+# Renew the server lease of the verified holder.
+UPDATE_SERVER_LEASE_RENEW = """
+UPDATE server_lease SET heartbeat_at = :now, expires_at = :expires_at
+WHERE singleton = 1 AND epoch = :epoch
+"""
+# Release the server lease of the verified holder (the epoch stays).
+UPDATE_SERVER_LEASE_RELEASE = """
+UPDATE server_lease SET released_at = :now, expires_at = :now
+WHERE singleton = 1 AND epoch = :epoch
+"""
+
+# --- Events -------------------------------------------------------------------------
+
+# Append the immutable event of one revision.
+INSERT_EVENT = """
+INSERT INTO events (run_id, revision, event_type, generation, payload, recorded_at)
+VALUES (:run_id, :revision, :event_type, :generation, :payload, :now)
+"""
+# A page of a run's events in revision order.
+SELECT_EVENTS = """
+SELECT run_id, revision, event_type, generation, payload, recorded_at
+FROM events WHERE run_id = :run_id AND revision > :after_revision
+ORDER BY revision LIMIT :limit
+"""
+
+# --- Node attempts ------------------------------------------------------------------
+
+# Start a node attempt.
+INSERT_NODE_ATTEMPT = """
+INSERT INTO node_attempts (
+    attempt_id, run_id, node_path, node_type, visit, generation, status, started_at, deadline_at
+) VALUES (
+    :attempt_id, :run_id, :node_path, :node_type, :visit, :generation, 'running', :now, :deadline_at
+)
+"""
+# One attempt.
+SELECT_NODE_ATTEMPT = """
+SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
+       deadline_at, finished_at, output_hash, error
+FROM node_attempts WHERE attempt_id = :attempt_id
+"""
+# The unfinished attempt of a run (at most one): the current node.
+SELECT_UNFINISHED_ATTEMPT = """
+SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
+       deadline_at, finished_at, output_hash, error
+FROM node_attempts WHERE run_id = :run_id AND status IN ('running', 'waiting')
+"""
+# Every attempt of a run in start order.
+SELECT_RUN_ATTEMPTS = """
+SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
+       deadline_at, finished_at, output_hash, error
+FROM node_attempts WHERE run_id = :run_id ORDER BY started_at, attempt_id
+"""
+# Finished visits of one node: the next visit number is this plus one.
+COUNT_FINISHED_VISITS = """
+SELECT count(*) FROM node_attempts
+WHERE run_id = :run_id AND node_path = :node_path AND status IN ('completed', 'failed', 'timed_out')
+"""
+# Finish one unfinished attempt.
+UPDATE_ATTEMPT_FINISH = """
+UPDATE node_attempts SET status = :status, finished_at = :now, output_hash = :output_hash, error = :error
+WHERE attempt_id = :attempt_id AND status IN ('running', 'waiting')
+"""
+# Mark the running attempt of a run as waiting for input.
+UPDATE_ATTEMPT_WAITING = """
+UPDATE node_attempts SET status = 'waiting' WHERE attempt_id = :attempt_id AND status = 'running'
+"""
+# Stop the running attempt of a run whose runner stopped (it may run again).
+UPDATE_RUNNING_ATTEMPTS_INTERRUPTED = """
+UPDATE node_attempts SET status = 'interrupted', finished_at = :now
+WHERE run_id = :run_id AND status = 'running'
+"""
+# Close every unfinished attempt of a run that became terminal.
+UPDATE_UNFINISHED_ATTEMPTS_CLOSE = """
+UPDATE node_attempts SET status = :status, finished_at = :now
+WHERE run_id = :run_id AND status IN ('running', 'waiting')
+"""
+
+# --- Terminal cleanup of a run's pending work ---------------------------------------
+
+# Cancel the pending interactive requests of a terminal run.
+UPDATE_PENDING_REQUESTS_CANCEL = """
+UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, updated_at = :now
+WHERE run_id = :run_id AND status = 'pending'
+"""
+# Fence the pending decisions of a terminal run with a cancelled resolution.
+INSERT_PENDING_DECISION_CANCELLATIONS = """
+INSERT INTO human_decision_resolutions (decision_id, outcome, cancel_reason, resolved_at)
+SELECT decision_id, 'cancelled', :reason, :now FROM human_decisions
+WHERE run_id = :run_id AND status = 'pending'
+ON CONFLICT (decision_id) DO NOTHING
+"""
+# Mark the pending decisions of a terminal run cancelled.
+UPDATE_PENDING_DECISIONS_CANCEL = """
+UPDATE human_decisions SET status = 'cancelled', updated_at = :now
+WHERE run_id = :run_id AND status = 'pending'
+"""
+# An in-flight effect attempt of a stopped run may have applied: ambiguous.
+UPDATE_APPLYING_EFFECT_ATTEMPTS_AMBIGUOUS = """
+UPDATE effect_attempts SET state = 'ambiguous', finished_at = :now
+WHERE state = 'applying' AND effect_id IN (SELECT effect_id FROM effects WHERE run_id = :run_id)
+"""
+# An applying effect of a stopped run: its outcome cannot be proven.
+UPDATE_APPLYING_EFFECTS_AMBIGUOUS = """
+UPDATE effects SET state = 'ambiguous', updated_at = :now, settled_at = :now
+WHERE run_id = :run_id AND state = 'applying'
+"""
+# A pending (never started) effect of a stopped run: it will not run.
+UPDATE_PENDING_EFFECTS_CANCEL = """
+UPDATE effects SET state = 'cancelled', updated_at = :now, settled_at = :now
+WHERE run_id = :run_id AND state = 'pending'
+"""
+# Cancel the pending workflow messages of the given kinds for a run.
+UPDATE_PENDING_MESSAGES_CANCEL = """
+UPDATE workflow_messages SET state = 'cancelled', updated_at = :now
+WHERE run_id = :run_id AND state = 'pending'
+  AND kind IN (SELECT value FROM json_each(:kinds))
+"""
+# Release the origin-session reservation of a terminal run.
+UPDATE_BINDING_RELEASE = """
+UPDATE run_bindings SET reserved = 0, released_at = :now WHERE run_id = :run_id AND reserved = 1
+"""
+
+# --- Run bindings -------------------------------------------------------------------
+
+# Bind a new run to its execution mode (and reserve its origin session).
+INSERT_RUN_BINDING = """
+INSERT INTO run_bindings (run_id, execution_mode, origin_session_id, reserved, created_at)
+VALUES (:run_id, :execution_mode, :origin_session_id, :reserved, :now)
+"""
+# The run holding an origin session's reservation, if any.
+SELECT_SESSION_RESERVATION = """
+SELECT run_id FROM run_bindings WHERE origin_session_id = :origin_session_id AND reserved = 1
+"""
+
+# --- Runner epochs ------------------------------------------------------------------
+
+# Record a runner epoch before spawning it.
+INSERT_RUN_WORKER = """
+INSERT INTO run_workers (
+    runner_epoch, run_id, generation, launch_envelope_hash, status, started_at
+) VALUES (:runner_epoch, :run_id, :generation, :launch_envelope_hash, 'starting', :now)
+"""
+# One runner epoch.
+SELECT_RUN_WORKER = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM run_workers WHERE runner_epoch = :runner_epoch
+"""
+# The active runner epoch of a run, if any.
+SELECT_ACTIVE_RUN_WORKER = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM run_workers WHERE run_id = :run_id AND status IN ('starting', 'ready')
+"""
+# Every active runner epoch (orphan checks after a server restart).
+SELECT_ACTIVE_RUN_WORKERS = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM run_workers WHERE status IN ('starting', 'ready') ORDER BY started_at, runner_epoch
+"""
+# The runner sent its ready message.
+UPDATE_RUN_WORKER_READY = """
+UPDATE run_workers
+SET status = 'ready', pid = :pid, process_start_time = :process_start_time, ready_at = :now,
+    ready_revision = :ready_revision
+WHERE runner_epoch = :runner_epoch AND status = 'starting'
+"""
+# Record the one terminal outcome of a runner epoch.
+UPDATE_RUN_WORKER_FINISH = """
+UPDATE run_workers
+SET status = :status, finished_at = :now, exit_code = :exit_code, signal = :signal,
+    diagnostic_hash = :diagnostic_hash
+WHERE runner_epoch = :runner_epoch AND status IN ('starting', 'ready')
+"""
+
+# --- Command receipts ---------------------------------------------------------------
+
+# The receipt stored under one request ID.
+SELECT_COMMAND_BY_REQUEST = """
+SELECT request_id, client_id, operation, idempotency_key, fingerprint, run_id,
+       accepted_revision, outcome, receipt_hash, created_at
+FROM host_commands WHERE request_id = :request_id
+"""
+# The receipt stored under one client's idempotency key.
+SELECT_COMMAND_BY_KEY = """
+SELECT request_id, client_id, operation, idempotency_key, fingerprint, run_id,
+       accepted_revision, outcome, receipt_hash, created_at
+FROM host_commands WHERE client_id = :client_id AND idempotency_key = :idempotency_key
+"""
+# Store a command receipt in the transaction of the change it acknowledges.
+INSERT_COMMAND = """
+INSERT INTO host_commands (
+    request_id, client_id, operation, idempotency_key, fingerprint, run_id,
+    accepted_revision, outcome, receipt_hash, created_at
+) VALUES (
+    :request_id, :client_id, :operation, :idempotency_key, :fingerprint, :run_id,
+    :accepted_revision, :outcome, :receipt_hash, :now
+)
+"""
+
+# --- Content ------------------------------------------------------------------------
+
+# Store a blob once; the same bytes always have the same digest.
+INSERT_BLOB = """
+INSERT INTO blobs (digest, byte_length, content, created_at)
+VALUES (:digest, :byte_length, :content, :now)
+ON CONFLICT (digest) DO NOTHING
+"""
+# Where a blob's bytes are (its rowid, for incremental blob I/O) and how many there are.
+SELECT_BLOB_LOCATION = "SELECT rowid AS row_id, byte_length FROM blobs WHERE digest = :digest"
+# Store generated view content under its exact run, digest and media type.
+INSERT_VIEW_CONTENT = """
+INSERT INTO run_view_content (run_id, digest, media_type, byte_length, content, created_at)
+VALUES (:run_id, :digest, :media_type, :byte_length, :content, :now)
+ON CONFLICT (run_id, digest, media_type) DO NOTHING
+"""
+# Where view content is, found only by its exact run, digest and media type.
+SELECT_VIEW_CONTENT_LOCATION = """
+SELECT rowid AS row_id, byte_length FROM run_view_content
+WHERE run_id = :run_id AND digest = :digest AND media_type = :media_type
+"""
+
+# --- Invariant checks (read-only; each returns one row per finding) -----------------
+
+# Runs without a queue row.
+CHECK_RUNS_WITHOUT_QUEUE = """
+SELECT r.run_id, r.status AS detail FROM runs AS r
+LEFT JOIN run_queue AS q ON q.run_id = r.run_id WHERE q.run_id IS NULL
+"""
+# Run status and queue state of every run, to compare with the lifecycle table.
+CHECK_RUN_QUEUE_PAIRS = """
+SELECT r.run_id, r.status, q.state FROM runs AS r JOIN run_queue AS q ON q.run_id = r.run_id
+"""
+# Starting or running queue rows with no claim at all.
+CHECK_CLAIMED_QUEUE_WITHOUT_LEASE = """
+SELECT q.run_id, q.state AS detail FROM run_queue AS q
+LEFT JOIN leases AS l ON l.resource = q.run_id
+WHERE q.state IN ('starting', 'running') AND l.resource IS NULL
+"""
+# Terminal runs that still hold a claim.
+CHECK_TERMINAL_RUNS_WITH_LEASE = """
+SELECT r.run_id, r.status AS detail FROM runs AS r JOIN leases AS l ON l.resource = r.run_id
+WHERE r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Claims whose generation is not the run's current generation.
+CHECK_LEASE_GENERATION = """
+SELECT r.run_id, 'lease ' || l.generation || ', run ' || r.generation AS detail
+FROM runs AS r JOIN leases AS l ON l.resource = r.run_id WHERE l.generation <> r.generation
+"""
+# Runs with more than one active runner epoch.
+CHECK_TWO_ACTIVE_WORKERS = """
+SELECT run_id, count(*) || ' active runner epochs' AS detail FROM run_workers
+WHERE status IN ('starting', 'ready') GROUP BY run_id HAVING count(*) > 1
+"""
+# Event revisions that do not run 1..N without gaps or repeats.
+CHECK_EVENT_REVISION_GAPS = """
+SELECT run_id, 'revisions ' || min(revision) || '..' || max(revision) || ', ' || count(*) || ' events' AS detail
+FROM events GROUP BY run_id
+HAVING min(revision) <> 1 OR max(revision) <> count(*) OR count(DISTINCT revision) <> count(*)
+"""
+# Runs whose revision differs from their last event revision (or have no events).
+CHECK_RUN_REVISION_MATCHES_EVENTS = """
+SELECT r.run_id, 'run ' || r.revision || ', last event ' || coalesce(max(e.revision), 'none') AS detail
+FROM runs AS r LEFT JOIN events AS e ON e.run_id = r.run_id
+GROUP BY r.run_id HAVING max(e.revision) IS NULL OR max(e.revision) <> r.revision
+"""
+# Terminal runs without a finish time, and nonterminal runs with one.
+CHECK_FINISHED_AT = """
+SELECT run_id, status AS detail FROM runs
+WHERE (status IN ('completed', 'failed', 'timed_out', 'cancelled')) <> (finished_at IS NOT NULL)
+"""
+# Terminal runs still marked paused.
+CHECK_TERMINAL_PAUSED = """
+SELECT run_id, status AS detail FROM runs
+WHERE paused = 1 AND status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Unfinished attempts of terminal runs.
+CHECK_TERMINAL_UNFINISHED_ATTEMPTS = """
+SELECT a.run_id, a.attempt_id || ' ' || a.status AS detail FROM node_attempts AS a
+JOIN runs AS r ON r.run_id = a.run_id
+WHERE a.status IN ('running', 'waiting') AND r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Runs with more than one unfinished attempt.
+CHECK_MULTIPLE_UNFINISHED_ATTEMPTS = """
+SELECT run_id, count(*) || ' unfinished attempts' AS detail FROM node_attempts
+WHERE status IN ('running', 'waiting') GROUP BY run_id HAVING count(*) > 1
+"""
+# Running attempts of runs that have no live runner state.
+CHECK_RUNNING_ATTEMPT_WITHOUT_RUNNER = """
+SELECT a.run_id, a.attempt_id || ' in queue state ' || coalesce(q.state, 'none') AS detail
+FROM node_attempts AS a LEFT JOIN run_queue AS q ON q.run_id = a.run_id
+WHERE a.status = 'running' AND coalesce(q.state, '') <> 'running'
+"""
+# Pending step messages of terminal runs.
+CHECK_TERMINAL_PENDING_STEP_MESSAGES = """
+SELECT m.run_id, m.message_id AS detail FROM workflow_messages AS m
+JOIN runs AS r ON r.run_id = m.run_id
+WHERE m.kind = 'step' AND m.state = 'pending'
+  AND r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Interactive requests with more than one pending step message.
+CHECK_DUPLICATE_PENDING_STEP_MESSAGES = """
+SELECT min(run_id) AS run_id, 'request ' || source_id || ': ' || count(*) || ' pending step messages' AS detail
+FROM workflow_messages WHERE kind = 'step' AND state = 'pending'
+GROUP BY source_id HAVING count(*) > 1
+"""
+# Pending interactive requests of terminal runs.
+CHECK_TERMINAL_PENDING_REQUESTS = """
+SELECT i.run_id, i.request_id AS detail FROM interactive_requests AS i
+JOIN runs AS r ON r.run_id = i.run_id
+WHERE i.status = 'pending' AND r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Pending human decisions of terminal runs.
+CHECK_TERMINAL_PENDING_DECISIONS = """
+SELECT d.run_id, d.decision_id AS detail FROM human_decisions AS d
+JOIN runs AS r ON r.run_id = d.run_id
+WHERE d.status = 'pending' AND r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Decisions whose status disagrees with their resolution fence.
+CHECK_DECISION_RESOLUTIONS = """
+SELECT d.run_id, d.decision_id || ': ' || d.status || ' vs ' || coalesce(x.outcome, 'no resolution') AS detail
+FROM human_decisions AS d LEFT JOIN human_decision_resolutions AS x ON x.decision_id = d.decision_id
+WHERE (d.status = 'pending' AND x.decision_id IS NOT NULL)
+   OR (d.status <> 'pending' AND (x.decision_id IS NULL OR x.outcome <> d.status))
+"""
+# Unsettled effects of terminal runs.
+CHECK_TERMINAL_UNSETTLED_EFFECTS = """
+SELECT e.run_id, e.effect_id || ' ' || e.state AS detail FROM effects AS e
+JOIN runs AS r ON r.run_id = e.run_id
+WHERE e.state IN ('pending', 'applying') AND r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+"""
+# Effects with more than one applied attempt.
+CHECK_EFFECT_APPLIED_TWICE = """
+SELECT e.run_id, e.effect_id || ': ' || count(*) || ' applied attempts' AS detail
+FROM effect_attempts AS a JOIN effects AS e ON e.effect_id = a.effect_id
+WHERE a.state = 'applied' GROUP BY a.effect_id HAVING count(*) > 1
+"""
+# Effects whose settled state disagrees with their attempts.
+CHECK_EFFECT_STATE_MISMATCH = """
+SELECT e.run_id, e.effect_id || ': ' || e.state AS detail FROM effects AS e
+WHERE (e.state = 'applied') <> EXISTS (
+          SELECT 1 FROM effect_attempts AS a WHERE a.effect_id = e.effect_id AND a.state = 'applied')
+   OR (e.state = 'applying') <> EXISTS (
+          SELECT 1 FROM effect_attempts AS a WHERE a.effect_id = e.effect_id AND a.state = 'applying')
+"""
+# Origin-session reservations of terminal runs, and nonterminal interactive runs without one.
+CHECK_RESERVATIONS = """
+SELECT r.run_id, r.status || ', reserved ' || b.reserved AS detail FROM run_bindings AS b
+JOIN runs AS r ON r.run_id = b.run_id
+WHERE b.execution_mode = 'interactive'
+  AND (r.status IN ('completed', 'failed', 'timed_out', 'cancelled')) = (b.reserved = 1)
+"""
+# Every blob with its bytes, for the verifier's digest check (streamed row by row).
+SELECT_BLOB_CONTENTS = "SELECT digest, byte_length, content FROM blobs"
+# Every view content row with its bytes, for the same check.
+SELECT_VIEW_CONTENTS = (
+    "SELECT run_id, digest, media_type, byte_length, content FROM run_view_content"
+)
