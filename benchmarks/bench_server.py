@@ -80,9 +80,20 @@ def echo_server(folder: Path) -> Iterator[Path]:
 def workflow_server(state_dir: Path) -> Iterator[None]:
     env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
     child = subprocess.Popen(
-        [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir),
-         "server", "run", "--idle-exit", "0"],
-        stdout=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pi_workflows.cli",
+            "--state-dir",
+            str(state_dir),
+            "server",
+            "run",
+            "--idle-exit",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert child.stdout is not None and "running" in child.stdout.readline()
@@ -118,16 +129,26 @@ def report(label: str, samples: list[float], echo: list[float]) -> None:
     )
 
 
-def run_phase(name: str, state_dir: Path, echo_path: Path, project: Path, busy_clients: int) -> None:
+def run_phase(
+    name: str, state_dir: Path, echo_path: Path, project: Path, busy_clients: int
+) -> None:
     client = WorkflowClient(state_dir, autostart=False, client_id=f"bench-{name}")
     client.connect()
     frame = encode_frame(
-        {"schema": "pi-workflows.client.v1", "type": "request", "requestId": "r" * 40,
-         "clientId": "bench", "operation": "server.status", "idempotencyKey": "k" * 40,
-         "payload": {}}
+        {
+            "schema": "pi-workflows.client.v1",
+            "type": "request",
+            "requestId": "r" * 40,
+            "clientId": "bench",
+            "operation": "server.status",
+            "idempotencyKey": "k" * 40,
+            "payload": {},
+        }
     )
     run_ids = [
-        client.call("run.start", {"workflow": "bench", "projectPath": str(project)})["receipt"]["runId"]
+        client.call("run.start", {"workflow": "bench", "projectPath": str(project)})["receipt"][
+            "runId"
+        ]
         for _ in range(SAMPLES + 20)
     ]
     stop = threading.Event()
@@ -135,8 +156,14 @@ def run_phase(name: str, state_dir: Path, echo_path: Path, project: Path, busy_c
     for index in range(busy_clients):
         other = WorkflowClient(state_dir, autostart=False, client_id=f"busy-{name}-{index}")
         other.connect()
-        helpers.append(threading.Thread(target=busy, args=(stop, lambda o=other: o.call("server.status")), daemon=True))
-        helpers.append(threading.Thread(target=busy, args=(stop, echo_caller(echo_path, frame)), daemon=True))
+        helpers.append(
+            threading.Thread(
+                target=busy, args=(stop, lambda o=other: o.call("server.status")), daemon=True
+            )
+        )
+        helpers.append(
+            threading.Thread(target=busy, args=(stop, echo_caller(echo_path, frame)), daemon=True)
+        )
     for helper in helpers:
         helper.start()
     try:

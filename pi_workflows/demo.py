@@ -40,8 +40,14 @@ def main() -> None:
             _cli(state_dir, "server", "start")
             _cli(state_dir, "server", "status")
             run_id = _cli(
-                state_dir, "run", "start", "hello", "--project", str(project),
-                "--input-json", '{"greeting": "hi"}',
+                state_dir,
+                "run",
+                "start",
+                "hello",
+                "--project",
+                str(project),
+                "--input-json",
+                '{"greeting": "hi"}',
             )
             _cli(state_dir, "run", "pause", run_id)
             _cli(state_dir, "run", "list")

@@ -40,7 +40,9 @@ class Processes:
         self.started: list[subprocess.Popen[str]] = []
         self._adopted: list[psutil.Process] = []
 
-    def cli(self, state_dir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, state_dir: Path, *args: str, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """Run `pi-workflows --state-dir STATE ARGS` to completion."""
         env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
         return subprocess.run(

@@ -61,9 +61,7 @@ class ServerActor(pykka.ThreadingActor):
         log.error(
             "actor stopped by an unexpected error",
             extra={"action": "actor.failed", "actor": self.name},
-            exc_info=(exception_type, exception_value, traceback)
-            if exception_type is not None
-            else None,
+            exc_info=exception_value,
         )
         self._on_actor_failure(self.name, exception_value)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import pykka
 
@@ -34,11 +35,11 @@ class Ticker:
 
     def __init__(self, interval_s: float) -> None:
         self._interval = interval_s
-        self._targets: list[pykka.ActorRef[pykka.Actor]] = []
+        self._targets: list[pykka.ActorRef[Any]] = []
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ticker", daemon=True)
 
-    def register(self, ref: pykka.ActorRef[pykka.Actor]) -> None:
+    def register(self, ref: pykka.ActorRef[Any]) -> None:
         """Add a target; call before `start`."""
         self._targets.append(ref)
 

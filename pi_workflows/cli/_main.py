@@ -21,9 +21,16 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import psutil
+import pykka.debug
 
 from pi_workflows._version import __version__
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server import (
+    DEFAULT_IDLE_EXIT_S,
+    IDLE_EXIT_ENV,
+    ServerStartError,
+    WorkflowServer,
+)
 from pi_workflows.storage import SchemaMismatchError, workflows_dir
 from pi_workflows.supervision import ServerAlreadyRunningError
 from pi_workflows.wire.client import (
@@ -100,7 +107,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Workflow state folder (default: $PI_CODING_AGENT_DIR/workflows or ~/.pi/agent/workflows).",
+    help="Workflow state folder (default: $PI_CODING_AGENT_DIR/workflows, else "
+    "~/.pi/agent/workflows).",
 )
 @click.pass_context
 def main(ctx: click.Context, state_dir: Path | None) -> None:
@@ -135,13 +143,6 @@ def server_run(
 
     Example: pi-workflows server run --idle-exit 600
     """
-    from pi_workflows.server import (
-        DEFAULT_IDLE_EXIT_S,
-        IDLE_EXIT_ENV,
-        ServerStartError,
-        WorkflowServer,
-    )
-
     if idle_exit is None:
         raw = os.environ.get(IDLE_EXIT_ENV, "").strip()
         idle_exit = float(raw) if raw else DEFAULT_IDLE_EXIT_S
@@ -174,12 +175,7 @@ def _install_signal_handlers(instance: Any) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    try:
-        import pykka.debug
-
-        signal.signal(signal.SIGUSR1, pykka.debug.log_thread_tracebacks)
-    except (ImportError, AttributeError):
-        pass
+    signal.signal(signal.SIGUSR1, pykka.debug.log_thread_tracebacks)
 
 
 def _reachable(ctx: click.Context) -> bool:
@@ -211,8 +207,15 @@ def server_start(ctx: click.Context, timeout: float) -> None:
     try:
         child = subprocess.Popen(
             [
-                sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir),
-                "server", "run", "--ready-fd", str(write_end),
+                sys.executable,
+                "-m",
+                "pi_workflows.cli",
+                "--state-dir",
+                str(state_dir),
+                "server",
+                "run",
+                "--ready-fd",
+                str(write_end),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out_fd,
@@ -427,7 +430,9 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 
 def _control_command(operation: str, verb: str) -> None:
-    @run.command(verb, help=f"{verb.capitalize()} a run.\n\nExample: pi-workflows run {verb} RUN_ID")
+    @run.command(
+        verb, help=f"{verb.capitalize()} a run.\n\nExample: pi-workflows run {verb} RUN_ID"
+    )
     @click.argument("run_id")
     @json_option
     @click.pass_context

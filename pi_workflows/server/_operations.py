@@ -346,7 +346,9 @@ def _locate_workflow(name: str, project: str | None, ctx: OperationContext) -> d
     The source resolver child (a later issue) replaces this with a loaded definition.
     """
     if not name.replace("-", "").replace("_", "").isalnum():
-        raise OperationError("rejected", "workflowNameInvalid", "a workflow name is letters, digits, - and _")
+        raise OperationError(
+            "rejected", "workflowNameInvalid", "a workflow name is letters, digits, - and _"
+        )
     candidates: list[Path] = []
     if project is not None:
         candidates.append(Path(project) / ".pi" / "workflows" / f"{name}{WORKFLOW_SUFFIX}")

@@ -449,7 +449,12 @@ class _Router:
                         exc_info=result.error,
                     )
                     connection.respond(
-                        rejected(request, "unavailable", "internalError", "the server failed this request; retry it")
+                        rejected(
+                            request,
+                            "unavailable",
+                            "internalError",
+                            "the server failed this request; retry it",
+                        )
                     )
                 else:
                     connection.respond(result.value)
@@ -490,9 +495,13 @@ class _Router:
         def reply(result: Reply) -> None:
             try:
                 if result.value:
-                    answer = response(request, "accepted", receipt={"subscriptionId": subscription_id})
+                    answer = response(
+                        request, "accepted", receipt={"subscriptionId": subscription_id}
+                    )
                 else:
-                    answer = rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
+                    answer = rejected(
+                        request, "notFound", "subscriptionNotFound", "no such subscription"
+                    )
                 connection.respond(answer)
             finally:
                 server._end_request()

@@ -54,11 +54,11 @@ class RequestFailedError(PiWorkflowsError):
     """The server answered with an outcome other than accepted or adopted."""
 
     def __init__(self, response: ResponseMessage) -> None:
-        error = response.get("error") or {}
-        message = error.get("message") or response["outcome"]
+        error = response.get("error")
+        message = error["message"] if error else response["outcome"]
         super().__init__(message)
         self.outcome = response["outcome"]
-        self.code = error.get("code", response["outcome"])
+        self.code = error["code"] if error else response["outcome"]
         self.response = response
 
 
@@ -264,7 +264,13 @@ def start_server(state_dir: Path, timeout: float = SERVER_START_TIMEOUT_S) -> No
         HostUnavailableError: the server did not become ready in time.
     """
     command = [
-        sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir), "server", "start"
+        sys.executable,
+        "-m",
+        "pi_workflows.cli",
+        "--state-dir",
+        str(state_dir),
+        "server",
+        "start",
     ]
     try:
         result = subprocess.run(

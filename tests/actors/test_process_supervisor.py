@@ -47,7 +47,9 @@ def supervisor() -> Iterator[Any]:
     assert not failures
 
 
-def _spawn(supervisor: Any, code: str, exits: list[ChildExited], done: threading.Event) -> ProcessIdentity:
+def _spawn(
+    supervisor: Any, code: str, exits: list[ChildExited], done: threading.Event
+) -> ProcessIdentity:
     def on_exit(exited: ChildExited) -> None:
         exits.append(exited)
         done.set()

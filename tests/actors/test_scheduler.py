@@ -12,8 +12,13 @@ pytestmark = pytest.mark.timeout(10)
 
 def _row(run_id: str, kind: QueueKind) -> QueueRow:
     return QueueRow(
-        run_id=run_id, state="queued", kind=kind.value, priority=0, enqueued_at=0,
-        park_reason=None, updated_at=0,
+        run_id=run_id,
+        state="queued",
+        kind=kind.value,
+        priority=0,
+        enqueued_at=0,
+        park_reason=None,
+        updated_at=0,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import stat
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from pi_workflows import HostUnavailableError, WorkflowClient, WorkflowServer
 from pi_workflows._version import __version__
+from pi_workflows.storage import list_runs, open_database
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader, encode_frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,8 +58,14 @@ def test_state_folders_and_socket_are_private(server: WorkflowServer) -> None:
 def test_server_status_reports_exactly_the_safe_keys(client: WorkflowClient) -> None:
     status = client.call("server.status")["receipt"]
     assert set(status) == {
-        "state", "epoch", "socket", "activeRunners", "runs",
-        "expiredClaims", "pendingInteractions", "ambiguousEffects",
+        "state",
+        "epoch",
+        "socket",
+        "activeRunners",
+        "runs",
+        "expiredClaims",
+        "pendingInteractions",
+        "ambiguousEffects",
     }
     assert set(status["runs"]) == {"queued", "running", "parked", "waiting"}
     assert status["state"] == "running"
@@ -98,9 +106,7 @@ def test_retry_with_a_new_request_id_adopts_the_receipt(
     assert len(client.call("run.list")["receipt"]["items"]) == 1
 
 
-def test_same_key_with_another_payload_is_a_conflict(
-    client: WorkflowClient, project: Path
-) -> None:
+def test_same_key_with_another_payload_is_a_conflict(client: WorkflowClient, project: Path) -> None:
     _start(client, project, key="key-1")
     other = client.request(
         "run.start",
@@ -147,10 +153,9 @@ def test_bad_input_closes_only_that_connection(
     sock, reader = _raw_connection(server)
     with sock:
         assert reader.read_message() is not None  # hello
-        try:
+        # The server may close while an oversized frame is still arriving.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(bad_bytes)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server may close while an oversized frame is still arriving
         try:
             closed = reader.read_message() is None
         except ConnectionResetError:
@@ -164,8 +169,12 @@ def test_clients_may_only_send_requests(server: WorkflowServer, client: Workflow
     sock, reader = _raw_connection(server)
     with sock:
         assert reader.read_message() is not None
-        hello = {"connectionId": "c", "packageVersion": "0", "schema": "pi-workflows.client.v1",
-                 "type": "hello"}
+        hello = {
+            "connectionId": "c",
+            "packageVersion": "0",
+            "schema": "pi-workflows.client.v1",
+            "type": "hello",
+        }
         sock.sendall(encode_frame(hello))
         assert reader.read_message() is None
     assert client.call("server.status")["outcome"] == "accepted"
@@ -189,8 +198,8 @@ def test_stop_waits_for_in_flight_commands(server: WorkflowServer, project: Path
             for index in range(20):
                 try:
                     answer = own.request(
-                        "run.start", {"workflow": "hello", "input": {"i": index},
-                                      "projectPath": str(project)}
+                        "run.start",
+                        {"workflow": "hello", "input": {"i": index}, "projectPath": str(project)},
                     )
                 except HostUnavailableError:
                     return  # the server finished stopping
@@ -207,8 +216,6 @@ def test_stop_waits_for_in_flight_commands(server: WorkflowServer, project: Path
     accepted = [r for r in results if r["outcome"] == "accepted"]
     assert accepted, "some commands were answered before the stop"
     # Every accepted answer had its receipt committed: reopen and count.
-    from pi_workflows.storage import list_runs, open_database
-
     with open_database(server.state_dir / "state.sqlite") as db:
         stored = {run.run_id for run in list_runs(db, limit=1000)}
     assert {r["receipt"]["runId"] for r in accepted} <= stored

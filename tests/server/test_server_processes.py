@@ -19,7 +19,6 @@ import pytest
 
 from pi_workflows import WorkflowClient
 from pi_workflows.wire.framing import SocketFrameReader, encode_frame
-
 from tests.conftest import Processes
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,7 +63,9 @@ def test_sigkilled_server_is_replaced_at_once_with_a_higher_epoch(
 ) -> None:
     first = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
     _wait_for_ready(first, state_dir)
-    epoch_before = json.loads(processes.cli(state_dir, "server", "status", "--json").stdout)["epoch"]
+    epoch_before = json.loads(processes.cli(state_dir, "server", "status", "--json").stdout)[
+        "epoch"
+    ]
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
     assert (state_dir / "host" / "host.sock").exists()  # the stale socket stays behind
@@ -88,8 +89,14 @@ def test_cli_start_status_stop(processes: Processes, state_dir: Path) -> None:
     status = processes.cli(state_dir, "server", "status", "--json")
     document = json.loads(status.stdout)
     assert set(document) == {
-        "state", "epoch", "socket", "activeRunners", "runs",
-        "expiredClaims", "pendingInteractions", "ambiguousEffects",
+        "state",
+        "epoch",
+        "socket",
+        "activeRunners",
+        "runs",
+        "expiredClaims",
+        "pendingInteractions",
+        "ambiguousEffects",
     }
     assert document["state"] == "running"
     text = status.stdout + processes.cli(state_dir, "server", "status").stdout
@@ -149,18 +156,22 @@ def test_fifty_clients_with_random_disconnects_each_key_has_one_receipt(
         try:
             for command in range(6):
                 key = f"{client_id}-{command}"
-                payload = {"workflow": "load", "input": {"c": index, "k": command},
-                           "projectPath": str(project)}
+                payload = {
+                    "workflow": "load",
+                    "input": {"c": index, "k": command},
+                    "projectPath": str(project),
+                }
                 # Lose the response on purpose: send, then hang up before reading.
                 if local.random() < 0.5:
                     _send_and_hang_up(socket_path, client_id, key, payload, local)
-                with WorkflowClient(state_dir, client_id=client_id, autostart=False,
-                                    timeout=30) as client:
+                with WorkflowClient(
+                    state_dir, client_id=client_id, autostart=False, timeout=30
+                ) as client:
                     answer = client.request("run.start", payload, idempotency_key=key)
                 with lock:
                     answers.setdefault(key, []).append(answer["outcome"])
                     answers[key].append(answer["receipt"]["runId"])
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=one_client, args=(i,)) for i in range(50)]
@@ -198,9 +209,13 @@ def _send_and_hang_up(
         sock.connect(str(socket_path))
         SocketFrameReader(sock).read_message()
         request = {
-            "schema": "pi-workflows.client.v1", "type": "request",
-            "requestId": f"{key}-lost-{local.randrange(10**9)}", "clientId": client_id,
-            "operation": "run.start", "idempotencyKey": key, "payload": payload,
+            "schema": "pi-workflows.client.v1",
+            "type": "request",
+            "requestId": f"{key}-lost-{local.randrange(10**9)}",
+            "clientId": client_id,
+            "operation": "run.start",
+            "idempotencyKey": key,
+            "payload": payload,
         }
         sock.sendall(encode_frame(request))
     finally:

@@ -1,0 +1,415 @@
+"""Opening the state database, the one `write()` transaction primitive, and typed reads.
+
+Implements python-port.md decision 2 and workflow-server.md § Alpha state policy: WAL,
+`synchronous=FULL`, foreign keys, a busy timeout, `BEGIN IMMEDIATE` for every write,
+and a DDL-digest check that refuses another schema before any write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from pi_workflows.storage import _queries as q
+from pi_workflows.storage._clock import Clock, SystemClock
+from pi_workflows.storage._errors import SchemaMismatchError
+from pi_workflows.storage._paths import ensure_private_dir, state_db_path
+from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION, ddl_statements
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_MS",
+    "Database",
+    "Params",
+    "Reader",
+    "Tracer",
+    "Tx",
+    "open_database",
+    "open_readonly",
+]
+
+T = TypeVar("T")
+
+Params = Mapping[str, Any] | Sequence[Any]
+"""Bound parameters: a mapping for `:name` placeholders, a sequence for `?`."""
+
+Tracer = Callable[[str, Params | None], None]
+"""Called after each statement succeeds, with the SQL and its (redacted) parameters.
+
+`BEGIN IMMEDIATE`, `COMMIT` and `ROLLBACK` are traced too, so a `COMMIT` trace means
+the transaction is durable: crash points "after commit, before reply" hook in here.
+"""
+
+DEFAULT_BUSY_TIMEOUT_MS = 5_000
+"""How long a statement waits for another connection's lock (a backup, `state verify`)."""
+
+# Parameters that must never reach a tracer or a log line (workflow-server.md § Claim rules).
+_SENSITIVE_PARAMS = frozenset({"token_hash"})
+_REDACTED = "<redacted>"
+
+
+class Reader(Protocol):
+    """Anything that runs typed reads: a `Database` (autocommit) or an open `Tx`."""
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The underlying connection (for `verify`; do not write through it)."""
+        ...
+
+    def fetch_one(self, sql: str, params: Params, row_type: type[T]) -> T | None:
+        """Return the first row as `row_type(**columns)`, or None."""
+        ...
+
+    def fetch_all(self, sql: str, params: Params, row_type: type[T]) -> list[T]:
+        """Return every row as `row_type(**columns)`."""
+        ...
+
+    def fetch_value(self, sql: str, params: Params) -> Any:
+        """Return the first column of the first row, or None when there is no row."""
+        ...
+
+
+def _redact(params: Params) -> Params:
+    if isinstance(params, Mapping) and not _SENSITIVE_PARAMS.isdisjoint(params):
+        return {k: (_REDACTED if k in _SENSITIVE_PARAMS else v) for k, v in params.items()}
+    return params
+
+
+def _rows(cursor: sqlite3.Cursor, row_type: type[T]) -> list[T]:
+    names = [d[0] for d in cursor.description]
+    return [row_type(**dict(zip(names, row, strict=True))) for row in cursor.fetchall()]
+
+
+def _first(cursor: sqlite3.Cursor, row_type: type[T]) -> T | None:
+    rows = _rows(cursor, row_type)
+    return rows[0] if rows else None
+
+
+class _ReadMixin:
+    """Typed reads shared by `Database` and `Tx`. Internal."""
+
+    _conn: sqlite3.Connection
+    tracer: Tracer | None
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The underlying connection (for `verify`; do not write through it)."""
+        return self._conn
+
+    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
+        cursor = self._conn.execute(sql, params)
+        if self.tracer is not None:
+            self.tracer(sql, _redact(params))
+        return cursor
+
+    def fetch_one(self, sql: str, params: Params, row_type: type[T]) -> T | None:
+        """Return the first row as `row_type(**columns)`, or None when there is no row."""
+        return _first(self._run(sql, params), row_type)
+
+    def fetch_all(self, sql: str, params: Params, row_type: type[T]) -> list[T]:
+        """Return every row as `row_type(**columns)`; column names must match fields."""
+        return _rows(self._run(sql, params), row_type)
+
+    def fetch_value(self, sql: str, params: Params) -> Any:
+        """Return the first column of the first row, or None when there is no row."""
+        cursor = self._run(sql, params)
+        row = cursor.fetchone()
+        cursor.close()  # finish the statement (an UPDATE ... RETURNING) before COMMIT
+        return None if row is None else row[0]
+
+
+class Tx(_ReadMixin):
+    """One open `BEGIN IMMEDIATE` transaction; only `Database.write()` creates it.
+
+    `now` is the clock reading taken when the transaction began: every time written
+    in one transaction is the same instant. The handle is dead once its `write()` block
+    ends; using it afterwards raises `RuntimeError`.
+    """
+
+    __slots__ = ("_active", "_conn", "now", "tracer")
+
+    def __init__(self, conn: sqlite3.Connection, now: int, tracer: Tracer | None) -> None:
+        self._conn = conn
+        self.now = now
+        self.tracer = tracer
+        self._active = True
+
+    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
+        if not self._active:
+            raise RuntimeError("this transaction has ended; open a new write()")
+        cursor = self._conn.execute(sql, params)
+        if self.tracer is not None:
+            self.tracer(sql, _redact(params))
+        return cursor
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        """Run one statement and return the number of rows it changed."""
+        return self._run(sql, params).rowcount
+
+
+class _Write:
+    """The context manager `Database.write()` returns. Internal.
+
+    A class rather than a generator: it runs on every write, and this is measurably
+    cheaper (benchmarks/bench_storage.py).
+    """
+
+    __slots__ = ("_db", "_tx")
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._tx: Tx | None = None
+
+    def __enter__(self) -> Tx:
+        db = self._db
+        if db.read_only:
+            raise RuntimeError("this database was opened read-only")
+        if db._in_write:
+            raise RuntimeError("write() does not nest; pass the open Tx down instead")
+        db._run(q.BEGIN_IMMEDIATE, ())
+        db._in_write = True
+        self._tx = Tx(db._conn, db.clock.now_ms(), db.tracer)
+        return self._tx
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        db, tx = self._db, self._tx
+        assert tx is not None
+        tx._active = False
+        try:
+            if exc_type is None:
+                db._run(q.COMMIT, ())
+                return
+        except BaseException:
+            _rollback(db)
+            raise
+        finally:
+            db._in_write = False
+        _rollback(db)
+
+
+def _rollback(db: Database) -> None:
+    """Roll back if a transaction is still open; never mask the original error."""
+    if db._conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db._run(q.ROLLBACK, ())
+
+
+class Database(_ReadMixin):
+    """The one connection to a state database.
+
+    Not thread-safe: exactly one owner (the database actor) uses it at a time. The
+    connection is in driver autocommit mode; `write()` is the only way to write.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        *,
+        clock: Clock,
+        tracer: Tracer | None = None,
+        read_only: bool = False,
+    ) -> None:
+        """Wrap an open connection; use `open_database` or `open_readonly` instead."""
+        self._conn = conn
+        self.path = path
+        self.clock = clock
+        self.tracer = tracer
+        self.read_only = read_only
+        self._in_write = False
+
+    def write(self) -> contextlib.AbstractContextManager[Tx]:
+        """Run a `with` block in one `BEGIN IMMEDIATE` transaction and commit it.
+
+        **Durability:** when the block exits normally, `COMMIT` has returned and, with
+        `synchronous=FULL`, the change survives a crash or power loss. If the block or
+        the commit raises, the transaction is rolled back and the original exception
+        propagates unmasked; nothing of the block is stored.
+
+        **Blocking:** `BEGIN IMMEDIATE` waits up to the busy timeout for another
+        connection's write lock.
+
+        Raises:
+            RuntimeError: (on entering) the database is read-only, or a write is already
+                open; writes do not nest, so pass the `Tx` down instead.
+        """
+        return _Write(self)
+
+    def close(self) -> None:
+        """Close the connection (a WAL checkpoint may run; see SQLite's close rules)."""
+        self._conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _SchemaRecord:
+    schema_name: str
+    schema_version: int
+    ddl_digest: str
+
+
+def _expected() -> _SchemaRecord:
+    return _SchemaRecord(SCHEMA_NAME, SCHEMA_VERSION, DDL_DIGEST)
+
+
+def _describe(record: _SchemaRecord) -> str:
+    return f"{record.schema_name} version {record.schema_version} ({record.ddl_digest})"
+
+
+def _inspect_schema(conn: sqlite3.Connection) -> str | None:
+    """Return None for an empty database, "" for ours, else a description of what is there."""
+    if conn.execute(q.COUNT_SCHEMA_OBJECTS).fetchone()[0] == 0:
+        return None
+    if conn.execute(q.SELECT_SCHEMA_INFO_TABLE).fetchone() is None:
+        return "an unknown schema (no schema_info table)"
+    try:
+        row = conn.execute(q.SELECT_SCHEMA_INFO).fetchone()
+    except sqlite3.Error:
+        return "an unreadable schema record"
+    if row is None:
+        return "an empty schema record"
+    found = _SchemaRecord(*row)
+    return "" if found == _expected() else _describe(found)
+
+
+def _readonly_uri(path: Path) -> str:
+    return path.resolve().as_uri() + "?mode=ro"
+
+
+def _check_existing_file(path: Path) -> None:
+    """Refuse a non-empty file whose schema is not ours, using a read-only connection.
+
+    Without a `-wal` file beside it the file alone is the whole database, so it is read
+    as `immutable`: SQLite then creates no `-wal` or `-shm` file either.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    uri = _readonly_uri(path)
+    if not path.with_name(path.name + "-wal").exists():
+        uri += "&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    try:
+        conn.execute(q.PRAGMA_QUERY_ONLY)
+        found = _inspect_schema(conn)
+    except sqlite3.DatabaseError:
+        found = "a file that is not a readable SQLite database"
+    finally:
+        conn.close()
+    if found:
+        raise SchemaMismatchError(path, found, _describe(_expected()))
+
+
+def _create_private_file(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+    path.chmod(0o600)  # os.open's mode is filtered by the umask
+
+
+def _apply_pragmas(conn: sqlite3.Connection) -> None:
+    conn.execute(q.PRAGMA_FOREIGN_KEYS_ON)
+    mode = conn.execute(q.PRAGMA_JOURNAL_MODE_WAL).fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise sqlite3.OperationalError(f"could not switch the database to WAL (got {mode})")
+    conn.execute(q.PRAGMA_SYNCHRONOUS_FULL)
+
+
+def _ensure_schema(db: Database) -> None:
+    with db.write() as tx:
+        found = _inspect_schema(tx.connection)
+        if found is None:
+            for statement in ddl_statements():
+                tx.execute(statement)
+            tx.execute(
+                q.INSERT_SCHEMA_INFO,
+                {
+                    "schema_name": SCHEMA_NAME,
+                    "schema_version": SCHEMA_VERSION,
+                    "ddl_digest": DDL_DIGEST,
+                    "created_at": tx.now,
+                },
+            )
+        elif found:
+            raise SchemaMismatchError(db.path, found, _describe(_expected()))
+
+
+def open_database(
+    path: Path | None = None,
+    *,
+    clock: Clock | None = None,
+    tracer: Tracer | None = None,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+) -> Database:
+    """Open (creating if needed) the live state database.
+
+    Steps: create missing folders with mode 0700; if the file exists and is not
+    empty, read its schema record through a read-only connection and refuse any other
+    schema; create the file with mode 0600; connect in autocommit mode; set
+    `busy_timeout`, `foreign_keys=ON`, `journal_mode=WAL`, `synchronous=FULL`; create
+    the schema and its record in one transaction if the database is empty.
+
+    **Durability:** a new database's schema and schema record commit together.
+
+    Args:
+        path: the database file; default `<agent dir>/workflows/state.sqlite`.
+        clock: the time source for every stored time; default `SystemClock()`.
+        tracer: called after every statement (see `Tracer`).
+        busy_timeout_ms: how long a statement waits for another connection's lock.
+
+    Raises:
+        SchemaMismatchError: the file holds another schema, version or DDL digest, or
+            is not SQLite at all. Nothing was written; the message says how to back up
+            and reset.
+    """
+    path = state_db_path() if path is None else Path(path)
+    ensure_private_dir(path.parent)
+    _check_existing_file(path)
+    _create_private_file(path)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)  # our own file, verified above: keep it private
+    conn = sqlite3.connect(
+        path,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=busy_timeout_ms / 1000,  # the driver sets SQLite's busy timeout from this
+    )
+    db = Database(conn, path, clock=clock or SystemClock(), tracer=tracer)
+    try:
+        _apply_pragmas(conn)
+        _ensure_schema(db)
+    except BaseException:
+        conn.close()
+        raise
+    return db
+
+
+def open_readonly(
+    path: Path, *, clock: Clock | None = None, tracer: Tracer | None = None
+) -> Database:
+    """Open an inactive copy (a backup) read-only, for `state verify <backup>`.
+
+    Uses a `mode=ro` URI and `PRAGMA query_only`, checks no schema digest (the caller
+    verifies it), and never creates the file. `write()` raises on the result.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    conn = sqlite3.connect(
+        _readonly_uri(path), uri=True, isolation_level=None, check_same_thread=False
+    )
+    conn.execute(q.PRAGMA_QUERY_ONLY)
+    return Database(conn, path, clock=clock or SystemClock(), tracer=tracer, read_only=True)

@@ -1,0 +1,193 @@
+"""Typed read helpers over runs, queue, events, attempts and runner epochs.
+
+Implements the reads that workflow-server.md § Worker scheduling, § Recovery and
+§ Status and privacy need. Every function takes a `Reader` (a `Database` or an open
+`Tx`) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pi_workflows.storage import _queries as q
+from pi_workflows.storage._db import Reader
+from pi_workflows.storage._phases import QueueKind, RunPhase, phase_of
+from pi_workflows.storage._rows import (
+    EventRow,
+    NodeAttemptRow,
+    QueueRow,
+    RunRow,
+    RunSummary,
+    RunWorkerRow,
+)
+
+__all__ = [
+    "StatusCounts",
+    "active_queue_count",
+    "active_runner",
+    "active_runners",
+    "admissible_runs",
+    "expired_claimed_runs",
+    "get_phase",
+    "get_queue_row",
+    "get_run",
+    "get_run_summary",
+    "get_runner",
+    "list_attempts",
+    "list_events",
+    "list_runs",
+    "run_list_revision",
+    "server_has_work",
+    "status_counts",
+    "unfinished_attempt",
+]
+
+# Keyset start for the newest page: larger than any epoch-millisecond time.
+_NEWEST = 2**62
+
+
+def get_run(reader: Reader, run_id: str) -> RunRow | None:
+    """Return the complete run row, or None."""
+    return reader.fetch_one(q.SELECT_RUN, {"run_id": run_id}, RunRow)
+
+
+def get_queue_row(reader: Reader, run_id: str) -> QueueRow | None:
+    """Return the run's queue row, or None."""
+    return reader.fetch_one(q.SELECT_QUEUE_ROW, {"run_id": run_id}, QueueRow)
+
+
+def get_phase(reader: Reader, run_id: str) -> RunPhase | None:
+    """Return the run's lifecycle phase; None if it is missing or inconsistent."""
+    run = get_run(reader, run_id)
+    queue = get_queue_row(reader, run_id)
+    if run is None or queue is None:
+        return None
+    return phase_of(run.status, queue.state)
+
+
+def list_runs(
+    reader: Reader,
+    *,
+    limit: int = 256,
+    before: tuple[int, str] | None = None,
+) -> list[RunSummary]:
+    """Return one page of the run list, newest first (status facts only).
+
+    Args:
+        limit: page size.
+        before: the `(created_at, run_id)` of the last row of the previous page.
+    """
+    created_at, run_id = before if before is not None else (_NEWEST, "")
+    return reader.fetch_all(
+        q.SELECT_RUN_SUMMARIES,
+        {"before_created_at": created_at, "before_run_id": run_id, "limit": limit},
+        RunSummary,
+    )
+
+
+def get_run_summary(reader: Reader, run_id: str) -> RunSummary | None:
+    """Return the status facts of one run, or None."""
+    return reader.fetch_one(q.SELECT_RUN_SUMMARY, {"run_id": run_id}, RunSummary)
+
+
+def run_list_revision(reader: Reader) -> int:
+    """Return the run list's revision; it grows by one with every committed run change.
+
+    It is the sum of run revisions, so retention deleting runs can lower it; a
+    dedicated counter should replace it when retention lands.
+    """
+    return int(reader.fetch_value(q.SELECT_RUN_LIST_REVISION, {}))
+
+
+def list_events(
+    reader: Reader, run_id: str, *, after_revision: int = 0, limit: int = 256
+) -> list[EventRow]:
+    """Return the run's events with revision > `after_revision`, in revision order."""
+    return reader.fetch_all(
+        q.SELECT_EVENTS,
+        {"run_id": run_id, "after_revision": after_revision, "limit": limit},
+        EventRow,
+    )
+
+
+def admissible_runs(reader: Reader, kind: QueueKind, *, limit: int = 1) -> list[QueueRow]:
+    """Return queued, unpaused runs of `kind`, best first (priority, then age)."""
+    return reader.fetch_all(
+        q.SELECT_ADMISSIBLE_RUNS, {"kind": kind.value, "limit": limit}, QueueRow
+    )
+
+
+def active_queue_count(reader: Reader) -> int:
+    """Return how many runs are starting or running (capacity counts pending launches)."""
+    return int(reader.fetch_value(q.COUNT_ACTIVE_QUEUE_ROWS, {}))
+
+
+def server_has_work(reader: Reader) -> bool:
+    """Whether durable state needs the server to stay up (workflow-server.md § Server lifecycle).
+
+    True while a run is admissible (queued, unpaused), starting or running; a claim or
+    an active runner epoch exists; a waiting attempt has a deadline; an effect is
+    unsettled; a submission is validating; or a pending decision has a deadline or an
+    external channel. Connected clients are the caller's part of the rule.
+    """
+    return bool(reader.fetch_value(q.SELECT_SERVER_HAS_WORK, {}))
+
+
+def expired_claimed_runs(reader: Reader, now: int) -> list[QueueRow]:
+    """Return starting or running runs whose claim is expired or missing at `now`."""
+    return reader.fetch_all(q.SELECT_EXPIRED_CLAIMED_RUNS, {"now": now}, QueueRow)
+
+
+def unfinished_attempt(reader: Reader, run_id: str) -> NodeAttemptRow | None:
+    """Return the run's unfinished (running or waiting) attempt: its current node."""
+    return reader.fetch_one(q.SELECT_UNFINISHED_ATTEMPT, {"run_id": run_id}, NodeAttemptRow)
+
+
+def list_attempts(reader: Reader, run_id: str) -> list[NodeAttemptRow]:
+    """Return every attempt of a run in start order."""
+    return reader.fetch_all(q.SELECT_RUN_ATTEMPTS, {"run_id": run_id}, NodeAttemptRow)
+
+
+def get_runner(reader: Reader, runner_epoch: str) -> RunWorkerRow | None:
+    """Return one runner epoch."""
+    return reader.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow)
+
+
+def active_runner(reader: Reader, run_id: str) -> RunWorkerRow | None:
+    """Return the run's active (starting or ready) runner epoch, if any."""
+    return reader.fetch_one(q.SELECT_ACTIVE_RUN_WORKER, {"run_id": run_id}, RunWorkerRow)
+
+
+def active_runners(reader: Reader) -> list[RunWorkerRow]:
+    """Return every active runner epoch (orphan checks after a restart)."""
+    return reader.fetch_all(q.SELECT_ACTIVE_RUN_WORKERS, {}, RunWorkerRow)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCounts:
+    """Safe counts for `server status`: no IDs, paths, payloads or tokens."""
+
+    runs_by_status: dict[str, int]
+    queue_by_state: dict[str, int]
+    expired_claims: int
+    pending_interactions: int
+    ambiguous_effects: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Count:
+    key: str
+    n: int
+
+
+def status_counts(reader: Reader, now: int) -> StatusCounts:
+    """Return the safe counts of `server status`; `now` decides which claims expired."""
+    runs = reader.fetch_all(q.COUNT_RUNS_BY_STATUS, {}, _Count)
+    queue = reader.fetch_all(q.COUNT_QUEUE_BY_STATE, {}, _Count)
+    return StatusCounts(
+        runs_by_status={row.key: row.n for row in runs},
+        queue_by_state={row.key: row.n for row in queue},
+        expired_claims=int(reader.fetch_value(q.COUNT_EXPIRED_LEASES, {"now": now})),
+        pending_interactions=int(reader.fetch_value(q.COUNT_PENDING_REQUESTS, {})),
+        ambiguous_effects=int(reader.fetch_value(q.COUNT_AMBIGUOUS_EFFECTS, {})),
+    )

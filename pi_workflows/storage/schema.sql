@@ -1,0 +1,414 @@
+-- pi-workflows-state, schema version 1.
+-- Implements workflow-server.md § Durable protocol records, § Claim rules and § Run lifecycle.
+-- Alpha policy: a change here changes the DDL digest in place (update DDL_DIGEST in
+-- _schema.py); an installed database with another digest is refused, never migrated.
+-- Every time is integer epoch milliseconds. Every JSON column holds one JSON text.
+-- Every column that names a blob digest ('sha256:<hex>') references blobs(digest).
+
+-- The schema record: one row naming the schema, its version and this file's digest.
+CREATE TABLE schema_info (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    schema_name TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    ddl_digest TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+
+-- The server lease and epoch: one row, kept after release so the epoch only grows.
+CREATE TABLE server_lease (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    epoch INTEGER NOT NULL CHECK (epoch >= 1),
+    owner_id TEXT NOT NULL,
+    token_hash TEXT NOT NULL,
+    pid INTEGER,
+    acquired_at INTEGER NOT NULL,
+    heartbeat_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    released_at INTEGER
+) STRICT;
+
+-- Content-addressed blobs: immutable bytes under 'sha256:<hex>' of those bytes.
+CREATE TABLE blobs (
+    digest TEXT PRIMARY KEY,
+    byte_length INTEGER NOT NULL CHECK (byte_length >= 0),
+    content BLOB NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+
+-- One row per run: identity, lineage, status, pause, revision and claim generation.
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY CHECK (length(run_id) BETWEEN 1 AND 200),
+    workflow_name TEXT NOT NULL,
+    title TEXT,
+    project_path TEXT NOT NULL,
+    source_identity TEXT NOT NULL CHECK (json_valid(source_identity)),
+    definition_digest TEXT NOT NULL,
+    input_hash TEXT NOT NULL,
+    input TEXT NOT NULL CHECK (json_valid(input)),
+    status TEXT NOT NULL CHECK (status IN (
+        'queued', 'running', 'waiting', 'completed', 'failed', 'timed_out', 'cancelled'
+    )),
+    paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+    revision INTEGER NOT NULL CHECK (revision >= 1),
+    generation INTEGER NOT NULL DEFAULT 0 CHECK (generation >= 0),
+    root_run_id TEXT NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+    parent_run_id TEXT REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+    restart_of TEXT REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+    continuation_of TEXT REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    failure_class TEXT CHECK (failure_class IN (
+        'claimLost', 'workerCrashed', 'runnerNoProgress', 'workerTimedOut', 'hostUnavailable',
+        'sourceChanged', 'effectAmbiguous', 'nodeFailed', 'protocolRejected'
+    )),
+    failure_reason TEXT
+) STRICT;
+-- Run list, newest first.
+CREATE INDEX runs_by_created ON runs (created_at DESC, run_id DESC);
+-- Status counts and recovery scans.
+CREATE INDEX runs_by_status ON runs (status);
+-- Retention: terminal runs by age, and lineage trees.
+CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX runs_by_root ON runs (root_run_id);
+CREATE INDEX runs_by_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX runs_by_restart ON runs (restart_of) WHERE restart_of IS NOT NULL;
+CREATE INDEX runs_by_continuation ON runs (continuation_of) WHERE continuation_of IS NOT NULL;
+
+-- The queue projection of every run; 'kind' lets the scheduler alternate admissions.
+CREATE TABLE run_queue (
+    run_id TEXT PRIMARY KEY REFERENCES runs (run_id) ON DELETE CASCADE,
+    state TEXT NOT NULL CHECK (state IN (
+        'queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled'
+    )),
+    kind TEXT NOT NULL CHECK (kind IN ('workflow', 'resource')),
+    priority INTEGER NOT NULL DEFAULT 0,
+    enqueued_at INTEGER NOT NULL,
+    park_reason TEXT,
+    updated_at INTEGER NOT NULL
+) STRICT;
+-- Admission order: higher priority first, then oldest, per kind.
+CREATE INDEX run_queue_admission ON run_queue (kind, priority DESC, enqueued_at, run_id)
+    WHERE state = 'queued';
+-- Capacity and recovery: runs that hold or are taking a runner.
+CREATE INDEX run_queue_active ON run_queue (state) WHERE state IN ('starting', 'running');
+
+-- Live run claims. Release deletes the row; the generation counter lives on runs.
+-- WITHOUT ROWID and no index on the expiry, so a renewal rewrites one page.
+CREATE TABLE leases (
+    resource TEXT PRIMARY KEY REFERENCES runs (run_id) ON DELETE CASCADE,
+    owner_type TEXT NOT NULL CHECK (length(owner_type) BETWEEN 1 AND 64),
+    owner_id TEXT NOT NULL CHECK (length(owner_id) BETWEEN 1 AND 200),
+    token_hash TEXT NOT NULL,
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    acquired_at INTEGER NOT NULL,
+    heartbeat_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    CHECK (acquired_at <= heartbeat_at AND heartbeat_at < expires_at)
+) STRICT, WITHOUT ROWID;
+-- Timer renewal of every claim of one owner.
+CREATE INDEX leases_by_owner ON leases (owner_type, owner_id);
+
+-- The immutable, gap-free event log of each run; revision N is the run's Nth change.
+-- Keyed by (run_id, revision) WITHOUT ROWID: one b-tree, appends stay local per run.
+-- Large values go to blobs by reference, so event rows stay small.
+CREATE TABLE events (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    revision INTEGER NOT NULL CHECK (revision >= 1),
+    event_type TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    payload TEXT NOT NULL CHECK (json_valid(payload)),
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, revision)
+) STRICT, WITHOUT ROWID;
+CREATE TRIGGER events_are_immutable BEFORE UPDATE ON events
+BEGIN
+    SELECT RAISE(ABORT, 'events are immutable');
+END;
+
+-- Node execution: one row per attempt; the unfinished attempt names the current node.
+CREATE TABLE node_attempts (
+    attempt_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    node_path TEXT NOT NULL,
+    node_type TEXT NOT NULL,
+    visit INTEGER NOT NULL CHECK (visit >= 1),
+    generation INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN (
+        'running', 'waiting', 'completed', 'failed', 'timed_out', 'cancelled', 'interrupted'
+    )),
+    started_at INTEGER NOT NULL,
+    deadline_at INTEGER,
+    finished_at INTEGER,
+    output_hash TEXT REFERENCES blobs (digest),
+    error TEXT,
+    CHECK ((finished_at IS NULL) = (status IN ('running', 'waiting')))
+) STRICT;
+CREATE INDEX node_attempts_by_node ON node_attempts (run_id, node_path, visit);
+-- At most one unfinished attempt per run (a run executes one node at a time).
+CREATE UNIQUE INDEX node_attempts_one_unfinished ON node_attempts (run_id)
+    WHERE status IN ('running', 'waiting');
+CREATE INDEX node_attempts_by_output ON node_attempts (output_hash)
+    WHERE output_hash IS NOT NULL;
+
+-- Checkpoints and protected human decisions; the request JSON is a blob.
+CREATE TABLE human_decisions (
+    decision_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    attempt_id TEXT REFERENCES node_attempts (attempt_id) ON DELETE CASCADE,
+    node_path TEXT NOT NULL,
+    audience TEXT NOT NULL,
+    request_digest TEXT NOT NULL,
+    request_hash TEXT NOT NULL REFERENCES blobs (digest),
+    revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1),
+    status TEXT NOT NULL CHECK (status IN ('pending', 'accepted', 'cancelled')),
+    expires_at INTEGER,
+    default_response_hash TEXT REFERENCES blobs (digest),
+    continuation_run_id TEXT REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX human_decisions_by_run ON human_decisions (run_id, status);
+CREATE INDEX human_decisions_by_attempt ON human_decisions (attempt_id)
+    WHERE attempt_id IS NOT NULL;
+CREATE INDEX human_decisions_by_request ON human_decisions (request_hash);
+CREATE INDEX human_decisions_by_default ON human_decisions (default_response_hash)
+    WHERE default_response_hash IS NOT NULL;
+CREATE UNIQUE INDEX human_decisions_by_continuation ON human_decisions (continuation_run_id)
+    WHERE continuation_run_id IS NOT NULL;
+-- Pending deadlines for the timeout path.
+CREATE INDEX human_decisions_by_expiry ON human_decisions (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+
+-- The single atomic fence of a decision: exactly one resolution, accepted or cancelled.
+CREATE TABLE human_decision_resolutions (
+    decision_id TEXT PRIMARY KEY REFERENCES human_decisions (decision_id) ON DELETE CASCADE,
+    outcome TEXT NOT NULL CHECK (outcome IN ('accepted', 'cancelled')),
+    provenance TEXT CHECK (provenance IN ('human', 'timeout')),
+    response_hash TEXT REFERENCES blobs (digest),
+    answer_digest TEXT,
+    idempotency_key TEXT,
+    source_channel TEXT,
+    cancel_reason TEXT,
+    resolved_at INTEGER NOT NULL,
+    CHECK ((outcome = 'accepted') = (provenance IS NOT NULL AND response_hash IS NOT NULL))
+) STRICT;
+CREATE INDEX human_decision_resolutions_by_response ON human_decision_resolutions (response_hash)
+    WHERE response_hash IS NOT NULL;
+
+-- Every answer attempt per idempotency key, so a retry adopts its stored outcome.
+CREATE TABLE human_decision_answers (
+    decision_id TEXT NOT NULL REFERENCES human_decisions (decision_id) ON DELETE CASCADE,
+    idempotency_key TEXT NOT NULL,
+    answer_digest TEXT NOT NULL,
+    source_channel TEXT NOT NULL,
+    outcome TEXT NOT NULL CHECK (outcome IN ('accepted', 'rejected', 'conflict')),
+    submitted_at INTEGER NOT NULL,
+    PRIMARY KEY (decision_id, idempotency_key)
+) STRICT;
+
+-- Managed side effects, reserved before execution and settled after.
+CREATE TABLE effects (
+    effect_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    attempt_id TEXT REFERENCES node_attempts (attempt_id) ON DELETE CASCADE,
+    effect_type TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    request_fingerprint TEXT NOT NULL,
+    request_hash TEXT REFERENCES blobs (digest),
+    state TEXT NOT NULL CHECK (state IN (
+        'pending', 'applying', 'applied', 'rejected', 'cancelled', 'ambiguous'
+    )),
+    result_hash TEXT REFERENCES blobs (digest),
+    error TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    settled_at INTEGER,
+    CHECK ((settled_at IS NULL) = (state IN ('pending', 'applying')))
+) STRICT;
+CREATE INDEX effects_by_run ON effects (run_id, state);
+CREATE INDEX effects_by_attempt ON effects (attempt_id) WHERE attempt_id IS NOT NULL;
+CREATE INDEX effects_by_request ON effects (request_hash) WHERE request_hash IS NOT NULL;
+CREATE INDEX effects_by_result ON effects (result_hash) WHERE result_hash IS NOT NULL;
+
+-- Numbered execution attempts of one effect; at most one in flight, at most one applied.
+CREATE TABLE effect_attempts (
+    effect_id TEXT NOT NULL REFERENCES effects (effect_id) ON DELETE CASCADE,
+    attempt_number INTEGER NOT NULL CHECK (attempt_number >= 1),
+    executor_epoch TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN (
+        'applying', 'applied', 'rejected', 'cancelled', 'ambiguous'
+    )),
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    result_hash TEXT REFERENCES blobs (digest),
+    error TEXT,
+    PRIMARY KEY (effect_id, attempt_number),
+    CHECK ((finished_at IS NULL) = (state = 'applying'))
+) STRICT;
+CREATE UNIQUE INDEX effect_attempts_one_applying ON effect_attempts (effect_id)
+    WHERE state = 'applying';
+CREATE UNIQUE INDEX effect_attempts_one_applied ON effect_attempts (effect_id)
+    WHERE state = 'applied';
+CREATE INDEX effect_attempts_by_result ON effect_attempts (result_hash)
+    WHERE result_hash IS NOT NULL;
+
+-- How a run executes and which origin Pi session it reserves while nonterminal.
+CREATE TABLE run_bindings (
+    run_id TEXT PRIMARY KEY REFERENCES runs (run_id) ON DELETE CASCADE,
+    execution_mode TEXT NOT NULL CHECK (execution_mode IN ('interactive', 'headless')),
+    origin_session_id TEXT,
+    reserved INTEGER NOT NULL CHECK (reserved IN (0, 1)),
+    created_at INTEGER NOT NULL,
+    released_at INTEGER,
+    CHECK ((execution_mode = 'interactive') = (origin_session_id IS NOT NULL)),
+    CHECK (reserved = 0 OR execution_mode = 'interactive')
+) STRICT;
+-- One origin session holds at most one reservation.
+CREATE UNIQUE INDEX run_bindings_one_reservation ON run_bindings (origin_session_id)
+    WHERE reserved = 1;
+CREATE INDEX run_bindings_by_session ON run_bindings (origin_session_id)
+    WHERE origin_session_id IS NOT NULL;
+
+-- Command receipts. The request ID is transport identity and not in the fingerprint.
+CREATE TABLE host_commands (
+    request_id TEXT PRIMARY KEY,
+    client_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    run_id TEXT,
+    accepted_revision INTEGER,
+    outcome TEXT NOT NULL CHECK (outcome IN ('accepted', 'rejected')),
+    receipt_hash TEXT NOT NULL REFERENCES blobs (digest),
+    created_at INTEGER NOT NULL,
+    UNIQUE (client_id, idempotency_key)
+) STRICT;
+CREATE INDEX host_commands_by_run ON host_commands (run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX host_commands_by_receipt ON host_commands (receipt_hash);
+
+-- Durable requests for agent, assistant, checkpoint and decision steps; one per attempt.
+CREATE TABLE interactive_requests (
+    request_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    attempt_id TEXT NOT NULL UNIQUE REFERENCES node_attempts (attempt_id) ON DELETE CASCADE,
+    target_session_id TEXT,
+    kind TEXT NOT NULL CHECK (kind IN ('agent', 'assistant', 'checkpoint', 'decision')),
+    contract_hash TEXT NOT NULL REFERENCES blobs (digest),
+    revision INTEGER NOT NULL DEFAULT 1 CHECK (revision >= 1),
+    status TEXT NOT NULL CHECK (status IN ('pending', 'settled', 'cancelled')),
+    accepted_submission_id TEXT,
+    unproductive_turn_ends INTEGER NOT NULL DEFAULT 0 CHECK (unproductive_turn_ends >= 0),
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    settled_at INTEGER,
+    CHECK ((settled_at IS NULL) = (status = 'pending'))
+) STRICT;
+CREATE INDEX interactive_requests_by_run ON interactive_requests (run_id, status);
+CREATE INDEX interactive_requests_by_contract ON interactive_requests (contract_hash);
+
+-- Submissions against one interactive request; repeated keys return the same receipt.
+CREATE TABLE interactive_submissions (
+    submission_id TEXT PRIMARY KEY,
+    request_id TEXT NOT NULL REFERENCES interactive_requests (request_id) ON DELETE CASCADE,
+    idempotency_key TEXT NOT NULL,
+    request_revision INTEGER NOT NULL,
+    payload_hash TEXT NOT NULL REFERENCES blobs (digest),
+    outcome TEXT NOT NULL CHECK (outcome IN ('validating', 'accepted', 'rejected')),
+    receipt_hash TEXT REFERENCES blobs (digest),
+    submitted_at INTEGER NOT NULL,
+    settled_at INTEGER,
+    UNIQUE (request_id, idempotency_key)
+) STRICT;
+CREATE UNIQUE INDEX interactive_submissions_one_validating ON interactive_submissions (request_id)
+    WHERE outcome = 'validating';
+CREATE UNIQUE INDEX interactive_submissions_one_accepted ON interactive_submissions (request_id)
+    WHERE outcome = 'accepted';
+CREATE INDEX interactive_submissions_by_payload ON interactive_submissions (payload_hash);
+CREATE INDEX interactive_submissions_by_receipt ON interactive_submissions (receipt_hash)
+    WHERE receipt_hash IS NOT NULL;
+
+-- Content Pi must add to an origin conversation, in session order.
+CREATE TABLE workflow_messages (
+    message_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    target_session_id TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN (
+        'step', 'decision', 'notification', 'terminal', 'follow_up'
+    )),
+    reason TEXT CHECK (reason IN ('initial', 'reminder', 'resumed')),
+    source_id TEXT NOT NULL,
+    content_digest TEXT NOT NULL,
+    session_order INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'cancelled')),
+    pi_entry_id TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    CHECK ((kind = 'step') = (reason IS NOT NULL)),
+    UNIQUE (target_session_id, session_order)
+) STRICT;
+-- At most one pending step message per interactive request (source_id is the request ID).
+CREATE UNIQUE INDEX workflow_messages_one_pending_step ON workflow_messages (source_id)
+    WHERE kind = 'step' AND state = 'pending';
+CREATE INDEX workflow_messages_by_run ON workflow_messages (run_id, state);
+CREATE INDEX workflow_messages_by_source ON workflow_messages (source_id);
+
+-- Runner epochs: several per run and generation over time, at most one active.
+CREATE TABLE run_workers (
+    runner_epoch TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    launch_envelope_hash TEXT NOT NULL,
+    pid INTEGER,
+    process_start_time INTEGER,
+    status TEXT NOT NULL CHECK (status IN (
+        'starting', 'ready', 'exited', 'cancelled', 'timedOut', 'crashed', 'claimLost', 'orphaned'
+    )),
+    started_at INTEGER NOT NULL,
+    ready_at INTEGER,
+    ready_revision INTEGER,
+    finished_at INTEGER,
+    exit_code INTEGER,
+    signal INTEGER,
+    diagnostic_hash TEXT REFERENCES blobs (digest),
+    CHECK ((finished_at IS NULL) = (status IN ('starting', 'ready')))
+) STRICT;
+CREATE UNIQUE INDEX run_workers_one_active ON run_workers (run_id)
+    WHERE status IN ('starting', 'ready');
+CREATE INDEX run_workers_by_run ON run_workers (run_id, generation);
+CREATE INDEX run_workers_by_diagnostic ON run_workers (diagnostic_hash)
+    WHERE diagnostic_hash IS NOT NULL;
+
+-- Generated view content, readable only under its exact run, digest and media type.
+CREATE TABLE run_view_content (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    digest TEXT NOT NULL,
+    media_type TEXT NOT NULL,
+    byte_length INTEGER NOT NULL CHECK (byte_length >= 0),
+    content BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, digest, media_type)
+) STRICT;
+
+-- Delivery and settlement of one decision on one external channel ('telegram:<profile>').
+CREATE TABLE channel_messages (
+    decision_id TEXT NOT NULL REFERENCES human_decisions (decision_id) ON DELETE CASCADE,
+    channel TEXT NOT NULL,
+    channel_revision INTEGER NOT NULL DEFAULT 1 CHECK (channel_revision >= 1),
+    adapter_epoch TEXT,
+    delivery_state TEXT NOT NULL CHECK (delivery_state IN (
+        'pending', 'presenting', 'presented', 'failed', 'ambiguous'
+    )),
+    settlement_state TEXT NOT NULL CHECK (settlement_state IN (
+        'none', 'pending', 'settling', 'settled', 'failed', 'ambiguous'
+    )),
+    delivery_effect_id TEXT REFERENCES effects (effect_id),
+    settlement_effect_id TEXT REFERENCES effects (effect_id),
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (decision_id, channel)
+) STRICT;
+CREATE INDEX channel_messages_by_delivery_effect ON channel_messages (delivery_effect_id)
+    WHERE delivery_effect_id IS NOT NULL;
+CREATE INDEX channel_messages_by_settlement_effect ON channel_messages (settlement_effect_id)
+    WHERE settlement_effect_id IS NOT NULL;

@@ -1,0 +1,65 @@
+"""The public surface of `pi_workflows.storage`, pinned: the server daemon builds on it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pi_workflows.storage as storage
+
+PINNED = {
+    # opening, transactions, time, paths
+    "open_database", "open_readonly", "Database", "Tx", "Reader", "Params", "Tracer",
+    "DEFAULT_BUSY_TIMEOUT_MS", "Clock", "SystemClock", "ManualClock",
+    "AGENT_DIR_ENV", "agent_dir", "workflows_dir", "state_db_path", "ensure_private_dir",
+    "SCHEMA_NAME", "SCHEMA_VERSION", "DDL_DIGEST",
+    # errors
+    "StorageError", "SchemaMismatchError", "ClaimLostError", "ClaimLostReason",
+    "ClaimHeldError", "RunNotFoundError", "InvalidTransitionError", "RevisionConflictError",
+    "ReceiptConflictError", "ContentUnavailableError",
+    # claims and the server epoch
+    "Claim", "OwnerType", "WriteResult", "RenewedClaim", "DEFAULT_CLAIM_TTL_MS",
+    "MAX_EVENT_PAYLOAD_BYTES", "acquire_claim", "check_claim", "protected_write",
+    "renew_claim", "renew_owner_claims", "release_claim", "get_lease", "hash_token",
+    "ServerClaim", "acquire_server_epoch", "renew_server_epoch", "release_server_epoch",
+    "get_server_lease",
+    # lifecycle model and transitions
+    "RunPhase", "RunStatus", "QueueState", "QueueKind", "ExecutionMode", "FailureClass",
+    "RunnerOutcome", "EventType", "TRANSITIONS", "phase_of", "is_transition_allowed",
+    "check_transition", "NewRun", "TransitionResult", "LaunchResult", "AttemptStarted",
+    "enqueue_run", "claim_for_launch", "mark_runner_live", "record_runner_exit",
+    "start_node_attempt", "finish_node_attempt", "fail_node_attempt", "park_run", "wait_run",
+    "pause_run", "resume_run", "requeue_run", "complete_run", "fail_run", "time_out_run",
+    "cancel_run",
+    # reads and rows
+    "get_run", "get_run_summary", "run_list_revision", "get_queue_row", "get_phase", "list_runs", "list_events", "admissible_runs",
+    "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
+    "get_runner", "active_runner", "active_runners", "status_counts", "StatusCounts",
+    "server_has_work", "RunRow", "RunSummary", "QueueRow", "LeaseRow", "EventRow",
+    "NodeAttemptRow", "RunWorkerRow", "ServerLeaseRow",
+    # receipts
+    "CommandRequest", "LookupOutcome", "ReceiptLookup", "ReceiptOutcome", "StoredReceipt",
+    "command_fingerprint", "lookup_receipt", "record_receipt",
+    # content
+    "CONTENT_PART_BYTES", "ContentRef", "content_digest", "put_blob", "put_json_blob",
+    "blob_length", "read_blob_part", "iter_blob_parts", "read_blob", "read_json_blob",
+    "put_view_content", "view_content_length", "read_view_content_part",
+    "iter_view_content_parts", "read_view_content",
+    # the invariant checker
+    "Finding", "FindingCode", "verify", "verify_backup",
+}  # fmt: skip
+
+
+def test_public_surface_is_pinned() -> None:
+    assert set(storage.__all__) == PINNED
+    for name in storage.__all__:
+        assert hasattr(storage, name), name
+
+
+def test_every_implementation_module_is_private_and_declares_all() -> None:
+    for info in pkgutil.iter_modules(storage.__path__):
+        assert info.name.startswith("_"), info.name
+        module = importlib.import_module(f"pi_workflows.storage.{info.name}")
+        assert isinstance(getattr(module, "__all__", None), list), info.name
+        doc = module.__doc__ or ""
+        assert 2 <= len(doc.strip().splitlines()) <= 5, info.name
