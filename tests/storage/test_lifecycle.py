@@ -37,10 +37,12 @@ from pi_workflows.storage import (
     get_phase,
     get_queue_row,
     get_run,
+    get_run_summary,
     get_runner,
     is_transition_allowed,
     list_attempts,
     list_events,
+    list_runs,
     mark_runner_live,
     park_run,
     pause_run,
@@ -50,6 +52,7 @@ from pi_workflows.storage import (
     record_runner_exit,
     requeue_run,
     resume_run,
+    run_list_revision,
     server_has_work,
     start_node_attempt,
     status_counts,
@@ -455,6 +458,26 @@ def test_rejection_inside_a_handler_leaves_the_transaction_usable(db: Database) 
         put_blob(tx, b"receipt")
     assert db.fetch_value("SELECT count(*) FROM blobs", {}) == 1
     assert verify(db) == []
+
+
+def test_run_summary_and_list_revision(db: Database) -> None:
+    assert run_list_revision(db) == 0
+    enqueue(db, "a")
+    enqueue(db, "b")
+    assert run_list_revision(db) == 2
+    with db.write() as tx:
+        pause_run(tx, "a")
+    assert run_list_revision(db) == 3
+    summary = get_run_summary(db, "a")
+    assert summary is not None
+    assert (summary.status, summary.paused, summary.queue_state, summary.revision) == (
+        "queued",
+        1,
+        "queued",
+        2,
+    )
+    assert [r.run_id for r in list_runs(db)] == ["b", "a"]
+    assert get_run_summary(db, "missing") is None
 
 
 def test_status_counts_and_server_work(db: Database, clock: ManualClock) -> None:
