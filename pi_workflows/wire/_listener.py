@@ -30,7 +30,7 @@ from pi_workflows.wire.protocol import (
     client_message_from_wire,
 )
 
-__all__ = ["ClientListener", "Connection", "ConnectionHandler"]
+__all__ = ["ChannelHandler", "ClientListener", "Connection", "ConnectionHandler"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,16 @@ class ConnectionHandler(Protocol):
         """The connection is gone (closed by either side)."""
 
 
+class ChannelHandler(Protocol):
+    """Receives a private child channel's messages on the listener's loop; must not block."""
+
+    def on_message(self, channel: Connection, message: dict[str, Any]) -> None:
+        """One decoded canonical JSON object arrived (the handler checks its schema)."""
+
+    def on_close(self, channel: Connection) -> None:
+        """The channel closed or broke framing; it is gone."""
+
+
 @dataclass(eq=False)
 class Connection:
     """One client connection. `respond` and `offer_event` are safe from any thread.
@@ -70,12 +80,22 @@ class Connection:
     _events: dict[str, bytes] = field(default_factory=dict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _writing: bool = False
+    _loop_thread_id: int = 0
     closed: bool = False
 
     def respond(self, response: Mapping[str, Any]) -> None:
         """Queue a response; it is written in order, after any earlier response."""
-        frame = encode_frame(response)
-        self._loop.call_soon_threadsafe(self._queue_response, frame)
+        self._on_loop(self._queue_response, encode_frame(response))
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        """Queue a message on a child channel (no request slot is released)."""
+        self._on_loop(self._queue_frame, encode_frame(message))
+
+    def _on_loop(self, callback: Callable[[bytes], None], frame: bytes) -> None:
+        if self._loop_thread_id == threading.get_ident():
+            callback(frame)  # already on the loop: no self-pipe wake-up needed
+        else:
+            self._loop.call_soon_threadsafe(callback, frame)
 
     def offer_event(self, subscription_id: str, event: dict[str, Any]) -> None:
         """Offer the newest event of a subscription, replacing one not yet written.
@@ -88,7 +108,12 @@ class Connection:
 
     def is_drained(self) -> bool:
         """True when nothing is queued or being written: the next snapshot may be built."""
-        return not (self._outbox or self._events or self._writing)
+        return not (
+            self._outbox
+            or self._events
+            or self._writing
+            or self._writer.transport.get_write_buffer_size() > 0
+        )
 
     def close(self) -> None:
         """Close this connection from any thread."""
@@ -99,7 +124,23 @@ class Connection:
             return
         self._outbox.append(frame)
         self._slots.release()
-        self._wake.set()
+        self._flush_or_wake()
+
+    def _queue_frame(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        self._outbox.append(frame)
+        self._flush_or_wake()
+
+    def _flush_or_wake(self) -> None:
+        # Fast path: with nothing buffered in the transport, write at once; the
+        # transport sends what the socket takes and the writer task drains the rest.
+        while self._outbox and not self._writing and not self._events:
+            if self._writer.transport.get_write_buffer_size() > 0:
+                break
+            self._writer.write(self._outbox.popleft())
+        if self._outbox or self._events or self._writer.transport.get_write_buffer_size() > 0:
+            self._wake.set()
 
     def _queue_event(self, subscription_id: str, frame: bytes) -> None:
         if self.closed:
@@ -117,18 +158,22 @@ class Connection:
         while not self.closed:
             await self._wake.wait()
             self._wake.clear()
-            while (self._outbox or self._events) and not self.closed:
+            while not self.closed:
                 if self._outbox:
-                    frame = self._outbox.popleft()
+                    frame: bytes | None = self._outbox.popleft()
+                elif self._events:
+                    frame = self._events.pop(next(iter(self._events)))
                 else:
-                    key = next(iter(self._events))
-                    frame = self._events.pop(key)
+                    frame = None
                 self._writing = True
                 try:
-                    self._writer.write(frame)
+                    if frame is not None:
+                        self._writer.write(frame)
                     await self._writer.drain()
                 finally:
                     self._writing = False
+                if frame is None:
+                    break
 
 
 class ClientListener:
@@ -197,6 +242,51 @@ class ClientListener:
         finally:
             self._loop.close()
 
+    def attach_channel(self, sock: socket.socket, handler: ChannelHandler, name: str) -> Connection:
+        """Serve a private child channel (a runner's socketpair end) on this loop.
+
+        **Blocking:** waits at most CLOSE_TIMEOUT_S for the loop to adopt the socket.
+        """
+        sock.setblocking(False)
+        future = asyncio.run_coroutine_threadsafe(self._attach(sock, handler, name), self._loop)
+        return future.result(CLOSE_TIMEOUT_S)
+
+    async def _attach(self, sock: socket.socket, handler: ChannelHandler, name: str) -> Connection:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        channel = Connection(name, self._loop, writer, _loop_thread_id=threading.get_ident())
+        task = self._loop.create_task(self._serve_channel(channel, reader, handler))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return channel
+
+    async def _serve_channel(
+        self, channel: Connection, reader: asyncio.StreamReader, handler: ChannelHandler
+    ) -> None:
+        writer_task = self._loop.create_task(channel._write_loop())
+        frames = AsyncFrameReader(reader)
+        try:
+            while not channel.closed:
+                message = await frames.read_message()
+                if message is None:
+                    break
+                handler.on_message(channel, message)
+        except (FrameError, PiWorkflowsError) as exc:
+            log.warning(
+                "closing a child channel after bad framing",
+                extra={"action": "channel.rejected", "reason": type(exc).__name__},
+            )
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            channel._close_now()
+            writer_task.cancel()
+            with contextlib.suppress(BaseException):
+                await writer_task
+            try:
+                handler.on_close(channel)
+            except Exception:
+                log.exception("channel close handler failed", extra={"action": "listener.error"})
+
     async def _listen(self) -> None:
         sock = bind_private_socket(self._path)
         self._server = await asyncio.start_unix_server(self._serve, sock=sock)
@@ -215,7 +305,12 @@ class ClientListener:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        connection = Connection(f"connection-{next(self._ids)}", self._loop, writer)
+        connection = Connection(
+            f"connection-{next(self._ids)}",
+            self._loop,
+            writer,
+            _loop_thread_id=threading.get_ident(),
+        )
         self._connections.add(connection)
         writer_task = self._loop.create_task(connection._write_loop())
         try:
