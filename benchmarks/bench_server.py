@@ -17,7 +17,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +34,8 @@ async def serve(reader, writer):
         while line := await reader.readline():
             writer.write(line)
             await writer.drain()
+    except ConnectionError:
+        pass
     finally:
         writer.close()
 async def main():
@@ -43,6 +44,27 @@ async def main():
     async with server:
         await server.serve_forever()
 asyncio.run(main())
+"""
+
+
+BUSY_CLIENT = r"""
+import socket, sys
+from pathlib import Path
+from pi_workflows import WorkflowClient
+from pi_workflows.wire.framing import SocketFrameReader, encode_frame
+kind, path = sys.argv[1], Path(sys.argv[2])
+if kind == "server":
+    client = WorkflowClient(path, autostart=False)
+    while True:
+        client.call("server.status")
+else:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    reader = SocketFrameReader(sock)
+    frame = encode_frame({"x": "y" * 200})
+    while True:
+        sock.sendall(frame)
+        reader.read_message()
 """
 
 
@@ -115,11 +137,6 @@ def echo_caller(path: Path, frame: bytes) -> Callable[[], object]:
     return call
 
 
-def busy(stop: threading.Event, call: Callable[[], object]) -> None:
-    while not stop.is_set():
-        call()
-
-
 def report(label: str, samples: list[float], echo: list[float]) -> None:
     p50, p99 = percentile(samples, 0.5), percentile(samples, 0.99)
     e50, e99 = percentile(echo, 0.5), percentile(echo, 0.99)
@@ -151,30 +168,20 @@ def run_phase(
         ]
         for _ in range(SAMPLES + 20)
     ]
-    stop = threading.Event()
-    helpers = []
-    for index in range(busy_clients):
-        other = WorkflowClient(state_dir, autostart=False, client_id=f"busy-{name}-{index}")
-        other.connect()
-        helpers.append(
-            threading.Thread(
-                target=busy, args=(stop, lambda o=other: o.call("server.status")), daemon=True
-            )
-        )
-        helpers.append(
-            threading.Thread(target=busy, args=(stop, echo_caller(echo_path, frame)), daemon=True)
-        )
-    for helper in helpers:
-        helper.start()
+    # Busy clients are separate processes, so they load the servers, not this process.
+    helpers = [
+        subprocess.Popen([sys.executable, "-c", BUSY_CLIENT, kind, str(path)])
+        for kind, path in [("server", state_dir), ("echo", echo_path)] * busy_clients
+    ]
     try:
         echo = measure(echo_caller(echo_path, frame))
         status = measure(lambda: client.call("server.status"))
         pending = iter(run_ids)
         pause = measure(lambda: client.call("run.pause", run_id=next(pending)))
     finally:
-        stop.set()
         for helper in helpers:
-            helper.join(10)
+            helper.kill()
+            helper.wait(10)
     print(f"--- {name} ({busy_clients} busy clients on each socket) ---")
     report("raw echo", echo, echo)
     report("server.status", status, echo)
