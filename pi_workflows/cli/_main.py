@@ -31,7 +31,7 @@ from pi_workflows.server import (
     ServerStartError,
     WorkflowServer,
 )
-from pi_workflows.storage import SchemaMismatchError, workflows_dir
+from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
 from pi_workflows.supervision import ServerAlreadyRunningError
 from pi_workflows.wire.client import (
     HostUnavailableError,
@@ -145,7 +145,10 @@ def server_run(
     """
     if idle_exit is None:
         raw = os.environ.get(IDLE_EXIT_ENV, "").strip()
-        idle_exit = float(raw) if raw else DEFAULT_IDLE_EXIT_S
+        try:
+            idle_exit = float(raw) if raw else DEFAULT_IDLE_EXIT_S
+        except ValueError:
+            _fail(f"{IDLE_EXIT_ENV} must be a number of seconds, not {raw!r}", EXIT_USAGE)
     try:
         instance = WorkflowServer(
             _state_dir(ctx), max_workers=max_workers, idle_exit_s=idle_exit or None
@@ -201,7 +204,7 @@ def server_start(ctx: click.Context, timeout: float) -> None:
         return
     state_dir = _state_dir(ctx)
     logs = state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ensure_private_dir(logs)
     read_end, write_end = os.pipe()
     out_fd = os.open(logs / "server.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

@@ -8,6 +8,7 @@ whitelisted `extra` fields below are written, so an accidental `extra={"payload"
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import logging.handlers
@@ -43,12 +44,20 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(line, separators=(",", ":"), sort_keys=True)
 
 
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating handler whose every file, rotated ones included, is born 0600."""
+
+    def _open(self) -> io.TextIOWrapper:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return io.TextIOWrapper(
+            io.FileIO(fd, "a"), encoding=self.encoding or "utf-8", errors=self.errors
+        )
+
+
 def configure_server_logging(logs_dir: Path, level: int = logging.INFO) -> logging.Handler:
     """Attach a rotating JSON-lines handler for `pi_workflows` and return it."""
     path = logs_dir / "server.log"
-    if not path.exists():
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    handler = logging.handlers.RotatingFileHandler(
+    handler = PrivateRotatingFileHandler(
         path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
     )
     handler.setFormatter(JsonLineFormatter())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sqlite3
 import stat
@@ -18,6 +19,7 @@ from pi_workflows import (
     WorkflowClient,
     WorkflowServer,
 )
+from pi_workflows.server._logging import PrivateRotatingFileHandler
 from pi_workflows.wire.framing import encode_frame
 from tests.conftest import Processes
 
@@ -134,3 +136,28 @@ def test_a_server_whose_lease_was_taken_stops_instead_of_writing(server: Workflo
         database.close()
     assert server.wait(30), "the old-epoch server kept running"
     assert server.stop_reason is not None and "lease lost" in server.stop_reason
+
+
+def test_rotated_log_files_stay_private(short_tmp: Path) -> None:
+    handler = PrivateRotatingFileHandler(short_tmp / "server.log", maxBytes=200, backupCount=2)
+    logger = logging.getLogger("pi_workflows.test_rotation")
+    logger.addHandler(handler)
+    try:
+        for index in range(20):
+            logger.warning("line %d with some padding to force a rotation", index)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    files = sorted(short_tmp.glob("server.log*"))
+    assert len(files) == 3
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in files)
+
+
+def test_server_start_creates_private_folders(processes: Processes, short_tmp: Path) -> None:
+    state_dir = short_tmp / "fresh" / "agent" / "workflows"
+    started = processes.cli(state_dir, "server", "start")
+    assert started.returncode == 0, started.stderr
+    processes.adopt(int((state_dir / "host" / "server.lock").read_text().strip()))
+    for folder in (state_dir, state_dir / "logs", state_dir / "host"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    processes.cli(state_dir, "server", "stop")
