@@ -17,10 +17,12 @@ __all__ = [
     "ClaimLostError",
     "ClaimLostReason",
     "ContentUnavailableError",
+    "EffectConflictError",
     "InvalidTransitionError",
     "ReceiptConflictError",
     "RevisionConflictError",
     "RunNotFoundError",
+    "RunnerMessageConflictError",
     "SchemaMismatchError",
     "StorageError",
 ]
@@ -126,6 +128,34 @@ class RevisionConflictError(StorageError):
 
 class ReceiptConflictError(StorageError):
     """A receipt names a request ID or idempotency key already bound to another payload."""
+
+
+class RunnerMessageConflictError(ReceiptConflictError):
+    """A runner message ID already names a message with another fingerprint (or a reply).
+
+    A retry of the same message adopts the stored reply; a different message under the
+    same ID is a protocol error (`protocolRejected`).
+    """
+
+    def __init__(self, runner_epoch: str, message_id: str, detail: str) -> None:
+        self.runner_epoch = runner_epoch
+        self.message_id = message_id
+        super().__init__(f"runner {runner_epoch} message {message_id}: {detail}")
+
+
+class EffectConflictError(StorageError):
+    """A managed-effect call contradicts the effect's durable record; nothing changed.
+
+    `reason` is one of: `requestMismatch` (the key is bound to another request
+    fingerprint), `otherRun` (the key belongs to another run), `outcomeMismatch` (the
+    effect already settled another way), `terminal` (the effect is applied, rejected,
+    cancelled or ambiguous, and the call would reopen it).
+    """
+
+    def __init__(self, idempotency_key: str, reason: str, detail: str) -> None:
+        self.idempotency_key = idempotency_key
+        self.reason = reason
+        super().__init__(f"effect {idempotency_key}: {reason}: {detail}")
 
 
 class ContentUnavailableError(StorageError):

@@ -18,7 +18,8 @@ from pi_workflows.storage._claims import (
     grant_claim,
     read_head,
 )
-from pi_workflows.storage._db import Tx
+from pi_workflows.storage._content import put_json_blob
+from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import (
     ClaimHeldError,
     InvalidTransitionError,
@@ -41,8 +42,12 @@ __all__ = [
     "finish_node_attempt",
     "mark_runner_live",
     "record_runner_exit",
+    "runner_made_progress",
     "start_node_attempt",
 ]
+
+# The default of `finish_node_attempt(output=...)`: no output given (None is JSON null).
+_NO_OUTPUT: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +224,29 @@ def record_runner_exit(
     return done
 
 
+@dataclass(frozen=True, slots=True)
+class _Progress:
+    ready_revision: int | None
+    revision: int
+
+
+def runner_made_progress(reader: Reader, runner_epoch: str) -> bool:
+    """Whether the run's revision advanced after this runner epoch's ready message.
+
+    False for a runner that never became ready. Decide right after the runner's exit
+    (with `record_runner_exit`, in the same transaction): without progress, park the run
+    with `ParkReason.RUNNER_NO_PROGRESS`, which the scheduler does not admit again;
+    with progress, requeue it (or fail it, per § Failure classification).
+
+    Raises:
+        InvalidTransitionError: the runner epoch is unknown.
+    """
+    row = reader.fetch_one(q.SELECT_RUNNER_PROGRESS, {"runner_epoch": runner_epoch}, _Progress)
+    if row is None:
+        raise InvalidTransitionError(runner_epoch, "unknown", "read runner progress")
+    return row.ready_revision is not None and row.revision > row.ready_revision
+
+
 # --- (k) node attempts: progress within running/running -----------------------------
 
 _RUNNING_ONLY = frozenset({RunPhase.RUNNING})
@@ -293,10 +321,14 @@ def _end_attempt(
     event_type: str,
     payload: Any,
     output_hash: str | None,
+    output: Any,
     error: str | None,
+    next_node_path: str | None,
     expected_revision: int | None,
 ) -> TransitionResult:
     operation = f"end node attempt as {status}"
+    if output is not _NO_OUTPUT and output_hash is not None:
+        raise ValueError("give the output or its blob digest, not both")
     head, phase = begin_transition(tx, claim.run_id, claim, expected_revision, operation)
     require_phase(head, phase, _RUNNING_ONLY, operation)
     current = tx.fetch_value(q.SELECT_UNFINISHED_ATTEMPT, {"run_id": claim.run_id})
@@ -305,18 +337,27 @@ def _end_attempt(
             claim.run_id, f"attempt {attempt_id} not unfinished", operation
         )
 
+    stored_hash = output_hash
+
     def finish(tx: Tx) -> None:
+        nonlocal stored_hash
+        if output is not _NO_OUTPUT:
+            stored_hash = put_json_blob(tx, output)
         tx.execute(
             q.UPDATE_ATTEMPT_FINISH,
             {
                 "attempt_id": attempt_id,
                 "status": status,
-                "output_hash": output_hash,
+                "output_hash": stored_hash,
                 "error": error,
+                "next_node_path": next_node_path,
                 "now": tx.now,
             },
         )
 
+    event: dict[str, Any] = {"attemptId": attempt_id, "status": status}
+    if next_node_path is not None:
+        event["nextNodePath"] = next_node_path
     return apply_transition(
         tx,
         head,
@@ -325,7 +366,7 @@ def _end_attempt(
         claim,
         operation=operation,
         event_type=event_type,
-        payload={"attemptId": attempt_id, "status": status, **(payload or {})},
+        payload={**event, **(payload or {})},
         change=finish,
     )
 
@@ -335,19 +376,31 @@ def finish_node_attempt(
     claim: Claim,
     *,
     attempt_id: str,
+    output: Any = _NO_OUTPUT,
     output_hash: str | None = None,
+    next_node_path: str | None = None,
     payload: Mapping[str, Any] | None = None,
     expected_revision: int | None = None,
 ) -> TransitionResult:
     """(k) Complete the run's unfinished attempt (a durable boundary).
 
+    The output is stored as a canonical JSON blob, and the attempt row keeps its digest
+    (`output_hash`); `read_resume_state` decodes it for a resuming runner.
+
     Args:
-        output_hash: the digest of the node output in the blob store, if any.
+        output: the node output (JSON; `None` is stored as JSON null). It is written to
+            the blob store in this transaction. Omit it to store no output.
+        output_hash: instead of `output`, the digest of an output already in the blob
+            store (the two are exclusive).
+        next_node_path: the node the runner routed to (routing is decided in the runner
+            and recorded here), or None at the end of the graph; resume continues there.
         payload: extra event fields (the viewer delta), merged into the event payload.
 
     Raises:
         ClaimLostError: the claim is not the live claim.
         InvalidTransitionError: not running, or `attempt_id` is not the unfinished attempt.
+        ValueError: both `output` and `output_hash` were given.
+        pi_workflows.wire.canonical.NotSerializableError: the output has no canonical form.
     """
     return _end_attempt(
         tx,
@@ -357,7 +410,9 @@ def finish_node_attempt(
         event_type=EventType.NODE_FINISHED,
         payload=payload,
         output_hash=output_hash,
+        output=output,
         error=None,
+        next_node_path=next_node_path,
         expected_revision=expected_revision,
     )
 
@@ -369,13 +424,14 @@ def fail_node_attempt(
     attempt_id: str,
     error: str,
     timed_out: bool = False,
+    next_node_path: str | None = None,
     payload: Mapping[str, Any] | None = None,
     expected_revision: int | None = None,
 ) -> TransitionResult:
     """(k) End the run's unfinished attempt as `failed` (or `timed_out`).
 
-    The run stays running: the workflow may route the failure. Failing the run is
-    `fail_run`.
+    The run stays running: the workflow may route the failure (`next_node_path` records
+    the `$result.outcome` route the runner took). Failing the run is `fail_run`.
 
     Raises:
         ClaimLostError: the claim is not the live claim.
@@ -389,6 +445,8 @@ def fail_node_attempt(
         event_type=EventType.NODE_FAILED,
         payload={"error": error, **(payload or {})},
         output_hash=None,
+        output=_NO_OUTPUT,
         error=error,
+        next_node_path=next_node_path,
         expected_revision=expected_revision,
     )

@@ -323,15 +323,19 @@ def park_run(
     claim: Claim,
     *,
     reason: str,
+    detail: str | None = None,
     expected_revision: int | None = None,
     change: Callable[[Tx], None] | None = None,
 ) -> TransitionResult:
     """(d) running/starting|running → running/parked at the last durable boundary.
 
     A running attempt becomes `interrupted` (a pure node may run again); a waiting
-    attempt stays. The claim is released; the runner must stop. Reasons include
-    `workflowSourceChanged` and `runnerNoProgress`, which the scheduler never resumes
-    on its own.
+    attempt stays. The claim is released; the runner must stop. Reasons include the
+    `ParkReason` codes `workflowSourceChanged`, `runnerNoProgress` and
+    `effectAmbiguous`; the scheduler never admits a parked run, so each waits for an
+    explicit `resume_run` (or a cancel). `detail` (bounded text, no payloads) goes into
+    the event only. After a runner exits, use the host claim if it is still live, or a
+    new control claim from `acquire_claim` once it expired.
 
     Raises:
         ClaimLostError: the claim is not the live claim.
@@ -354,7 +358,7 @@ def park_run(
         claim,
         operation=operation,
         event_type=EventType.RUN_PARKED,
-        payload={"reason": reason},
+        payload={"reason": reason} if detail is None else {"reason": reason, "detail": detail},
         paused=bool(head.paused),
         park_reason=reason,
         change=interrupt,

@@ -17,6 +17,7 @@ __all__ = [
     "EventType",
     "ExecutionMode",
     "FailureClass",
+    "ParkReason",
     "QueueKind",
     "QueueState",
     "RunPhase",
@@ -80,6 +81,24 @@ class FailureClass(enum.StrEnum):
     PROTOCOL_REJECTED = "protocolRejected"
 
 
+class ParkReason(enum.StrEnum):
+    """Known `run_queue.park_reason` values of a running/parked run (any short code is allowed).
+
+    The scheduler never admits a parked run; `resume_run` requeues it. Only the first
+    (`paused`) clears by itself with resume; the others need the operator to fix the cause
+    first, then resume or cancel.
+    """
+
+    PAUSED = "paused"
+    """An explicit pause (`pause_run`)."""
+    RUNNER_NO_PROGRESS = "runnerNoProgress"
+    """The runner exited before the run revision advanced past its ready revision."""
+    WORKFLOW_SOURCE_CHANGED = "workflowSourceChanged"
+    """The workflow source no longer matches the run's saved source identity."""
+    EFFECT_AMBIGUOUS = "effectAmbiguous"
+    """A managed effect may have applied without a receipt; the operator must inspect it."""
+
+
 class RunnerOutcome(enum.StrEnum):
     """The one terminal outcome recorded for a runner epoch (`run_workers.status`)."""
 
@@ -109,6 +128,10 @@ class EventType(enum.StrEnum):
     RUN_FAILED = "run_failed"
     RUN_TIMED_OUT = "run_timed_out"
     RUN_CANCELLED = "run_cancelled"
+    EFFECT_RESERVED = "effect_reserved"
+    EFFECT_RETRIED = "effect_retried"
+    EFFECT_SETTLED = "effect_settled"
+    EFFECT_AMBIGUOUS = "effect_ambiguous"
 
 
 class RunPhase(enum.StrEnum):

@@ -15,6 +15,9 @@ __all__ = [
     "CHECK_DECISION_RESOLUTIONS",
     "CHECK_DUPLICATE_PENDING_STEP_MESSAGES",
     "CHECK_EFFECT_APPLIED_TWICE",
+    "CHECK_EFFECT_ATTEMPT_NUMBERING",
+    "CHECK_EFFECT_LAST_ATTEMPT",
+    "CHECK_EFFECT_NODE_ATTEMPT_RUN",
     "CHECK_EFFECT_STATE_MISMATCH",
     "CHECK_EVENT_REVISION_GAPS",
     "CHECK_FINISHED_AT",
@@ -41,15 +44,19 @@ __all__ = [
     "COUNT_PENDING_REQUESTS",
     "COUNT_QUEUE_BY_STATE",
     "COUNT_RUNS_BY_STATUS",
+    "COUNT_RUN_AMBIGUOUS_EFFECTS",
     "COUNT_SCHEMA_OBJECTS",
     "DELETE_LEASE",
     "INSERT_BLOB",
     "INSERT_COMMAND",
+    "INSERT_EFFECT",
+    "INSERT_EFFECT_ATTEMPT",
     "INSERT_EVENT",
     "INSERT_NODE_ATTEMPT",
     "INSERT_PENDING_DECISION_CANCELLATIONS",
     "INSERT_QUEUE_ROW",
     "INSERT_RUN",
+    "INSERT_RUNNER_MESSAGE",
     "INSERT_RUN_BINDING",
     "INSERT_RUN_WORKER",
     "INSERT_SCHEMA_INFO",
@@ -68,15 +75,21 @@ __all__ = [
     "SELECT_BLOB_LOCATION",
     "SELECT_COMMAND_BY_KEY",
     "SELECT_COMMAND_BY_REQUEST",
+    "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
     "SELECT_EXPIRED_CLAIMED_RUNS",
     "SELECT_LEASE",
     "SELECT_NODE_ATTEMPT",
     "SELECT_QUEUE_ROW",
+    "SELECT_RESUME_ATTEMPTS",
     "SELECT_RUN",
+    "SELECT_RUNNER_MESSAGE",
+    "SELECT_RUNNER_PROGRESS",
     "SELECT_RUN_ATTEMPTS",
+    "SELECT_RUN_EFFECTS",
     "SELECT_RUN_HEAD",
     "SELECT_RUN_LIST_REVISION",
+    "SELECT_RUN_RESUME_HEAD",
     "SELECT_RUN_ROOT",
     "SELECT_RUN_SUMMARIES",
     "SELECT_RUN_SUMMARY",
@@ -96,6 +109,10 @@ __all__ = [
     "UPDATE_ATTEMPT_FINISH",
     "UPDATE_ATTEMPT_WAITING",
     "UPDATE_BINDING_RELEASE",
+    "UPDATE_EFFECT_ATTEMPT_CLOSE",
+    "UPDATE_EFFECT_SETTLE",
+    "UPDATE_EFFECT_START",
+    "UPDATE_EFFECT_TOUCH",
     "UPDATE_LEASE_CHECK_RENEW",
     "UPDATE_LEASE_RENEW",
     "UPDATE_OWNER_LEASES_RENEW",
@@ -402,19 +419,19 @@ INSERT INTO node_attempts (
 # One attempt.
 SELECT_NODE_ATTEMPT = """
 SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
-       deadline_at, finished_at, output_hash, error
+       deadline_at, finished_at, output_hash, error, next_node_path
 FROM node_attempts WHERE attempt_id = :attempt_id
 """
 # The unfinished attempt of a run (at most one): the current node.
 SELECT_UNFINISHED_ATTEMPT = """
 SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
-       deadline_at, finished_at, output_hash, error
+       deadline_at, finished_at, output_hash, error, next_node_path
 FROM node_attempts WHERE run_id = :run_id AND status IN ('running', 'waiting')
 """
 # Every attempt of a run in start order.
 SELECT_RUN_ATTEMPTS = """
 SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
-       deadline_at, finished_at, output_hash, error
+       deadline_at, finished_at, output_hash, error, next_node_path
 FROM node_attempts WHERE run_id = :run_id ORDER BY started_at, attempt_id
 """
 # Finished visits of one node: the next visit number is this plus one.
@@ -424,9 +441,19 @@ WHERE run_id = :run_id AND node_path = :node_path AND status IN ('completed', 'f
 """
 # Finish one unfinished attempt.
 UPDATE_ATTEMPT_FINISH = """
-UPDATE node_attempts SET status = :status, finished_at = :now, output_hash = :output_hash, error = :error
+UPDATE node_attempts
+SET status = :status, finished_at = :now, output_hash = :output_hash, error = :error,
+    next_node_path = :next_node_path
 WHERE attempt_id = :attempt_id AND status IN ('running', 'waiting')
 """
+# What a runner resumes from: every attempt of a run in execution order (one node runs
+# at a time, so insertion order is execution order, even if the wall clock stepped back).
+SELECT_RESUME_ATTEMPTS = """
+SELECT attempt_id, node_path, node_type, visit, status, output_hash, next_node_path
+FROM node_attempts WHERE run_id = :run_id ORDER BY rowid
+"""
+# The run facts a resuming runner needs: its input and the revision it continues from.
+SELECT_RUN_RESUME_HEAD = "SELECT input, revision FROM runs WHERE run_id = :run_id"
 # Mark the running attempt of a run as waiting for input.
 UPDATE_ATTEMPT_WAITING = """
 UPDATE node_attempts SET status = 'waiting' WHERE attempt_id = :attempt_id AND status = 'running'
@@ -538,6 +565,85 @@ UPDATE run_workers
 SET status = :status, finished_at = :now, exit_code = :exit_code, signal = :signal,
     diagnostic_hash = :diagnostic_hash
 WHERE runner_epoch = :runner_epoch AND status IN ('starting', 'ready')
+"""
+
+# --- Managed effects ----------------------------------------------------------------
+
+# One effect by its idempotency key, with its attempt count and latest attempt.
+SELECT_EFFECT_BY_KEY = """
+SELECT e.effect_id, e.run_id, e.attempt_id, e.effect_type, e.idempotency_key,
+       e.request_fingerprint, e.state, e.result_hash, e.error,
+       (SELECT count(*) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_count,
+       (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
+       (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
+        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch
+FROM effects AS e WHERE e.idempotency_key = :idempotency_key
+"""
+# Every effect of a run in reservation order, with the same attempt summary.
+SELECT_RUN_EFFECTS = """
+SELECT e.effect_id, e.run_id, e.attempt_id, e.effect_type, e.idempotency_key,
+       e.request_fingerprint, e.state, e.result_hash, e.error,
+       (SELECT count(*) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_count,
+       (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
+       (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
+        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch
+FROM effects AS e WHERE e.run_id = :run_id ORDER BY e.rowid
+"""
+# Ambiguous effects of one run (they block automatic retry and need operator review).
+COUNT_RUN_AMBIGUOUS_EFFECTS = """
+SELECT count(*) FROM effects WHERE run_id = :run_id AND state = 'ambiguous'
+"""
+# Reserve a new effect, already applying (its first attempt is inserted with it).
+INSERT_EFFECT = """
+INSERT INTO effects (
+    effect_id, run_id, attempt_id, effect_type, idempotency_key, request_fingerprint,
+    request_hash, state, created_at, updated_at
+) VALUES (
+    :effect_id, :run_id, :attempt_id, :effect_type, :idempotency_key, :request_fingerprint,
+    :request_hash, 'applying', :now, :now
+)
+"""
+# Open a numbered execution attempt of an effect for one executor epoch.
+INSERT_EFFECT_ATTEMPT = """
+INSERT INTO effect_attempts (effect_id, attempt_number, executor_epoch, state, started_at)
+VALUES (:effect_id, :attempt_number, :executor_epoch, 'applying', :now)
+"""
+# A pending (reserved, never started) effect starts applying.
+UPDATE_EFFECT_START = """
+UPDATE effects SET state = 'applying', updated_at = :now
+WHERE effect_id = :effect_id AND state = 'pending'
+"""
+# Close the in-flight attempt of an effect with its outcome.
+UPDATE_EFFECT_ATTEMPT_CLOSE = """
+UPDATE effect_attempts
+SET state = :state, finished_at = :now, result_hash = :result_hash, error = :error
+WHERE effect_id = :effect_id AND state = 'applying'
+"""
+# Settle an applying effect (applied, rejected or ambiguous are all final here).
+UPDATE_EFFECT_SETTLE = """
+UPDATE effects
+SET state = :state, result_hash = :result_hash, error = :error, updated_at = :now, settled_at = :now
+WHERE effect_id = :effect_id AND state = 'applying'
+"""
+# Record that an applying effect moved to a new attempt.
+UPDATE_EFFECT_TOUCH = "UPDATE effects SET updated_at = :now WHERE effect_id = :effect_id"
+
+# --- Runner message receipts ---------------------------------------------------------
+
+# The stored reply to one runner message.
+SELECT_RUNNER_MESSAGE = """
+SELECT runner_epoch, message_id, kind, fingerprint, reply_hash, created_at
+FROM runner_messages WHERE runner_epoch = :runner_epoch AND message_id = :message_id
+"""
+# Store the reply to an accepted runner message, in the transaction of its change.
+INSERT_RUNNER_MESSAGE = """
+INSERT INTO runner_messages (runner_epoch, message_id, kind, fingerprint, reply_hash, created_at)
+VALUES (:runner_epoch, :message_id, :kind, :fingerprint, :reply_hash, :now)
+"""
+# Whether a runner epoch's run revision advanced after its ready message.
+SELECT_RUNNER_PROGRESS = """
+SELECT w.ready_revision, r.revision FROM run_workers AS w JOIN runs AS r ON r.run_id = w.run_id
+WHERE w.runner_epoch = :runner_epoch
 """
 
 # --- Command receipts ---------------------------------------------------------------
@@ -709,6 +815,31 @@ WHERE (e.state = 'applied') <> EXISTS (
           SELECT 1 FROM effect_attempts AS a WHERE a.effect_id = e.effect_id AND a.state = 'applied')
    OR (e.state = 'applying') <> EXISTS (
           SELECT 1 FROM effect_attempts AS a WHERE a.effect_id = e.effect_id AND a.state = 'applying')
+"""
+# Effects whose attempts are not numbered exactly 1..N.
+CHECK_EFFECT_ATTEMPT_NUMBERING = """
+SELECT e.run_id, e.effect_id || ': attempts ' || min(a.attempt_number) || '..' || max(a.attempt_number) || ', ' || count(*) || ' rows' AS detail
+FROM effect_attempts AS a JOIN effects AS e ON e.effect_id = a.effect_id
+GROUP BY a.effect_id HAVING min(a.attempt_number) <> 1 OR max(a.attempt_number) <> count(*)
+"""
+# Effects whose latest attempt disagrees with the effect, or whose earlier attempts did
+# not end as cancelled or rejected (only the latest attempt may apply or be in doubt).
+CHECK_EFFECT_LAST_ATTEMPT = """
+SELECT e.run_id, e.effect_id || ': ' || e.state || ', attempt ' || a.attempt_number || ' ' || a.state AS detail
+FROM effects AS e JOIN effect_attempts AS a ON a.effect_id = e.effect_id
+WHERE CASE
+    WHEN a.attempt_number = (SELECT max(b.attempt_number) FROM effect_attempts AS b
+                             WHERE b.effect_id = e.effect_id)
+    THEN CASE WHEN e.state IN ('applying', 'applied', 'rejected', 'ambiguous') THEN a.state <> e.state
+              ELSE a.state NOT IN ('cancelled', 'rejected') END
+    ELSE a.state NOT IN ('cancelled', 'rejected')
+END
+"""
+# Effects whose node attempt belongs to another run.
+CHECK_EFFECT_NODE_ATTEMPT_RUN = """
+SELECT e.run_id, e.effect_id || ': node attempt ' || n.attempt_id || ' of another run' AS detail
+FROM effects AS e JOIN node_attempts AS n ON n.attempt_id = e.attempt_id
+WHERE n.run_id <> e.run_id
 """
 # Origin-session reservations of terminal runs, and nonterminal interactive runs without one.
 CHECK_RESERVATIONS = """

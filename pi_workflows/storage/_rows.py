@@ -120,6 +120,8 @@ class NodeAttemptRow:
     finished_at: int | None
     output_hash: str | None
     error: str | None
+    next_node_path: str | None
+    """The node the runner routed to when this attempt finished, if any."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,10 @@ CREATE TABLE node_attempts (
     finished_at INTEGER,
     output_hash TEXT REFERENCES blobs (digest),
     error TEXT,
-    CHECK ((finished_at IS NULL) = (status IN ('running', 'waiting')))
+    -- The node the runner routed to when this attempt finished (NULL: none, or the end).
+    next_node_path TEXT,
+    CHECK ((finished_at IS NULL) = (status IN ('running', 'waiting'))),
+    CHECK (next_node_path IS NULL OR status IN ('completed', 'failed', 'timed_out'))
 ) STRICT;
 CREATE INDEX node_attempts_by_node ON node_attempts (run_id, node_path, visit);
 -- At most one unfinished attempt per run (a run executes one node at a time).
@@ -378,6 +381,20 @@ CREATE UNIQUE INDEX run_workers_one_active ON run_workers (run_id)
 CREATE INDEX run_workers_by_run ON run_workers (run_id, generation);
 CREATE INDEX run_workers_by_diagnostic ON run_workers (diagnostic_hash)
     WHERE diagnostic_hash IS NOT NULL;
+
+-- Replies to accepted runner messages, so a retried message receives the same answer.
+-- The fingerprint is the digest of the canonical message; the reply is a JSON blob.
+-- Deleted with its runner epoch, and so with its run.
+CREATE TABLE runner_messages (
+    runner_epoch TEXT NOT NULL REFERENCES run_workers (runner_epoch) ON DELETE CASCADE,
+    message_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    reply_hash TEXT NOT NULL REFERENCES blobs (digest),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (runner_epoch, message_id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX runner_messages_by_reply ON runner_messages (reply_hash);
 
 -- Generated view content, readable only under its exact run, digest and media type.
 CREATE TABLE run_view_content (

@@ -41,6 +41,7 @@ EXPECTED_TABLES = {
     "interactive_submissions",
     "workflow_messages",
     "run_workers",
+    "runner_messages",
     "run_view_content",
     "channel_messages",
 }
