@@ -1,8 +1,9 @@
 """The storage layer: the one SQLite state database, claims, lifecycle, receipts, content.
 
-Implements workflow-server.md § Claim rules, § Run lifecycle, § Durable protocol records
-and § Alpha state policy, and python-port.md decision 2. Only the server's database
-actor uses this package; see docs/storage.md for the design and transition diagram.
+Implements workflow-server.md § Claim rules, § Run lifecycle, § Durable protocol records,
+§ Effects and retry safety, § Runner protocol (message receipts, resume state) and
+§ Alpha state policy, and python-port.md decision 2. Only the server's database actor
+uses this package; see docs/storage.md for the design and transition diagram.
 """
 
 from pi_workflows.storage._claims import (
@@ -54,14 +55,30 @@ from pi_workflows.storage._db import (
     open_database,
     open_readonly,
 )
+from pi_workflows.storage._effects import (
+    EffectDecision,
+    EffectRecord,
+    EffectReservation,
+    EffectState,
+    count_ambiguous_effects,
+    declare_effect_ambiguous,
+    effect_fingerprint,
+    get_effect,
+    list_effects,
+    reserve_effect,
+    retry_effect_after_read_back,
+    settle_effect,
+)
 from pi_workflows.storage._errors import (
     ClaimHeldError,
     ClaimLostError,
     ClaimLostReason,
     ContentUnavailableError,
+    EffectConflictError,
     InvalidTransitionError,
     ReceiptConflictError,
     RevisionConflictError,
+    RunnerMessageConflictError,
     RunNotFoundError,
     SchemaMismatchError,
     StorageError,
@@ -74,6 +91,7 @@ from pi_workflows.storage._execution import (
     finish_node_attempt,
     mark_runner_live,
     record_runner_exit,
+    runner_made_progress,
     start_node_attempt,
 )
 from pi_workflows.storage._lifecycle import (
@@ -102,6 +120,7 @@ from pi_workflows.storage._phases import (
     EventType,
     ExecutionMode,
     FailureClass,
+    ParkReason,
     QueueKind,
     QueueState,
     RunnerOutcome,
@@ -141,6 +160,12 @@ from pi_workflows.storage._receipts import (
     lookup_receipt,
     record_receipt,
 )
+from pi_workflows.storage._resume import (
+    FinishedAttempt,
+    ResumeState,
+    UnfinishedAttempt,
+    read_resume_state,
+)
 from pi_workflows.storage._rows import (
     EventRow,
     LeaseRow,
@@ -150,6 +175,11 @@ from pi_workflows.storage._rows import (
     RunSummary,
     RunWorkerRow,
     ServerLeaseRow,
+)
+from pi_workflows.storage._runner_messages import (
+    lookup_runner_reply,
+    record_runner_reply,
+    runner_message_fingerprint,
 )
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION
 from pi_workflows.storage._verify import Finding, FindingCode, verify, verify_backup
@@ -174,12 +204,18 @@ __all__ = [
     "ContentRef",
     "ContentUnavailableError",
     "Database",
+    "EffectConflictError",
+    "EffectDecision",
+    "EffectRecord",
+    "EffectReservation",
+    "EffectState",
     "EventRow",
     "EventType",
     "ExecutionMode",
     "FailureClass",
     "Finding",
     "FindingCode",
+    "FinishedAttempt",
     "InvalidTransitionError",
     "LaunchResult",
     "LeaseRow",
@@ -189,6 +225,7 @@ __all__ = [
     "NodeAttemptRow",
     "OwnerType",
     "Params",
+    "ParkReason",
     "QueueKind",
     "QueueRow",
     "QueueState",
@@ -197,6 +234,7 @@ __all__ = [
     "ReceiptLookup",
     "ReceiptOutcome",
     "RenewedClaim",
+    "ResumeState",
     "RevisionConflictError",
     "RunNotFoundError",
     "RunPhase",
@@ -204,6 +242,7 @@ __all__ = [
     "RunStatus",
     "RunSummary",
     "RunWorkerRow",
+    "RunnerMessageConflictError",
     "RunnerOutcome",
     "SchemaMismatchError",
     "ServerClaim",
@@ -215,6 +254,7 @@ __all__ = [
     "Tracer",
     "TransitionResult",
     "Tx",
+    "UnfinishedAttempt",
     "WriteResult",
     "acquire_claim",
     "acquire_server_epoch",
@@ -231,12 +271,16 @@ __all__ = [
     "command_fingerprint",
     "complete_run",
     "content_digest",
+    "count_ambiguous_effects",
+    "declare_effect_ambiguous",
+    "effect_fingerprint",
     "enqueue_run",
     "ensure_private_dir",
     "expired_claimed_runs",
     "fail_node_attempt",
     "fail_run",
     "finish_node_attempt",
+    "get_effect",
     "get_lease",
     "get_phase",
     "get_queue_row",
@@ -249,9 +293,11 @@ __all__ = [
     "iter_blob_parts",
     "iter_view_content_parts",
     "list_attempts",
+    "list_effects",
     "list_events",
     "list_runs",
     "lookup_receipt",
+    "lookup_runner_reply",
     "mark_runner_live",
     "open_database",
     "open_readonly",
@@ -265,19 +311,26 @@ __all__ = [
     "read_blob",
     "read_blob_part",
     "read_json_blob",
+    "read_resume_state",
     "read_view_content",
     "read_view_content_part",
     "record_receipt",
     "record_runner_exit",
+    "record_runner_reply",
     "release_claim",
     "release_server_epoch",
     "renew_claim",
     "renew_owner_claims",
     "renew_server_epoch",
     "requeue_run",
+    "reserve_effect",
     "resume_run",
+    "retry_effect_after_read_back",
     "run_list_revision",
+    "runner_made_progress",
+    "runner_message_fingerprint",
     "server_has_work",
+    "settle_effect",
     "start_node_attempt",
     "state_db_path",
     "status_counts",

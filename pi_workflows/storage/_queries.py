@@ -576,7 +576,8 @@ SELECT e.effect_id, e.run_id, e.attempt_id, e.effect_type, e.idempotency_key,
        (SELECT count(*) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_count,
        (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
        (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
-        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch
+        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch,
+       (SELECT r.revision FROM runs AS r WHERE r.run_id = e.run_id) AS revision
 FROM effects AS e WHERE e.idempotency_key = :idempotency_key
 """
 # Every effect of a run in reservation order, with the same attempt summary.
@@ -586,7 +587,8 @@ SELECT e.effect_id, e.run_id, e.attempt_id, e.effect_type, e.idempotency_key,
        (SELECT count(*) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_count,
        (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
        (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
-        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch
+        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch,
+       (SELECT r.revision FROM runs AS r WHERE r.run_id = e.run_id) AS revision
 FROM effects AS e WHERE e.run_id = :run_id ORDER BY e.rowid
 """
 # Ambiguous effects of one run (they block automatic retry and need operator review).
@@ -632,7 +634,7 @@ UPDATE_EFFECT_TOUCH = "UPDATE effects SET updated_at = :now WHERE effect_id = :e
 
 # The stored reply to one runner message.
 SELECT_RUNNER_MESSAGE = """
-SELECT runner_epoch, message_id, kind, fingerprint, reply_hash, created_at
+SELECT fingerprint, reply_hash
 FROM runner_messages WHERE runner_epoch = :runner_epoch AND message_id = :message_id
 """
 # Store the reply to an accepted runner message, in the transaction of its change.

@@ -61,6 +61,9 @@ class FindingCode(enum.StrEnum):
     TERMINAL_UNSETTLED_EFFECT = "terminal_run_unsettled_effect"
     EFFECT_APPLIED_TWICE = "effect_applied_twice"
     EFFECT_STATE_MISMATCH = "effect_state_mismatch"  # effect state vs its attempts
+    EFFECT_ATTEMPT_NUMBERING = "effect_attempt_numbering_gap"  # attempts not exactly 1..N
+    EFFECT_LAST_ATTEMPT_MISMATCH = "effect_last_attempt_mismatch"  # latest attempt vs effect
+    EFFECT_NODE_ATTEMPT_OTHER_RUN = "effect_node_attempt_other_run"  # attempt of another run
     RESERVATION_MISMATCH = "reservation_mismatch"  # session reserved iff nonterminal
     BLOB_DIGEST_MISMATCH = "blob_digest_mismatch"
     VIEW_CONTENT_DIGEST_MISMATCH = "view_content_digest_mismatch"
@@ -97,6 +100,9 @@ _SQL_CHECKS: tuple[tuple[FindingCode, str], ...] = (
     (FindingCode.TERMINAL_UNSETTLED_EFFECT, q.CHECK_TERMINAL_UNSETTLED_EFFECTS),
     (FindingCode.EFFECT_APPLIED_TWICE, q.CHECK_EFFECT_APPLIED_TWICE),
     (FindingCode.EFFECT_STATE_MISMATCH, q.CHECK_EFFECT_STATE_MISMATCH),
+    (FindingCode.EFFECT_ATTEMPT_NUMBERING, q.CHECK_EFFECT_ATTEMPT_NUMBERING),
+    (FindingCode.EFFECT_LAST_ATTEMPT_MISMATCH, q.CHECK_EFFECT_LAST_ATTEMPT),
+    (FindingCode.EFFECT_NODE_ATTEMPT_OTHER_RUN, q.CHECK_EFFECT_NODE_ATTEMPT_RUN),
     (FindingCode.RESERVATION_MISMATCH, q.CHECK_RESERVATIONS),
 )
 

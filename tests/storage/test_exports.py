@@ -48,6 +48,14 @@ PINNED = {
     "iter_view_content_parts", "read_view_content",
     # the invariant checker
     "Finding", "FindingCode", "verify", "verify_backup",
+    # managed effects
+    "EffectState", "EffectDecision", "EffectRecord", "EffectReservation", "EffectConflictError",
+    "effect_fingerprint", "reserve_effect", "settle_effect", "retry_effect_after_read_back",
+    "declare_effect_ambiguous", "get_effect", "list_effects", "count_ambiguous_effects",
+    # runner messages, resume state, runner outcomes
+    "RunnerMessageConflictError", "runner_message_fingerprint", "lookup_runner_reply",
+    "record_runner_reply", "ResumeState", "FinishedAttempt", "UnfinishedAttempt",
+    "read_resume_state", "ParkReason", "runner_made_progress",
 }  # fmt: skip
 
 

@@ -241,6 +241,17 @@ BREAKS: dict[FindingCode, Callable[[Path], None]] = {
     FindingCode.EFFECT_STATE_MISMATCH: lambda p: raw(
         p, "UPDATE effects SET state = 'applied' WHERE effect_id = 'x-pending'"
     ),
+    FindingCode.EFFECT_ATTEMPT_NUMBERING: lambda p: raw(
+        p, "UPDATE effect_attempts SET attempt_number = 3 WHERE effect_id = 'r-applied'"
+    ),
+    FindingCode.EFFECT_LAST_ATTEMPT_MISMATCH: lambda p: raw(
+        p,
+        "INSERT INTO effect_attempts (effect_id, attempt_number, executor_epoch, state,"
+        " started_at, finished_at) VALUES ('r-applied', 2, 'y', 'rejected', 3, 4)",
+    ),
+    FindingCode.EFFECT_NODE_ATTEMPT_OTHER_RUN: lambda p: raw(
+        p, "UPDATE effects SET attempt_id = 'a-w' WHERE effect_id = 'r-pending'"
+    ),
     FindingCode.RESERVATION_MISMATCH: lambda p: raw(
         p, "UPDATE run_bindings SET reserved = 1 WHERE run_id = 'x'"
     ),

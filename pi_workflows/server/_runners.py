@@ -1,0 +1,557 @@
+"""The server side of the runner protocol: launch, message handling, exit outcomes.
+
+Implements workflow-server.md § Runner lifecycle, § Runner protocol, § Failure
+classification and § Pause and cancellation. Runners propose; this module disposes:
+every accepted message is one protected write under the host claim of that runner's
+generation, with its reply stored for retries. Every method runs on the database
+actor's thread, which owns `RunnerHost` state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pi_workflows.storage import (
+    Claim,
+    ClaimHeldError,
+    ClaimLostError,
+    Database,
+    EffectConflictError,
+    FailureClass,
+    InvalidTransitionError,
+    ParkReason,
+    RevisionConflictError,
+    RunnerOutcome,
+    RunNotFoundError,
+    Tx,
+    claim_for_launch,
+    complete_run,
+    declare_effect_ambiguous,
+    fail_node_attempt,
+    fail_run,
+    finish_node_attempt,
+    get_run,
+    lookup_runner_reply,
+    mark_runner_live,
+    park_run,
+    protected_write,
+    read_resume_state,
+    record_runner_exit,
+    record_runner_reply,
+    requeue_run,
+    reserve_effect,
+    retry_effect_after_read_back,
+    runner_made_progress,
+    settle_effect,
+    start_node_attempt,
+    time_out_run,
+    wait_run,
+)
+from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.protocol import LAUNCH_SCHEMA, ProtocolViolation, runner_message_from_wire
+
+__all__ = ["STARTUP_DEADLINE_MS", "ActiveRunner", "RunnerHost"]
+
+log = logging.getLogger(__name__)
+
+STARTUP_DEADLINE_MS = 20_000
+"""A runner must send `runner.ready` this long after its launch was recorded."""
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class ActiveRunner:
+    """One launched runner generation, as the server knows it. Internal."""
+
+    run_id: str
+    runner_epoch: str
+    claim: Claim = field(repr=False)
+    envelope: dict[str, Any]
+    command: str
+    launched_at: int
+    identity: ProcessIdentity | None = None
+    ready: bool = False
+    settled: bool = False
+    """True once the run left `running` through this runner (or a command fenced it)."""
+    stop_requested: bool = False
+
+
+@dataclass
+class LaunchPlan:
+    """What the process supervisor needs to start one runner."""
+
+    runner_epoch: str
+    envelope: dict[str, Any]
+    project_path: str
+
+
+class RunnerHost:
+    """Server-side bookkeeping of live runners (database-actor thread only)."""
+
+    def __init__(self, owner_id: str) -> None:
+        self.owner_id = owner_id
+        self.active: dict[str, ActiveRunner] = {}
+
+    # --- queries used by operations ------------------------------------------------------
+
+    def claim_of(self, run_id: str) -> Claim | None:
+        """The host claim of the live runner of `run_id`, if any."""
+        runner = self.runner_of(run_id)
+        return runner.claim if runner is not None else None
+
+    def runner_of(self, run_id: str) -> ActiveRunner | None:
+        """The live runner of `run_id`, if any."""
+        return next((r for r in self.active.values() if r.run_id == run_id), None)
+
+    def fence(self, run_id: str) -> ProcessIdentity | None:
+        """A command took the run away from its runner: mark it and return whom to stop."""
+        runner = self.runner_of(run_id)
+        if runner is None:
+            return None
+        runner.settled = True
+        runner.stop_requested = True
+        return runner.identity
+
+    def live_count(self) -> int:
+        """Runners launched and not yet exited."""
+        return len(self.active)
+
+    # --- launch --------------------------------------------------------------------------
+
+    def prepare_launch(self, db: Database, run_id: str) -> LaunchPlan | None:
+        """Claim a queued run for a new runner generation and build its launch envelope.
+
+        **Durability:** the claim, the new generation and the `starting` runner epoch
+        commit before the caller spawns anything, so a crash leaves a record to reap.
+        """
+        run = get_run(db, run_id)
+        if run is None:
+            return None
+        runner_epoch = f"runner-{uuid.uuid4().hex}"
+        generation = run.generation + 1
+        source = json.loads(run.source_identity)
+        envelope = {
+            "schema": LAUNCH_SCHEMA,
+            "runId": run_id,
+            "generation": generation,
+            "runnerEpoch": runner_epoch,
+            "projectPath": run.project_path,
+            "workflowSource": source,
+            "definitionDigest": run.definition_digest,
+            "inputHash": run.input_hash,
+            "protocolVersion": PROTOCOL_VERSION,
+        }
+        state = read_resume_state(db, run_id)
+        command = "resume" if state.completed else "start"
+        with db.write() as tx:
+            launched = claim_for_launch(
+                tx,
+                run_id,
+                owner_id=self.owner_id,
+                runner_epoch=runner_epoch,
+                launch_envelope_hash=sha256_digest(envelope),
+            )
+        if launched.claim.generation != generation:  # never expected: the claim decides
+            envelope["generation"] = launched.claim.generation
+        self.active[runner_epoch] = ActiveRunner(
+            run_id, runner_epoch, launched.claim, envelope, command, db.clock.now_ms()
+        )
+        return LaunchPlan(runner_epoch, envelope, run.project_path)
+
+    def spawned(self, runner_epoch: str, identity: ProcessIdentity) -> None:
+        """The process supervisor started the runner process."""
+        runner = self.active.get(runner_epoch)
+        if runner is not None:
+            runner.identity = identity
+
+    def overdue(self, db: Database) -> list[ProcessIdentity]:
+        """Runners that missed their startup deadline (they are stopped, then reaped)."""
+        now = db.clock.now_ms()
+        late = []
+        for runner in self.active.values():
+            if (
+                not runner.ready
+                and not runner.stop_requested
+                and runner.identity is not None
+                and now - runner.launched_at > STARTUP_DEADLINE_MS
+            ):
+                runner.stop_requested = True
+                late.append(runner.identity)
+        return late
+
+    # --- messages ------------------------------------------------------------------------
+
+    def handle_message(
+        self, db: Database, runner_epoch: str, raw: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Check and apply one runner message; return the frames to send back (reply first)."""
+        runner = self.active.get(runner_epoch)
+        try:
+            message = runner_message_from_wire(raw, sender="runner")
+        except ProtocolViolation as exc:
+            return [self._reply(runner, raw, "rejected", error=("protocolRejected", str(exc)))]
+        # Generation and epoch first, before the payload is read (stale runner: claim loss).
+        if (
+            runner is None
+            or runner.settled
+            or message["runnerEpoch"] != runner_epoch
+            or message["runId"] != runner.run_id
+            or message["generation"] != runner.claim.generation
+        ):
+            return [self._reply(runner, message, "claimLost", error=("claimLost", "stale runner"))]
+        fingerprint = sha256_digest(message)
+        stored = lookup_runner_reply(db, runner_epoch, message["messageId"], fingerprint)
+        if stored is not None:
+            return [stored]
+        try:
+            frames = self._apply(db, runner, message, fingerprint)
+        except ClaimLostError as exc:
+            runner.settled = True
+            log.info(
+                "runner lost its claim",
+                extra={
+                    "action": "runner.claim_lost",
+                    "run_id": runner.run_id,
+                    "generation": runner.claim.generation,
+                    "reason": exc.reason,
+                },
+            )
+            return [self._reply(runner, message, "claimLost", error=("claimLost", exc.reason))]
+        except RevisionConflictError:
+            return [
+                self._reply(
+                    runner, message, "conflict", error=("revisionConflict", "stale revision")
+                )
+            ]
+        except EffectConflictError as exc:
+            return [self._reply(runner, message, "conflict", error=("effectConflict", str(exc)))]
+        except (InvalidTransitionError, RunNotFoundError, ClaimHeldError) as exc:
+            return [self._reply(runner, message, "rejected", error=("protocolRejected", str(exc)))]
+        return frames
+
+    def _apply(
+        self, db: Database, runner: ActiveRunner, message: dict[str, Any], fingerprint: str
+    ) -> list[dict[str, Any]]:
+        kind = message["kind"]
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            return [self._reply(runner, message, "rejected", error=("protocolRejected", kind))]
+        extra: list[dict[str, Any]] = []
+        with db.write() as tx:
+            revision, result = handler(self, tx, runner, message, extra)
+            reply = self._reply(runner, message, "accepted", revision=revision, result=result)
+            record_runner_reply(
+                tx, runner.runner_epoch, message["messageId"], kind, fingerprint, reply
+            )
+        return [reply, *extra]
+
+    def _reply(
+        self,
+        runner: ActiveRunner | None,
+        message: dict[str, Any],
+        outcome: str,
+        *,
+        revision: int | None = None,
+        result: Any = None,
+        error: tuple[str, str] | None = None,
+    ) -> dict[str, Any]:
+        reply: dict[str, Any] = {
+            "schema": LAUNCH_SCHEMA,
+            "kind": "reply",
+            "runId": str(message.get("runId") or (runner.run_id if runner else "unknown")),
+            "generation": int(message.get("generation") or 0),
+            "runnerEpoch": str(message.get("runnerEpoch") or "unknown"),
+            "replyTo": str(message.get("messageId") or "unknown"),
+            "outcome": outcome,
+        }
+        if revision is not None:
+            reply["revision"] = revision
+        if result is not None:
+            reply["result"] = result
+        if error is not None:
+            reply["error"] = {"code": error[0], "message": error[1][:1000]}
+        return reply
+
+    # --- exits ---------------------------------------------------------------------------
+
+    def on_exit(self, db: Database, runner_epoch: str, returncode: int, killed: bool) -> str:
+        """Record the runner's one terminal outcome and decide what the run does next.
+
+        Returns a short reason for logs. A runner exit alone is never a run failure.
+        """
+        runner = self.active.pop(runner_epoch, None)
+        if runner is None:
+            return "unknown runner"
+        exit_code = returncode if returncode >= 0 else None
+        signal_number = -returncode if returncode < 0 else None
+        if runner.settled:
+            outcome = RunnerOutcome.CANCELLED if runner.stop_requested else RunnerOutcome.EXITED
+            with db.write() as tx:
+                record_runner_exit(
+                    tx, runner_epoch, outcome=outcome, exit_code=exit_code, signal=signal_number
+                )
+            return outcome.value
+        outcome = RunnerOutcome.TIMED_OUT if runner.stop_requested else RunnerOutcome.CRASHED
+        with db.write() as tx:
+            record_runner_exit(
+                tx, runner_epoch, outcome=outcome, exit_code=exit_code, signal=signal_number
+            )
+            no_progress = not runner_made_progress(tx, runner_epoch)
+            try:
+                if no_progress:
+                    park_run(tx, runner.claim, reason=ParkReason.RUNNER_NO_PROGRESS)
+                    return "runnerNoProgress"
+                requeue_run(tx, runner.run_id, reason="workerCrashed", claim=runner.claim)
+            except (ClaimLostError, InvalidTransitionError):
+                return "claim already gone"  # claim loss is a handoff: no terminal event
+        return "workerCrashed"
+
+
+# --- message handlers: (host, tx, runner, message, extra frames) -> (revision, result) ---
+
+Handler = Callable[
+    [RunnerHost, Tx, ActiveRunner, dict[str, Any], list[dict[str, Any]]], tuple[int, Any]
+]
+
+
+def _on_ready(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    identity = runner.identity
+    result = mark_runner_live(
+        tx,
+        runner.claim,
+        runner_epoch=runner.runner_epoch,
+        pid=identity.pid if identity else None,
+        process_start_time=int(identity.start_time * 1000) if identity else None,
+    )
+    runner.ready = True
+    state = read_resume_state(tx, runner.run_id)
+    extra.append(
+        {
+            "schema": LAUNCH_SCHEMA,
+            "kind": "command",
+            "runId": runner.run_id,
+            "generation": runner.claim.generation,
+            "runnerEpoch": runner.runner_epoch,
+            "expectedRevision": result.revision,
+            "messageId": f"command-{runner.runner_epoch}",
+            "command": runner.command,
+            "payload": {"state": state.to_wire()},
+        }
+    )
+    return result.revision, None
+
+
+def _on_node_started(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    timeout_ms = payload.get("timeoutMs")
+    started = start_node_attempt(
+        tx,
+        runner.claim,
+        attempt_id=message["attemptId"],
+        node_path=payload["nodePath"],
+        node_type=payload["nodeKind"],
+        deadline_at=tx.now + timeout_ms if timeout_ms else None,
+    )
+    return started.revision, {"visit": started.visit}
+
+
+def _on_node_finished(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    route = payload.get("route")
+    result = finish_node_attempt(
+        tx,
+        runner.claim,
+        attempt_id=message["attemptId"],
+        output=payload["output"],
+        next_node_path=route,
+        payload={"nodePath": payload["nodePath"], **({"route": route} if route else {})},
+    )
+    return result.revision, None
+
+
+def _on_node_failed(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    error = message["payload"]["error"]
+    result = fail_node_attempt(
+        tx,
+        runner.claim,
+        attempt_id=message["attemptId"],
+        error=f"{error['code']}: {error['message']}"[:4000],
+        timed_out=error["code"] == "nodeTimedOut",
+    )
+    return result.revision, None
+
+
+def _on_effect_reserve(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    reservation = reserve_effect(
+        tx,
+        runner.claim,
+        attempt_id=message["attemptId"],
+        effect_type=payload["effectType"],
+        idempotency_key=payload["idempotencyKey"],
+        request=payload["request"],
+        executor_epoch=runner.runner_epoch,
+    )
+    return reservation.revision, reservation.to_wire()
+
+
+def _on_effect_settle(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    key = payload["idempotencyKey"]
+    outcome = payload["outcome"]
+    if outcome == "ambiguous":
+        record = declare_effect_ambiguous(
+            tx, runner.claim, idempotency_key=key, reason="no read-back after an uncertain apply"
+        )
+    elif payload.get("result", {}) == {"readBack": "notApplied"} and outcome == "failed":
+        retried = retry_effect_after_read_back(
+            tx, runner.claim, idempotency_key=key, executor_epoch=runner.runner_epoch
+        )
+        return retried.revision, retried.to_wire()
+    else:
+        error = payload.get("error")
+        record = settle_effect(
+            tx,
+            runner.claim,
+            idempotency_key=key,
+            outcome="applied" if outcome == "succeeded" else "rejected",
+            result=payload.get("result"),
+            error=f"{error['code']}: {error['message']}" if error else None,
+            executor_epoch=runner.runner_epoch,
+            proven_by_read_back=bool(payload.get("provenByReadBack")),
+        )
+    return record.revision, {"state": record.state.value}
+
+
+def _on_notification(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    written = protected_write(
+        tx,
+        runner.claim,
+        event_type="notification.requested",
+        payload={"notificationId": payload["notificationId"], "content": payload["content"]},
+    )
+    return written.revision, None
+
+
+def _on_run_parked(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    reason = message["payload"]["reason"]
+    if reason == "checkpoint":
+        result = wait_run(
+            tx, runner.claim, reason="checkpoint", attempt_id=message.get("attemptId")
+        )
+    else:
+        result = park_run(tx, runner.claim, reason=reason)
+    runner.settled = True
+    return result.revision, None
+
+
+def _on_run_finished(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    status = payload["status"]
+    if status == "completed":
+        result = complete_run(
+            tx, runner.run_id, claim=runner.claim, payload={"output": payload["output"]}
+        )
+    elif status == "timed_out":
+        result = time_out_run(
+            tx, runner.run_id, reason=payload["error"]["message"][:4000], claim=runner.claim
+        )
+    else:
+        error = payload.get("error") or {"code": "nodeFailed", "message": status}
+        result = fail_run(
+            tx,
+            runner.run_id,
+            failure_class=FailureClass.NODE_FAILED,
+            reason=f"{error['code']}: {error['message']}"[:4000],
+            claim=runner.claim,
+        )
+    runner.settled = True
+    return result.revision, None
+
+
+def _on_exiting(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    # Nothing changes: the exit itself is recorded when the process is reaped.
+    run = get_run(tx, runner.run_id)
+    return (run.revision if run is not None else 0), None
+
+
+_HANDLERS: dict[str, Handler] = {
+    "runner.ready": _on_ready,
+    "node.started": _on_node_started,
+    "node.finished": _on_node_finished,
+    "node.failed": _on_node_failed,
+    "effect.reserve": _on_effect_reserve,
+    "effect.settle": _on_effect_settle,
+    "notification.requested": _on_notification,
+    "run.parked": _on_run_parked,
+    "run.finished": _on_run_finished,
+    "runner.exiting": _on_exiting,
+}
