@@ -54,6 +54,8 @@ class Spawn:
     """Called on the actor thread once the child is reaped; must not block."""
     cwd: Path | None = None
     log_path: Path | None = None
+    pass_fds: tuple[int, ...] = ()
+    """File descriptors the child inherits; closed in the server once it is spawned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +92,17 @@ class ProcessSupervisorActor(ServerActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case Spawn(argv=argv, env=env, reply=reply, on_exit=on_exit, cwd=cwd, log_path=path):
+            case Spawn(
+                argv=argv,
+                env=env,
+                reply=reply,
+                on_exit=on_exit,
+                cwd=cwd,
+                log_path=path,
+                pass_fds=fds,
+            ):
                 try:
-                    child = spawn_child(argv, env=env, cwd=cwd, log_path=path)
+                    child = spawn_child(argv, env=env, cwd=cwd, log_path=path, pass_fds=fds)
                 except OSError as exc:
                     reply(Reply(error=exc))
                     return None

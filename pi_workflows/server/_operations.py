@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._runners import RunnerHost
 from pi_workflows.storage import (
-    Claim,
     ClaimHeldError,
     ClaimLostError,
     CommandRequest,
@@ -43,6 +43,7 @@ from pi_workflows.storage import (
     run_list_revision,
     status_counts,
 )
+from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
 
@@ -68,10 +69,10 @@ class OperationContext:
     """
 
     epoch: int
-    active_runners: Callable[[], int]
-    """Live runner processes (from the process supervisor's registry)."""
-    host_claims: dict[str, Claim] = field(default_factory=dict)
-    """Host claims this server holds for launched runs, by run ID."""
+    runners: RunnerHost
+    """Live runners and their host claims (owned by the database actor's thread)."""
+    stop_process: Callable[[ProcessIdentity], None] = field(default=lambda identity: None)
+    """Stops a fenced runner's process group after a command committed (non-blocking)."""
     builtin_workflows: Mapping[str, Path] = field(default_factory=dict)
     agent_workflows_dir: Path | None = None
 
@@ -112,7 +113,7 @@ def _server_status(db: Database, request: RequestMessage, ctx: OperationContext)
         "state": "running",
         "epoch": ctx.epoch,
         "socket": "available",
-        "activeRunners": ctx.active_runners(),
+        "activeRunners": ctx.runners.live_count(),
         "runs": {
             "queued": queue.get("queued", 0),
             "running": queue.get("starting", 0) + queue.get("running", 0),
@@ -299,13 +300,19 @@ def _transition(
             result = apply(
                 tx,
                 run_id,
-                claim=ctx.host_claims.get(run_id),
+                claim=ctx.runners.claim_of(run_id),
                 expected_revision=request.get("expectedRevision"),
             )
             body = {"runId": run_id, "state": result.phase.value, "operation": name}
             return run_id, result.revision, body
 
-        return _run_command(db, request, change)
+        answer = _run_command(db, request, change)
+        if answer["outcome"] == "accepted" and name in ("pause", "cancel"):
+            # The commit fenced the runner (its claim is released): now stop its group.
+            identity = ctx.runners.fence(run_id)
+            if identity is not None:
+                ctx.stop_process(identity)
+        return answer
 
     return operation
 

@@ -279,6 +279,26 @@ class RunnerHost:
             reply["error"] = {"code": error[0], "message": error[1][:1000]}
         return reply
 
+    def hand_back_all(self, db: Database) -> int:
+        """At a graceful stop: requeue every run a live runner holds and close its epoch.
+
+        The process supervisor kills the groups next, so each runner's one terminal
+        outcome (`cancelled`) is recorded here; the next server resumes the runs from
+        their last durable boundary.
+        """
+        handed = 0
+        for epoch, runner in list(self.active.items()):
+            del self.active[epoch]
+            with db.write() as tx:
+                if not runner.settled:
+                    try:
+                        requeue_run(tx, runner.run_id, reason="serverStopping", claim=runner.claim)
+                        handed += 1
+                    except (ClaimLostError, InvalidTransitionError):
+                        pass  # already handed off or finished: nothing to give back
+                record_runner_exit(tx, epoch, outcome=RunnerOutcome.CANCELLED)
+        return handed
+
     # --- exits ---------------------------------------------------------------------------
 
     def on_exit(self, db: Database, runner_epoch: str, returncode: int, killed: bool) -> str:

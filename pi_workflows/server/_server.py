@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import sys
 import threading
 import time
 import uuid
@@ -24,7 +26,12 @@ from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor
 from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor, ReleaseConnection
 from pi_workflows.actors._database import DatabaseActor, Transact
-from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
+from pi_workflows.actors._process_supervisor import (
+    ChildExited,
+    ProcessSupervisorActor,
+    Spawn,
+    StopChild,
+)
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
@@ -44,9 +51,11 @@ from pi_workflows.server._operations import (
     rejected,
     response,
 )
+from pi_workflows.server._runners import LaunchPlan, RunnerHost
 from pi_workflows.storage import (
     Clock,
     Database,
+    QueueRow,
     ServerClaim,
     SystemClock,
     acquire_server_epoch,
@@ -58,6 +67,7 @@ from pi_workflows.storage import (
 )
 from pi_workflows.supervision import ServerLock
 from pi_workflows.wire._listener import ClientListener, Connection
+from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = [
@@ -81,6 +91,10 @@ RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
 DB_CALL_TIMEOUT_S = 10.0
+RUNNER_GRACE_TICKS = 40
+"""SIGTERM to SIGKILL grace for a runner group, in ticks (10 s at the default tick)."""
+RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
+LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
 
 
 class ServerStartError(PiWorkflowsError):
@@ -110,6 +124,8 @@ class WorkflowServer:
         idle_exit_s: stop after this long with nothing to do; None never stops.
         tick_s: the ticker interval (renewal, subscriptions, scheduling, reaping).
         clock: time source for stored times (tests may pass a manual clock).
+        execute_runs: launch runner processes for admitted runs (issue 5, in progress);
+            when False, runs stay queued as in the first server release.
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -123,6 +139,7 @@ class WorkflowServer:
         idle_exit_s: float | None = DEFAULT_IDLE_EXIT_S,
         tick_s: float = 0.25,
         clock: Clock | None = None,
+        execute_runs: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
@@ -131,6 +148,7 @@ class WorkflowServer:
         self.idle_exit_s = idle_exit_s
         self.tick_s = tick_s
         self.clock: Clock = clock or SystemClock()
+        self.execute_runs = execute_runs
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -149,6 +167,7 @@ class WorkflowServer:
         self._listener: ClientListener | None = None
         self._ticker: Ticker | None = None
         self._server_claim: ServerClaim | None = None
+        self._runners: RunnerHost | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: OperationContext | None = None
         self._watcher: threading.Thread | None = None
@@ -219,9 +238,11 @@ class WorkflowServer:
         self._refs.append(database)
         supervisor = ProcessSupervisorActor.start(fail)
         self._supervisor = supervisor
+        self._runners = RunnerHost(self.owner_id)
         self._ctx = OperationContext(
             epoch=self.epoch,
-            active_runners=lambda: 0,
+            runners=self._runners,
+            stop_process=lambda identity: supervisor.tell(StopChild(identity, RUNNER_GRACE_TICKS)),
             agent_workflows_dir=self.state_dir,
         )
         assert self._server_claim is not None
@@ -229,7 +250,8 @@ class WorkflowServer:
         renewer = ClaimRenewerActor.start(
             database, self._server_claim, every, self._on_lease_lost, fail
         )
-        self._scheduler = SchedulerActor.start(database, self.max_workers, None, fail)
+        launcher = self._launch if self.execute_runs else None
+        self._scheduler = SchedulerActor.start(database, self.max_workers, launcher, fail)
         self._subscriptions = SubscriptionActor.start(database, fail)
         self._coordinators = CoordinatorEpochActor.start(fail)
         # Stop order (reverse of this list): database last.
@@ -261,6 +283,7 @@ class WorkflowServer:
             self.stop_reason = self.stop_reason or reason
             self._accepting = False
             self._wait_in_flight()
+            self._hand_back_runs()
             log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
             self._teardown()
             self._stopped.set()
@@ -310,6 +333,14 @@ class WorkflowServer:
             self._log_handler.close()
             self._log_handler = None
 
+    def _hand_back_runs(self) -> None:
+        """Requeue every run a live runner holds, so the next server resumes it."""
+        runners = self._runners
+        if runners is None or self._database is None:
+            return
+        with contextlib.suppress(Exception):
+            self.call_database(runners.hand_back_all, "runners.hand_back")
+
     def _release_epoch(self) -> None:
         claim = self._server_claim
         if claim is None or self._database is None:
@@ -321,6 +352,120 @@ class WorkflowServer:
 
         with contextlib.suppress(Exception):
             self.call_database(release, "server.release")
+
+    # --- runners -------------------------------------------------------------------------
+
+    def _launch(self, row: QueueRow) -> None:
+        """Scheduler launcher: claim the run, then spawn its runner (never blocks)."""
+        runners, database = self._runners, self._database
+        assert runners is not None and database is not None
+
+        def prepared(reply: Reply) -> None:  # on the database actor's thread
+            if reply.error is not None or reply.value is None:
+                log.warning(
+                    "could not claim a run for launch",
+                    extra={
+                        "action": "runner.launch_failed",
+                        "run_id": row.run_id,
+                        "reason": type(reply.error).__name__ if reply.error else "gone",
+                    },
+                )
+                return
+            self._spawn_runner(reply.value)
+
+        database.tell(
+            Transact(lambda db: runners.prepare_launch(db, row.run_id), prepared, "runner.launch")
+        )
+
+    def _spawn_runner(self, plan: LaunchPlan) -> None:
+        listener, supervisor, database = self._listener, self._supervisor, self._database
+        runners = self._runners
+        assert listener is not None and supervisor is not None and database is not None
+        assert runners is not None
+        server_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        epoch = plan.runner_epoch
+        listener.attach_channel_nowait(server_end, _RunnerChannel(self, epoch), epoch)
+        env = dict(os.environ)
+        env[RUNNER_FD_ENV] = str(runner_end.fileno())
+        env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
+        logs = self.state_dir / "logs" / "runners"
+        ensure_private_dir(logs)
+
+        def spawned(reply: Reply) -> None:  # on the supervisor's thread
+            if reply.error is not None:
+                log.error(
+                    "runner spawn failed",
+                    extra={"action": "runner.spawn_failed", "run_id": plan.envelope["runId"]},
+                )
+                database.tell(
+                    Transact(
+                        lambda db: runners.on_exit(db, epoch, 127, False),
+                        lambda _: None,
+                        "runner.exit",
+                    )
+                )
+                return
+            identity = reply.value
+            database.tell(
+                Transact(
+                    lambda db: runners.spawned(epoch, identity), lambda _: None, "runner.spawned"
+                )
+            )
+
+        def exited(child: ChildExited) -> None:  # on the supervisor's thread
+            def after(reply: Reply) -> None:
+                log.info(
+                    "runner exited",
+                    extra={
+                        "action": "runner.exited",
+                        "run_id": plan.envelope["runId"],
+                        "reason": str(reply.value or reply.error),
+                    },
+                )
+                if self._scheduler is not None:
+                    self._scheduler.tell(Wake())
+
+            database.tell(
+                Transact(
+                    lambda db: runners.on_exit(db, epoch, child.returncode, child.killed),
+                    after,
+                    "runner.exit",
+                )
+            )
+
+        project = Path(plan.project_path) if plan.project_path else self.state_dir
+        supervisor.tell(
+            Spawn(
+                [sys.executable, "-m", "pi_workflows.engine.runner"],
+                env,
+                spawned,
+                exited,
+                cwd=project if project.is_dir() else self.state_dir,
+                log_path=logs / f"{epoch}.log",
+                pass_fds=(runner_end.detach(),),
+            )
+        )
+
+    def _on_runner_message(self, epoch: str, channel: Connection, message: dict[str, Any]) -> None:
+        runners, database = self._runners, self._database
+        if runners is None or database is None:
+            return
+
+        def answer(reply: Reply) -> None:
+            if reply.error is not None:
+                log.error(
+                    "runner message failed", extra={"action": "runner.error"}, exc_info=reply.error
+                )
+                channel.close()
+                return
+            for frame in reply.value:
+                channel.send(frame)
+
+        database.tell(
+            Transact(
+                lambda db: runners.handle_message(db, epoch, message), answer, "runner.message"
+            )
+        )
 
     # --- database access for non-actor threads -----------------------------------------
 
@@ -351,6 +496,8 @@ class WorkflowServer:
         idle_since: float | None = None
         interval = max(self.tick_s, 0.05)
         while not self._stopped.wait(interval):
+            if self._accepting:
+                self._stop_overdue_runners()
             if self.idle_exit_s is None or not self._accepting:
                 continue
             if self._is_idle():
@@ -361,6 +508,17 @@ class WorkflowServer:
                     return
             else:
                 idle_since = None
+
+    def _stop_overdue_runners(self) -> None:
+        runners, supervisor = self._runners, self._supervisor
+        if runners is None or supervisor is None:
+            return
+        try:
+            late = self.call_database(runners.overdue, "runners.overdue")
+        except Exception:  # noqa: BLE001 - checked again on the next round
+            return
+        for identity in late:
+            supervisor.tell(StopChild(identity, RUNNER_GRACE_TICKS))
 
     def _is_idle(self) -> bool:
         if self._listener is None or self._listener.connection_count > 0:
@@ -386,6 +544,20 @@ class WorkflowServer:
         with self._in_flight_lock:
             self._in_flight -= 1
             self._in_flight_lock.notify_all()
+
+
+class _RunnerChannel:
+    """Routes one runner's private channel to the database actor."""
+
+    def __init__(self, server: WorkflowServer, runner_epoch: str) -> None:
+        self._server = server
+        self._epoch = runner_epoch
+
+    def on_message(self, channel: Connection, message: dict[str, Any]) -> None:
+        self._server._on_runner_message(self._epoch, channel, message)
+
+    def on_close(self, channel: Connection) -> None:
+        return None  # the process exit decides the outcome, not the channel
 
 
 class _Router:

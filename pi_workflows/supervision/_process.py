@@ -70,11 +70,13 @@ def spawn_child(
     env: Mapping[str, str],
     cwd: Path | None = None,
     log_path: Path | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ChildProcess:
     """Start `argv` in a new session (its own process group) and record its identity.
 
     stdout and stderr go to `log_path` (created 0600) or to /dev/null: child output
-    may hold private content and stays in the user-only state folder.
+    may hold private content and stays in the user-only state folder. `pass_fds` (the
+    child's end of a private channel) are inherited and then closed here.
     """
     if log_path is not None:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -92,10 +94,13 @@ def spawn_child(
             stderr=output,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
     finally:
         if fd >= 0:
             os.close(fd)
+        for inherited in pass_fds:
+            os.close(inherited)
     identity = identity_of(popen.pid) or ProcessIdentity(popen.pid, 0.0)
     return ChildProcess(identity, popen)
 

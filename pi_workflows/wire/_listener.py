@@ -251,6 +251,13 @@ class ClientListener:
         future = asyncio.run_coroutine_threadsafe(self._attach(sock, handler, name), self._loop)
         return future.result(CLOSE_TIMEOUT_S)
 
+    def attach_channel_nowait(
+        self, sock: socket.socket, handler: ChannelHandler, name: str
+    ) -> None:
+        """Like `attach_channel`, without waiting (for actors, which must not block)."""
+        sock.setblocking(False)
+        asyncio.run_coroutine_threadsafe(self._attach(sock, handler, name), self._loop)
+
     async def _attach(self, sock: socket.socket, handler: ChannelHandler, name: str) -> Connection:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         channel = Connection(name, self._loop, writer, _loop_thread_id=threading.get_ident())
