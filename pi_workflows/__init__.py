@@ -5,6 +5,15 @@ subpackages `wire`, `storage`, `actors`, `supervision`, `server` and `cli`.
 """
 
 from pi_workflows._version import __version__
+from pi_workflows.engine import (
+    action,
+    checkpoint,
+    compute,
+    define_workflow,
+    include_workflow,
+    notify,
+    shell,
+)
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server import WorkflowServer
 from pi_workflows.wire.client import (
@@ -22,4 +31,11 @@ __all__ = [
     "WorkflowClient",
     "WorkflowServer",
     "__version__",
+    "action",
+    "checkpoint",
+    "compute",
+    "define_workflow",
+    "include_workflow",
+    "notify",
+    "shell",
 ]

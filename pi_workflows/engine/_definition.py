@@ -1,0 +1,806 @@
+"""The authoring API: `define_workflow`, the node constructors and frozen definitions.
+
+Implements python-port.md decisions 5 and 7 and workflow-model.md §§ 1, 4, 5.1 and 6:
+edges are data, durations are seconds (stored as milliseconds), and every graph rule
+is checked when the workflow is defined, with an error that names the node and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, TypeAlias
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from pi_workflows.engine._errors import WorkflowDefinitionError
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps, format_number, loads
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "DEFAULT_NODE_TIMEOUT",
+    "DEFAULT_SHELL_MAX_OUTPUT_BYTES",
+    "DEFAULT_SHELL_TIMEOUT",
+    "EXIT_NODE_PREFIX",
+    "NODE_ID_PATTERN",
+    "SHELL_EFFECT_TYPE",
+    "WORKFLOW_NAME_PATTERN",
+    "ActionNode",
+    "CheckpointNode",
+    "ComputeNode",
+    "Edge",
+    "Exit",
+    "Include",
+    "Node",
+    "NotifyNode",
+    "ShellNode",
+    "Switch",
+    "WorkflowDefinition",
+    "action",
+    "checkpoint",
+    "compute",
+    "define_workflow",
+    "include_workflow",
+    "js_string",
+    "notify",
+    "shell",
+]
+
+Callback: TypeAlias = Callable[[Any], Any]
+
+DEFAULT_NODE_TIMEOUT = 900.0
+"""Seconds a compute, action or notify node may run when `timeout=None` (15 minutes)."""
+
+DEFAULT_SHELL_TIMEOUT = 600.0
+"""Seconds a shell command may run before SIGTERM, then SIGKILL, to its group."""
+
+DEFAULT_SHELL_MAX_OUTPUT_BYTES = 1_000_000
+"""Bytes kept from each of stdout and stderr of a shell node; the rest is dropped."""
+
+SHELL_EFFECT_TYPE = "shell"
+"""The effect type under which runners run a shell node's command as a managed effect."""
+
+DEFAULT_MAX_STEPS = 100
+"""Node attempts one run may make before it fails (loops are ordinary cycles)."""
+
+_MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0
+
+NODE_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+"""Node ids, mount names and exit names: a letter or `_`, then letters, digits, `_`, `-`.
+
+At most 64 characters. `$…` (switch selectors), `/` (compiled paths `mount/child`),
+`.` (edge sources `mount.exit`) and the `__piw_` prefix (engine nodes) are reserved.
+"""
+
+WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""`define_workflow(name=...)`: a letter or digit, then letters, digits, `.`, `_`, `-`."""
+
+EXIT_NODE_PREFIX = "__piw_exit_"
+"""Compiled exit nodes are `mount/__piw_exit_<exit>`; authors cannot use the prefix."""
+
+_NODE_ID = re.compile(NODE_ID_PATTERN)
+_WORKFLOW_NAME = re.compile(WORKFLOW_NAME_PATTERN)
+_PATH_SEGMENT = re.compile(r"^[^.\s]+$")
+_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+# ---------------------------------------------------------------------------
+# Nodes
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeNode:
+    """A pure function of the context; it may run again after a crash."""
+
+    kind: ClassVar[Literal["compute"]] = "compute"
+    fn: Callback
+    """`fn(ctx) -> output`; the output must be JSON."""
+    timeout_ms: int | None
+    """Node deadline in milliseconds, `None` for no deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionNode:
+    """Arbitrary code whose side effects go through `ctx.effect(...)` (managed effects)."""
+
+    kind: ClassVar[Literal["action"]] = "action"
+    fn: Callback
+    """`fn(ctx: ActionContext) -> output`; the output must be JSON."""
+    timeout_ms: int | None
+    """Node deadline in milliseconds, `None` for no deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShellNode:
+    """A command run by the runner in its own process group as a managed effect."""
+
+    kind: ClassVar[Literal["shell"]] = "shell"
+    argv_fn: Callback
+    """`argv_fn(ctx) -> list[str]`, the argv of the command (no shell is involved)."""
+    timeout_ms: int | None
+    """Command deadline in milliseconds (SIGTERM to the group, then SIGKILL)."""
+    max_output_bytes: int
+    """Bytes kept from each of stdout and stderr."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointNode:
+    """The run waits here; an answer starts one continuation run past this node."""
+
+    kind: ClassVar[Literal["checkpoint"]] = "checkpoint"
+    summary: str | Callback | None
+    """Static text, or `summary(ctx) -> str`; the node output is `{"summary": text}`."""
+    input_schema_json: bytes | None
+    """Canonical JSON of the answer's JSON Schema (Draft 2020-12), or `None`."""
+
+    @property
+    def input_schema(self) -> Any:
+        """A fresh copy of the answer's JSON Schema, or `None`."""
+        return None if self.input_schema_json is None else loads(self.input_schema_json)
+
+    timeout_ms: ClassVar[None] = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyNode:
+    """A durable notification to the run's origin session, committed with the node result."""
+
+    kind: ClassVar[Literal["notify"]] = "notify"
+    message_fn: str | Callback
+    """Static text, or `message_fn(ctx) -> str` (non-empty after stripping)."""
+    notify_kind: Literal["progress", "final"]
+    """`progress` (default) or `final`."""
+    timeout_ms: int | None
+    """Node deadline in milliseconds, `None` for no deadline."""
+
+
+Node: TypeAlias = ComputeNode | ActionNode | ShellNode | CheckpointNode | NotifyNode
+_NODE_TYPES = (ComputeNode, ActionNode, ShellNode, CheckpointNode, NotifyNode)
+
+
+def _timeout_ms(value: object, *, what: str, default: float) -> int | None:
+    seconds = default if value is None else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise WorkflowDefinitionError(
+            f"{what}: timeout must be a number of seconds, None (the default of "
+            f"{default:g} s) or math.inf (no deadline), got {type(value).__name__}"
+        )
+    if seconds == math.inf:
+        return None
+    if not (0 < seconds <= _MAX_TIMEOUT_SECONDS):
+        raise WorkflowDefinitionError(
+            f"{what}: timeout must be positive seconds, at most one year "
+            f"(math.inf for no deadline), got {seconds!r}"
+        )
+    return max(1, round(seconds * 1000))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_callable(value: object, what: str, param: str) -> None:
+    if not callable(value):
+        raise WorkflowDefinitionError(
+            f"{what}: {param} must be a function taking the context, got {type(value).__name__}"
+        )
+
+
+def _schema_json(schema: object, what: str) -> bytes | None:
+    if schema is None:
+        return None
+    if not isinstance(schema, dict | bool):
+        raise WorkflowDefinitionError(
+            f"{what}: input_schema must be a JSON Schema (a dict), got {type(schema).__name__}"
+        )
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise WorkflowDefinitionError(
+            f"{what}: input_schema is not a valid Draft 2020-12 JSON Schema: {exc.message}"
+        ) from None
+    try:
+        return dumps(schema)
+    except CanonicalJSONError as exc:
+        raise WorkflowDefinitionError(f"{what}: input_schema is not plain JSON: {exc}") from None
+
+
+def compute(fn: Callback, timeout: float | None = None) -> ComputeNode:
+    """A pure node: `fn(ctx)` returns its JSON output. It may run again after a crash.
+
+    Args:
+        fn: called with the node context (`ctx.input`, `ctx.outputs`, `ctx.results`).
+        timeout: seconds; `None` uses DEFAULT_NODE_TIMEOUT, `math.inf` means no deadline.
+    """
+    _require_callable(fn, "compute(fn)", "fn")
+    return ComputeNode(
+        fn=fn, timeout_ms=_timeout_ms(timeout, what="compute", default=DEFAULT_NODE_TIMEOUT)
+    )
+
+
+def action(fn: Callback, timeout: float | None = None) -> ActionNode:
+    """A side-effecting node: `fn(ctx)` performs effects through `ctx.effect(...)`.
+
+    Args:
+        fn: called with an action context; `ctx.effect(type, request, apply=..., read_back=...)`
+            runs `apply(key, request)` at most once per engine-derived idempotency key.
+        timeout: seconds; `None` uses DEFAULT_NODE_TIMEOUT, `math.inf` means no deadline.
+    """
+    _require_callable(fn, "action(fn)", "fn")
+    return ActionNode(
+        fn=fn, timeout_ms=_timeout_ms(timeout, what="action", default=DEFAULT_NODE_TIMEOUT)
+    )
+
+
+def shell(
+    argv_fn: Callback,
+    timeout: float | None = DEFAULT_SHELL_TIMEOUT,
+    max_output_bytes: int = DEFAULT_SHELL_MAX_OUTPUT_BYTES,
+) -> ShellNode:
+    """A command node: `argv_fn(ctx)` returns the argv list; the runner runs it as an effect.
+
+    Args:
+        argv_fn: called with the node context; returns a non-empty list of strings.
+        timeout: seconds before SIGTERM to the command's group (then SIGKILL);
+            `None` uses DEFAULT_SHELL_TIMEOUT, `math.inf` means no deadline.
+        max_output_bytes: bytes kept from each of stdout and stderr.
+    """
+    _require_callable(argv_fn, "shell(argv_fn)", "argv_fn")
+    if not _is_int(max_output_bytes) or not 0 < max_output_bytes <= _MAX_SAFE_INTEGER:
+        raise WorkflowDefinitionError(
+            f"shell: max_output_bytes must be a positive integer, got {max_output_bytes!r}"
+        )
+    return ShellNode(
+        argv_fn=argv_fn,
+        timeout_ms=_timeout_ms(timeout, what="shell", default=DEFAULT_SHELL_TIMEOUT),
+        max_output_bytes=max_output_bytes,
+    )
+
+
+def checkpoint(
+    summary: str | Callback | None = None, input_schema: Mapping[str, Any] | None = None
+) -> CheckpointNode:
+    """A waiting point: the run ends `waiting`; an answer starts one continuation run.
+
+    Args:
+        summary: text shown while waiting, or `summary(ctx) -> str`.
+        input_schema: JSON Schema (Draft 2020-12) the answer must satisfy; the server
+            checks it from the definition snapshot without loading workflow code.
+    """
+    if (
+        summary is not None
+        and not callable(summary)
+        and (not isinstance(summary, str) or not summary.strip())
+    ):
+        raise WorkflowDefinitionError(
+            "checkpoint: summary must be non-empty text or a function of the context"
+        )
+    return CheckpointNode(
+        summary=summary, input_schema_json=_schema_json(input_schema, "checkpoint")
+    )
+
+
+def notify(
+    message_fn: str | Callback,
+    kind: Literal["progress", "final"] = "progress",
+    timeout: float | None = None,
+) -> NotifyNode:
+    """A notification node: `message_fn(ctx)` returns the text sent to the origin session.
+
+    Args:
+        message_fn: static text, or a function of the context returning non-empty text.
+        kind: `progress` or `final`.
+        timeout: seconds; `None` uses DEFAULT_NODE_TIMEOUT, `math.inf` means no deadline.
+    """
+    if not callable(message_fn) and not (isinstance(message_fn, str) and message_fn.strip()):
+        raise WorkflowDefinitionError(
+            "notify: message_fn must be non-empty text or a function of the context"
+        )
+    if kind not in ("progress", "final"):
+        raise WorkflowDefinitionError(f"notify: kind must be 'progress' or 'final', got {kind!r}")
+    return NotifyNode(
+        message_fn=message_fn,
+        notify_kind=kind,
+        timeout_ms=_timeout_ms(timeout, what="notify", default=DEFAULT_NODE_TIMEOUT),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Includes, exits, edges
+
+
+@dataclass(frozen=True, slots=True)
+class Include:
+    """A child workflow mounted under a mount name (`includes={"mount": include_workflow(...)}`)."""
+
+    workflow: str | WorkflowDefinition
+    """A discovered command name (or a `.workflow.py` path relative to the including
+    file), or a definition object."""
+    input_fn: Callback | None
+    """`input_fn(parent_ctx) -> child input`; `None` passes the parent's `ctx.input` on."""
+
+
+def include_workflow(workflow: str | WorkflowDefinition, input: Callback | None = None) -> Include:
+    """Mount a child workflow; parent edges enter it with `to: "mount"` and leave it
+    with `from: "mount.<exit>"`.
+
+    Args:
+        workflow: a command name resolved through discovery, a path ending in
+            `.workflow.py` relative to the including file, or a definition object.
+        input: `input(parent_ctx)` returns the child's input (checked by the child's
+            `input_schema` and `input`); `None` passes the parent's input on.
+    """
+    if isinstance(workflow, str):
+        if not workflow.strip():
+            raise WorkflowDefinitionError("include_workflow: the workflow name is empty")
+    elif not isinstance(workflow, WorkflowDefinition):
+        raise WorkflowDefinitionError(
+            "include_workflow: pass a workflow name or a define_workflow(...) result, got "
+            f"{type(workflow).__name__}"
+        )
+    if input is not None:
+        _require_callable(input, "include_workflow(input)", "input")
+    return Include(workflow=workflow, input_fn=input)
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """A named successful end of a workflow that others include."""
+
+    name: str
+    source: str
+    """The terminal node whose output leaves through this exit."""
+    validate_fn: Callback | None
+    """`validate_fn(output) -> output` (may normalise or raise); `None` passes it on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """A conditional edge body: route on a selector's value, stringified like JavaScript."""
+
+    on: str
+    """`$.path` / `$output.path` (the node output) or `$result.outcome`."""
+    cases: Mapping[str, str]
+    """Stringified value → target."""
+    default: str | None
+    """Target when no case matches (a missing field included), or `None`."""
+
+    @property
+    def selector(self) -> Literal["output", "result"]:
+        """`output` for `$.`/`$output.` selectors, `result` for `$result.outcome`."""
+        return "result" if self.on.startswith("$result.") else "output"
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The dotted path after the selector prefix."""
+        return tuple(self.on.split(".")[1:])
+
+    def targets(self) -> list[str]:
+        """Every target this switch may route to, cases first."""
+        found = list(self.cases.values())
+        if self.default is not None:
+            found.append(self.default)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """The one outgoing edge of a node: unconditional (`target`) or a `switch`."""
+
+    source: str
+    target: str | None
+    switch: Switch | None
+
+    def targets(self) -> list[str]:
+        """Every node this edge may route to."""
+        if self.switch is not None:
+            return self.switch.targets()
+        return [self.target] if self.target is not None else []
+
+    def to_wire(self) -> dict[str, Any]:
+        """The edge as data, as authors write it (cases stringified)."""
+        if self.switch is None:
+            return {"from": self.source, "to": self.target}
+        body: dict[str, Any] = {"on": self.switch.on, "cases": dict(self.switch.cases)}
+        if self.switch.default is not None:
+            body["default"] = self.switch.default
+        return {"from": self.source, "switch": body}
+
+
+def js_string(value: Any) -> str | None:
+    """Stringify a scalar the way JavaScript's `String(value)` does; `None` if not a scalar.
+
+    `True` → `"true"`, `1` → `"1"`, `1.0` → `"1"`, `1.5` → `"1.5"`, `None` → `"null"`.
+    """
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value) if abs(value) <= _MAX_SAFE_INTEGER else js_string(float(value))
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return format_number(value)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The definition
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WorkflowDefinition:
+    """A validated, immutable workflow graph; build it with `define_workflow`.
+
+    Identity equality: two definitions are the same only if they are the same object.
+    """
+
+    name: str
+    start_at: str
+    nodes: Mapping[str, Node]
+    edges: tuple[Edge, ...]
+    outgoing: Mapping[str, Edge]
+    """Edge by source (a node id, or `mount.exit` for an include)."""
+    max_steps: int
+    input_schema_json: bytes | None
+    """Canonical JSON of the run input's JSON Schema (Draft 2020-12), or `None`."""
+    input_fn: Callback | None
+    """`input_fn(value) -> normalised input` (may raise); returning `None` keeps the value."""
+    includes: Mapping[str, Include]
+    exits: Mapping[str, Exit]
+    title: str | Callback | None
+    """Run title, or `title(ctx)` with `ctx.input` and `ctx.workflow_name`."""
+    source_path: str | None = field(default=None)
+    """The file that called `define_workflow` (hashed when this definition is included)."""
+
+    @property
+    def input_schema(self) -> Any:
+        """A fresh copy of the input JSON Schema, or `None`."""
+        return None if self.input_schema_json is None else loads(self.input_schema_json)
+
+
+def define_workflow(
+    *,
+    name: str,
+    start_at: str,
+    nodes: Mapping[str, Node],
+    edges: Iterable[Mapping[str, Any]] = (),
+    max_steps: int = DEFAULT_MAX_STEPS,
+    input_schema: Mapping[str, Any] | None = None,
+    input: Callback | None = None,
+    includes: Mapping[str, Include] | None = None,
+    exits: Mapping[str, Mapping[str, Any]] | None = None,
+    title: str | Callback | None = None,
+) -> WorkflowDefinition:
+    """Define a workflow; every graph rule is checked here.
+
+    Args:
+        name: the workflow's name (WORKFLOW_NAME_PATTERN).
+        start_at: the first node id (or mount name).
+        nodes: node id (NODE_ID_PATTERN) → `compute(...)`, `action(...)`, `shell(...)`,
+            `checkpoint(...)` or `notify(...)`.
+        edges: `{"from": a, "to": b}` or `{"from": a, "switch": {"on": "$.field" |
+            "$result.outcome", "cases": {value: target}, "default": target}}`; at most one
+            per source. Sources of an include are `"mount.exit"`.
+        max_steps: node attempts one run may make (loops count every visit).
+        input_schema: JSON Schema (Draft 2020-12) of the run input, checked first.
+        input: `input(value)` checks the input after the schema; it may return a
+            normalised input (`None` keeps the value) or raise to refuse the start.
+        includes: mount name → `include_workflow(...)`.
+        exits: exit name → `{"from": terminal_node, "validate": optional fn(output)}`;
+            needed only by workflows that others include.
+        title: run title, or `title(ctx)` with `ctx.input` and `ctx.workflow_name`.
+
+    Raises:
+        WorkflowDefinitionError: naming the node (or mount, exit, edge) and the fix.
+    """
+    if not isinstance(name, str) or not _WORKFLOW_NAME.match(name):
+        raise WorkflowDefinitionError(
+            f"name {name!r} is not a valid workflow name; use letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit (at most 128 characters)"
+        )
+
+    def fail(node: str | None, message: str) -> WorkflowDefinitionError:
+        return WorkflowDefinitionError(message, workflow=name, node=node)
+
+    node_map = _parse_nodes(nodes, fail)
+    include_map = _parse_includes(includes, node_map, fail)
+
+    if not _is_int(max_steps) or not 0 < max_steps <= 1_000_000:
+        raise fail(None, f"max_steps must be a positive integer (≤ 1,000,000), got {max_steps!r}")
+    schema_json = _schema_json(input_schema, f"workflow {name!r}")
+    if input is not None:
+        _require_callable(input, f"workflow {name!r}: input", "input")
+    if title is not None and not callable(title) and not (isinstance(title, str) and title.strip()):
+        raise fail(None, "title must be non-empty text or a function of a context")
+
+    targets = set(node_map) | set(include_map)
+    if not isinstance(start_at, str) or start_at not in targets:
+        raise fail(
+            start_at if isinstance(start_at, str) else None,
+            f"start_at {start_at!r} is not a node id or mount name; pick one of {sorted(targets)}",
+        )
+
+    edge_list = _parse_edges(edges, node_map, include_map, targets, fail)
+    outgoing: dict[str, Edge] = {}
+    for edge in edge_list:
+        if edge.source in outgoing:
+            raise fail(
+                edge.source,
+                "has more than one outgoing edge; merge them into one edge with a switch",
+            )
+        outgoing[edge.source] = edge
+
+    exit_map = _parse_exits(exits, node_map, outgoing, fail)
+    _check_reachable(start_at, node_map, include_map, outgoing, fail)
+
+    caller = sys._getframe(1).f_globals.get("__file__")
+    return WorkflowDefinition(
+        name=name,
+        start_at=start_at,
+        nodes=MappingProxyType(node_map),
+        edges=tuple(edge_list),
+        outgoing=MappingProxyType(outgoing),
+        max_steps=max_steps,
+        input_schema_json=schema_json,
+        input_fn=input,
+        includes=MappingProxyType(include_map),
+        exits=MappingProxyType(exit_map),
+        title=title,
+        source_path=caller if isinstance(caller, str) else None,
+    )
+
+
+_Fail: TypeAlias = Callable[[str | None, str], WorkflowDefinitionError]
+
+
+def _parse_nodes(nodes: Mapping[str, Node], fail: _Fail) -> dict[str, Node]:
+    if not isinstance(nodes, Mapping) or not nodes:
+        raise fail(None, "nodes must be a non-empty dict of node id → node")
+    node_map: dict[str, Node] = {}
+    for node_id, node in nodes.items():
+        _check_id(node_id, "node id", fail)
+        if not isinstance(node, _NODE_TYPES):
+            raise fail(
+                node_id,
+                f"is a {type(node).__name__}, not a node; wrap it with compute(fn), "
+                "action(fn), shell(argv_fn), checkpoint(...) or notify(message_fn)",
+            )
+        node_map[node_id] = node
+    return node_map
+
+
+def _parse_includes(
+    includes: Mapping[str, Include] | None, nodes: Mapping[str, Node], fail: _Fail
+) -> dict[str, Include]:
+    if includes is not None and not isinstance(includes, Mapping):
+        raise fail(None, "includes must be a dict of mount name → include_workflow(...)")
+    include_map: dict[str, Include] = {}
+    for mount, include in (includes or {}).items():
+        _check_id(mount, "mount name", fail)
+        if mount in nodes:
+            raise fail(mount, "is both a node id and an include mount name; rename one")
+        if not isinstance(include, Include):
+            raise fail(mount, "includes values must be include_workflow(...) results")
+        include_map[mount] = include
+    return include_map
+
+
+def _check_id(value: object, what: str, fail: _Fail) -> None:
+    if not isinstance(value, str):
+        raise fail(None, f"{what} {value!r} must be a string")
+    if value.startswith("$"):
+        raise fail(value, f"{what}s starting with '$' are reserved for switch selectors; rename it")
+    if "/" in value:
+        raise fail(
+            value, f"{what}s must not contain '/', which is reserved for include paths; rename it"
+        )
+    if "." in value:
+        raise fail(
+            value,
+            f"{what}s must not contain '.', which is reserved for 'mount.exit' edge sources; "
+            "rename it",
+        )
+    if value.startswith("__piw_"):
+        raise fail(value, f"the '__piw_' prefix is reserved for engine nodes; rename this {what}")
+    if not _NODE_ID.match(value):
+        raise fail(
+            value,
+            f"is not a valid {what}; use a letter or '_' followed by letters, digits, '_' or "
+            "'-' (at most 64 characters)",
+        )
+
+
+def _parse_edges(
+    edges: Iterable[Mapping[str, Any]],
+    nodes: Mapping[str, Node],
+    includes: Mapping[str, Include],
+    targets: set[str],
+    fail: _Fail,
+) -> list[Edge]:
+    if isinstance(edges, str | bytes | Mapping):
+        raise fail(None, "edges must be a list of edge dicts")
+    parsed: list[Edge] = []
+    for index, raw in enumerate(edges):
+        if not isinstance(raw, Mapping):
+            raise fail(None, f"edge #{index} must be a dict like {{'from': 'a', 'to': 'b'}}")
+        source = raw.get("from")
+        label = source if isinstance(source, str) else None
+        if not isinstance(source, str):
+            raise fail(None, f"edge #{index} needs a 'from' node id")
+        _check_source(source, nodes, includes, fail)
+        extra = set(raw) - {"from", "to", "switch"}
+        if extra:
+            raise fail(label, f"edge from {source!r} has unknown keys {sorted(extra)}")
+        if ("to" in raw) == ("switch" in raw):
+            raise fail(label, f"edge from {source!r} needs exactly one of 'to' or 'switch'")
+        if "to" in raw:
+            target = raw["to"]
+            _check_target(target, source, targets, fail)
+            parsed.append(Edge(source=source, target=target, switch=None))
+        else:
+            switch = _parse_switch(raw["switch"], source, targets, fail)
+            parsed.append(Edge(source=source, target=None, switch=switch))
+    return parsed
+
+
+def _check_source(
+    source: str, nodes: Mapping[str, Node], includes: Mapping[str, Include], fail: _Fail
+) -> None:
+    if source in nodes:
+        return
+    if source in includes:
+        raise fail(
+            source,
+            f"is an include mount; leave it with an edge from '{source}.<exit>' naming one "
+            "of the child's exits",
+        )
+    mount, dot, exit_name = source.partition(".")
+    if dot and mount in includes:
+        child = includes[mount].workflow
+        if isinstance(child, WorkflowDefinition) and exit_name not in child.exits:
+            raise fail(
+                source,
+                f"names exit {exit_name!r}, but the included workflow {child.name!r} has exits "
+                f"{sorted(child.exits)}",
+            )
+        return
+    raise fail(source, "is the source of an edge but is not a node; define it or fix the edge")
+
+
+def _check_target(target: object, source: str, targets: set[str], fail: _Fail) -> None:
+    if not isinstance(target, str) or target not in targets:
+        raise fail(
+            source,
+            f"routes to unknown target {target!r}; use a node id or mount name "
+            f"({', '.join(sorted(targets))})",
+        )
+
+
+def _parse_switch(raw: object, source: str, targets: set[str], fail: _Fail) -> Switch:
+    if not isinstance(raw, Mapping):
+        raise fail(source, "switch must be a dict with 'on' and 'cases'")
+    extra = set(raw) - {"on", "cases", "default"}
+    if extra:
+        raise fail(source, f"switch has unknown keys {sorted(extra)}")
+    on = raw.get("on")
+    if not isinstance(on, str) or not _valid_selector(on):
+        raise fail(
+            source,
+            f"switch on {on!r} is not supported; use '$.field' (a dotted path into the "
+            "node output, also '$output.field') or '$result.outcome'",
+        )
+    cases_raw = raw.get("cases")
+    if not isinstance(cases_raw, Mapping) or not cases_raw:
+        raise fail(source, "switch needs a non-empty 'cases' dict of value → target")
+    cases: dict[str, str] = {}
+    for value, target in cases_raw.items():
+        key = js_string(value)
+        if key is None:
+            raise fail(source, f"switch case {value!r} must be a string, number, bool or None")
+        if key in cases:
+            raise fail(
+                source,
+                f"switch cases {value!r} and another both read as {key!r} in JavaScript; keep one",
+            )
+        _check_target(target, source, targets, fail)
+        cases[key] = target
+    default = raw.get("default")
+    if default is not None:
+        _check_target(default, source, targets, fail)
+    return Switch(on=on, cases=MappingProxyType(cases), default=default)
+
+
+def _valid_selector(on: str) -> bool:
+    if on == "$result.outcome":
+        return True
+    for prefix in ("$.", "$output."):
+        if on.startswith(prefix):
+            rest = on[len(prefix) :]
+            return bool(rest) and all(_PATH_SEGMENT.match(part) for part in rest.split("."))
+    return False
+
+
+def _parse_exits(
+    exits: Mapping[str, Mapping[str, Any]] | None,
+    nodes: Mapping[str, Node],
+    outgoing: Mapping[str, Edge],
+    fail: _Fail,
+) -> dict[str, Exit]:
+    if exits is None:
+        return {}
+    if not isinstance(exits, Mapping) or not exits:
+        raise fail(None, "exits must be a non-empty dict of exit name → {'from': node}")
+    parsed: dict[str, Exit] = {}
+    by_source: dict[str, str] = {}
+    for exit_name, spec in exits.items():
+        _check_id(exit_name, "exit name", fail)
+        if not isinstance(spec, Mapping) or set(spec) - {"from", "validate"}:
+            raise fail(exit_name, "exit must be a dict {'from': node, 'validate': optional fn}")
+        source = spec.get("from")
+        if not isinstance(source, str) or source not in nodes:
+            raise fail(
+                source if isinstance(source, str) else exit_name,
+                f"exit {exit_name!r} leaves from {source!r}, which is not a node",
+            )
+        if source in outgoing:
+            raise fail(
+                source,
+                f"exit {exit_name!r} leaves from a node with an outgoing edge; an exit must "
+                "leave from a terminal node",
+            )
+        if source in by_source:
+            raise fail(
+                source, f"exits {by_source[source]!r} and {exit_name!r} leave from the same node"
+            )
+        validate = spec.get("validate")
+        if validate is not None:
+            _require_callable(validate, f"exit {exit_name!r}: validate", "validate")
+        by_source[source] = exit_name
+        parsed[exit_name] = Exit(name=exit_name, source=source, validate_fn=validate)
+    return parsed
+
+
+def _check_reachable(
+    start_at: str,
+    nodes: Mapping[str, Node],
+    includes: Mapping[str, Include],
+    outgoing: Mapping[str, Edge],
+    fail: _Fail,
+) -> None:
+    exit_sources: dict[str, list[str]] = {}
+    for source in outgoing:
+        mount, dot, _ = source.partition(".")
+        if dot:
+            exit_sources.setdefault(mount, []).append(source)
+    seen = {start_at}
+    queue = deque([start_at])
+    while queue:
+        current = queue.popleft()
+        following = list(exit_sources.get(current, ()))
+        edge = outgoing.get(current)
+        if edge is not None:
+            following.extend(edge.targets())
+        for nxt in following:
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    for node_id in [*nodes, *includes]:
+        if node_id not in seen:
+            raise fail(
+                node_id,
+                f"is unreachable from start_at {start_at!r}; add an edge to it or remove it",
+            )

@@ -1,0 +1,122 @@
+"""Errors the workflow engine raises, all under `pi_workflows.errors.PiWorkflowsError`.
+
+Implements workflow-server.md § Failure classification for the engine side: each
+error carries the `code` a source resolver reports and the `failure_class` a runner
+reports, so no failure is ever reported as another.
+"""
+
+from __future__ import annotations
+
+from pi_workflows.errors import PiWorkflowsError
+
+__all__ = [
+    "EffectKeyConflictError",
+    "InputInvalidError",
+    "RoutingError",
+    "SourceChangedError",
+    "WorkflowDefinitionError",
+    "WorkflowEngineError",
+    "WorkflowLoadError",
+    "WorkflowNotFoundError",
+]
+
+
+class WorkflowEngineError(PiWorkflowsError):
+    """Base class of every error the workflow engine raises on purpose."""
+
+    code: str = "engineError"
+    """Stable camelCase code reported to the server (resolver `code`)."""
+
+
+class WorkflowDefinitionError(WorkflowEngineError, ValueError):
+    """A workflow definition breaks a rule; raised when the workflow is defined or compiled.
+
+    The message names the workflow, the node (or mount, exit, edge) and the fix.
+    """
+
+    code = "definitionInvalid"
+
+    def __init__(
+        self, message: str, *, workflow: str | None = None, node: str | None = None
+    ) -> None:
+        self.workflow = workflow
+        self.node = node
+        where = []
+        if workflow is not None:
+            where.append(f"workflow {workflow!r}")
+        if node is not None:
+            where.append(f"node {node!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class WorkflowLoadError(WorkflowEngineError):
+    """A workflow file could not be loaded: it raised on import or has no `workflow`."""
+
+    code = "definitionInvalid"
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+class WorkflowNotFoundError(WorkflowEngineError, LookupError):
+    """No workflow with this command name was discovered."""
+
+    code = "workflowNotFound"
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        self.available = available
+        shown = ", ".join(available[:50]) + (", …" if len(available) > 50 else "")
+        super().__init__(
+            f"no workflow named {name!r}; available: {shown or '(none)'}. Add "
+            f"'{name}.workflow.py' to <project>/.pi/workflows/ or <agent dir>/workflows/."
+        )
+
+
+class InputInvalidError(WorkflowEngineError, ValueError):
+    """A run input (or an include's mapped input) failed the JSON Schema or `input` callable."""
+
+    code = "inputInvalid"
+
+
+class SourceChangedError(WorkflowEngineError):
+    """A workflow file no longer matches the saved source identity; its code must not run.
+
+    The runner parks the run with `park_reason`; the server never reclaims it by itself.
+    """
+
+    code = "sourceChanged"
+    failure_class = "sourceChanged"
+    park_reason = "workflowSourceChanged"
+
+    def __init__(self, reason: str, *, path: str | None = None, mount: str | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        self.mount = mount
+        super().__init__(reason)
+
+
+class RoutingError(WorkflowEngineError):
+    """No route exists for a node's result (an unmatched switch without `default`).
+
+    The run fails with this error (failure class `nodeFailed`).
+    """
+
+    code = "routingFailed"
+    failure_class = "nodeFailed"
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        super().__init__(f"node {node!r}: {message}")
+
+
+class EffectKeyConflictError(WorkflowEngineError):
+    """An action asked for a second effect of the same type in one node visit.
+
+    The idempotency key is derived from (run, effect type, node path, visit), so two
+    such effects would share a key. Use distinct effect types for distinct effects.
+    """
+
+    code = "effectKeyConflict"
+    failure_class = "nodeFailed"

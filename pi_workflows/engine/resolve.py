@@ -1,0 +1,192 @@
+"""The source resolver child: `python -m pi_workflows.engine.resolve` (see `main`).
+
+Implements workflow-server.md § Runner lifecycle (start-time source resolution) and
+python-port.md decision 4: the server never imports workflow code, so this short-lived
+child discovers and loads the workflow, checks the input and reports one JSON line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pi_workflows.engine._compile import validate_input
+from pi_workflows.engine._context import TitleContext
+from pi_workflows.engine._discovery import find_workflow
+from pi_workflows.engine._errors import (
+    InputInvalidError,
+    WorkflowDefinitionError,
+    WorkflowLoadError,
+    WorkflowNotFoundError,
+)
+from pi_workflows.engine._loader import load_workflow
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
+
+__all__ = [
+    "MAX_MESSAGE_CHARS",
+    "MAX_REQUEST_BYTES",
+    "MAX_TITLE_CHARS",
+    "RequestError",
+    "main",
+    "parse_request",
+    "resolve_request",
+    "safe_message",
+]
+
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+"""Longest request line read from stdin (run input is at most 1 MiB)."""
+
+MAX_MESSAGE_CHARS = 1000
+"""Longest error message in a response."""
+
+MAX_TITLE_CHARS = 200
+"""Longest run title; a longer one is cut."""
+
+_REQUEST_KEYS = frozenset({"workflow", "projectPath", "agentDir", "input"})
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class RequestError(ValueError):
+    """The request line is malformed (a server bug, not a user error). Internal."""
+
+
+def safe_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Return `text` without control characters (newlines and tabs kept), at most `limit` long."""
+    clean = _UNSAFE.sub(" ", text).strip()
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def parse_request(line: bytes) -> dict[str, Any]:
+    """Parse and check one request line."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise RequestError(f"the request is longer than {MAX_REQUEST_BYTES} bytes")
+    try:
+        request = loads(line.rstrip(b"\n"))
+    except CanonicalJSONError as exc:
+        raise RequestError(f"the request is not one canonical JSON line: {exc}") from None
+    if not isinstance(request, dict):
+        raise RequestError("the request must be a JSON object")
+    extra = set(request) - _REQUEST_KEYS
+    if extra:
+        raise RequestError(f"unknown request keys {sorted(extra)}")
+    if not isinstance(request.get("workflow"), str) or not request["workflow"]:
+        raise RequestError("'workflow' must be a non-empty string")
+    project = request.get("projectPath")
+    if project is not None and (not isinstance(project, str) or not Path(project).is_absolute()):
+        raise RequestError("'projectPath' must be an absolute path or null")
+    agent = request.get("agentDir")
+    if not isinstance(agent, str) or not Path(agent).is_absolute():
+        raise RequestError("'agentDir' must be an absolute path")
+    request.setdefault("input", None)
+    request.setdefault("projectPath", None)
+    return request
+
+
+def _failure(code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "code": code, "message": safe_message(message)}
+
+
+def resolve_request(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Resolve one checked request to its response (see the module docstring).
+
+    Runs workflow code (module import, `input`, `title`): call it only in a child process.
+    """
+    name: str = request["workflow"]
+    project = Path(request["projectPath"]) if request["projectPath"] is not None else None
+    agent_dir = Path(request["agentDir"])
+    try:
+        source = find_workflow(name, project, agent_dir)
+    except WorkflowNotFoundError as exc:
+        return _failure(exc.code, str(exc))
+    try:
+        loaded = load_workflow(source.path, project=project, agent_dir=agent_dir)
+    except (WorkflowLoadError, WorkflowDefinitionError) as exc:
+        _log_cause(exc)
+        return _failure("definitionInvalid", str(exc))
+    definition = loaded.definition
+    try:
+        normalised = validate_input(definition, request["input"])
+    except InputInvalidError as exc:
+        _log_cause(exc)
+        return _failure(exc.code, f"input of workflow {name!r} is invalid: {exc}")
+    return {
+        "ok": True,
+        "workflow": name,
+        "workflowName": definition.name,
+        "sourceIdentity": loaded.identity.to_wire(),
+        "definition": loaded.snapshot,
+        "definitionDigest": loaded.digest,
+        "input": normalised,
+        "inputHash": sha256_digest(normalised),
+        "title": _title(definition.title, normalised, definition.name),
+    }
+
+
+def _title(title: Any, value: Any, workflow_name: str) -> str | None:
+    if title is None:
+        return None
+    text: Any = title
+    if callable(title):
+        try:
+            text = title(TitleContext(input=value, workflow_name=workflow_name))
+        except Exception:  # noqa: BLE001 - a failing title never refuses a start
+            sys.stderr.write("pi-workflows resolver: title callback raised; run has no title\n")
+            traceback.print_exc(file=sys.stderr)
+            return None
+    if not isinstance(text, str) or not safe_message(text):
+        return None
+    return safe_message(" ".join(text.split()), MAX_TITLE_CHARS)
+
+
+def _log_cause(exc: BaseException) -> None:
+    cause = exc.__cause__
+    if cause is not None:
+        traceback.print_exception(cause, file=sys.stderr)
+
+
+def main() -> int:
+    """Run the resolver on stdin/stdout; return the exit status.
+
+    **Input:** one canonical JSON line on stdin::
+
+        {"workflow": NAME, "projectPath": PATH | null, "agentDir": PATH, "input": JSON}
+
+    **Output:** one canonical JSON line on stdout, and nothing else (workflow code that
+    prints at import writes to stderr)::
+
+        {"ok": true, "workflow": NAME, "workflowName": definition name,
+         "sourceIdentity": {"root": {...}, "mounted": [...]}, "definition": snapshot,
+         "definitionDigest": "sha256:…", "input": normalised input,
+         "inputHash": "sha256:…", "title": text | null}
+        {"ok": false, "code": "workflowNotFound" | "definitionInvalid" | "inputInvalid",
+         "message": bounded safe text (≤ 1000 characters, no stack trace)}
+
+    **Exit status:** 0 whenever a response was written; 2 for a malformed request (a server
+    bug; nothing on stdout); 1 if the resolver itself crashed.
+    """
+    # Workflow code may print at import: only the response may reach the real stdout.
+    sys.stdout.flush()
+    response_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        request = parse_request(sys.stdin.buffer.readline(MAX_REQUEST_BYTES + 1))
+    except RequestError as exc:
+        sys.stderr.write(f"pi-workflows resolver: {exc}\n")
+        return 2
+    response = dumps(resolve_request(request)) + b"\n"
+    view = memoryview(response)
+    while view:
+        written = os.write(response_fd, view)
+        view = view[written:]
+    os.close(response_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
