@@ -16,6 +16,25 @@ from pathlib import Path
 import psutil
 import pytest
 
+ECHO_WORKFLOW = """
+from pi_workflows import compute, define_workflow
+
+workflow = define_workflow(
+    name="{name}",
+    start_at="echo",
+    nodes={{"echo": compute(lambda ctx: {{"echo": ctx.input}})}},
+)
+"""
+
+
+def write_workflow(project: Path, name: str, source: str | None = None) -> Path:
+    """Write `<project>/.pi/workflows/NAME.workflow.py` (a one-node echo by default)."""
+    folder = project / ".pi" / "workflows"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.workflow.py"
+    path.write_text(source if source is not None else ECHO_WORKFLOW.format(name=name))
+    return path
+
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:

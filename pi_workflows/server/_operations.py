@@ -8,7 +8,6 @@ then is answered. Reads create no receipts. Errors become bounded safe errors.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -44,21 +43,22 @@ from pi_workflows.storage import (
     status_counts,
 )
 from pi_workflows.supervision import ProcessIdentity
-from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
 
 __all__ = [
     "COMMANDS",
     "READS",
     "OperationContext",
+    "OperationError",
     "build_run_list",
     "display_status",
     "handle_operation",
     "rejected",
+    "start_request_fields",
+    "start_run",
 ]
 
 RUN_LIST_PAGE_ITEMS = 256
-WORKFLOW_SUFFIX = ".workflow.py"
 
 
 @dataclass
@@ -73,8 +73,6 @@ class OperationContext:
     """Live runners and their host claims (owned by the database actor's thread)."""
     stop_process: Callable[[ProcessIdentity], None] = field(default=lambda identity: None)
     """Stops a fenced runner's process group after a command committed (non-blocking)."""
-    builtin_workflows: Mapping[str, Path] = field(default_factory=dict)
-    agent_workflows_dir: Path | None = None
 
 
 class OperationError(PiWorkflowsError):
@@ -317,7 +315,12 @@ def _transition(
     return operation
 
 
-def _start(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def start_request_fields(request: RequestMessage) -> tuple[str, str | None, Any]:
+    """The workflow name, project path and input of a `run.start` request.
+
+    Raises:
+        OperationError: a missing name or a relative project path.
+    """
     payload = request["payload"]
     name = payload.get("workflow")
     if not isinstance(name, str) or not name:
@@ -325,10 +328,29 @@ def _start(db: Database, request: RequestMessage, ctx: OperationContext) -> dict
     project = payload.get("projectPath")
     if project is not None and (not isinstance(project, str) or not Path(project).is_absolute()):
         raise OperationError("rejected", "projectPathInvalid", "projectPath must be absolute")
-    workflow_input = payload.get("input", {})
+    return name, project, payload.get("input", {})
+
+
+def start_run(
+    db: Database, request: RequestMessage, ctx: OperationContext, resolved: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`run.start` after the resolver child answered: commit the queued run, or refuse.
+
+    A definition that failed to load or an input that failed validation commits no
+    run; its rejection is stored as the receipt so a retry gets the same answer.
+    """
+    try:
+        name, project, _ = start_request_fields(request)
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
 
     def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
-        source = _locate_workflow(name, project, ctx)
+        if not resolved.get("ok"):
+            raise OperationError(
+                "rejected",
+                str(resolved.get("code") or "definitionInvalid"),
+                str(resolved.get("message") or "the workflow could not be started"),
+            )
         run_id = f"run-{uuid.uuid4().hex}"
         result = enqueue_run(
             tx,
@@ -336,38 +358,16 @@ def _start(db: Database, request: RequestMessage, ctx: OperationContext) -> dict
                 run_id=run_id,
                 workflow_name=name,
                 project_path=project or "",
-                source_identity=source,
-                definition_digest=source["root"]["hash"],
-                input_hash=sha256_digest(workflow_input),
-                input=workflow_input,
+                source_identity=resolved["sourceIdentity"],
+                definition_digest=resolved["definitionDigest"],
+                input_hash=resolved["inputHash"],
+                input=resolved["input"],
+                title=resolved.get("title"),
             ),
         )
         return run_id, result.revision, {"runId": run_id, "state": result.phase.value}
 
     return _run_command(db, request, change)
-
-
-def _locate_workflow(name: str, project: str | None, ctx: OperationContext) -> dict[str, Any]:
-    """Find `NAME.workflow.py` by the discovery order and hash it; the server never imports it.
-
-    The source resolver child (a later issue) replaces this with a loaded definition.
-    """
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise OperationError(
-            "rejected", "workflowNameInvalid", "a workflow name is letters, digits, - and _"
-        )
-    candidates: list[Path] = []
-    if project is not None:
-        candidates.append(Path(project) / ".pi" / "workflows" / f"{name}{WORKFLOW_SUFFIX}")
-    if ctx.agent_workflows_dir is not None:
-        candidates.append(ctx.agent_workflows_dir / f"{name}{WORKFLOW_SUFFIX}")
-    if name in ctx.builtin_workflows:
-        candidates.append(ctx.builtin_workflows[name])
-    for path in candidates:
-        if path.is_file():
-            digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-            return {"root": {"kind": "file", "path": str(path), "hash": digest}, "mounted": []}
-    raise OperationError("rejected", "workflowNotFound", f"no workflow named {name!r} was found")
 
 
 def _restart(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
@@ -411,7 +411,6 @@ READS: dict[str, Operation] = {
 }
 
 COMMANDS: dict[str, Operation] = {
-    "run.start": _start,
     "run.pause": _transition("pause", pause_run),
     "run.resume": _transition("resume", resume_run),
     "run.cancel": _transition("cancel", cancel_run),

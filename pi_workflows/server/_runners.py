@@ -462,11 +462,12 @@ def _on_effect_settle(
     payload = message["payload"]
     key = payload["idempotencyKey"]
     outcome = payload["outcome"]
+    read_back = payload.get("readBack")
     if outcome == "ambiguous":
         record = declare_effect_ambiguous(
             tx, runner.claim, idempotency_key=key, reason="no read-back after an uncertain apply"
         )
-    elif payload.get("result", {}) == {"readBack": "notApplied"} and outcome == "failed":
+    elif read_back == "notApplied":
         retried = retry_effect_after_read_back(
             tx, runner.claim, idempotency_key=key, executor_epoch=runner.runner_epoch
         )
@@ -481,7 +482,7 @@ def _on_effect_settle(
             result=payload.get("result"),
             error=f"{error['code']}: {error['message']}" if error else None,
             executor_epoch=runner.runner_epoch,
-            proven_by_read_back=bool(payload.get("provenByReadBack")),
+            proven_by_read_back=read_back == "applied",
         )
     return record.revision, {"state": record.state.value}
 

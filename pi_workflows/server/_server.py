@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,15 @@ from pi_workflows.server._operations import (
     COMMANDS,
     READS,
     OperationContext,
+    OperationError,
     build_run_list,
     handle_operation,
     rejected,
     response,
+    start_request_fields,
+    start_run,
 )
+from pi_workflows.server._resolver import resolve_start
 from pi_workflows.server._runners import LaunchPlan, RunnerHost
 from pi_workflows.storage import (
     Clock,
@@ -94,7 +99,10 @@ DB_CALL_TIMEOUT_S = 10.0
 RUNNER_GRACE_TICKS = 40
 """SIGTERM to SIGKILL grace for a runner group, in ticks (10 s at the default tick)."""
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
+RESOLVER_THREADS = 2
+"""Source resolver children that may run at once (each loads workflow code)."""
 LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
+AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
 
 
 class ServerStartError(PiWorkflowsError):
@@ -168,6 +176,7 @@ class WorkflowServer:
         self._ticker: Ticker | None = None
         self._server_claim: ServerClaim | None = None
         self._runners: RunnerHost | None = None
+        self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: OperationContext | None = None
         self._watcher: threading.Thread | None = None
@@ -243,7 +252,6 @@ class WorkflowServer:
             epoch=self.epoch,
             runners=self._runners,
             stop_process=lambda identity: supervisor.tell(StopChild(identity, RUNNER_GRACE_TICKS)),
-            agent_workflows_dir=self.state_dir,
         )
         assert self._server_claim is not None
         every = max(1, round(RENEW_EVERY_S / self.tick_s))
@@ -268,6 +276,7 @@ class WorkflowServer:
             self._ticker.register(ref)
 
     def _start_listener(self) -> None:
+        self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
         self._listener = ClientListener(
             self.socket_path, _Router(self), __version__, self._on_listener_crash
         )
@@ -317,6 +326,8 @@ class WorkflowServer:
     def _teardown(self) -> None:
         if self._ticker is not None:
             self._ticker.stop()
+        if self._resolvers is not None:
+            self._resolvers.shutdown(wait=True, cancel_futures=False)
         if self._listener is not None:
             self._listener.stop()
         for ref in reversed(self._refs[1:]):
@@ -388,6 +399,7 @@ class WorkflowServer:
         env = dict(os.environ)
         env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
+        env[AGENT_DIR_ENV] = str(self.state_dir.parent)
         logs = self.state_dir / "logs" / "runners"
         ensure_private_dir(logs)
 
@@ -600,6 +612,9 @@ class _Router:
         if operation == "view.subscribe":
             self._subscribe(connection, request)
             return
+        if operation == "run.start":
+            self._start_run(connection, request)
+            return
         if operation == "view.unsubscribe":
             self._unsubscribe(connection, request)
             return
@@ -638,6 +653,60 @@ class _Router:
         server._database.tell(
             Transact(lambda db: handle_operation(db, request, ctx), reply, operation)
         )
+
+    def _start_run(self, connection: Connection, request: RequestMessage) -> None:
+        """Resolve the source in a child (off every actor), then commit through the database."""
+        server = self._server
+        try:
+            name, project, workflow_input = start_request_fields(request)
+        except OperationError as exc:
+            connection.respond(rejected(request, exc.outcome, exc.code, str(exc)))
+            server._end_request()
+            return
+        ctx, database, pool = server._ctx, server._database, server._resolvers
+        assert ctx is not None and database is not None and pool is not None
+
+        def commit(resolved: dict[str, Any]) -> None:
+            def reply(result: Reply) -> None:
+                try:
+                    if result.error is not None:
+                        log.error(
+                            "run.start failed",
+                            extra={"action": "operation.error", "operation": "run.start"},
+                            exc_info=result.error,
+                        )
+                        connection.respond(
+                            rejected(
+                                request,
+                                "unavailable",
+                                "internalError",
+                                "the server failed this request; retry it",
+                            )
+                        )
+                    else:
+                        connection.respond(result.value)
+                        if server._scheduler is not None:
+                            server._scheduler.tell(Wake())
+                finally:
+                    server._end_request()
+
+            database.tell(
+                Transact(lambda db: start_run(db, request, ctx, resolved), reply, "run.start")
+            )
+
+        def resolve() -> None:
+            try:
+                resolved = resolve_start(name, project, server.state_dir.parent, workflow_input)
+            except Exception:
+                log.exception("resolver failed", extra={"action": "resolver.error"})
+                resolved = {
+                    "ok": False,
+                    "code": "definitionInvalid",
+                    "message": "the workflow could not be loaded",
+                }
+            commit(resolved)
+
+        pool.submit(resolve)
 
     def _subscribe(self, connection: Connection, request: RequestMessage) -> None:
         server = self._server

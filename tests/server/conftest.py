@@ -8,16 +8,14 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-
-WORKFLOW_SOURCE = '"""A workflow file the server locates and hashes (it never imports it)."""\n'
+from tests.conftest import write_workflow
 
 
 @pytest.fixture
 def project(short_tmp: Path) -> Path:
     """A project folder with `.pi/workflows/hello.workflow.py`."""
     folder = short_tmp / "project"
-    (folder / ".pi" / "workflows").mkdir(parents=True)
-    (folder / ".pi" / "workflows" / "hello.workflow.py").write_text(WORKFLOW_SOURCE)
+    write_workflow(folder, "hello")
     return folder
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from pi_workflows import WorkflowClient
 from pi_workflows.wire.framing import SocketFrameReader, encode_frame
-from tests.conftest import Processes
+from tests.conftest import Processes, write_workflow
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,8 +112,7 @@ def test_cli_commands_start_the_server_on_demand(
     processes: Processes, state_dir: Path, short_tmp: Path
 ) -> None:
     project = short_tmp / "project"
-    (project / ".pi" / "workflows").mkdir(parents=True)
-    (project / ".pi" / "workflows" / "demo.workflow.py").write_text("# demo\n")
+    write_workflow(project, "demo")
     started = processes.cli(
         state_dir, "run", "start", "demo", "--project", str(project), "--input-json", '{"a": 1}'
     )
@@ -139,8 +138,7 @@ def test_fifty_clients_with_random_disconnects_each_key_has_one_receipt(
     processes: Processes, state_dir: Path, short_tmp: Path
 ) -> None:
     project = short_tmp / "project"
-    (project / ".pi" / "workflows").mkdir(parents=True)
-    (project / ".pi" / "workflows" / "load.workflow.py").write_text("# load\n")
+    write_workflow(project, "load")
     server = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
     _wait_for_ready(server, state_dir)
     socket_path = state_dir / "host" / "host.sock"

@@ -1,0 +1,433 @@
+"""The runner process (`python -m pi_workflows.engine.runner`): one run generation.
+
+Implements workflow-server.md § Runner lifecycle and § Runner protocol, runner side:
+no database handle; every change is a message that waits for the server's reply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import traceback
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow
+from pi_workflows.engine._context import NOT_APPLIED, EffectCall, EngineContext
+from pi_workflows.engine._definition import (
+    ActionNode,
+    CheckpointNode,
+    ComputeNode,
+    NotifyNode,
+    ShellNode,
+)
+from pi_workflows.engine._errors import RoutingError, SourceChangedError
+from pi_workflows.engine._loader import load_verified
+from pi_workflows.engine._routing import next_node
+from pi_workflows.wire.framing import SocketFrameReader
+from pi_workflows.wire.protocol import (
+    LAUNCH_SCHEMA,
+    decode_launch_envelope,
+    encode_runner_message,
+    runner_message_from_wire,
+)
+
+__all__ = ["LAUNCH_ENV", "RUNNER_FD_ENV", "main"]
+
+LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
+RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
+AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
+EXIT_CLAIM_LOST = 3
+EXIT_PROTOCOL = 4
+SHELL_EFFECT_TYPE = "shell"
+SHELL_GRACE_S = 5.0
+MAX_ERROR_TEXT = 4000
+
+
+class ClaimLost(Exception):  # noqa: N818 - the design's own name for the handoff
+    """The server fenced this runner: stop at once, write nothing more."""
+
+
+class Refused(Exception):  # noqa: N818
+    """The server refused a message; the runner cannot go on."""
+
+
+class EffectFailed(Exception):  # noqa: N818
+    """A managed effect was rejected, cancelled or ambiguous."""
+
+
+class Channel:
+    """Request/reply over the private channel; every message waits for its reply."""
+
+    def __init__(self, sock: socket.socket, envelope: Mapping[str, Any]) -> None:
+        self._sock = sock
+        self._reader = SocketFrameReader(sock)
+        self._envelope = envelope
+        self._ids = itertools.count(1)
+        self.revision = 0
+        self.pending_command: dict[str, Any] | None = None
+
+    def send(
+        self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
+    ) -> dict[str, Any]:
+        """Send one message and return its accepted reply.
+
+        Raises:
+            ClaimLost: the server answered with claim loss.
+            Refused: any other refusal.
+        """
+        message: dict[str, Any] = {
+            "schema": LAUNCH_SCHEMA,
+            "kind": kind,
+            "runId": self._envelope["runId"],
+            "generation": self._envelope["generation"],
+            "runnerEpoch": self._envelope["runnerEpoch"],
+            "expectedRevision": self.revision,
+            "messageId": f"{self._envelope['runnerEpoch']}-m{next(self._ids)}",
+            "payload": payload,
+        }
+        if attempt_id is not None:
+            message["attemptId"] = attempt_id
+        self._sock.sendall(encode_runner_message(message, sender="runner") + b"\n")
+        while True:
+            raw = self._reader.read_message()
+            if raw is None:
+                raise ClaimLost("the server closed the channel")
+            answer = runner_message_from_wire(raw, sender="server")
+            if answer["kind"] == "command":
+                self.pending_command = answer
+                continue
+            if answer.get("replyTo") != message["messageId"]:
+                continue
+            outcome = answer["outcome"]
+            if outcome == "claimLost":
+                raise ClaimLost(answer.get("error", {}).get("code", "claimLost"))
+            if outcome not in ("accepted", "adopted"):
+                error = answer.get("error") or {}
+                raise Refused(
+                    f"{kind}: {outcome} {error.get('code', '')} {error.get('message', '')}"
+                )
+            self.revision = answer.get("revision", self.revision) or self.revision
+            return answer
+
+    def wait_command(self) -> dict[str, Any]:
+        """Return the one command the server sends after `runner.ready`."""
+        while self.pending_command is None:
+            raw = self._reader.read_message()
+            if raw is None:
+                raise ClaimLost("the server closed the channel before the command")
+            answer = runner_message_from_wire(raw, sender="server")
+            if answer["kind"] == "command":
+                self.pending_command = answer
+        command = self.pending_command
+        self.revision = command["expectedRevision"]
+        return command
+
+
+class RunnerEffects:
+    """The effect host: reserve with the server, apply, settle (see `EffectHost`)."""
+
+    def __init__(self, channel: Channel, attempt_id: str) -> None:
+        self._channel = channel
+        self._attempt_id = attempt_id
+
+    def run_effect(self, call: EffectCall) -> Any:
+        reply = self._channel.send(
+            "effect.reserve",
+            {"effectType": call.effect_type, "idempotencyKey": call.key, "request": call.request},
+            self._attempt_id,
+        )
+        reservation = reply["result"]
+        decision = reservation["decision"]
+        effect = reservation["effect"]
+        if decision == "adopt":
+            if effect["state"] == "applied":
+                return effect["result"]
+            raise EffectFailed(f"effect {call.effect_type} is {effect['state']}")
+        if decision == "ambiguous":
+            raise EffectFailed(f"effect {call.effect_type} is ambiguous and needs review")
+        if decision == "uncertain":
+            return self._prove(call)
+        return self._apply(call)
+
+    def _prove(self, call: EffectCall) -> Any:
+        if call.read_back is None:
+            self._settle(call, "ambiguous")
+            raise EffectFailed(
+                f"effect {call.effect_type} may have applied before a crash and has no read-back"
+            )
+        try:
+            observed = call.read_back(call.key, call.request)
+        except Exception:  # noqa: BLE001 - an unanswerable read-back is ambiguity
+            self._settle(call, "ambiguous")
+            raise EffectFailed(f"read-back of {call.effect_type} could not tell") from None
+        if observed is NOT_APPLIED:
+            self._settle(
+                call,
+                "failed",
+                error={"code": "notApplied", "message": "read-back: not applied"},
+                read_back="notApplied",
+            )
+            return self._apply(call)
+        self._settle(call, "succeeded", result=observed, read_back="applied")
+        return observed
+
+    def _apply(self, call: EffectCall) -> Any:
+        try:
+            result = call.apply(call.key, call.request)
+        except Exception as exc:
+            self._settle(call, "failed", error={"code": "effectFailed", "message": _text(exc)})
+            raise
+        self._settle(call, "succeeded", result=result)
+        return result
+
+    def _settle(
+        self,
+        call: EffectCall,
+        outcome: str,
+        *,
+        result: Any = None,
+        error: dict[str, str] | None = None,
+        read_back: str | None = None,
+    ) -> None:
+        payload: dict[str, Any] = {"idempotencyKey": call.key, "outcome": outcome}
+        if outcome == "succeeded":
+            payload["result"] = result
+        if error is not None:
+            payload["error"] = error
+        if read_back is not None:
+            payload["readBack"] = read_back
+        self._channel.send("effect.settle", payload, self._attempt_id)
+
+
+def _text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text[:MAX_ERROR_TEXT] or type(exc).__name__
+
+
+def _run_shell(argv: list[str], timeout_ms: int | None, max_output: int) -> dict[str, Any]:
+    """Run one command in its own group with capped output and SIGTERM→SIGKILL timeout."""
+    child = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    timed_out = False
+    try:
+        out, err = child.communicate(timeout=None if timeout_ms is None else timeout_ms / 1000)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        try:
+            out, err = child.communicate(timeout=SHELL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+    code = child.returncode
+    return {
+        "exitCode": code if code >= 0 else None,
+        "signal": -code if code < 0 else None,
+        "timedOut": timed_out,
+        "stdout": out[:max_output].decode("utf-8", "replace"),
+        "stderr": err[:max_output].decode("utf-8", "replace"),
+        "truncated": len(out) > max_output or len(err) > max_output,
+    }
+
+
+class Execution:
+    """Runs the compiled workflow from where the durable state says to continue."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        compiled: CompiledWorkflow,
+        envelope: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        self.channel = channel
+        self.compiled = compiled
+        self.run_id = str(envelope["runId"])
+        self.input = state.get("input")
+        self.outputs: dict[str, Any] = dict(state.get("outputs") or {})
+        self.results: dict[str, Any] = {}
+        self.visits: dict[str, int] = dict(state.get("visits") or {})
+        self.steps = 0
+        self.current: str | None = compiled.start_at
+        self.last_output: Any = None
+        for attempt in state.get("finished") or []:
+            self.steps += 1
+            status = attempt["status"]
+            if status in ("completed", "failed", "timed_out"):
+                self.results[attempt["nodePath"]] = {"outcome": status}
+                self.current = attempt["nextNodePath"]
+                self.last_output = self.outputs.get(attempt["nodePath"])
+            else:  # interrupted or cancelled: that node runs again
+                self.current = attempt["nodePath"]
+        unfinished = state.get("unfinished")
+        if unfinished is not None:
+            self.current = unfinished["nodePath"]
+
+    def run(self) -> None:
+        while self.current is not None:
+            self.steps += 1
+            if self.steps > self.compiled.max_steps:
+                self._finish(
+                    "failed", error=("maxSteps", f"more than {self.compiled.max_steps} steps")
+                )
+                return
+            node = self.compiled.nodes[self.current]
+            if not self._step(node):
+                return
+        self._finish("completed", output=self.last_output)
+
+    def _step(self, node: CompiledNode) -> bool:
+        """Run one node; False when the run stopped here (parked or finished)."""
+        if node.include_transition is not None or node.node is None:
+            self._finish("failed", error=("unsupported", "included workflows do not run yet"))
+            return False
+        attempt_id = f"attempt-{uuid.uuid4().hex}"
+        started: dict[str, Any] = {
+            "nodePath": node.path,
+            "nodeKind": node.kind,
+            "visit": self.visits.get(node.path, 0) + 1,
+        }
+        if node.timeout_ms:
+            started["timeoutMs"] = node.timeout_ms
+        reply = self.channel.send("node.started", started, attempt_id)
+        visit = (reply.get("result") or {}).get("visit", started["visit"])
+        ctx = EngineContext(
+            input=self.input,
+            outputs=self.outputs,
+            results=self.results,
+            run_id=self.run_id,
+            node_path=node.path,
+            visit=visit,
+            effects=RunnerEffects(self.channel, attempt_id)
+            if node.kind in ("action", "shell")
+            else None,
+        )
+        try:
+            output = self._execute(node, ctx)
+            outcome = "completed"
+        except (ClaimLost, Refused):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a node failure is data for routing
+            output, outcome = None, "failed"
+            self.channel.send(
+                "node.failed",
+                {"nodePath": node.path, "error": {"code": "nodeFailed", "message": _text(exc)}},
+                attempt_id,
+            )
+            self.visits[node.path] = visit
+            self.results[node.path] = {"outcome": "failed"}
+            try:
+                self.current = next_node(self.compiled, node.path, None, "failed")
+            except RoutingError:
+                self.current = None
+            if self.current is None:
+                self._finish("failed", error=("nodeFailed", f"{node.path}: {_text(exc)}"))
+                return False
+            return True
+        try:
+            route = next_node(self.compiled, node.path, output, outcome)
+        except RoutingError as exc:
+            self._finish("failed", error=("routingFailed", _text(exc)))
+            return False
+        finished: dict[str, Any] = {"nodePath": node.path, "output": output}
+        if route is not None:
+            finished["route"] = route
+        self.channel.send("node.finished", finished, attempt_id)
+        self.outputs[node.path] = output
+        self.results[node.path] = {"outcome": outcome}
+        self.visits[node.path] = visit
+        self.last_output = output
+        if node.kind == "checkpoint":
+            self.channel.send("run.parked", {"reason": "checkpoint"})
+            return False
+        self.current = route
+        return True
+
+    def _execute(self, node: CompiledNode, ctx: EngineContext) -> Any:
+        spec = node.node
+        if isinstance(spec, ComputeNode | ActionNode):
+            return spec.fn(ctx)
+        if isinstance(spec, ShellNode):
+            argv = [str(part) for part in spec.argv_fn(ctx)]
+            timeout_ms, cap = spec.timeout_ms, spec.max_output_bytes
+            return ctx.effect(
+                SHELL_EFFECT_TYPE,
+                {"argv": argv},
+                apply=lambda key, request: _run_shell(request["argv"], timeout_ms, cap),
+            )
+        if isinstance(spec, NotifyNode):
+            text = spec.message_fn(ctx) if callable(spec.message_fn) else spec.message_fn
+            self.channel.send(
+                "notification.requested",
+                {
+                    "notificationId": f"{self.run_id}:{node.path}:{ctx.visit}",
+                    "content": {"text": str(text), "kind": spec.notify_kind},
+                },
+            )
+            return {"text": str(text)}
+        if isinstance(spec, CheckpointNode):
+            summary = spec.summary(ctx) if callable(spec.summary) else spec.summary
+            return {"summary": summary}
+        raise TypeError(f"node kind {node.kind} cannot run")
+
+    def _finish(
+        self, status: str, *, output: Any = None, error: tuple[str, str] | None = None
+    ) -> None:
+        payload: dict[str, Any] = {"status": status}
+        if status == "completed":
+            payload["output"] = output
+        if error is not None:
+            payload["error"] = {"code": error[0], "message": error[1][:MAX_ERROR_TEXT]}
+        self.channel.send("run.finished", payload)
+
+
+def main() -> int:
+    """Run one generation; the exit code is for logs only (the server decides outcomes)."""
+    sys.stdout = sys.stderr  # workflow prints must never reach a protocol stream
+    envelope = decode_launch_envelope(os.environ[LAUNCH_ENV].encode("utf-8"))
+    sock = socket.socket(fileno=int(os.environ[RUNNER_FD_ENV]))
+    sock.setblocking(True)
+    channel = Channel(sock, envelope)
+    project = Path(envelope["projectPath"]) if envelope["projectPath"] else None
+    agent_dir = Path(os.environ[AGENT_DIR_ENV]) if os.environ.get(AGENT_DIR_ENV) else None
+    try:
+        try:
+            loaded = load_verified(envelope["workflowSource"], project=project, agent_dir=agent_dir)
+        except SourceChangedError as exc:
+            channel.send("run.parked", {"reason": "workflowSourceChanged", "detail": _text(exc)})
+            return 0
+        if loaded.digest != envelope["definitionDigest"]:
+            channel.send(
+                "run.parked",
+                {"reason": "workflowSourceChanged", "detail": "the definition digest changed"},
+            )
+            return 0
+        channel.send("runner.ready", {"protocolVersion": 1, "definitionDigest": loaded.digest})
+        command = channel.wait_command()
+        Execution(channel, loaded.compiled, envelope, command["payload"].get("state") or {}).run()
+        return 0
+    except ClaimLost:
+        return EXIT_CLAIM_LOST
+    except Refused:
+        traceback.print_exc()
+        return EXIT_PROTOCOL
+
+
+def _exit(code: int) -> NoReturn:
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit(main())
