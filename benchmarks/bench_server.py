@@ -68,6 +68,15 @@ else:
 """
 
 
+BENCH_WORKFLOW = """
+from pi_workflows import compute, define_workflow
+
+workflow = define_workflow(
+    name="bench", start_at="one", nodes={"one": compute(lambda ctx: {})}
+)
+"""
+
+
 def percentile(samples: list[float], fraction: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -112,6 +121,7 @@ def workflow_server(state_dir: Path) -> Iterator[None]:
             "run",
             "--idle-exit",
             "0",
+            "--no-execute",  # the benchmark measures the protocol, not runners
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -196,7 +206,7 @@ def main() -> None:
         state_dir = folder / "agent" / "workflows"
         project = folder / "project"
         (project / ".pi" / "workflows").mkdir(parents=True)
-        (project / ".pi" / "workflows" / "bench.workflow.py").write_text("# bench\n")
+        (project / ".pi" / "workflows" / "bench.workflow.py").write_text(BENCH_WORKFLOW)
         with echo_server(folder) as echo_path, workflow_server(state_dir):
             run_phase("idle", state_dir, echo_path, project, 0)
             run_phase("busy", state_dir, echo_path, project, BUSY_CLIENTS)

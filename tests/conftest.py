@@ -27,6 +27,19 @@ workflow = define_workflow(
 """
 
 
+SLEEPY_WORKFLOW = """
+import time
+
+from pi_workflows import compute, define_workflow
+
+workflow = define_workflow(
+    name="{name}",
+    start_at="nap",
+    nodes={{"nap": compute(lambda ctx: time.sleep(300) or {{}}, timeout=600)}},
+)
+"""
+
+
 def write_workflow(project: Path, name: str, source: str | None = None) -> Path:
     """Write `<project>/.pi/workflows/NAME.workflow.py` (a one-node echo by default)."""
     folder = project / ".pi" / "workflows"

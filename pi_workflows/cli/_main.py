@@ -135,9 +135,18 @@ def server() -> None:
 @click.option("--idle-exit", type=float, default=None, help="Seconds idle before exiting.")
 @click.option("--max-workers", type=int, default=None, help="Execution capacity.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
+@click.option(
+    "--execute/--no-execute",
+    default=True,
+    help="Launch runners for admitted runs (--no-execute only records them, for tests).",
+)
 @click.pass_context
 def server_run(
-    ctx: click.Context, idle_exit: float | None, max_workers: int | None, ready_fd: int | None
+    ctx: click.Context,
+    idle_exit: float | None,
+    max_workers: int | None,
+    ready_fd: int | None,
+    execute: bool,
 ) -> None:
     """Run the server attached to this terminal until stopped.
 
@@ -151,7 +160,10 @@ def server_run(
             _fail(f"{IDLE_EXIT_ENV} must be a number of seconds, not {raw!r}", EXIT_USAGE)
     try:
         instance = WorkflowServer(
-            _state_dir(ctx), max_workers=max_workers, idle_exit_s=idle_exit or None
+            _state_dir(ctx),
+            max_workers=max_workers,
+            idle_exit_s=idle_exit or None,
+            execute_runs=execute,
         )
         instance.start()
     except ServerAlreadyRunningError as exc:

@@ -19,7 +19,7 @@ import pytest
 
 from pi_workflows import WorkflowClient
 from pi_workflows.wire.framing import SocketFrameReader, encode_frame
-from tests.conftest import Processes, write_workflow
+from tests.conftest import SLEEPY_WORKFLOW, Processes, write_workflow
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,8 +35,8 @@ def _server_pid(state_dir: Path) -> int:
 
 
 def test_two_servers_at_once_exactly_one_serves(processes: Processes, state_dir: Path) -> None:
-    first = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
-    second = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
+    first = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0", "--no-execute")
+    second = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0", "--no-execute")
     exited = None
     deadline = time.monotonic() + 30
     while exited is None and time.monotonic() < deadline:
@@ -61,7 +61,7 @@ def test_two_servers_at_once_exactly_one_serves(processes: Processes, state_dir:
 def test_sigkilled_server_is_replaced_at_once_with_a_higher_epoch(
     processes: Processes, state_dir: Path
 ) -> None:
-    first = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
+    first = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0", "--no-execute")
     _wait_for_ready(first, state_dir)
     epoch_before = json.loads(processes.cli(state_dir, "server", "status", "--json").stdout)[
         "epoch"
@@ -70,7 +70,7 @@ def test_sigkilled_server_is_replaced_at_once_with_a_higher_epoch(
     first.wait(10)
     assert (state_dir / "host" / "host.sock").exists()  # the stale socket stays behind
     started = time.monotonic()
-    second = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
+    second = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0", "--no-execute")
     _wait_for_ready(second, state_dir)
     took = time.monotonic() - started
     status = json.loads(processes.cli(state_dir, "server", "status", "--json").stdout)
@@ -112,7 +112,7 @@ def test_cli_commands_start_the_server_on_demand(
     processes: Processes, state_dir: Path, short_tmp: Path
 ) -> None:
     project = short_tmp / "project"
-    write_workflow(project, "demo")
+    write_workflow(project, "demo", SLEEPY_WORKFLOW.format(name="demo"))
     started = processes.cli(
         state_dir, "run", "start", "demo", "--project", str(project), "--input-json", '{"a": 1}'
     )
@@ -120,7 +120,7 @@ def test_cli_commands_start_the_server_on_demand(
     processes.adopt(_server_pid(state_dir))
     run_id = started.stdout.strip()
     status = processes.cli(state_dir, "run", "status", run_id, "--json")
-    assert json.loads(status.stdout)["display"]["status"] == "queued"
+    assert json.loads(status.stdout)["display"]["status"] in ("queued", "running")
     listed = json.loads(processes.cli(state_dir, "run", "list", "--json").stdout)
     assert [item["runId"] for item in listed["items"]] == [run_id]
     for verb in ("pause", "resume", "cancel"):
@@ -139,7 +139,7 @@ def test_fifty_clients_with_random_disconnects_each_key_has_one_receipt(
 ) -> None:
     project = short_tmp / "project"
     write_workflow(project, "load")
-    server = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0")
+    server = processes.spawn_cli(state_dir, "server", "run", "--idle-exit", "0", "--no-execute")
     _wait_for_ready(server, state_dir)
     socket_path = state_dir / "host" / "host.sock"
     rng = random.Random(20261130)

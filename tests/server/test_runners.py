@@ -1,0 +1,274 @@
+"""Workflows that really run: runner processes, the runner protocol, effects, crashes."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from tests.conftest import write_workflow
+
+pytestmark = pytest.mark.timeout(120)
+
+TERMINAL = {"completed", "failed", "timed_out", "cancelled"}
+
+PIPELINE = """
+from pi_workflows import action, compute, define_workflow, notify, shell
+
+def double(ctx):
+    return {{"n": ctx.input["n"] * 2}}
+
+def charge(ctx):
+    return ctx.effect(
+        "payment.charge", {{"amount": ctx.outputs["double"]["n"]}},
+        apply=lambda key, req: {{"charged": req["amount"], "key": key}},
+    )
+
+workflow = define_workflow(
+    name="pipeline",
+    start_at="double",
+    nodes={{
+        "double": compute(double),
+        "build": shell(lambda ctx: ["sh", "-c", "echo built $0", str(ctx.outputs["double"]["n"])]),
+        "charge": action(charge),
+        "done": notify(lambda ctx: f"charged {{ctx.outputs['charge']['charged']}}"),
+    }},
+    edges=[
+        {{"from": "double", "to": "build"}},
+        {{"from": "build", "to": "charge"}},
+        {{"from": "charge", "to": "done"}},
+    ],
+)
+"""
+
+# The first execution of `slow` announces itself on a FIFO and then blocks; a re-run
+# (after its runner was killed) finds the counter at 2 and goes straight on.
+CRASHY = """
+import os, time
+from pathlib import Path
+from pi_workflows import compute, define_workflow
+
+COUNTER = Path({counter!r})
+FIFO = {fifo!r}
+
+def slow(ctx):
+    count = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
+    COUNTER.write_text(str(count))
+    if count == 1:
+        with open(FIFO, "w") as pipe:
+            pipe.write("started")
+        time.sleep(300)
+    return {{"runs": count}}
+
+workflow = define_workflow(
+    name="crashy",
+    start_at="slow",
+    nodes={{"slow": compute(slow, timeout=600), "after": compute(lambda ctx: {{"ok": True}})}},
+    edges=[{{"from": "slow", "to": "after"}}],
+)
+"""
+
+EDITED = """
+from pathlib import Path
+Path({marker!r}).write_text("the edited workflow ran")
+from pi_workflows import compute, define_workflow
+workflow = define_workflow(
+    name="crashy", start_at="slow", nodes={{"slow": compute(lambda ctx: {{}})}}
+)
+"""
+
+
+@pytest.fixture
+def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")
+
+
+def _wait_for(client: WorkflowClient, run_id: str, wanted: set[str]) -> dict[str, Any]:
+    """Follow the run-list subscription until the run's display status is in `wanted`."""
+    return _wait_until(client, run_id, lambda item: item["display"]["status"] in wanted)
+
+
+def _wait_until(client: WorkflowClient, run_id: str, check: Any) -> dict[str, Any]:
+    """Follow the run-list subscription until `check(item)` holds for the run."""
+    with WorkflowClient(client.state_dir, autostart=False, timeout=60) as watcher:
+        watcher.call("view.subscribe", {"kind": "runList"})
+        while True:
+            event = watcher.read_message()
+            assert event is not None, "the server closed the subscription"
+            if event["type"] != "event":
+                continue
+            for item in event["payload"]["items"]:
+                if item["runId"] == run_id and check(item):
+                    return dict(client.call("run.get", run_id=run_id)["receipt"])
+
+
+def _wait_no_runners(client: WorkflowClient, timeout: float = 30) -> None:
+    """Wait until the server reaped every runner (no event marks it: poll the status)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while client.call("server.status")["receipt"]["activeRunners"]:
+        assert time.monotonic() < deadline, "a runner was never reaped"
+        pause.wait(0.02)
+
+
+def _wait_fifo(fifo: Path, timeout: float = 60) -> None:
+    """Block until the workflow writes to the FIFO (a real event, not a poll)."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            readable, _, _ = select.select([fd], [], [], timeout)
+            assert readable, "the workflow never announced itself"
+            if os.read(fd, 64):
+                return
+    finally:
+        os.close(fd)
+
+
+def _runner_pids(server: WorkflowServer) -> list[int]:
+    return [
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if "pi_workflows.engine.runner" in " ".join(child.cmdline())
+    ]
+
+
+def _start(client: WorkflowClient, project: Path, name: str, workflow_input: Any) -> str:
+    answer = client.call(
+        "run.start", {"workflow": name, "input": workflow_input, "projectPath": str(project)}
+    )
+    return str(answer["receipt"]["runId"])
+
+
+def test_a_pipeline_runs_to_completion_with_a_shell_and_an_effect(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "pipeline", PIPELINE.format())
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "pipeline", {"n": 21})
+        view = _wait_for(client, run_id, TERMINAL)
+        assert view["display"]["status"] == "completed", view
+        _wait_no_runners(client)
+    database = sqlite3.connect(
+        f"file:{running_server.state_dir / 'state.sqlite'}?mode=ro", uri=True
+    )
+    try:
+        effects = database.execute(
+            "SELECT effect_type, state FROM effects WHERE run_id = ? ORDER BY effect_type",
+            (run_id,),
+        ).fetchall()
+        attempts = database.execute(
+            "SELECT node_path, status FROM node_attempts WHERE run_id = ? ORDER BY started_at",
+            (run_id,),
+        ).fetchall()
+        workers = database.execute(
+            "SELECT status FROM run_workers WHERE run_id = ?", (run_id,)
+        ).fetchall()
+    finally:
+        database.close()
+    assert effects == [("payment.charge", "applied"), ("shell", "applied")]
+    assert [node for node, _ in attempts] == ["double", "build", "charge", "done"]
+    assert {status for _, status in attempts} == {"completed"}
+    assert workers == [("exited",)]
+
+
+def test_a_failing_node_fails_the_run_with_its_reason(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    source = (
+        "from pi_workflows import compute, define_workflow\n"
+        "def boom(ctx):\n    raise RuntimeError('kaboom')\n"
+        "workflow = define_workflow(name='boom', start_at='b', nodes={'b': compute(boom)})\n"
+    )
+    write_workflow(project, "boom", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "boom", {})
+        view = _wait_for(client, run_id, TERMINAL)
+    assert view["display"]["status"] == "failed"
+    assert "kaboom" in view["failureReason"]
+
+
+def test_an_invalid_definition_is_rejected_and_commits_no_run(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "broken", "raise SystemExit('no')\n")
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        answer = client.request("run.start", {"workflow": "broken", "projectPath": str(project)})
+        assert answer["outcome"] == "rejected"
+        assert answer["error"]["code"] == "definitionInvalid"
+        assert client.call("run.list")["receipt"]["items"] == []
+
+
+def test_a_killed_runner_is_replaced_and_the_pure_node_runs_again(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    counter, fifo = short_tmp / "counter", short_tmp / "started.fifo"
+    os.mkfifo(fifo)
+    write_workflow(project, "crashy", CRASHY.format(counter=str(counter), fifo=str(fifo)))
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "crashy", {})
+        _wait_fifo(fifo)
+        (pid,) = _runner_pids(running_server)
+        os.killpg(pid, signal.SIGKILL)
+        view = _wait_for(client, run_id, TERMINAL)
+    assert view["display"]["status"] == "completed"
+    assert counter.read_text() == "2", "the interrupted compute node ran exactly once more"
+
+
+def test_an_edited_workflow_never_runs_and_the_run_parks(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    counter, fifo = short_tmp / "counter", short_tmp / "started.fifo"
+    marker = short_tmp / "edited-ran"
+    os.mkfifo(fifo)
+    path = write_workflow(project, "crashy", CRASHY.format(counter=str(counter), fifo=str(fifo)))
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "crashy", {})
+        _wait_fifo(fifo)
+        path.write_text(EDITED.format(marker=str(marker)))
+        (pid,) = _runner_pids(running_server)
+        os.killpg(pid, signal.SIGKILL)
+        _wait_until(
+            client, run_id, lambda item: item["display"].get("reason") == "workflowSourceChanged"
+        )
+        # A parked run with that reason is never claimed again on its own.
+        assert client.call("server.status")["receipt"]["activeRunners"] == 0
+    assert not marker.exists(), "changed code must never execute"
+
+
+def test_cancel_stops_a_live_runner_and_its_group(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    fifo = short_tmp / "started.fifo"
+    os.mkfifo(fifo)
+    write_workflow(project, "crashy", CRASHY.format(counter=str(short_tmp / "c"), fifo=str(fifo)))
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "crashy", {})
+        _wait_fifo(fifo)
+        (pid,) = _runner_pids(running_server)
+        runner = psutil.Process(pid)
+        client.call("run.cancel", run_id=run_id)
+        gone, _ = psutil.wait_procs([runner], timeout=30)
+        assert gone, "the fenced runner was stopped"
+        view = client.call("run.get", run_id=run_id)["receipt"]
+    assert view["display"]["status"] == "cancelled"
