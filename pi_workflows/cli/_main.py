@@ -24,6 +24,7 @@ import psutil
 import pykka.debug
 
 from pi_workflows._version import __version__
+from pi_workflows.engine import discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server import (
     DEFAULT_IDLE_EXIT_S,
@@ -45,6 +46,7 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_ALREADY_RUNNING = 4
 EXIT_STATE = 5
+EXIT_TIMEOUT = 6
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 20.0
 
@@ -405,6 +407,100 @@ def run_start(
         _print_json(receipt)
     else:
         click.echo(receipt["runId"])
+
+
+SETTLED_PARK_REASONS = ("runnerNoProgress", "workflowSourceChanged", "effectAmbiguous")
+TERMINAL_STATUSES = ("completed", "failed", "timed_out", "cancelled")
+
+
+def _settled(item: dict[str, Any]) -> bool:
+    """True once a run needs nothing more from the server: terminal, waiting or held."""
+    display = item["display"]
+    if display["status"] in (*TERMINAL_STATUSES, "waiting", "paused", "ambiguous"):
+        return True
+    return display.get("reason") in SETTLED_PARK_REASONS
+
+
+@run.command("wait")
+@click.argument("run_id")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@json_option
+@click.pass_context
+@_client_errors
+def run_wait(ctx: click.Context, run_id: str, timeout: float | None, as_json: bool) -> None:
+    """Wait until a run settles; exit 0 only if it completed.
+
+    Example: pi-workflows run wait run-0123abcd --timeout 600
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _client(ctx) as client:
+        current = client.call("run.get", run_id=run_id)["receipt"]
+        if not _settled(current):
+            client.call("view.subscribe", {"kind": "runList"})
+            while not _settled(current):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    _fail(f"run {run_id} did not settle within {timeout:.0f} s", EXIT_TIMEOUT)
+                event = _next_event(client, remaining)
+                for item in event["payload"].get("items", []):
+                    if item["runId"] == run_id and _settled(item):
+                        current = client.call("run.get", run_id=run_id)["receipt"]
+    if as_json:
+        _print_json(current)
+    else:
+        reason = current["display"].get("reason") or current.get("failureReason")
+        click.echo(
+            f"{run_id}  {current['display']['status']}" + (f"  ({reason})" if reason else "")
+        )
+    if current["display"]["status"] != "completed":
+        sys.exit(EXIT_FAILED)
+
+
+def _next_event(client: WorkflowClient, timeout: float | None) -> dict[str, Any]:
+    client.set_read_timeout(timeout)
+    try:
+        while True:
+            message = client.read_message()
+            if message is None:
+                raise HostUnavailableError("the server closed the connection while waiting")
+            if message["type"] == "event":
+                return message
+    except TimeoutError:
+        _fail("timed out waiting for the run", EXIT_TIMEOUT)
+
+
+@main.group()
+def workflows() -> None:
+    """Discover workflow files.
+
+    Example: pi-workflows workflows list
+    """
+
+
+@workflows.command("list")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Project folder whose .pi/workflows/ is searched first (default: the current one).",
+)
+@json_option
+@click.pass_context
+def workflows_list(ctx: click.Context, project: Path | None, as_json: bool) -> None:
+    """List discovered workflows by command name (files are listed, never imported).
+
+    Example: pi-workflows workflows list --json
+    """
+    found = discover((project or Path.cwd()).resolve(), _state_dir(ctx).parent)
+    rows = [
+        {"name": name, "origin": str(source.origin), "path": str(source.path)}
+        for name, source in sorted(found.items())
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<24} {row['origin']:<8} {row['path']}")
 
 
 @run.command("list")

@@ -60,7 +60,11 @@ class Refused(Exception):  # noqa: N818
 
 
 class EffectFailed(Exception):  # noqa: N818
-    """A managed effect was rejected, cancelled or ambiguous."""
+    """A managed effect was rejected or cancelled."""
+
+
+class EffectAmbiguous(EffectFailed):
+    """An effect may have applied and nothing proves it: it waits for an operator."""
 
 
 class Channel:
@@ -152,7 +156,7 @@ class RunnerEffects:
                 return effect["result"]
             raise EffectFailed(f"effect {call.effect_type} is {effect['state']}")
         if decision == "ambiguous":
-            raise EffectFailed(f"effect {call.effect_type} is ambiguous and needs review")
+            raise EffectAmbiguous(f"effect {call.effect_type} is ambiguous and needs review")
         if decision == "uncertain":
             return self._prove(call)
         return self._apply(call)
@@ -160,14 +164,14 @@ class RunnerEffects:
     def _prove(self, call: EffectCall) -> Any:
         if call.read_back is None:
             self._settle(call, "ambiguous")
-            raise EffectFailed(
+            raise EffectAmbiguous(
                 f"effect {call.effect_type} may have applied before a crash and has no read-back"
             )
         try:
             observed = call.read_back(call.key, call.request)
         except Exception:  # noqa: BLE001 - an unanswerable read-back is ambiguity
             self._settle(call, "ambiguous")
-            raise EffectFailed(f"read-back of {call.effect_type} could not tell") from None
+            raise EffectAmbiguous(f"read-back of {call.effect_type} could not tell") from None
         if observed is NOT_APPLIED:
             self._settle(
                 call,
@@ -318,6 +322,10 @@ class Execution:
             outcome = "completed"
         except (ClaimLost, Refused):
             raise
+        except EffectAmbiguous as exc:
+            # Never retried automatically: the run waits for an operator's review.
+            self.channel.send("run.parked", {"reason": "effectAmbiguous", "detail": _text(exc)})
+            return False
         except Exception as exc:  # noqa: BLE001 - a node failure is data for routing
             output, outcome = None, "failed"
             self.channel.send(

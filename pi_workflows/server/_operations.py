@@ -129,6 +129,8 @@ def display_status(summary: RunSummary) -> str:
     """The closed `display.status` of a run (client-protocol.md § Run and session views)."""
     if summary.status in ("completed", "failed", "timed_out", "cancelled"):
         return summary.status
+    if summary.park_reason == "effectAmbiguous":
+        return "ambiguous"
     if summary.paused:
         return "paused"
     if summary.status == "waiting":

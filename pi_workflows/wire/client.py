@@ -193,6 +193,11 @@ class WorkflowClient:
         assert self._sock is not None
         self._sock.sendall(data)
 
+    def set_read_timeout(self, seconds: float | None) -> None:
+        """Bound the next reads (None: the client's request timeout)."""
+        if self._sock is not None:
+            self._sock.settimeout(self.timeout if seconds is None else max(seconds, 0.001))
+
     def read_message(self) -> dict[str, Any] | None:
         """Read the next message of any type (events included); None at end of stream."""
         assert self._reader is not None, "connect first"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -272,3 +273,91 @@ def test_cancel_stops_a_live_runner_and_its_group(
         assert gone, "the fenced runner was stopped"
         view = client.call("run.get", run_id=run_id)["receipt"]
     assert view["display"]["status"] == "cancelled"
+
+
+EFFECT_CRASH = """
+import time
+from pathlib import Path
+from pi_workflows import action, define_workflow
+
+APPLIED = Path({applied!r})
+FIFO = {fifo!r}
+
+def apply(key, request):
+    count = int(APPLIED.read_text()) + 1 if APPLIED.exists() else 1
+    APPLIED.write_text(str(count))  # the external system changed: the effect happened
+    if count == 1:
+        with open(FIFO, "w") as pipe:
+            pipe.write("applying")
+        time.sleep(300)  # the runner dies here, before it can settle
+    return {{"charged": request["amount"]}}
+
+def read_back(key, request):
+    return {{"charged": request["amount"], "proof": "read-back"}} if APPLIED.exists() else None
+
+def charge(ctx):
+    return ctx.effect("payment.charge", {{"amount": 5}}, apply=apply, read_back={read_back})
+
+workflow = define_workflow(name="pay", start_at="charge", nodes={{"charge": action(charge)}})
+"""
+
+
+@pytest.mark.parametrize("with_read_back", [True, False], ids=["read-back", "no-read-back"])
+def test_an_effect_interrupted_while_applying_is_proved_or_marked_ambiguous(
+    running_server: WorkflowServer, short_tmp: Path, with_read_back: bool
+) -> None:
+    project = short_tmp / "project"
+    applied, fifo = short_tmp / "applied", short_tmp / "applying.fifo"
+    os.mkfifo(fifo)
+    source = EFFECT_CRASH.format(
+        applied=str(applied), fifo=str(fifo), read_back="read_back" if with_read_back else "None"
+    )
+    write_workflow(project, "pay", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "pay", {})
+        _wait_fifo(fifo)
+        (pid,) = _runner_pids(running_server)
+        os.killpg(pid, signal.SIGKILL)
+        view = _wait_for(client, run_id, TERMINAL | {"ambiguous"})
+        status = client.call("server.status")["receipt"]
+    assert applied.read_text() == "1", "the effect was never applied a second time"
+    if with_read_back:
+        assert view["display"]["status"] == "completed"
+        assert status["ambiguousEffects"] == 0
+    else:
+        assert view["display"]["status"] == "ambiguous"
+        assert status["ambiguousEffects"] == 1
+
+
+def test_cli_run_wait_and_workflows_list(processes: Any, state_dir: Path, short_tmp: Path) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "pipeline", PIPELINE.format())
+    listed = processes.cli(state_dir, "workflows", "list", "--project", str(project), "--json")
+    names = {row["name"]: row["origin"] for row in json.loads(listed.stdout)}
+    assert names["pipeline"] == "project" and names["hello"] == "builtin"
+    started = processes.cli(
+        state_dir, "run", "start", "pipeline", "--project", str(project), "--input-json", '{"n": 2}'
+    )
+    assert started.returncode == 0, started.stderr
+    processes.adopt(int((state_dir / "host" / "server.lock").read_text().strip()))
+    run_id = started.stdout.strip()
+    waited = processes.cli(state_dir, "run", "wait", run_id, "--timeout", "60", "--json")
+    assert waited.returncode == 0, waited.stderr
+    assert json.loads(waited.stdout)["display"]["status"] == "completed"
+    hello = processes.cli(state_dir, "run", "start", "hello", "--project", str(project))
+    assert processes.cli(state_dir, "run", "wait", hello.stdout.strip()).returncode == 0
+    failing = processes.cli(
+        state_dir,
+        "run",
+        "start",
+        "pipeline",
+        "--project",
+        str(project),
+        "--input-json",
+        "{}",
+    )
+    assert failing.returncode == 0, failing.stderr
+    result = processes.cli(state_dir, "run", "wait", failing.stdout.strip(), "--json")
+    assert result.returncode == 1, result.stdout
+    assert json.loads(result.stdout)["display"]["status"] == "failed"
+    processes.cli(state_dir, "server", "stop")
