@@ -536,7 +536,17 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     if as_json:
         _print_json(receipt)
         return
-    click.echo(f"{receipt['runId']}  {receipt['display']['status']}  {receipt['workflow']}")
+    display = receipt["display"]
+    click.echo(f"{receipt['runId']}  {display['status']}  {receipt['workflow']}")
+    where = display.get("currentNode") or display.get("waitingOn")
+    if where:
+        click.echo(f"at node: {where}")
+    if display.get("reason") or receipt.get("failureReason"):
+        click.echo(f"reason: {display.get('reason') or receipt.get('failureReason')}")
+    for step in receipt.get("steps", []):
+        click.echo(
+            f"  {step['node']:<24} {step['kind']:<10} visit {step['visit']}  {step['status']}"
+        )
     click.echo(f"revision {receipt['revision']}, generation {receipt['generation']}")
 
 

@@ -34,6 +34,7 @@ from pi_workflows.storage import (
     enqueue_run,
     get_run,
     get_run_summary,
+    list_attempts,
     list_runs,
     lookup_receipt,
     pause_run,
@@ -59,6 +60,8 @@ __all__ = [
 ]
 
 RUN_LIST_PAGE_ITEMS = 256
+RUN_STEPS_SHOWN = 50
+"""The newest node attempts `run.get` lists (the full history is the live view's)."""
 
 
 @dataclass
@@ -187,7 +190,8 @@ def _run_get(db: Database, request: RequestMessage, ctx: OperationContext) -> di
         raise OperationError("notFound", "runNotFound", f"no run {run_id}")
     summary = get_run_summary(db, run_id)
     status = display_status(summary) if summary is not None else "queued"
-    receipt = {
+    display: dict[str, Any] = {"status": status}
+    receipt: dict[str, Any] = {
         "runId": run.run_id,
         "workflow": run.workflow_name,
         "revision": run.revision,
@@ -196,7 +200,7 @@ def _run_get(db: Database, request: RequestMessage, ctx: OperationContext) -> di
         "paused": bool(run.paused),
         "createdAt": run.created_at,
         "updatedAt": run.updated_at,
-        "display": {"status": status},
+        "display": display,
     }
     for key, value in (
         ("title", run.title),
@@ -207,6 +211,18 @@ def _run_get(db: Database, request: RequestMessage, ctx: OperationContext) -> di
     ):
         if value is not None:
             receipt[key] = value
+    attempts = list_attempts(db, run_id)
+    current = next((a for a in attempts if a.status in ("running", "waiting")), None)
+    if current is not None:
+        display["currentNode"] = current.node_path
+    elif run.status == "waiting" and attempts:
+        display["waitingOn"] = attempts[-1].node_path  # the completed checkpoint
+    if summary is not None and summary.park_reason is not None:
+        display["reason"] = summary.park_reason
+    receipt["steps"] = [
+        {"node": a.node_path, "kind": a.node_type, "visit": a.visit, "status": a.status}
+        for a in attempts[-RUN_STEPS_SHOWN:]
+    ]
     return response(request, "accepted", revision=run.revision, receipt=receipt)
 
 
