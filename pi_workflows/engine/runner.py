@@ -265,20 +265,38 @@ class Execution:
         self.steps = 0
         self.current: str | None = compiled.start_at
         self.last_output: Any = None
+        self.ended: str | None = None
         for attempt in state.get("finished") or []:
             self.steps += 1
-            status = attempt["status"]
-            if status in ("completed", "failed", "timed_out"):
-                self.results[attempt["nodePath"]] = {"outcome": status}
+            status, path = attempt["status"], attempt["nodePath"]
+            self.ended = None
+            if status == "completed":
+                self.results[path] = {"outcome": status}
                 self.current = attempt["nextNodePath"]
-                self.last_output = self.outputs.get(attempt["nodePath"])
+                self.last_output = self.outputs.get(path)
+            elif status in ("failed", "timed_out"):
+                # The server may have ended the attempt (a deadline); route it here.
+                self.results[path] = {"outcome": status}
+                self.current = attempt["nextNodePath"] or self._route_after(path, status)
+                if self.current is None:
+                    self.ended = status
             else:  # interrupted or cancelled: that node runs again
                 self.current = attempt["nodePath"]
         unfinished = state.get("unfinished")
         if unfinished is not None:
             self.current = unfinished["nodePath"]
 
+    def _route_after(self, path: str, outcome: str) -> str | None:
+        try:
+            return next_node(self.compiled, path, None, outcome)
+        except RoutingError:
+            return None
+
     def run(self) -> None:
+        if self.current is None and self.ended is not None:
+            code = "nodeTimedOut" if self.ended == "timed_out" else "nodeFailed"
+            self._finish(self.ended, error=(code, "the last node did not complete"))
+            return
         while self.current is not None:
             self.steps += 1
             if self.steps > self.compiled.max_steps:

@@ -50,6 +50,7 @@ from pi_workflows.storage import (
     settle_effect,
     start_node_attempt,
     time_out_run,
+    unfinished_attempt,
     wait_run,
 )
 from pi_workflows.supervision import ProcessIdentity
@@ -81,6 +82,8 @@ class ActiveRunner:
     settled: bool = False
     """True once the run left `running` through this runner (or a command fenced it)."""
     stop_requested: bool = False
+    timed_out_attempt: str | None = None
+    """The attempt whose node deadline passed, if that is why the runner was stopped."""
 
 
 @dataclass
@@ -172,17 +175,29 @@ class RunnerHost:
             runner.identity = identity
 
     def overdue(self, db: Database) -> list[ProcessIdentity]:
-        """Runners that missed their startup deadline (they are stopped, then reaped)."""
+        """Runners past a deadline: the startup handshake, or their node's resolved deadline.
+
+        They are stopped, then reaped; `on_exit` records `timedOut` and, for a node
+        deadline, ends that attempt as `timed_out` so the next runner routes it.
+        """
         now = db.clock.now_ms()
         late = []
         for runner in self.active.values():
+            if runner.stop_requested or runner.settled or runner.identity is None:
+                continue
+            if not runner.ready:
+                if now - runner.launched_at > STARTUP_DEADLINE_MS:
+                    runner.stop_requested = True
+                    late.append(runner.identity)
+                continue
+            attempt = unfinished_attempt(db, runner.run_id)
             if (
-                not runner.ready
-                and not runner.stop_requested
-                and runner.identity is not None
-                and now - runner.launched_at > STARTUP_DEADLINE_MS
+                attempt is not None
+                and attempt.deadline_at is not None
+                and now > attempt.deadline_at
             ):
                 runner.stop_requested = True
+                runner.timed_out_attempt = attempt.attempt_id
                 late.append(runner.identity)
         return late
 
@@ -325,6 +340,18 @@ class RunnerHost:
             )
             no_progress = not runner_made_progress(tx, runner_epoch)
             try:
+                if runner.timed_out_attempt is not None:
+                    # The node ran out of time: end its attempt as timed_out (a durable
+                    # boundary) and let the next runner route `$result.outcome`.
+                    fail_node_attempt(
+                        tx,
+                        runner.claim,
+                        attempt_id=runner.timed_out_attempt,
+                        error="nodeTimedOut: the node exceeded its deadline",
+                        timed_out=True,
+                    )
+                    requeue_run(tx, runner.run_id, reason="nodeTimedOut", claim=runner.claim)
+                    return "nodeTimedOut"
                 if no_progress:
                     park_run(tx, runner.claim, reason=ParkReason.RUNNER_NO_PROGRESS)
                     return "runnerNoProgress"

@@ -361,3 +361,47 @@ def test_cli_run_wait_and_workflows_list(processes: Any, state_dir: Path, short_
     assert result.returncode == 1, result.stdout
     assert json.loads(result.stdout)["display"]["status"] == "failed"
     processes.cli(state_dir, "server", "stop")
+
+
+TIMEOUTS = """
+import time
+from pi_workflows import compute, define_workflow
+
+edges = {edges}
+workflow = define_workflow(
+    name="late",
+    start_at="slow",
+    nodes={{
+        "slow": compute(lambda ctx: time.sleep(300) or {{}}, timeout=1),
+        "recover": compute(lambda ctx: {{"recovered": True}}),
+    }},
+    edges=edges,
+)
+"""
+ROUTE_TIMEOUT = (
+    '[{"from": "slow", "switch": {"on": "$result.outcome", '
+    '"cases": {"timed_out": "recover"}, "default": "recover"}}]'
+)
+
+
+@pytest.mark.parametrize("routed", [True, False], ids=["routed", "unrouted"])
+def test_a_node_past_its_deadline_is_stopped_and_timed_out(
+    running_server: WorkflowServer, short_tmp: Path, routed: bool
+) -> None:
+    project = short_tmp / "project"
+    source = TIMEOUTS.format(edges=ROUTE_TIMEOUT)
+    if not routed:  # the same slow node alone, with no edge for its outcome
+        source = source.replace(
+            '        "recover": compute(lambda ctx: {"recovered": True}),\n', ""
+        ).replace("edges=edges,", "edges=[],")
+    write_workflow(project, "late", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "late", {})
+        view = _wait_for(client, run_id, TERMINAL)
+    steps = [(step["node"], step["status"]) for step in view["steps"]]
+    if routed:
+        assert view["display"]["status"] == "completed"
+        assert steps == [("slow", "timed_out"), ("recover", "completed")]
+    else:
+        assert view["display"]["status"] == "timed_out"
+        assert steps == [("slow", "timed_out")]
