@@ -421,6 +421,32 @@ def _settled(item: dict[str, Any]) -> bool:
     return display.get("reason") in SETTLED_PARK_REASONS
 
 
+@run.command("answer")
+@click.argument("run_id")
+@click.option("--input-json", required=True, help="The answer as JSON.")
+@json_option
+@click.pass_context
+@_client_errors
+def run_answer(ctx: click.Context, run_id: str, input_json: str, as_json: bool) -> None:
+    """Answer the checkpoint a run waits at; exactly one continuation run starts.
+
+    Example: pi-workflows run answer run-0123abcd --input-json '{"approved": true}'
+    """
+    try:
+        answer = json.loads(input_json)
+    except json.JSONDecodeError:
+        _fail(
+            "--input-json is not valid JSON; pass a value such as '{\"approved\": true}'",
+            EXIT_USAGE,
+        )
+    with _client(ctx) as client:
+        receipt = client.call("run.answer", {"answer": answer}, run_id=run_id)["receipt"]
+    if as_json:
+        _print_json(receipt)
+    else:
+        click.echo(receipt["continuationRunId"])
+
+
 @run.command("wait")
 @click.argument("run_id")
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")

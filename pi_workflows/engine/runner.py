@@ -375,7 +375,8 @@ class Execution:
         self.visits[node.path] = visit
         self.last_output = output
         if node.kind == "checkpoint":
-            self.channel.send("run.parked", {"reason": "checkpoint"})
+            # The run waits without a runner; an answer starts its continuation run.
+            self.channel.send("run.parked", {"reason": "checkpoint"}, attempt_id)
             return False
         self.current = route
         return True

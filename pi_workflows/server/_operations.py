@@ -30,6 +30,7 @@ from pi_workflows.storage import (
     RunNotFoundError,
     RunSummary,
     Tx,
+    answer_checkpoint,
     cancel_run,
     enqueue_run,
     get_run,
@@ -38,6 +39,7 @@ from pi_workflows.storage import (
     list_runs,
     lookup_receipt,
     pause_run,
+    pending_decision,
     record_receipt,
     resume_run,
     run_list_revision,
@@ -420,6 +422,28 @@ def _restart(db: Database, request: RequestMessage, ctx: OperationContext) -> di
     return _run_command(db, request, change)
 
 
+def _answer(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    run_id = _run_id(request)
+    if "answer" not in request["payload"]:
+        raise OperationError("rejected", "answerRequired", "payload.answer holds the answer")
+
+    def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
+        if get_run(tx, run_id) is None:
+            raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+        if pending_decision(tx, run_id) is None:
+            raise OperationError("rejected", "notWaiting", "the run is not waiting at a checkpoint")
+        answered = answer_checkpoint(
+            tx,
+            run_id,
+            answer=request["payload"]["answer"],
+            idempotency_key=request["idempotencyKey"],
+        )
+        body = {"runId": run_id, "continuationRunId": answered.continuation_run_id}
+        return answered.continuation_run_id, answered.revision, body
+
+    return _run_command(db, request, change)
+
+
 Operation = Callable[[Database, RequestMessage, OperationContext], dict[str, Any]]
 
 READS: dict[str, Operation] = {
@@ -433,6 +457,7 @@ COMMANDS: dict[str, Operation] = {
     "run.resume": _transition("resume", resume_run),
     "run.cancel": _transition("cancel", cancel_run),
     "run.restart": _restart,
+    "run.answer": _answer,
 }
 
 

@@ -38,8 +38,10 @@ from pi_workflows.storage import (
     get_run,
     lookup_runner_reply,
     mark_runner_live,
+    open_checkpoint_decision,
     park_run,
     protected_write,
+    read_continuation,
     read_resume_state,
     record_runner_exit,
     record_runner_reply,
@@ -152,7 +154,10 @@ class RunnerHost:
             "protocolVersion": PROTOCOL_VERSION,
         }
         state = read_resume_state(db, run_id)
-        command = "resume" if state.completed else "start"
+        if run.continuation_of is not None:
+            command = "continue"
+        else:
+            command = "resume" if state.completed else "start"
         with db.write() as tx:
             launched = claim_for_launch(
                 tx,
@@ -361,6 +366,43 @@ class RunnerHost:
         return "workerCrashed"
 
 
+def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
+    """The durable state a runner starts from, and the checkpoint attempt it continues.
+
+    A continuation run continues its whole chain: the finished attempts of every
+    ancestor come first, the answered checkpoint's output is its answer, and the run's
+    own attempts (if an earlier runner of it crashed) come last.
+    """
+    chain: list[str] = []
+    answers: dict[str, Any] = {}
+    parent_attempt: str | None = None
+    current: str | None = run_id
+    while current is not None:
+        chain.append(current)
+        row = get_run(reader, current)
+        continued = read_continuation(reader, current) if row and row.continuation_of else None
+        if continued is not None:
+            decision, answer = continued
+            answers.setdefault(decision.node_path, answer)
+            if current == run_id:
+                parent_attempt = decision.attempt_id
+        current = row.continuation_of if row is not None else None
+    merged: dict[str, Any] = {}
+    for ancestor in reversed(chain):
+        wire = read_resume_state(reader, ancestor).to_wire()
+        if not merged:
+            merged = wire
+            continue
+        merged["outputs"].update(wire["outputs"])
+        for path, count in wire["visits"].items():
+            merged["visits"][path] = merged["visits"].get(path, 0) + count
+        merged["finished"].extend(wire["finished"])
+        merged["unfinished"] = wire["unfinished"]
+    merged["outputs"].update(answers)
+    merged["runId"] = run_id
+    return merged, parent_attempt
+
+
 # --- message handlers: (host, tx, runner, message, extra frames) -> (revision, result) ---
 
 Handler = Callable[
@@ -384,7 +426,10 @@ def _on_ready(
         process_start_time=int(identity.start_time * 1000) if identity else None,
     )
     runner.ready = True
-    state = read_resume_state(tx, runner.run_id)
+    state, parent_attempt = launch_state(tx, runner.run_id)
+    payload: dict[str, Any] = {"state": state}
+    if runner.command == "continue" and parent_attempt is not None:
+        payload["parentAttemptId"] = parent_attempt
     extra.append(
         {
             "schema": LAUNCH_SCHEMA,
@@ -395,7 +440,7 @@ def _on_ready(
             "expectedRevision": result.revision,
             "messageId": f"command-{runner.runner_epoch}",
             "command": runner.command,
-            "payload": {"state": state.to_wire()},
+            "payload": payload,
         }
     )
     return result.revision, None
@@ -540,9 +585,19 @@ def _on_run_parked(
 ) -> tuple[int, Any]:
     reason = message["payload"]["reason"]
     if reason == "checkpoint":
-        result = wait_run(
-            tx, runner.claim, reason="checkpoint", attempt_id=message.get("attemptId")
-        )
+        attempt_id = message.get("attemptId")
+        finished = read_resume_state(tx, runner.run_id)
+        last = finished.last_finished
+        node_path = last.node_path if last is not None else "checkpoint"
+        output = finished.outputs.get(node_path)
+        request = {"summary": output.get("summary") if isinstance(output, dict) else None}
+
+        def open_decision(tx: Tx) -> None:
+            open_checkpoint_decision(
+                tx, runner.run_id, attempt_id=attempt_id, node_path=node_path, request=request
+            )
+
+        result = wait_run(tx, runner.claim, reason="checkpoint", change=open_decision)
     else:
         result = park_run(tx, runner.claim, reason=reason)
     runner.settled = True

@@ -48,7 +48,10 @@ __all__ = [
     "COUNT_SCHEMA_OBJECTS",
     "DELETE_LEASE",
     "INSERT_BLOB",
+    "INSERT_CHECKPOINT_DECISION",
     "INSERT_COMMAND",
+    "INSERT_DECISION_ANSWER_ACCEPTED",
+    "INSERT_DECISION_RESOLUTION_ACCEPTED",
     "INSERT_EFFECT",
     "INSERT_EFFECT_ATTEMPT",
     "INSERT_EVENT",
@@ -75,11 +78,13 @@ __all__ = [
     "SELECT_BLOB_LOCATION",
     "SELECT_COMMAND_BY_KEY",
     "SELECT_COMMAND_BY_REQUEST",
+    "SELECT_CONTINUATION_DECISION",
     "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
     "SELECT_EXPIRED_CLAIMED_RUNS",
     "SELECT_LEASE",
     "SELECT_NODE_ATTEMPT",
+    "SELECT_PENDING_DECISION",
     "SELECT_QUEUE_ROW",
     "SELECT_RESUME_ATTEMPTS",
     "SELECT_RUN",
@@ -109,6 +114,7 @@ __all__ = [
     "UPDATE_ATTEMPT_FINISH",
     "UPDATE_ATTEMPT_WAITING",
     "UPDATE_BINDING_RELEASE",
+    "UPDATE_DECISION_ACCEPTED",
     "UPDATE_EFFECT_ATTEMPT_CLOSE",
     "UPDATE_EFFECT_SETTLE",
     "UPDATE_EFFECT_START",
@@ -856,3 +862,52 @@ SELECT_BLOB_CONTENTS = "SELECT digest, byte_length, content FROM blobs"
 SELECT_VIEW_CONTENTS = (
     "SELECT run_id, digest, media_type, byte_length, content FROM run_view_content"
 )
+
+
+# --- Checkpoint decisions -----------------------------------------------------------
+
+# Open the pending decision of a run that waits at a checkpoint.
+INSERT_CHECKPOINT_DECISION = """
+INSERT INTO human_decisions (
+    decision_id, run_id, attempt_id, node_path, audience, request_digest, request_hash,
+    status, created_at, updated_at
+) VALUES (
+    :decision_id, :run_id, :attempt_id, :node_path, 'checkpoint', :request_digest,
+    :request_hash, 'pending', :now, :now
+)
+"""
+# The pending decision of one run.
+SELECT_PENDING_DECISION = """
+SELECT decision_id, run_id, attempt_id, node_path FROM human_decisions
+WHERE run_id = :run_id AND status = 'pending'
+"""
+# The one resolution of an answered decision.
+INSERT_DECISION_RESOLUTION_ACCEPTED = """
+INSERT INTO human_decision_resolutions (
+    decision_id, outcome, provenance, response_hash, answer_digest, idempotency_key,
+    source_channel, resolved_at
+) VALUES (
+    :decision_id, 'accepted', 'human', :response_hash, :answer_digest, :idempotency_key,
+    :source, :now
+)
+"""
+# The answer record of the accepted attempt.
+INSERT_DECISION_ANSWER_ACCEPTED = """
+INSERT INTO human_decision_answers (
+    decision_id, idempotency_key, answer_digest, source_channel, outcome, submitted_at
+) VALUES (:decision_id, :idempotency_key, :answer_digest, :source, 'accepted', :now)
+"""
+# Close the decision and name its continuation run.
+UPDATE_DECISION_ACCEPTED = """
+UPDATE human_decisions
+SET status = 'accepted', continuation_run_id = :continuation_run_id, updated_at = :now,
+    revision = revision + 1
+WHERE decision_id = :decision_id AND status = 'pending'
+"""
+# The decision a continuation run continues, with its accepted answer.
+SELECT_CONTINUATION_DECISION = """
+SELECT d.decision_id, d.run_id, d.attempt_id, d.node_path, x.response_hash
+FROM human_decisions AS d
+JOIN human_decision_resolutions AS x ON x.decision_id = d.decision_id
+WHERE d.continuation_run_id = :continuation_run_id AND x.outcome = 'accepted'
+"""

@@ -405,3 +405,73 @@ def test_a_node_past_its_deadline_is_stopped_and_timed_out(
     else:
         assert view["display"]["status"] == "timed_out"
         assert steps == [("slow", "timed_out")]
+
+
+RELEASE = """
+from pi_workflows import action, checkpoint, compute, define_workflow, shell
+
+def publish(ctx):
+    return ctx.effect("release.publish", {{"v": ctx.outputs["plan"]["v"]}},
+                      apply=lambda key, req: {{"published": req["v"]}})
+
+workflow = define_workflow(
+    name="release",
+    start_at="plan",
+    nodes={{
+        "plan": compute(lambda ctx: {{"v": ctx.input["v"]}}),
+        "build": shell(lambda ctx: ["sh", "-c", "echo build"]),
+        "publish": action(publish),
+        "approve": checkpoint(summary="Ship it?"),
+        "done": compute(lambda ctx: {{"shipped": ctx.outputs["approve"]["ok"],
+                                       "v": ctx.outputs["publish"]["published"]}}),
+    }},
+    edges=[
+        {{"from": "plan", "to": "build"}}, {{"from": "build", "to": "publish"}},
+        {{"from": "publish", "to": "approve"}}, {{"from": "approve", "to": "done"}},
+    ],
+)
+"""
+
+
+def test_a_checkpoint_waits_and_its_answer_continues_the_run_to_completion(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "release", RELEASE.format())
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "release", {"v": "1.2"})
+        waiting = _wait_for(client, run_id, {"waiting"} | TERMINAL)
+        assert waiting["display"]["status"] == "waiting"
+        assert waiting["display"]["waitingOn"] == "approve"
+        _wait_no_runners(client)
+        key = "answer-once"
+        first = client.call(
+            "run.answer", {"answer": {"ok": True}}, run_id=run_id, idempotency_key=key
+        )
+        again = client.call(
+            "run.answer", {"answer": {"ok": True}}, run_id=run_id, idempotency_key=key
+        )
+        assert again["outcome"] == "adopted"
+        continuation = first["receipt"]["continuationRunId"]
+        assert again["receipt"]["continuationRunId"] == continuation
+        late = client.request("run.answer", {"answer": {"ok": False}}, run_id=run_id)
+        assert late["outcome"] == "rejected", "one answer only"
+        done = _wait_for(client, continuation, TERMINAL)
+        parent = client.call("run.get", run_id=run_id)["receipt"]
+    assert done["display"]["status"] == "completed"
+    assert [s["node"] for s in done["steps"]] == ["done"]
+    assert parent["display"]["status"] == "completed"
+    database = sqlite3.connect(
+        f"file:{running_server.state_dir / 'state.sqlite'}?mode=ro", uri=True
+    )
+    try:
+        (output,) = database.execute(
+            "SELECT b.content FROM node_attempts AS a JOIN blobs AS b ON b.digest = a.output_hash "
+            "WHERE a.run_id = ? AND a.node_path = 'done'",
+            (continuation,),
+        ).fetchone()
+        effects = database.execute("SELECT count(*) FROM effects").fetchone()[0]
+    finally:
+        database.close()
+    assert json.loads(output) == {"shipped": True, "v": "1.2"}
+    assert effects == 2, "the continuation did not apply the earlier effects again"

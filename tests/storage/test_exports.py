@@ -56,6 +56,9 @@ PINNED = {
     "RunnerMessageConflictError", "runner_message_fingerprint", "lookup_runner_reply",
     "record_runner_reply", "ResumeState", "FinishedAttempt", "UnfinishedAttempt",
     "read_resume_state", "ParkReason", "runner_made_progress",
+    # checkpoint decisions
+    "CheckpointAnswer", "PendingDecision", "answer_checkpoint", "open_checkpoint_decision",
+    "pending_decision", "read_continuation",
 }  # fmt: skip
 
 

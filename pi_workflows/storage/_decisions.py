@@ -1,0 +1,162 @@
+"""Checkpoint decisions: opened when a run waits, answered once, continued by a new run.
+
+Implements workflow-server.md § Durable protocol records for ordinary checkpoints: one
+pending decision per waiting run, one accepted resolution, one continuation run.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pi_workflows.storage import _queries as q
+from pi_workflows.storage._content import put_json_blob, read_json_blob
+from pi_workflows.storage._db import Reader, Tx
+from pi_workflows.storage._errors import InvalidTransitionError, RunNotFoundError
+from pi_workflows.storage._lifecycle import NewRun, complete_run, enqueue_run
+from pi_workflows.storage._reads import get_run
+from pi_workflows.wire.canonical import sha256_digest
+
+__all__ = [
+    "CheckpointAnswer",
+    "PendingDecision",
+    "answer_checkpoint",
+    "open_checkpoint_decision",
+    "pending_decision",
+    "read_continuation",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDecision:
+    """The open checkpoint of a waiting run."""
+
+    decision_id: str
+    run_id: str
+    attempt_id: str | None
+    node_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAnswer:
+    """What an accepted answer committed."""
+
+    decision_id: str
+    parent_run_id: str
+    continuation_run_id: str
+    revision: int
+    """The continuation run's revision (1: it is queued)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Continuation:
+    decision_id: str
+    run_id: str
+    attempt_id: str | None
+    node_path: str
+    response_hash: str
+
+
+def open_checkpoint_decision(
+    tx: Tx, run_id: str, *, attempt_id: str | None, node_path: str, request: Any
+) -> str:
+    """Record the pending decision of a run that waits at a checkpoint; return its ID.
+
+    Call it in the `change` of the `wait_run` transition, so the run never waits
+    without its decision.
+    """
+    decision_id = f"decision-{uuid.uuid4().hex}"
+    tx.execute(
+        q.INSERT_CHECKPOINT_DECISION,
+        {
+            "decision_id": decision_id,
+            "run_id": run_id,
+            "attempt_id": attempt_id,
+            "node_path": node_path,
+            "request_digest": sha256_digest(request),
+            "request_hash": put_json_blob(tx, request),
+            "now": tx.now,
+        },
+    )
+    return decision_id
+
+
+def pending_decision(reader: Reader, run_id: str) -> PendingDecision | None:
+    """The run's pending checkpoint decision, if any."""
+    return reader.fetch_one(q.SELECT_PENDING_DECISION, {"run_id": run_id}, PendingDecision)
+
+
+def answer_checkpoint(
+    tx: Tx, run_id: str, *, answer: Any, idempotency_key: str, source: str = "cli"
+) -> CheckpointAnswer:
+    """Accept the one answer of a waiting run's checkpoint and start its continuation.
+
+    In one transaction: the resolution (exactly one per decision), the answer record,
+    the continuation run (queued, `continuation_of` the parent, same source and input),
+    and the parent's completion, settled by its continuation.
+
+    Raises:
+        RunNotFoundError: no such run.
+        InvalidTransitionError: the run is not waiting at a checkpoint (or is paused).
+    """
+    parent = get_run(tx, run_id)
+    if parent is None:
+        raise RunNotFoundError(run_id)
+    decision = pending_decision(tx, run_id)
+    if decision is None or parent.status != "waiting":
+        raise InvalidTransitionError(run_id, parent.status, "answer checkpoint")
+    if parent.paused:
+        raise InvalidTransitionError(run_id, "waiting (paused)", "answer checkpoint")
+    response_hash = put_json_blob(tx, answer)
+    answer_digest = sha256_digest(answer)
+    continuation_id = f"run-{uuid.uuid4().hex}"
+    started = enqueue_run(
+        tx,
+        NewRun(
+            run_id=continuation_id,
+            workflow_name=parent.workflow_name,
+            project_path=parent.project_path,
+            source_identity=read_source(parent.source_identity),
+            definition_digest=parent.definition_digest,
+            input_hash=parent.input_hash,
+            input=read_source(parent.input),
+            title=parent.title,
+            continuation_of=run_id,
+        ),
+    )
+    params = {
+        "decision_id": decision.decision_id,
+        "response_hash": response_hash,
+        "answer_digest": answer_digest,
+        "idempotency_key": idempotency_key,
+        "source": source,
+        "continuation_run_id": continuation_id,
+        "now": tx.now,
+    }
+    tx.execute(q.INSERT_DECISION_RESOLUTION_ACCEPTED, params)
+    tx.execute(q.INSERT_DECISION_ANSWER_ACCEPTED, params)
+    tx.execute(q.UPDATE_DECISION_ACCEPTED, params)
+    complete_run(
+        tx, run_id, payload={"continuedBy": continuation_id, "decisionId": decision.decision_id}
+    )
+    return CheckpointAnswer(decision.decision_id, run_id, continuation_id, started.revision)
+
+
+def read_continuation(
+    reader: Reader, continuation_run_id: str
+) -> tuple[PendingDecision, Any] | None:
+    """The decision a continuation run continues, with its accepted answer; None if none."""
+    row = reader.fetch_one(
+        q.SELECT_CONTINUATION_DECISION, {"continuation_run_id": continuation_run_id}, _Continuation
+    )
+    if row is None:
+        return None
+    decision = PendingDecision(row.decision_id, row.run_id, row.attempt_id, row.node_path)
+    return decision, read_json_blob(reader, row.response_hash)
+
+
+def read_source(text: str) -> Any:
+    """Decode a JSON column of `runs` (source identity or input)."""
+    return json.loads(text)
