@@ -251,7 +251,10 @@ def test_an_edited_workflow_never_runs_and_the_run_parks(
         _wait_until(
             client, run_id, lambda item: item["display"].get("reason") == "workflowSourceChanged"
         )
-        # A parked run with that reason is never claimed again on its own.
+        # A parked run with that reason is not claimed again on its own.
+        _wait_no_runners(client)
+        view = client.call("run.get", run_id=run_id)["receipt"]
+        assert view["display"].get("reason") == "workflowSourceChanged"
         assert client.call("server.status")["receipt"]["activeRunners"] == 0
     assert not marker.exists(), "changed code must never execute"
 
@@ -475,3 +478,89 @@ def test_a_checkpoint_waits_and_its_answer_continues_the_run_to_completion(
         database.close()
     assert json.loads(output) == {"shipped": True, "v": "1.2"}
     assert effects == 2, "the continuation did not apply the earlier effects again"
+
+
+STUBBORN = """
+import signal, subprocess, time
+from pathlib import Path
+from pi_workflows import compute, define_workflow
+
+def stubborn(ctx):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A grandchild that double-forks away from the runner but stays in its group.
+    subprocess.run(["sh", "-c", "sleep 300 & echo $! > {grandchild}"], check=True)
+    with open({fifo!r}, "w") as pipe:
+        pipe.write("ready")
+    time.sleep(300)
+    return {{}}
+
+workflow = define_workflow(name="stubborn", start_at="s", nodes={{"s": compute(stubborn)}})
+"""
+
+
+def test_a_runner_ignoring_sigterm_is_killed_with_its_whole_group(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    fifo, grandchild_file = short_tmp / "ready.fifo", short_tmp / "grandchild.pid"
+    os.mkfifo(fifo)
+    write_workflow(
+        project, "stubborn", STUBBORN.format(grandchild=str(grandchild_file), fifo=str(fifo))
+    )
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "stubborn", {})
+        _wait_fifo(fifo)
+        (pid,) = _runner_pids(running_server)
+        grandchild = psutil.Process(int(grandchild_file.read_text().strip()))
+        assert grandchild.ppid() != pid and os.getpgid(grandchild.pid) == pid
+        runner = psutil.Process(pid)
+        client.call("run.cancel", run_id=run_id)
+        _gone, alive = psutil.wait_procs([runner, grandchild], timeout=30)
+        assert not alive, "SIGKILL after the grace reached the runner and its grandchild"
+        assert client.call("run.get", run_id=run_id)["receipt"]["display"]["status"] == "cancelled"
+
+
+SHELL_THEN_SLOW = """
+import time
+from pathlib import Path
+from pi_workflows import compute, define_workflow, shell
+
+def slow(ctx):
+    runs = Path({counter!r})
+    count = int(runs.read_text()) + 1 if runs.exists() else 1
+    runs.write_text(str(count))
+    with open({fifo!r}, "w") as pipe:
+        pipe.write("after shell")
+    if count == 1:  # a crash rerun keeps the visit number, so count executions here
+        time.sleep(300)
+    return {{"done": True}}
+
+workflow = define_workflow(
+    name="once",
+    start_at="build",
+    nodes={{
+        "build": shell(lambda ctx: ["sh", "-c", "echo ran >> {log}"]),
+        "slow": compute(slow),
+    }},
+    edges=[{{"from": "build", "to": "slow"}}],
+)
+"""
+
+
+def test_a_finished_shell_command_is_not_run_again_after_a_crash(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    fifo, log = short_tmp / "after.fifo", short_tmp / "shell.log"
+    os.mkfifo(fifo)
+    source = SHELL_THEN_SLOW.format(fifo=str(fifo), log=str(log), counter=str(short_tmp / "n"))
+    write_workflow(project, "once", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "once", {})
+        _wait_fifo(fifo)
+        (pid,) = _runner_pids(running_server)
+        os.killpg(pid, signal.SIGKILL)
+        _wait_fifo(fifo)  # the replacement runner reached `slow` again
+        view = _wait_for(client, run_id, TERMINAL)
+    assert view["display"]["status"] == "completed"
+    assert log.read_text() == "ran\n", "the shell command ran exactly once"
