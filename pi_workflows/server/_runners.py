@@ -423,7 +423,7 @@ def _on_ready(
         runner.claim,
         runner_epoch=runner.runner_epoch,
         pid=identity.pid if identity else None,
-        process_start_time=int(identity.start_time * 1000) if identity else None,
+        process_start_time=identity.start_ticks if identity else None,
     )
     runner.ready = True
     state, parent_attempt = launch_state(tx, runner.run_id)

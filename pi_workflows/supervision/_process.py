@@ -8,6 +8,7 @@ never make the server signal an unrelated process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -31,10 +32,38 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ProcessIdentity:
-    """A process as the kernel knows it now: PID and start time (psutil create_time)."""
+    """A process as the kernel knows it: PID, kernel start time and boot.
+
+    `start_ticks` is the start time in clock ticks since boot (`/proc/<pid>/stat` field
+    22), not a wall-clock reading, so a clock change cannot alias two processes; with the
+    boot ID a reused PID after a reboot cannot match either.
+    """
 
     pid: int
-    start_time: float
+    start_ticks: int
+    boot_id: str
+
+
+_PROC = Path("/proc")
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's ID (Linux), or an empty string where the platform has none."""
+    try:
+        return (_PROC / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +75,12 @@ class ChildProcess:
 
 
 def identity_of(pid: int) -> ProcessIdentity | None:
-    """Return the identity of a running process, or None if there is none."""
-    try:
-        return ProcessIdentity(pid, psutil.Process(pid).create_time())
+    """Return the identity of a process (zombies included), or None if there is none."""
+    ticks = _start_ticks(pid)
+    if ticks is not None:
+        return ProcessIdentity(pid, ticks, boot_id())
+    try:  # no /proc (macOS): psutil's creation time, in milliseconds
+        return ProcessIdentity(pid, int(psutil.Process(pid).create_time() * 1000), "")
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 
@@ -101,23 +133,41 @@ def spawn_child(
             os.close(fd)
         for inherited in pass_fds:
             os.close(inherited)
-    identity = identity_of(popen.pid) or ProcessIdentity(popen.pid, 0.0)
+    identity = identity_of(popen.pid) or ProcessIdentity(popen.pid, 0, boot_id())
     return ChildProcess(identity, popen)
 
 
 def signal_group(identity: ProcessIdentity, sig: signal.Signals) -> bool:
     """Send `sig` to the process group led by `identity`, if that exact process lives.
 
-    For processes this server did not start (e.g. orphans found after a restart);
-    returns False when the exact process is gone (ESRCH counts as gone).
+    For processes this server did not start (e.g. orphans found after a restart). Where
+    the platform has pidfds, the identity is checked through a pidfd, which stays bound
+    to that one process, and the leader is signalled through it, so a reused PID is never
+    hit. Returns False when the exact process is gone (ESRCH counts as gone).
     """
-    if not is_alive(identity):
-        return False
+    pidfd = _open_pidfd(identity.pid)
     try:
-        os.killpg(identity.pid, sig)
+        if not is_alive(identity):  # checked after the pidfd pinned the process
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        os.killpg(identity.pid, sig)  # the group ID stays reserved while its leader lives
     except ProcessLookupError:
         return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
     return True
+
+
+def _open_pidfd(pid: int) -> int | None:
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
 
 
 def signal_own_child(child: ChildProcess, sig: signal.Signals) -> None:

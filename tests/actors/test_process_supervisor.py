@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from pi_workflows.actors._process_supervisor import (
     StopChild,
 )
 from pi_workflows.actors._ticker import Ticker
-from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive
+from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive, signal_group
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -104,4 +106,22 @@ def test_an_exiting_child_is_reaped_and_reported(supervisor: Any) -> None:
 def test_a_reused_pid_is_not_the_same_process() -> None:
     me = identity_of(os.getpid())
     assert me is not None and is_alive(me)
-    assert not is_alive(ProcessIdentity(me.pid, me.start_time - 100))
+    assert not is_alive(ProcessIdentity(me.pid, me.start_ticks - 100, me.boot_id))
+    assert not is_alive(ProcessIdentity(me.pid, me.start_ticks, "another-boot"))
+    assert me.boot_id and me.start_ticks > 0
+
+
+def test_signal_group_never_hits_a_process_with_another_identity() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        real = identity_of(sleeper.pid)
+        assert real is not None
+        stale = ProcessIdentity(real.pid, real.start_ticks + 1, real.boot_id)
+        assert not signal_group(stale, signal.SIGKILL)
+        assert sleeper.poll() is None, "a mismatched identity is never signalled"
+        assert signal_group(real, signal.SIGKILL)
+        assert sleeper.wait(10) == -signal.SIGKILL
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait(10)
