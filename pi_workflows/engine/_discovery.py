@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pi_workflows._paths import agent_dir as default_agent_dir
 from pi_workflows.engine._errors import WorkflowNotFoundError
-from pi_workflows.storage import agent_dir as default_agent_dir
 
 __all__ = [
     "BUILTINS_DIR",
