@@ -31,6 +31,7 @@ from pi_workflows.engine._definition import (
 from pi_workflows.engine._errors import RoutingError, SourceChangedError
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
+from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import SocketFrameReader
 from pi_workflows.wire.protocol import (
     LAUNCH_SCHEMA,
@@ -337,6 +338,7 @@ class Execution:
         )
         try:
             output = self._execute(node, ctx)
+            dumps(output)  # an output must be JSON; otherwise the node failed, not the runner
             outcome = "completed"
         except (ClaimLost, Refused):
             raise

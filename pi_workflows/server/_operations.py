@@ -77,6 +77,8 @@ class OperationContext:
     runners: RunnerHost
     """Live runners and their host claims (owned by the database actor's thread)."""
     stop_process: Callable[[ProcessIdentity], None] = field(default=lambda identity: None)
+    agent_dir: Path = field(default_factory=Path.home)
+    """Pi's agent directory: the project path of a run started without one."""
     """Stops a fenced runner's process group after a command committed (non-blocking)."""
 
 
@@ -377,7 +379,9 @@ def start_run(
             NewRun(
                 run_id=run_id,
                 workflow_name=name,
-                project_path=project or "",
+                # A run started without a project runs in the agent directory: the
+                # launch envelope always names an absolute project path.
+                project_path=project or str(ctx.agent_dir),
                 source_identity=resolved["sourceIdentity"],
                 definition_digest=resolved["definitionDigest"],
                 input_hash=resolved["inputHash"],

@@ -31,6 +31,7 @@ from pi_workflows.storage import (
     Tx,
     claim_for_launch,
     complete_run,
+    count_runner_outcomes,
     declare_effect_ambiguous,
     fail_node_attempt,
     fail_run,
@@ -62,6 +63,9 @@ from pi_workflows.wire.protocol import LAUNCH_SCHEMA, ProtocolViolation, runner_
 __all__ = ["STARTUP_DEADLINE_MS", "ActiveRunner", "RunnerHost"]
 
 log = logging.getLogger(__name__)
+
+MAX_RUNNER_CRASHES = 3
+"""Crashed runner epochs after which a run parks with `workerCrashed` instead of requeuing."""
 
 STARTUP_DEADLINE_MS = 20_000
 """A runner must send `runner.ready` this long after its launch was recorded."""
@@ -360,6 +364,10 @@ class RunnerHost:
                 if no_progress:
                     park_run(tx, runner.claim, reason=ParkReason.RUNNER_NO_PROGRESS)
                     return "runnerNoProgress"
+                if count_runner_outcomes(tx, runner.run_id, "crashed") >= MAX_RUNNER_CRASHES:
+                    # Progress, then a crash, again and again: stop the loop for review.
+                    park_run(tx, runner.claim, reason="workerCrashed")
+                    return "workerCrashed"
                 requeue_run(tx, runner.run_id, reason="workerCrashed", claim=runner.claim)
             except (ClaimLostError, InvalidTransitionError):
                 return "claim already gone"  # claim loss is a handoff: no terminal event

@@ -132,8 +132,8 @@ class WorkflowServer:
         idle_exit_s: stop after this long with nothing to do; None never stops.
         tick_s: the ticker interval (renewal, subscriptions, scheduling, reaping).
         clock: time source for stored times (tests may pass a manual clock).
-        execute_runs: launch runner processes for admitted runs (issue 5, in progress);
-            when False, runs stay queued as in the first server release.
+        execute_runs: launch runner processes for admitted runs; False only records
+            runs (tests of the protocol use it).
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -147,7 +147,7 @@ class WorkflowServer:
         idle_exit_s: float | None = DEFAULT_IDLE_EXIT_S,
         tick_s: float = 0.25,
         clock: Clock | None = None,
-        execute_runs: bool = False,
+        execute_runs: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
@@ -251,6 +251,7 @@ class WorkflowServer:
         self._ctx = OperationContext(
             epoch=self.epoch,
             runners=self._runners,
+            agent_dir=self.state_dir.parent,
             stop_process=lambda identity: supervisor.tell(StopChild(identity, RUNNER_GRACE_TICKS)),
         )
         assert self._server_claim is not None

@@ -43,6 +43,7 @@ __all__ = [
     "COUNT_FINISHED_VISITS",
     "COUNT_PENDING_REQUESTS",
     "COUNT_QUEUE_BY_STATE",
+    "COUNT_RUNNER_OUTCOMES",
     "COUNT_RUNS_BY_STATUS",
     "COUNT_RUN_AMBIGUOUS_EFFECTS",
     "COUNT_SCHEMA_OBJECTS",
@@ -910,4 +911,9 @@ SELECT d.decision_id, d.run_id, d.attempt_id, d.node_path, x.response_hash
 FROM human_decisions AS d
 JOIN human_decision_resolutions AS x ON x.decision_id = d.decision_id
 WHERE d.continuation_run_id = :continuation_run_id AND x.outcome = 'accepted'
+"""
+
+# How many runner epochs of one run ended with one outcome (e.g. crashed).
+COUNT_RUNNER_OUTCOMES = """
+SELECT count(*) FROM run_workers WHERE run_id = :run_id AND status = :outcome
 """

@@ -27,6 +27,7 @@ __all__ = [
     "active_runner",
     "active_runners",
     "admissible_runs",
+    "count_runner_outcomes",
     "expired_claimed_runs",
     "get_phase",
     "get_queue_row",
@@ -156,6 +157,11 @@ def get_runner(reader: Reader, runner_epoch: str) -> RunWorkerRow | None:
 def active_runner(reader: Reader, run_id: str) -> RunWorkerRow | None:
     """Return the run's active (starting or ready) runner epoch, if any."""
     return reader.fetch_one(q.SELECT_ACTIVE_RUN_WORKER, {"run_id": run_id}, RunWorkerRow)
+
+
+def count_runner_outcomes(reader: Reader, run_id: str, outcome: str) -> int:
+    """Return how many runner epochs of the run ended with `outcome` (e.g. `crashed`)."""
+    return int(reader.fetch_value(q.COUNT_RUNNER_OUTCOMES, {"run_id": run_id, "outcome": outcome}))
 
 
 def active_runners(reader: Reader) -> list[RunWorkerRow]:

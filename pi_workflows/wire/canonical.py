@@ -43,9 +43,7 @@ __all__ = [
     "sha256_digest",
 ]
 
-JsonValue: TypeAlias = (
-    bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
-)
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
 
 MAX_SAFE_INTEGER = 2**53 - 1
 """Largest integer that every ECMAScript implementation reads back exactly."""
@@ -193,9 +191,7 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     try:
         again = dumps(value)
     except NestingTooDeepError:
-        raise InvalidJSONError(
-            f"JSON nests deeper than {MAX_NESTING_DEPTH} levels"
-        ) from None
+        raise InvalidJSONError(f"JSON nests deeper than {MAX_NESTING_DEPTH} levels") from None
     except NotSerializableError:
         value = _floats_for_unsafe_integers(value)
         again = dumps(value)

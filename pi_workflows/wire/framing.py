@@ -139,9 +139,7 @@ class FrameDecoder:
         del self._buffer[:start]
         if len(self._buffer) > self._max:
             self._fail(
-                FrameTooLargeError(
-                    f"frame exceeds the {self._max}-byte limit before its newline"
-                )
+                FrameTooLargeError(f"frame exceeds the {self._max}-byte limit before its newline")
             )
 
     def finish(self) -> None:

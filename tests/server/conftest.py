@@ -21,7 +21,7 @@ def project(short_tmp: Path) -> Path:
 
 @pytest.fixture
 def server(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05)
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)
     instance.start()
     try:
         yield instance

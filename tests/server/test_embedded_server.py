@@ -222,7 +222,7 @@ def test_stop_waits_for_in_flight_commands(server: WorkflowServer, project: Path
 
 
 def test_idle_server_exits_after_its_idle_period(state_dir: Path) -> None:
-    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05)
+    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05, execute_runs=False)
     instance.start()
     try:
         assert instance.wait(20)
@@ -232,7 +232,7 @@ def test_idle_server_exits_after_its_idle_period(state_dir: Path) -> None:
 
 
 def test_a_connected_client_keeps_the_server_awake(state_dir: Path) -> None:
-    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05)
+    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05, execute_runs=False)
     instance.start()
     try:
         with WorkflowClient(state_dir, autostart=False) as connected:
@@ -244,7 +244,7 @@ def test_a_connected_client_keeps_the_server_awake(state_dir: Path) -> None:
 
 
 def test_queued_work_keeps_the_server_awake(state_dir: Path, project: Path) -> None:
-    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05)
+    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05, execute_runs=False)
     instance.start()
     try:
         with WorkflowClient(state_dir, autostart=False) as connected:

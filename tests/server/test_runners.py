@@ -282,6 +282,7 @@ EFFECT_CRASH = """
 import time
 from pathlib import Path
 from pi_workflows import action, define_workflow
+from pi_workflows.engine import NOT_APPLIED
 
 APPLIED = Path({applied!r})
 FIFO = {fifo!r}
@@ -296,7 +297,9 @@ def apply(key, request):
     return {{"charged": request["amount"]}}
 
 def read_back(key, request):
-    return {{"charged": request["amount"], "proof": "read-back"}} if APPLIED.exists() else None
+    if not APPLIED.exists():
+        return NOT_APPLIED  # provably not applied: the runner applies it now
+    return {{"charged": request["amount"], "proof": "read-back"}}
 
 def charge(ctx):
     return ctx.effect("payment.charge", {{"amount": 5}}, apply=apply, read_back={read_back})
@@ -564,3 +567,54 @@ def test_a_finished_shell_command_is_not_run_again_after_a_crash(
         view = _wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "completed"
     assert log.read_text() == "ran\n", "the shell command ran exactly once"
+
+
+def test_a_run_started_without_a_project_runs_in_the_agent_directory(
+    running_server: WorkflowServer,
+) -> None:
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        answer = client.call("run.start", {"workflow": "hello", "input": {"name": "Ada"}})
+        run_id = answer["receipt"]["runId"]
+        view = _wait_for(client, run_id, TERMINAL)
+    assert view["display"]["status"] == "completed"
+    assert [step["node"] for step in view["steps"]] == ["greet", "shout", "count"]
+
+
+def test_a_node_whose_output_is_not_json_fails_the_run_instead_of_the_runner(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    source = (
+        "from pi_workflows import compute, define_workflow\n"
+        "workflow = define_workflow(name='odd', start_at='o',\n"
+        "    nodes={'o': compute(lambda ctx: {'when': object()})})\n"
+    )
+    write_workflow(project, "odd", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "odd", {})
+        view = _wait_for(client, run_id, TERMINAL)
+    assert view["display"]["status"] == "failed"
+    assert view["generation"] == 1, "no runner crashed on the way"
+
+
+def test_a_run_whose_runner_keeps_crashing_parks_for_review(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    source = (
+        "import os\n"
+        "from pi_workflows import compute, define_workflow\n"
+        "workflow = define_workflow(name='crash', start_at='c',\n"
+        "    nodes={'c': compute(lambda ctx: os._exit(1))})\n"
+    )
+    write_workflow(project, "crash", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "crash", {})
+        view = _wait_until(
+            client, run_id, lambda item: item["display"].get("reason") == "workerCrashed"
+        )
+        _wait_no_runners(client)
+        settled = client.call("run.get", run_id=run_id)["receipt"]
+    assert view["generation"] == 3, "three runners crashed, then the loop stopped"
+    assert settled["display"].get("reason") == "workerCrashed"
+    assert settled["generation"] == 3
