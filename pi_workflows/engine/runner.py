@@ -31,6 +31,7 @@ from pi_workflows.engine._definition import (
 from pi_workflows.engine._errors import RoutingError, SourceChangedError
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
+from pi_workflows.supervision import identity_of
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import SocketFrameReader
 from pi_workflows.wire.protocol import (
@@ -217,11 +218,18 @@ def _text(exc: BaseException) -> str:
     return text[:MAX_ERROR_TEXT] or type(exc).__name__
 
 
-def _run_shell(argv: list[str], timeout_ms: int | None, max_output: int) -> dict[str, Any]:
-    """Run one command in its own group with capped output and SIGTERM→SIGKILL timeout."""
+def _run_shell(
+    argv: list[str], timeout_ms: int | None, max_output: int, channel: Channel | None = None
+) -> dict[str, Any]:
+    """Run one command in its own group with capped output and SIGTERM→SIGKILL timeout.
+
+    The group is registered with the server (`process.register`) while it runs, so a
+    runner that is killed or cancelled cannot leave the command running behind it.
+    """
     child = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
+    registration = _register(channel, child.pid)
     timed_out = False
     try:
         out, err = child.communicate(timeout=None if timeout_ms is None else timeout_ms / 1000)
@@ -235,6 +243,9 @@ def _run_shell(argv: list[str], timeout_ms: int | None, max_output: int) -> dict
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
             out, err = child.communicate()
+    finally:
+        if channel is not None and registration is not None:
+            channel.send("runner.progress", {**registration, "operation": "process.unregister"})
     code = child.returncode
     return {
         "exitCode": code if code >= 0 else None,
@@ -244,6 +255,20 @@ def _run_shell(argv: list[str], timeout_ms: int | None, max_output: int) -> dict
         "stderr": err[:max_output].decode("utf-8", "replace"),
         "truncated": len(out) > max_output or len(err) > max_output,
     }
+
+
+def _register(channel: Channel | None, pid: int) -> dict[str, Any] | None:
+    identity = identity_of(pid)
+    if channel is None or identity is None:
+        return None
+    registration = {
+        "operation": "process.register",
+        "pid": pid,
+        "processGroupId": pid,
+        "startIdentity": f"{identity.start_ticks}:{identity.boot_id or 'none'}",
+    }
+    channel.send("runner.progress", registration)
+    return registration
 
 
 class Execution:
@@ -393,7 +418,9 @@ class Execution:
             return ctx.effect(
                 SHELL_EFFECT_TYPE,
                 {"argv": argv},
-                apply=lambda key, request: _run_shell(request["argv"], timeout_ms, cap),
+                apply=lambda key, request: _run_shell(
+                    request["argv"], timeout_ms, cap, self.channel
+                ),
             )
         if isinstance(spec, NotifyNode):
             text = spec.message_fn(ctx) if callable(spec.message_fn) else spec.message_fn

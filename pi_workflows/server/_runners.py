@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from pi_workflows.storage import (
     Claim,
@@ -46,6 +49,7 @@ from pi_workflows.storage import (
     read_resume_state,
     record_runner_exit,
     record_runner_reply,
+    renew_claim,
     requeue_run,
     reserve_effect,
     retry_effect_after_read_back,
@@ -56,7 +60,7 @@ from pi_workflows.storage import (
     unfinished_attempt,
     wait_run,
 )
-from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.supervision import ProcessIdentity, identity_of, signal_group
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA, ProtocolViolation, runner_message_from_wire
 
@@ -90,6 +94,8 @@ class ActiveRunner:
     stop_requested: bool = False
     timed_out_attempt: str | None = None
     """The attempt whose node deadline passed, if that is why the runner was stopped."""
+    registered: dict[int, ProcessIdentity] = field(default_factory=dict)
+    """Process groups the runner registered (its shell commands), by PID."""
 
 
 @dataclass
@@ -126,6 +132,7 @@ class RunnerHost:
             return None
         runner.settled = True
         runner.stop_requested = True
+        _kill_registered(runner)
         return runner.identity
 
     def live_count(self) -> int:
@@ -333,6 +340,7 @@ class RunnerHost:
         runner = self.active.pop(runner_epoch, None)
         if runner is None:
             return "unknown runner"
+        _kill_registered(runner)  # the server reaps what a dead runner registered
         exit_code = returncode if returncode >= 0 else None
         signal_number = -returncode if returncode < 0 else None
         if runner.settled:
@@ -409,6 +417,12 @@ def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
     merged["outputs"].update(answers)
     merged["runId"] = run_id
     return merged, parent_attempt
+
+
+def _kill_registered(runner: ActiveRunner) -> None:
+    for identity in runner.registered.values():
+        signal_group(identity, signal.SIGKILL)
+    runner.registered.clear()
 
 
 # --- message handlers: (host, tx, runner, message, extra frames) -> (revision, result) ---
@@ -654,7 +668,42 @@ def _on_exiting(
     return (run.revision if run is not None else 0), None
 
 
+def _on_progress(
+    host: RunnerHost,
+    tx: Tx,
+    runner: ActiveRunner,
+    message: dict[str, Any],
+    extra: list[dict[str, Any]],
+) -> tuple[int, Any]:
+    payload = message["payload"]
+    pid = int(payload["pid"])
+    run = get_run(tx, runner.run_id)
+    revision = run.revision if run is not None else 0
+    if payload["operation"] == "process.unregister":
+        runner.registered.pop(pid, None)  # valid even after the claim was released
+        return revision, None
+    renew_claim(tx, runner.claim)  # registration requires the live run claim
+    identity = identity_of(pid)
+    runner_pid = runner.identity.pid if runner.identity is not None else None
+    if (
+        identity is None
+        or f"{identity.start_ticks}:{identity.boot_id or 'none'}" != payload["startIdentity"]
+        or _parent_of(pid) != runner_pid
+    ):
+        raise InvalidTransitionError(runner.run_id, "unknown process", "register process")
+    runner.registered[pid] = identity
+    return revision, None
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).ppid())
+    except psutil.Error:
+        return None
+
+
 _HANDLERS: dict[str, Handler] = {
+    "runner.progress": _on_progress,
     "runner.ready": _on_ready,
     "node.started": _on_node_started,
     "node.finished": _on_node_finished,

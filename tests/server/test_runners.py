@@ -618,3 +618,35 @@ def test_a_run_whose_runner_keeps_crashing_parks_for_review(
     assert view["generation"] == 3, "three runners crashed, then the loop stopped"
     assert settled["display"].get("reason") == "workerCrashed"
     assert settled["generation"] == 3
+
+
+LONG_SHELL = """
+from pi_workflows import define_workflow, shell
+
+SCRIPT = "echo $$ > {pidfile}; echo go > {fifo}; sleep 300"
+workflow = define_workflow(
+    name="long", start_at="wait", nodes={{"wait": shell(lambda ctx: ["sh", "-c", SCRIPT])}}
+)
+"""
+
+
+@pytest.mark.parametrize("how", ["cancel", "kill-runner"])
+def test_a_shell_command_never_outlives_its_runner(
+    running_server: WorkflowServer, short_tmp: Path, how: str
+) -> None:
+    project = short_tmp / "project"
+    fifo, pidfile = short_tmp / "go.fifo", short_tmp / "shell.pid"
+    os.mkfifo(fifo)
+    write_workflow(project, "long", LONG_SHELL.format(pidfile=str(pidfile), fifo=str(fifo)))
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "long", {})
+        _wait_fifo(fifo)
+        command = psutil.Process(int(pidfile.read_text().strip()))
+        (runner_pid,) = _runner_pids(running_server)
+        assert os.getpgid(command.pid) != runner_pid, "the command has a group of its own"
+        if how == "cancel":
+            client.call("run.cancel", run_id=run_id)
+        else:
+            os.killpg(runner_pid, signal.SIGKILL)
+        _gone, alive = psutil.wait_procs([command], timeout=30)
+        assert not alive, "the server stopped the registered command group"
