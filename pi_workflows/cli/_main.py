@@ -409,7 +409,12 @@ def run_start(
         click.echo(receipt["runId"])
 
 
-SETTLED_PARK_REASONS = ("runnerNoProgress", "workflowSourceChanged", "effectAmbiguous")
+SETTLED_PARK_REASONS = (
+    "runnerNoProgress",
+    "workflowSourceChanged",
+    "effectAmbiguous",
+    "workerCrashed",
+)
 TERMINAL_STATUSES = ("completed", "failed", "timed_out", "cancelled")
 
 
