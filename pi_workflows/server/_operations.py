@@ -248,10 +248,6 @@ def _command(request: RequestMessage) -> CommandRequest:
     )
 
 
-Change = Callable[[Tx], tuple[str | None, int | None, dict[str, Any]]]
-"""Applies one command inside the transaction: (run ID, revision, receipt body)."""
-
-
 def _run_command(
     db: Database, request: RequestMessage, change: Callable[[Tx, CommandRequest], Any]
 ) -> dict[str, Any]:

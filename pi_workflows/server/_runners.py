@@ -276,7 +276,7 @@ class RunnerHost:
             return [self._reply(runner, message, "rejected", error=("protocolRejected", kind))]
         extra: list[dict[str, Any]] = []
         with db.write() as tx:
-            revision, result = handler(self, tx, runner, message, extra)
+            revision, result = handler(tx, runner, message, extra)
             reply = self._reply(runner, message, "accepted", revision=revision, result=result)
             record_runner_reply(
                 tx, runner.runner_epoch, message["messageId"], kind, fingerprint, reply
@@ -320,6 +320,7 @@ class RunnerHost:
         handed = 0
         for epoch, runner in list(self.active.items()):
             del self.active[epoch]
+            _kill_registered(runner)  # shell groups live in sessions of their own
             with db.write() as tx:
                 if not runner.settled:
                     try:
@@ -425,15 +426,12 @@ def _kill_registered(runner: ActiveRunner) -> None:
     runner.registered.clear()
 
 
-# --- message handlers: (host, tx, runner, message, extra frames) -> (revision, result) ---
+# --- message handlers: (tx, runner, message, extra frames) -> (revision, result) ---
 
-Handler = Callable[
-    [RunnerHost, Tx, ActiveRunner, dict[str, Any], list[dict[str, Any]]], tuple[int, Any]
-]
+Handler = Callable[[Tx, ActiveRunner, dict[str, Any], list[dict[str, Any]]], tuple[int, Any]]
 
 
 def _on_ready(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -469,7 +467,6 @@ def _on_ready(
 
 
 def _on_node_started(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -489,7 +486,6 @@ def _on_node_started(
 
 
 def _on_node_finished(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -509,7 +505,6 @@ def _on_node_finished(
 
 
 def _on_node_failed(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -527,7 +522,6 @@ def _on_node_failed(
 
 
 def _on_effect_reserve(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -547,7 +541,6 @@ def _on_effect_reserve(
 
 
 def _on_effect_settle(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -582,7 +575,6 @@ def _on_effect_settle(
 
 
 def _on_notification(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -599,7 +591,6 @@ def _on_notification(
 
 
 def _on_run_parked(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -627,7 +618,6 @@ def _on_run_parked(
 
 
 def _on_run_finished(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -657,7 +647,6 @@ def _on_run_finished(
 
 
 def _on_exiting(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],
@@ -669,7 +658,6 @@ def _on_exiting(
 
 
 def _on_progress(
-    host: RunnerHost,
     tx: Tx,
     runner: ActiveRunner,
     message: dict[str, Any],

@@ -650,3 +650,29 @@ def test_a_shell_command_never_outlives_its_runner(
             os.killpg(runner_pid, signal.SIGKILL)
         _gone, alive = psutil.wait_procs([command], timeout=30)
         assert not alive, "the server stopped the registered command group"
+
+
+def test_a_graceful_stop_requeues_the_run_and_stops_its_shell_command(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    fifo, pidfile = short_tmp / "go.fifo", short_tmp / "shell.pid"
+    os.mkfifo(fifo)
+    write_workflow(project, "long", LONG_SHELL.format(pidfile=str(pidfile), fifo=str(fifo)))
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "long", {})
+        _wait_fifo(fifo)
+    command = psutil.Process(int(pidfile.read_text().strip()))
+    running_server.stop("test")
+    _gone, alive = psutil.wait_procs([command], timeout=30)
+    assert not alive, "the stopping server stopped the registered command group"
+    database = sqlite3.connect(
+        f"file:{running_server.state_dir / 'state.sqlite'}?mode=ro", uri=True
+    )
+    try:
+        (state,) = database.execute(
+            "SELECT state FROM run_queue WHERE run_id = ?", (run_id,)
+        ).fetchone()
+    finally:
+        database.close()
+    assert state == "queued", "the next server resumes the handed-back run"

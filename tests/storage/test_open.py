@@ -21,9 +21,11 @@ from pi_workflows.storage import (
     ManualClock,
     SchemaMismatchError,
     acquire_claim,
+    get_run,
     open_database,
     open_readonly,
     state_db_path,
+    verify,
     workflows_dir,
 )
 from tests.storage.storage_helpers import enqueue
@@ -284,4 +286,9 @@ def test_copy_of_live_database_opens(db: Database, tmp_path: Path) -> None:
     db.connection.execute("VACUUM INTO ?", (str(copy),))
     shutil.copymode(db.path, copy)
     other = open_database(copy, clock=ManualClock())
-    other.close()
+    try:
+        run = get_run(other, "run-1")
+        assert run is not None and run.status == "queued"
+        assert verify(other) == []
+    finally:
+        other.close()
