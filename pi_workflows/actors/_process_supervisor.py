@@ -3,17 +3,22 @@
 Implements workflow-server.md § Process supervision: children start in their own
 group and are known by PID and start time; stopping is SIGTERM to the group, a
 grace period counted in ticks, then SIGKILL, and the child is always reaped. The
-actor never waits on a child: `Popen.poll` on each tick does the reaping.
+actor never waits on a child: a child forked by the zygote is reaped there and its exit
+arrives as a message; a cold-started child (no zygote) is polled on each tick.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 from pi_workflows.actors._ticker import Tick
@@ -21,9 +26,12 @@ from pi_workflows.supervision import (
     ChildProcess,
     ProcessIdentity,
     exited_unreaped,
+    signal_group,
     signal_own_child,
     spawn_child,
 )
+from pi_workflows.supervision._process import wait_for_exits
+from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 
 __all__ = ["ChildExited", "ProcessSupervisorActor", "Spawn", "StopChild"]
 
@@ -56,6 +64,10 @@ class Spawn:
     log_path: Path | None = None
     pass_fds: tuple[int, ...] = ()
     """File descriptors the child inherits; closed in the server once it is spawned."""
+    preloaded: str | None = None
+    """A module the zygote has imported whose `main()` is this same program: the child
+    is forked warm. `fd_env` names the variable that gets the first of `pass_fds`."""
+    fd_env: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +78,20 @@ class StopChild:
     grace_ticks: int = 20
 
 
+@dataclass(frozen=True, slots=True)
+class _ZygoteExit:
+    """The zygote reaped one of its children (returncode None: the zygote was lost)."""
+
+    identity: ProcessIdentity
+    returncode: int | None
+
+
 @dataclass
 class _Supervised:
-    child: ChildProcess
+    identity: ProcessIdentity
     on_exit: Callable[[ChildExited], None] | None
+    child: ChildProcess | None
+    """The `Popen` handle of a cold-started child; None for a child of the zygote."""
     kill_at_tick: int | None = None
     killed: bool = False
 
@@ -77,7 +99,7 @@ class _Supervised:
 class ProcessSupervisorActor(ServerActor):
     """Owns: the registry of child processes (by exact identity) and their groups.
 
-    Receives: `Spawn`, `StopChild`, `Tick`.
+    Receives: `Spawn`, `StopChild`, `Tick` (and the zygote's exit reports).
     Sends: replies and `ChildExited` callbacks.
     Invariants: every child it started is reaped; only an exact identity is signalled.
     On failure: reported to the server, whose shutdown stops every known group.
@@ -85,29 +107,18 @@ class ProcessSupervisorActor(ServerActor):
 
     name = "process-supervisor"
 
-    def __init__(self, on_actor_failure: ActorFailureHandler) -> None:
+    def __init__(self, on_actor_failure: ActorFailureHandler, zygote: Zygote | None = None) -> None:
         super().__init__(on_actor_failure)
+        self._zygote = zygote
         self._children: dict[ProcessIdentity, _Supervised] = {}
         self._tick = 0
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case Spawn(
-                argv=argv,
-                env=env,
-                reply=reply,
-                on_exit=on_exit,
-                cwd=cwd,
-                log_path=path,
-                pass_fds=fds,
-            ):
-                try:
-                    child = spawn_child(argv, env=env, cwd=cwd, log_path=path, pass_fds=fds)
-                except OSError as exc:
-                    reply(Reply(error=exc))
-                    return None
-                self._children[child.identity] = _Supervised(child, on_exit)
-                reply(Reply(child.identity))
+            case Spawn():
+                self._spawn(message)
+            case _ZygoteExit(identity=identity, returncode=returncode):
+                self._zygote_exit(identity, returncode)
             case StopChild(identity=identity, grace_ticks=grace):
                 self._stop_child(identity, grace)
             case Tick():
@@ -120,29 +131,107 @@ class ProcessSupervisorActor(ServerActor):
     def on_stop(self) -> None:
         """Runs in the actor's thread at shutdown: no child outlives the server."""
         for supervised in self._children.values():
-            signal_own_child(supervised.child, signal.SIGKILL)
-            supervised.child.popen.wait(5)
+            self._signal(supervised, signal.SIGKILL)
+        for supervised in self._children.values():
+            if supervised.child is not None:
+                supervised.child.popen.wait(5)
+        warm = [s.identity for s in self._children.values() if s.child is None]
+        wait_for_exits(warm, timeout_s=5.0)  # the zygote reaps them; their exits are enough
 
     @property
     def child_count(self) -> int:
         """Children started and not yet reaped."""
         return len(self._children)
 
+    def _spawn(self, spawn: Spawn) -> None:
+        if self._zygote is not None and spawn.preloaded is not None:
+            try:
+                identity = self._spawn_warm(spawn, self._zygote)
+            except ZygoteUnavailable as exc:
+                log.info("cold spawn: %s", exc, extra={"action": "zygote.unavailable"})
+            else:
+                for fd in spawn.pass_fds:
+                    os.close(fd)
+                self._children[identity] = _Supervised(identity, spawn.on_exit, None)
+                spawn.reply(Reply(identity))
+                return
+        try:
+            child = spawn_child(
+                spawn.argv,
+                env=spawn.env,
+                cwd=spawn.cwd,
+                log_path=spawn.log_path,
+                pass_fds=spawn.pass_fds,
+            )
+        except OSError as exc:
+            spawn.reply(Reply(error=exc))
+            return
+        self._children[child.identity] = _Supervised(child.identity, spawn.on_exit, child)
+        spawn.reply(Reply(child.identity))
+
+    def _spawn_warm(self, spawn: Spawn, zygote: Zygote) -> ProcessIdentity:
+        assert spawn.preloaded is not None
+        actor = self.actor_ref
+        holder: list[ProcessIdentity] = []
+
+        def exited(returncode: int | None) -> None:  # on the zygote's reader thread
+            with contextlib.suppress(pykka.ActorDeadError):  # stopped: on_stop saw it end
+                actor.tell(_ZygoteExit(holder[0], returncode))
+
+        log_fd = (
+            os.open(spawn.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if spawn.log_path is not None
+            else -1
+        )
+        fds: list[tuple[str, int]] = []
+        if log_fd >= 0:
+            fds += [("stdout", log_fd), ("stderr", log_fd)]
+        if spawn.fd_env is not None and spawn.pass_fds:
+            fds.append((f"env:{spawn.fd_env}", spawn.pass_fds[0]))
+        try:
+            identity = zygote.spawn(
+                spawn.preloaded, env=spawn.env, cwd=spawn.cwd, fds=fds, on_exit=exited
+            )
+        finally:
+            if log_fd >= 0:
+                os.close(log_fd)
+        holder.append(identity)  # the exit report is a message to this actor: it comes later
+        return identity
+
+    def _zygote_exit(self, identity: ProcessIdentity, returncode: int | None) -> None:
+        supervised = self._children.pop(identity, None)
+        if supervised is None:
+            return
+        if returncode is None:
+            # The zygote died: the child is nobody's to reap now. Stop its group by exact
+            # identity and report it as killed.
+            signal_group(identity, signal.SIGKILL)
+            returncode, supervised.killed = -signal.SIGKILL, True
+        if supervised.on_exit is not None:
+            supervised.on_exit(ChildExited(identity, returncode, supervised.killed))
+
+    def _signal(self, supervised: _Supervised, sig: signal.Signals) -> None:
+        if supervised.child is not None:
+            signal_own_child(supervised.child, sig)
+        elif self._zygote is not None:
+            self._zygote.signal_group(supervised.identity.pid, sig)
+
     def _stop_child(self, identity: ProcessIdentity, grace_ticks: int) -> None:
         supervised = self._children.get(identity)
         if supervised is None:
             return
-        signal_own_child(supervised.child, signal.SIGTERM)
+        self._signal(supervised, signal.SIGTERM)
         if supervised.kill_at_tick is None:
             supervised.kill_at_tick = self._tick + max(1, grace_ticks)
 
     def _reap_and_escalate(self) -> None:
         for identity, supervised in list(self._children.items()):
-            if exited_unreaped(supervised.child):
+            child = supervised.child
+            if child is not None and exited_unreaped(child):
                 # Stop stray members of the group while the zombie leader still
                 # reserves its ID, then reap.
-                signal_own_child(supervised.child, signal.SIGKILL)
-                returncode = supervised.child.popen.wait(5)
+                signal_own_child(child, signal.SIGKILL)
+                returncode = child.popen.wait(5)
                 del self._children[identity]
                 exited = ChildExited(identity, returncode, supervised.killed)
                 if supervised.on_exit is not None:
@@ -150,4 +239,4 @@ class ProcessSupervisorActor(ServerActor):
                 continue
             if supervised.kill_at_tick is not None and self._tick >= supervised.kill_at_tick:
                 supervised.killed = True
-                signal_own_child(supervised.child, signal.SIGKILL)
+                self._signal(supervised, signal.SIGKILL)

@@ -24,6 +24,11 @@ import psutil
 import pykka.debug
 
 from pi_workflows._version import __version__
+from pi_workflows.cli._backup import (
+    BackupUnusableError,
+    LiveDatabaseError,
+    verify_inactive_backup,
+)
 from pi_workflows.engine import discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server import (
@@ -33,7 +38,7 @@ from pi_workflows.server import (
     WorkflowServer,
 )
 from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
-from pi_workflows.supervision import ServerAlreadyRunningError
+from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
 from pi_workflows.wire.client import (
     HostUnavailableError,
     PackageMismatchError,
@@ -606,6 +611,113 @@ for _operation, _verb in (
     ("run.restart", "restart"),
 ):
     _control_command(_operation, _verb)
+
+
+# --- state ----------------------------------------------------------------------------
+
+
+@main.group()
+def state() -> None:
+    """Check the workflow state database.
+
+    Example: pi-workflows state verify
+    """
+
+
+@state.command("verify")
+@click.argument(
+    "backup_argument",
+    metavar="[BACKUP]",
+    required=False,
+    type=click.Path(dir_okay=False, path_type=Path),
+)
+@click.option(
+    "--backup",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Verify this inactive backup file read-only, in this process (never the live database).",
+)
+@json_option
+@click.pass_context
+@_client_errors
+def state_verify(
+    ctx: click.Context, backup_argument: Path | None, backup: Path | None, as_json: bool
+) -> None:
+    """Check every storage invariant; exit 0 when consistent, 5 with findings.
+
+    Without a backup the live database is checked by the server (started on demand),
+    on its own connection. With one, the file is opened read-only here; the live
+    database is refused by any path.
+
+    Example: pi-workflows state verify --backup /tmp/state-copy.sqlite --json
+    """
+    if backup is not None and backup_argument is not None and backup != backup_argument:
+        _fail("give the backup once: as BACKUP or as --backup", EXIT_USAGE)
+    backup = backup or backup_argument
+    if backup is None:
+        with _client(ctx) as client:
+            report = dict(client.call("state.verify")["receipt"])
+        report["source"] = "server"
+    else:
+        try:
+            findings = verify_inactive_backup(backup, _state_dir(ctx))
+        except (LiveDatabaseError, BackupUnusableError) as exc:
+            _fail(str(exc), EXIT_USAGE)
+        report = {
+            "source": "backup",
+            "consistent": not findings,
+            "findingCount": len(findings),
+            "truncated": False,
+            "findings": [
+                {"code": f.code.value, "runId": f.run_id, "detail": f.detail} for f in findings
+            ],
+        }
+    if as_json:
+        _print_json(report)
+    else:
+        for finding in report["findings"]:
+            click.echo(f"{finding['code']}  {finding['runId'] or '-'}  {finding['detail']}")
+        if report["consistent"]:
+            click.echo("consistent: no findings")
+        else:
+            shown = len(report["findings"])
+            more = f" ({shown} shown)" if report["truncated"] else ""
+            click.echo(f"inconsistent: {report['findingCount']} findings{more}")
+    if not report["consistent"]:
+        sys.exit(EXIT_STATE)
+
+
+# --- debug ----------------------------------------------------------------------------
+
+
+@main.group()
+def debug() -> None:
+    """Tools for fault-injection tests and diagnosis.
+
+    Example: pi-workflows debug crash-points
+    """
+
+
+@debug.command("crash-points")
+@json_option
+def debug_crash_points(as_json: bool) -> None:
+    """List every named crash point, its process and what a crash there interrupts.
+
+    Works offline: no server is needed. PI_WORKFLOWS_CRASH=<point>[@<n>] arms one.
+
+    Example: pi-workflows debug crash-points --json
+    """
+    rows = [
+        {"name": point.name, "process": point.process, "interrupts": point.interrupts}
+        for point in CRASH_POINTS.values()
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        click.echo(f"{row['name']:<{width}}  {row['process']:<8}  {row['interrupts']}")
+    click.echo(f"\n{CRASH_ENV}=<point>[@<n>] kills the process at the n-th hit (default 1).")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

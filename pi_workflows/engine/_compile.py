@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeAlias
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from pi_workflows.engine._context import NodeContext
+from pi_workflows.engine._context import EffectHost, EngineContext, NodeContext
 from pi_workflows.engine._definition import (
     DEFAULT_NODE_TIMEOUT,
     EXIT_NODE_PREFIX,
@@ -40,6 +40,7 @@ __all__ = [
     "CompiledNode",
     "CompiledWorkflow",
     "IncludeResolver",
+    "ScopedState",
     "compile_workflow",
     "definition_digest",
     "definition_snapshot",
@@ -227,6 +228,18 @@ def _compile_into(
         exits = {
             name: compiled_node_path(mount_path, EXIT_NODE_PREFIX + name) for name in child.exits
         }
+        if prefix:
+            # Inside an included workflow, leaving a nested include must lead somewhere:
+            # an unrouted exit would end the whole run in the middle of its parent.
+            for exit_name in child.exits:
+                if f"{mount_name}.{exit_name}" not in definition.outgoing:
+                    raise WorkflowDefinitionError(
+                        f"leaves include {mount_name!r} through exit {exit_name!r} with no edge; "
+                        f"add an edge from '{mount_name}.{exit_name}' (an included workflow "
+                        "ends only through its own exits)",
+                        workflow=definition.name,
+                        node=mount_name,
+                    )
         mount = CompiledMount(
             path=mount_id,
             mount_path=mount_path,
@@ -493,3 +506,166 @@ def project_scope(values: Mapping[str, Any], scope: str) -> dict[str, Any]:
             continue
         local[rest] = value
     return local
+
+
+# ---------------------------------------------------------------------------
+# Scoped run state
+
+
+@dataclass(frozen=True, slots=True)
+class _MountExit:
+    seq: int
+    path: str
+    exit_name: str
+    outcome: str
+
+
+class ScopedState:
+    """What a runner knows of a run, and the include-scoped view each node's context gets.
+
+    Feed it every finished attempt in execution order with `record(...)`: a runner does
+    so after each step, and a resumed runner replays the committed attempts (the latest
+    completed output per compiled path is all it needs; see workflow-model.md § 6). A
+    node in scope `m` then sees `ctx.input` = the input of the latest entry of `m`, and
+    `ctx.outputs` / `ctx.results` with only what finished after that entry, under local
+    names; a nested mount appears under its mount name once it left through an exit.
+    """
+
+    __slots__ = (
+        "_attempts",
+        "_completed_at",
+        "_entered",
+        "_exits",
+        "_finished_at",
+        "_inputs",
+        "_invocations",
+        "_seq",
+        "compiled",
+        "input",
+        "outcomes",
+        "outputs",
+    )
+
+    def __init__(self, compiled: CompiledWorkflow, run_input: Any) -> None:
+        self.compiled = compiled
+        self.input = run_input
+        self.outputs: dict[str, Any] = {}
+        """Compiled path → output of its latest completed attempt."""
+        self.outcomes: dict[str, str] = {}
+        """Compiled path → outcome of its latest finished attempt."""
+        self._seq = 0
+        self._completed_at: dict[str, int] = {}
+        self._finished_at: dict[str, int] = {}
+        self._entered: dict[str, int] = {}
+        self._inputs: dict[str, Any] = {}
+        self._invocations: dict[str, int] = {}
+        self._attempts: dict[str, int] = {}
+        self._exits: dict[str, _MountExit] = {}
+
+    def record(self, path: str, outcome: str, output: Any = None) -> None:
+        """Record one finished attempt (`completed`, `failed` or `timed_out`) of `path`."""
+        node = self.compiled.nodes.get(path)
+        self._seq += 1
+        seq = self._seq
+        self._finished_at[path] = seq
+        self.outcomes[path] = outcome
+        if outcome == "completed":
+            self._completed_at[path] = seq
+            self.outputs[path] = output
+        if node is None:
+            return
+        mount = node.mount
+        if node.include_transition == "entry" and mount is not None:
+            if outcome == "completed":
+                self._entered[mount.path] = seq
+                self._inputs[mount.path] = output.get("input") if isinstance(output, dict) else None
+                self._invocations[mount.path] = self._invocations.get(mount.path, 0) + 1
+                self._attempts[mount.path] = 0
+        elif node.include_transition == "exit" and mount is not None:
+            assert node.exit_name is not None
+            self._exits[mount.path] = _MountExit(seq, path, node.exit_name, outcome)
+        else:
+            for depth in range(1, len(node.mount_path) + 1):
+                scope = "/".join(node.mount_path[:depth])
+                self._attempts[scope] = self._attempts.get(scope, 0) + 1
+
+    def invocation(self, mount: str) -> int:
+        """1 + the completed entries of `mount` so far (the next entry's `invocation`)."""
+        return self._invocations.get(mount, 0) + 1
+
+    def limit_exceeded(self, node: CompiledNode) -> str | None:
+        """Why running `node` now would pass an include's `max_steps`, or `None`.
+
+        Each mount's child `max_steps` bounds the real attempts after its latest entry,
+        nested mounts included; ancestors are checked first. Entry and exit nodes never
+        count.
+        """
+        if node.node is None:
+            return None
+        for depth in range(1, len(node.mount_path) + 1):
+            scope = "/".join(node.mount_path[:depth])
+            mount = self.compiled.mounts[scope]
+            limit = mount.workflow.max_steps
+            if self._attempts.get(scope, 0) + 1 > limit:
+                return (
+                    f"include {scope!r} (workflow {mount.workflow.name!r}) made more than "
+                    f"{limit} steps in one invocation"
+                )
+        return None
+
+    def view(self, scope: tuple[str, ...]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """`(input, outputs, results)` as a node in `scope` sees them, by local names."""
+        scope_id = "/".join(scope)
+        since = self._entered.get(scope_id, 0) if scope else 0
+        run_input = self._inputs.get(scope_id) if scope else self.input
+        outputs: dict[str, Any] = {}
+        results: dict[str, Any] = {}
+        for path, seq in self._finished_at.items():
+            node = self.compiled.nodes.get(path)
+            if node is None or node.node is None or node.mount_path != scope or seq <= since:
+                continue
+            results[node.local_id] = {"outcome": self.outcomes[path]}
+            completed = self._completed_at.get(path)
+            if completed is not None and completed > since:
+                outputs[node.local_id] = self.outputs[path]
+        for mount_id, mount in self.compiled.mounts.items():
+            if mount.mount_path[:-1] != scope:
+                continue
+            left = self._exits.get(mount_id)
+            if left is None or left.seq <= since or left.seq < self._entered.get(mount_id, 0):
+                continue
+            local = mount.mount_path[-1]
+            results[local] = {"outcome": left.outcome, "exit": left.exit_name}
+            if left.outcome == "completed":
+                outputs[local] = self.outputs[left.path]
+        return run_input, outputs, results
+
+    def context(
+        self,
+        node: CompiledNode,
+        *,
+        run_id: str = "",
+        visit: int = 1,
+        effects: EffectHost | None = None,
+    ) -> EngineContext:
+        """The context for one attempt of `node`, projected to its include scope."""
+        run_input, outputs, results = self.view(node.mount_path)
+        return EngineContext(
+            input=run_input,
+            outputs=outputs,
+            results=results,
+            run_id=run_id,
+            node_path=node.path,
+            visit=visit,
+            effects=effects,
+        )
+
+    def transition_output(self, node: CompiledNode, ctx: NodeContext) -> dict[str, Any]:
+        """Run a synthetic include node: the entry's or the exit's output.
+
+        `ctx` is `context(node)`: the parent scope for an entry, the child's for an exit.
+        """
+        if node.include_transition == "entry":
+            assert node.mount is not None
+            return include_entry_output(node, ctx, self.invocation(node.mount.path))
+        return include_exit_output(node, ctx)

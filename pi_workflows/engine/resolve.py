@@ -25,6 +25,7 @@ from pi_workflows.engine._errors import (
     WorkflowNotFoundError,
 )
 from pi_workflows.engine._loader import load_workflow
+from pi_workflows.supervision._process import set_process_name
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 
 __all__ = [
@@ -169,6 +170,7 @@ def main() -> int:
     **Exit status:** 0 whenever a response was written; 2 for a malformed request (a server
     bug; nothing on stdout); 1 if the resolver itself crashed.
     """
+    set_process_name("piw-resolver")
     # Workflow code may print at import: only the response may reach the real stdout.
     sys.stdout.flush()
     response_fd = os.dup(1)

@@ -6,7 +6,10 @@ no database handle; every change is a message that waits for the server's reply.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import hashlib
 import itertools
 import os
 import signal
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow
+from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow, ScopedState
 from pi_workflows.engine._context import NOT_APPLIED, EffectCall, EngineContext
 from pi_workflows.engine._definition import (
     ActionNode,
@@ -32,8 +35,9 @@ from pi_workflows.engine._errors import RoutingError, SourceChangedError
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
 from pi_workflows.supervision import identity_of
-from pi_workflows.wire.canonical import dumps
-from pi_workflows.wire.framing import SocketFrameReader
+from pi_workflows.supervision._process import set_process_name
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
+from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
 from pi_workflows.wire.protocol import (
     LAUNCH_SCHEMA,
     decode_launch_envelope,
@@ -44,6 +48,7 @@ from pi_workflows.wire.protocol import (
 __all__ = ["LAUNCH_ENV", "RUNNER_FD_ENV", "main"]
 
 LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
+RUNNER_PROCESS_NAME = "piw-runner"
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
 AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
 EXIT_CLAIM_LOST = 3
@@ -69,6 +74,59 @@ class EffectAmbiguous(EffectFailed):
     """An effect may have applied and nothing proves it: it waits for an operator."""
 
 
+CONTENT_MEDIA_TYPE = "application/json"
+CONTENT_PART_BYTES = 512 * 1024
+"""The most bytes one `content.read` asks for."""
+MAX_CONTENT_BYTES = 256 * 1024 * 1024
+"""The largest referenced value a runner reads; a larger reference is refused unread."""
+MAX_OUTPUT_BYTES = MAX_FRAME_BYTES - 64 * 1024
+"""The largest node output (canonical JSON): `node.finished` and `run.finished` must fit
+in one runner frame with their envelope."""
+CONTENT_PARK_REASON = "contentUnavailable"
+
+
+class ContentFailed(Exception):  # noqa: N818
+    """A value the server sent by reference could not be read and verified.
+
+    `code` is one of `invalidMediaType`, `wrongLength`, `contentTooLarge`,
+    `contentUnavailable` (the server refused the read: missing content, bad range),
+    `badPart`, `digestMismatch` or `malformedJson`. The message is bounded.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}"[:MAX_ERROR_TEXT])
+        self.code = code
+
+
+class RunnerStopped(ClaimLost):
+    """The runner handed its run back (parked it) and must stop, writing nothing more."""
+
+
+class OutputTooLarge(ValueError):  # noqa: N818 - the failure code, outputTooLarge
+    """A node output is too large to report in one runner frame; the node fails."""
+
+
+def checked_output(output: Any) -> bytes:
+    """Return the canonical JSON of a node output that fits in one runner frame.
+
+    Raises:
+        NotSerializableError: the output is not plain JSON.
+        OutputTooLarge: more than MAX_OUTPUT_BYTES of canonical JSON.
+    """
+    data = dumps(output)
+    if len(data) > MAX_OUTPUT_BYTES:
+        raise OutputTooLarge(
+            f"the node output is {len(data)} bytes of JSON; "
+            f"at most {MAX_OUTPUT_BYTES} fit in one runner frame"
+        )
+    return data
+
+
+def _failure_code(exc: BaseException) -> str:
+    """The `node.failed` error code of a node's exception."""
+    return "outputTooLarge" if isinstance(exc, OutputTooLarge) else "nodeFailed"
+
+
 class Channel:
     """Request/reply over the private channel; every message waits for its reply."""
 
@@ -83,12 +141,116 @@ class Channel:
     def send(
         self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
     ) -> dict[str, Any]:
-        """Send one message and return its accepted reply.
+        """Send one message and return its accepted reply, its result read in full.
+
+        A result the server sent by reference (`resultRef`) is read in bounded parts
+        and verified; the returned reply carries it as `result`.
 
         Raises:
             ClaimLost: the server answered with claim loss.
+            RunnerStopped: a referenced result could not be read; the run was parked
+                with `contentUnavailable`.
             Refused: any other refusal.
         """
+        answer = self._exchange(kind, payload, attempt_id)
+        ref = answer.get("resultRef")
+        if ref is None:
+            return answer
+        resolved = {key: value for key, value in answer.items() if key != "resultRef"}
+        resolved["result"] = self._resolve(ref, f"the reply to {kind}")
+        return resolved
+
+    def wait_command(self) -> dict[str, Any]:
+        """Return the one command the server sends after `runner.ready`.
+
+        A state sent by reference (`stateRef`) is read and verified, and the returned
+        command carries it as `state`.
+
+        Raises:
+            ClaimLost: the server closed the channel.
+            RunnerStopped: the referenced state could not be read; the run was parked.
+        """
+        while self.pending_command is None:
+            raw = self._reader.read_message()
+            if raw is None:
+                raise ClaimLost("the server closed the channel before the command")
+            answer = runner_message_from_wire(raw, sender="server")
+            if answer["kind"] == "command":
+                self.pending_command = answer
+        command = self.pending_command
+        self.revision = command["expectedRevision"]
+        payload = command["payload"]
+        ref = payload.get("stateRef")
+        if ref is None:
+            return command
+        state = self._resolve(ref, "the run state")
+        if not isinstance(state, dict):
+            self._hand_back(ContentFailed("malformedJson", "not an object"), "the run state")
+        resolved = {key: value for key, value in payload.items() if key != "stateRef"}
+        resolved["state"] = state
+        return {**command, "payload": resolved}
+
+    def read_content(self, ref: Mapping[str, Any]) -> Any:
+        """Read a referenced JSON value in parts of at most 512 KiB and verify it.
+
+        Every part must start where the last ended and have the length asked for; the
+        whole must have the reference's byte count and SHA-256 digest, and be JSON.
+
+        Raises:
+            ContentFailed: a bounded failure (see its codes); nothing is half-used.
+            ClaimLost: the server answered a read with claim loss.
+        """
+        media_type, total, digest = ref.get("mediaType"), ref.get("byteCount"), ref.get("digest")
+        if media_type != CONTENT_MEDIA_TYPE:
+            raise ContentFailed("invalidMediaType", f"{str(media_type)[:128]!r} is not JSON")
+        if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+            raise ContentFailed("wrongLength", "the reference has no byte count")
+        if total > MAX_CONTENT_BYTES:
+            raise ContentFailed(
+                "contentTooLarge", f"{total} bytes is more than {MAX_CONTENT_BYTES} bytes"
+            )
+        hasher = hashlib.sha256()
+        parts: list[bytes] = []
+        offset = 0
+        while offset < total:
+            length = min(CONTENT_PART_BYTES, total - offset)
+            try:
+                reply = self._exchange(
+                    "content.read", {"digest": digest, "offset": offset, "length": length}
+                )
+            except Refused as exc:
+                raise ContentFailed("contentUnavailable", str(exc)) from None
+            part = _decoded_part(reply.get("result"), offset)
+            if len(part) != length:
+                raise ContentFailed(
+                    "wrongLength", f"the part at {offset} has {len(part)} bytes, not {length}"
+                )
+            hasher.update(part)
+            parts.append(part)
+            offset += length
+        if "sha256:" + hasher.hexdigest() != digest:
+            raise ContentFailed("digestMismatch", f"the {total} bytes read do not match {digest}")
+        try:
+            return loads(b"".join(parts))
+        except CanonicalJSONError as exc:
+            raise ContentFailed("malformedJson", str(exc)[:200]) from None
+
+    def _resolve(self, ref: Mapping[str, Any], what: str) -> Any:
+        try:
+            return self.read_content(ref)
+        except ContentFailed as exc:
+            self._hand_back(exc, what)
+
+    def _hand_back(self, exc: ContentFailed, what: str) -> NoReturn:
+        """Park the run for review with a bounded reason, then stop (never a traceback)."""
+        detail = f"{what}: {exc}"[:MAX_ERROR_TEXT]
+        self._exchange("run.parked", {"reason": CONTENT_PARK_REASON, "detail": detail})
+        raise RunnerStopped(f"{CONTENT_PARK_REASON}: {exc.code}")
+
+    def _exchange(
+        self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
+    ) -> dict[str, Any]:
+        """Send one message and return its accepted reply as it came (no reference read)."""
         message: dict[str, Any] = {
             "schema": LAUNCH_SCHEMA,
             "kind": kind,
@@ -123,18 +285,18 @@ class Channel:
             self.revision = answer.get("revision", self.revision) or self.revision
             return answer
 
-    def wait_command(self) -> dict[str, Any]:
-        """Return the one command the server sends after `runner.ready`."""
-        while self.pending_command is None:
-            raw = self._reader.read_message()
-            if raw is None:
-                raise ClaimLost("the server closed the channel before the command")
-            answer = runner_message_from_wire(raw, sender="server")
-            if answer["kind"] == "command":
-                self.pending_command = answer
-        command = self.pending_command
-        self.revision = command["expectedRevision"]
-        return command
+
+def _decoded_part(result: Any, offset: int) -> bytes:
+    """The bytes of one `content.read` result: `{"offset": offset, "data": base64}`."""
+    if not isinstance(result, dict) or result.get("offset") != offset:
+        raise ContentFailed("badPart", f"the reply to the read at {offset} is not that part")
+    data = result.get("data")
+    if not isinstance(data, str):
+        raise ContentFailed("badPart", f"the part at {offset} has no data")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ContentFailed("badPart", f"the part at {offset} is not base64") from None
 
 
 class RunnerEffects:
@@ -226,10 +388,29 @@ def _run_shell(
     The group is registered with the server (`process.register`) while it runs, so a
     runner that is killed or cancelled cannot leave the command running behind it.
     """
-    child = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
-    registration = _register(channel, child.pid)
+    # The command waits at a gate until its group is registered, so no instant exists in
+    # which the runner could die (or the server stop) and leave an unregistered command
+    # running. `sh` holds the gate and then execs the command in place: same PID, same
+    # start identity. If the runner dies first, the gate closes empty and nothing runs.
+    gate_r, gate_w = os.pipe()
+    try:
+        child = subprocess.Popen(
+            ["/bin/sh", "-c", _GATE_SCRIPT.format(fd=gate_r), "piw-gate", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=(gate_r,),
+        )
+    except BaseException:
+        os.close(gate_w)
+        raise
+    finally:
+        os.close(gate_r)
+    try:
+        registration = _register(channel, child.pid)
+        os.write(gate_w, b"go\n")
+    finally:
+        os.close(gate_w)
     timed_out = False
     try:
         out, err = child.communicate(timeout=None if timeout_ms is None else timeout_ms / 1000)
@@ -255,6 +436,10 @@ def _run_shell(
         "stderr": err[:max_output].decode("utf-8", "replace"),
         "truncated": len(out) > max_output or len(err) > max_output,
     }
+
+
+_GATE_SCRIPT = 'read -r _ <&{fd} || exit 127; exec {fd}<&-; exec "$@"'
+"""Wait for the runner's go (sent once the group is registered), then become the command."""
 
 
 def _register(channel: Channel | None, pid: int) -> dict[str, Any] | None:
@@ -284,25 +469,29 @@ class Execution:
         self.channel = channel
         self.compiled = compiled
         self.run_id = str(envelope["runId"])
-        self.input = state.get("input")
-        self.outputs: dict[str, Any] = dict(state.get("outputs") or {})
-        self.results: dict[str, Any] = {}
+        # Outputs and results by full compiled path; each node's context sees them
+        # projected to its include scope. A resumed runner rebuilds the scopes by replaying
+        # the committed attempts in order (outputs are the latest completed per path).
+        self.scopes = ScopedState(compiled, state.get("input"))
+        committed: Mapping[str, Any] = state.get("outputs") or {}
         self.visits: dict[str, int] = dict(state.get("visits") or {})
         self.steps = 0
         self.current: str | None = compiled.start_at
         self.last_output: Any = None
         self.ended: str | None = None
         for attempt in state.get("finished") or []:
-            self.steps += 1
             status, path = attempt["status"], attempt["nodePath"]
+            known = compiled.nodes.get(path)
+            if known is None or known.node is not None:  # entries and exits are no steps
+                self.steps += 1
             self.ended = None
             if status == "completed":
-                self.results[path] = {"outcome": status}
+                self.scopes.record(path, status, committed.get(path))
                 self.current = attempt["nextNodePath"]
-                self.last_output = self.outputs.get(path)
+                self.last_output = committed.get(path)
             elif status in ("failed", "timed_out"):
                 # The server may have ended the attempt (a deadline); route it here.
-                self.results[path] = {"outcome": status}
+                self.scopes.record(path, status)
                 self.current = attempt["nextNodePath"] or self._route_after(path, status)
                 if self.current is None:
                     self.ended = status
@@ -324,22 +513,24 @@ class Execution:
             self._finish(self.ended, error=(code, "the last node did not complete"))
             return
         while self.current is not None:
-            self.steps += 1
+            node = self.compiled.nodes[self.current]
+            if node.node is not None:  # include entry and exit nodes are no steps
+                self.steps += 1
             if self.steps > self.compiled.max_steps:
                 self._finish(
                     "failed", error=("maxSteps", f"more than {self.compiled.max_steps} steps")
                 )
                 return
-            node = self.compiled.nodes[self.current]
+            exceeded = self.scopes.limit_exceeded(node)
+            if exceeded is not None:
+                self._finish("failed", error=("maxSteps", exceeded))
+                return
             if not self._step(node):
                 return
         self._finish("completed", output=self.last_output)
 
     def _step(self, node: CompiledNode) -> bool:
         """Run one node; False when the run stopped here (parked or finished)."""
-        if node.include_transition is not None or node.node is None:
-            self._finish("failed", error=("unsupported", "included workflows do not run yet"))
-            return False
         attempt_id = f"attempt-{uuid.uuid4().hex}"
         started: dict[str, Any] = {
             "nodePath": node.path,
@@ -350,12 +541,9 @@ class Execution:
             started["timeoutMs"] = node.timeout_ms
         reply = self.channel.send("node.started", started, attempt_id)
         visit = (reply.get("result") or {}).get("visit", started["visit"])
-        ctx = EngineContext(
-            input=self.input,
-            outputs=self.outputs,
-            results=self.results,
+        ctx = self.scopes.context(
+            node,
             run_id=self.run_id,
-            node_path=node.path,
             visit=visit,
             effects=RunnerEffects(self.channel, attempt_id)
             if node.kind in ("action", "shell")
@@ -363,7 +551,7 @@ class Execution:
         )
         try:
             output = self._execute(node, ctx)
-            dumps(output)  # an output must be JSON; otherwise the node failed, not the runner
+            checked_output(output)  # JSON that fits one frame, or the node failed (not the runner)
             outcome = "completed"
         except (ClaimLost, Refused):
             raise
@@ -375,11 +563,14 @@ class Execution:
             output, outcome = None, "failed"
             self.channel.send(
                 "node.failed",
-                {"nodePath": node.path, "error": {"code": "nodeFailed", "message": _text(exc)}},
+                {
+                    "nodePath": node.path,
+                    "error": {"code": _failure_code(exc), "message": _text(exc)},
+                },
                 attempt_id,
             )
             self.visits[node.path] = visit
-            self.results[node.path] = {"outcome": "failed"}
+            self.scopes.record(node.path, "failed")
             try:
                 self.current = next_node(self.compiled, node.path, None, "failed")
             except RoutingError:
@@ -397,8 +588,7 @@ class Execution:
         if route is not None:
             finished["route"] = route
         self.channel.send("node.finished", finished, attempt_id)
-        self.outputs[node.path] = output
-        self.results[node.path] = {"outcome": outcome}
+        self.scopes.record(node.path, outcome, output)
         self.visits[node.path] = visit
         self.last_output = output
         if node.kind == "checkpoint":
@@ -409,6 +599,10 @@ class Execution:
         return True
 
     def _execute(self, node: CompiledNode, ctx: EngineContext) -> Any:
+        if node.include_transition is not None:
+            # An include entry maps the parent's context to the child's input; an exit
+            # hands the child's exit output back to the parent, which routes on it.
+            return self.scopes.transition_output(node, ctx)
         spec = node.node
         if isinstance(spec, ComputeNode | ActionNode):
             return spec.fn(ctx)
@@ -451,6 +645,7 @@ class Execution:
 def main() -> int:
     """Run one generation; the exit code is for logs only (the server decides outcomes)."""
     sys.stdout = sys.stderr  # workflow prints must never reach a protocol stream
+    set_process_name(RUNNER_PROCESS_NAME)
     envelope = decode_launch_envelope(os.environ[LAUNCH_ENV].encode("utf-8"))
     sock = socket.socket(fileno=int(os.environ[RUNNER_FD_ENV]))
     sock.setblocking(True)

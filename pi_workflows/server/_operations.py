@@ -18,6 +18,7 @@ from typing import Any
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._runners import RunnerHost
 from pi_workflows.storage import (
+    AnswerInvalidError,
     ClaimHeldError,
     ClaimLostError,
     CommandRequest,
@@ -40,10 +41,12 @@ from pi_workflows.storage import (
     lookup_receipt,
     pause_run,
     pending_decision,
+    put_json_blob,
     record_receipt,
     resume_run,
     run_list_revision,
     status_counts,
+    verify,
 )
 from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
@@ -128,6 +131,33 @@ def _server_status(db: Database, request: RequestMessage, ctx: OperationContext)
         "expiredClaims": counts.expired_claims,
         "pendingInteractions": counts.pending_interactions,
         "ambiguousEffects": counts.ambiguous_effects,
+    }
+    return response(request, "accepted", receipt=receipt)
+
+
+VERIFY_FINDINGS_SHOWN = 500
+"""The most findings one `state.verify` receipt lists (`findingCount` has them all)."""
+VERIFY_DETAIL_CHARS = 500
+
+
+def _state_verify(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+    """`state.verify`: the invariant checker on the live database, on the database actor.
+
+    **Blocking:** reads the whole database; other requests wait until it is done.
+    """
+    findings = verify(db)
+    receipt = {
+        "consistent": not findings,
+        "findingCount": len(findings),
+        "truncated": len(findings) > VERIFY_FINDINGS_SHOWN,
+        "findings": [
+            {
+                "code": finding.code.value,
+                "runId": finding.run_id,
+                "detail": finding.detail[:VERIFY_DETAIL_CHARS],
+            }
+            for finding in findings[:VERIFY_FINDINGS_SHOWN]
+        ],
     }
     return response(request, "accepted", receipt=receipt)
 
@@ -369,6 +399,13 @@ def start_run(
                 str(resolved.get("code") or "definitionInvalid"),
                 str(resolved.get("message") or "the workflow could not be started"),
             )
+        definition = resolved.get("definition")
+        if definition is not None and put_json_blob(tx, definition) != resolved["definitionDigest"]:
+            raise OperationError(
+                "rejected", "definitionInvalid", "the definition snapshot does not match its digest"
+            )
+        # The snapshot stays stored under the run's definition digest: the server checks
+        # checkpoint answers against it without loading workflow code.
         run_id = f"run-{uuid.uuid4().hex}"
         result = enqueue_run(
             tx,
@@ -432,12 +469,15 @@ def _answer(db: Database, request: RequestMessage, ctx: OperationContext) -> dic
             raise OperationError("notFound", "runNotFound", f"no run {run_id}")
         if pending_decision(tx, run_id) is None:
             raise OperationError("rejected", "notWaiting", "the run is not waiting at a checkpoint")
-        answered = answer_checkpoint(
-            tx,
-            run_id,
-            answer=request["payload"]["answer"],
-            idempotency_key=request["idempotencyKey"],
-        )
+        try:
+            answered = answer_checkpoint(
+                tx,
+                run_id,
+                answer=request["payload"]["answer"],
+                idempotency_key=request["idempotencyKey"],
+            )
+        except AnswerInvalidError as exc:  # nothing was written: no continuation run
+            raise OperationError("rejected", exc.code, str(exc)) from None
         body = {"runId": run_id, "continuationRunId": answered.continuation_run_id}
         return answered.continuation_run_id, answered.revision, body
 
@@ -448,6 +488,7 @@ Operation = Callable[[Database, RequestMessage, OperationContext], dict[str, Any
 
 READS: dict[str, Operation] = {
     "server.status": _server_status,
+    "state.verify": _state_verify,
     "run.list": _run_list,
     "run.get": _run_get,
 }

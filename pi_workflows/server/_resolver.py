@@ -11,26 +11,34 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 
 __all__ = ["RESOLVE_TIMEOUT_S", "resolve_start"]
 
 RESOLVE_TIMEOUT_S = 30.0
 MAX_RESOLVER_OUTPUT = 4 * 1024 * 1024
+RESOLVER_MODULE = "pi_workflows.engine.resolve"
 
 
 def resolve_start(
-    workflow: str, project_path: str | None, agent_dir: Path, workflow_input: Any
+    workflow: str,
+    project_path: str | None,
+    agent_dir: Path,
+    workflow_input: Any,
+    zygote: Zygote | None = None,
 ) -> dict[str, Any]:
     """Run the resolver child and return its one response object.
 
-    Never raises for a bad workflow: failures come back as `{"ok": false, ...}`. Runs on
-    a resolver worker thread, never on an actor.
+    The child is forked by the zygote when there is one, else started cold. Never raises
+    for a bad workflow: failures come back as `{"ok": false, ...}`. Runs on a resolver
+    worker thread, never on an actor.
     """
     request = dumps(
         {
@@ -40,13 +48,61 @@ def resolve_start(
             "input": workflow_input,
         }
     )
+    cwd = Path(project_path) if project_path and Path(project_path).is_dir() else None
+    if zygote is not None:
+        with contextlib.suppress(ZygoteUnavailable):
+            return _resolve_warm(zygote, request, cwd)
+    return _resolve_cold(request, cwd)
+
+
+def _resolve_warm(zygote: Zygote, request: bytes, cwd: Path | None) -> dict[str, Any]:
+    server_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with server_end:
+        try:
+            identity = zygote.spawn(
+                RESOLVER_MODULE,
+                env=os.environ,
+                cwd=cwd,
+                fds=[("stdin", child_end.fileno()), ("stdout", child_end.fileno())],
+                on_exit=lambda _: None,
+            )
+        finally:
+            child_end.close()
+        try:
+            server_end.settimeout(RESOLVE_TIMEOUT_S)
+            server_end.sendall(request + b"\n")
+            out = _read_line(server_end)
+        except TimeoutError:
+            return _failure("definitionInvalid", "loading the workflow took too long")
+        except OSError:
+            out = b""
+        finally:
+            zygote.signal_group(identity.pid, signal.SIGKILL)  # nothing it started outlives it
+    return _answer(out)
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_RESOLVER_OUTPUT:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if b"\n" in chunk:
+            break
+    return b"".join(chunks)
+
+
+def _resolve_cold(request: bytes, cwd: Path | None) -> dict[str, Any]:
     child = subprocess.Popen(
-        [sys.executable, "-m", "pi_workflows.engine.resolve"],
+        [sys.executable, "-m", RESOLVER_MODULE],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        cwd=project_path if project_path and Path(project_path).is_dir() else None,
+        cwd=cwd,
     )
     try:
         out, _ = child.communicate(request + b"\n", timeout=RESOLVE_TIMEOUT_S)
@@ -58,6 +114,10 @@ def resolve_start(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)  # nothing the workflow started outlives it
+    return _answer(out)
+
+
+def _answer(out: bytes) -> dict[str, Any]:
     line = out[:MAX_RESOLVER_OUTPUT].split(b"\n", 1)[0]
     try:
         answer = loads(line)

@@ -9,6 +9,7 @@ actor's thread, which owns `RunnerHost` state.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import signal
@@ -23,6 +24,7 @@ from pi_workflows.storage import (
     Claim,
     ClaimHeldError,
     ClaimLostError,
+    ContentUnavailableError,
     Database,
     EffectConflictError,
     FailureClass,
@@ -45,6 +47,8 @@ from pi_workflows.storage import (
     open_checkpoint_decision,
     park_run,
     protected_write,
+    put_blob,
+    read_blob_part,
     read_continuation,
     read_resume_state,
     record_runner_exit,
@@ -61,10 +65,17 @@ from pi_workflows.storage import (
     wait_run,
 )
 from pi_workflows.supervision import ProcessIdentity, identity_of, signal_group
-from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.canonical import dumps, sha256_digest
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA, ProtocolViolation, runner_message_from_wire
 
-__all__ = ["STARTUP_DEADLINE_MS", "ActiveRunner", "RunnerHost"]
+__all__ = [
+    "CONTENT_MEDIA_TYPE",
+    "INLINE_FRAME_LIMIT",
+    "STARTUP_DEADLINE_MS",
+    "ActiveRunner",
+    "RunnerHost",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +86,13 @@ STARTUP_DEADLINE_MS = 20_000
 """A runner must send `runner.ready` this long after its launch was recorded."""
 
 PROTOCOL_VERSION = 1
+
+INLINE_FRAME_LIMIT = MAX_FRAME_BYTES - 64 * 1024
+"""The largest encoded reply or command sent whole; a larger one carries its result (or
+state) as a digest-bound blob reference that the runner reads with `content.read`."""
+
+CONTENT_MEDIA_TYPE = "application/json"
+"""The media type of every referenced value: the canonical JSON of the logical result."""
 
 
 @dataclass
@@ -96,6 +114,8 @@ class ActiveRunner:
     """The attempt whose node deadline passed, if that is why the runner was stopped."""
     registered: dict[int, ProcessIdentity] = field(default_factory=dict)
     """Process groups the runner registered (its shell commands), by PID."""
+    offered: set[str] = field(default_factory=set)
+    """Digests of the content references sent to this runner: all it may `content.read`."""
 
 
 @dataclass
@@ -237,9 +257,14 @@ class RunnerHost:
             or message["generation"] != runner.claim.generation
         ):
             return [self._reply(runner, message, "claimLost", error=("claimLost", "stale runner"))]
+        if message["kind"] == "content.read":
+            return [self._read_content(db, runner, message)]  # a read: no receipt
         fingerprint = sha256_digest(message)
         stored = lookup_runner_reply(db, runner_epoch, message["messageId"], fingerprint)
         if stored is not None:
+            ref = stored.get("resultRef")
+            if ref is not None:  # a retry gets the same reference, still readable
+                runner.offered.add(ref["digest"])
             return [stored]
         try:
             frames = self._apply(db, runner, message, fingerprint)
@@ -278,10 +303,37 @@ class RunnerHost:
         with db.write() as tx:
             revision, result = handler(tx, runner, message, extra)
             reply = self._reply(runner, message, "accepted", revision=revision, result=result)
+            # Measure every frame before it is stored or sent: an oversized result is
+            # stored as a blob in this transaction, and the frame carries its reference.
+            reply = _bounded(tx, runner, reply)
+            extra = [_bounded(tx, runner, frame) for frame in extra]
             record_runner_reply(
                 tx, runner.runner_epoch, message["messageId"], kind, fingerprint, reply
             )
         return [reply, *extra]
+
+    def _read_content(
+        self, db: Database, runner: ActiveRunner, message: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One bounded part of a value this runner was sent by reference (base64)."""
+        payload = message["payload"]
+        digest, offset, length = payload["digest"], payload["offset"], payload["length"]
+        if digest not in runner.offered:
+            return self._reply(
+                runner,
+                message,
+                "notFound",
+                error=("contentUnavailable", f"content {digest} was not offered to this runner"),
+            )
+        try:
+            part = read_blob_part(db, digest, offset, length)
+        except ContentUnavailableError as exc:
+            outcome = "notFound" if exc.reason == "notFound" else "rejected"
+            return self._reply(runner, message, outcome, error=("contentUnavailable", str(exc)))
+        except ValueError as exc:  # a length outside 1..512 KiB
+            return self._reply(runner, message, "rejected", error=("contentUnavailable", str(exc)))
+        result = {"offset": offset, "data": base64.b64encode(part).decode("ascii")}
+        return self._reply(runner, message, "accepted", result=result)
 
     def _reply(
         self,
@@ -418,6 +470,34 @@ def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
     merged["outputs"].update(answers)
     merged["runId"] = run_id
     return merged, parent_attempt
+
+
+def _reference(tx: Tx, runner: ActiveRunner, value: Any) -> dict[str, Any]:
+    """Store `value` as a canonical JSON blob and return its wire `contentRef`."""
+    data = dumps(value)
+    digest = put_blob(tx, data)
+    runner.offered.add(digest)
+    return {"mediaType": CONTENT_MEDIA_TYPE, "byteCount": len(data), "digest": digest}
+
+
+def _bounded(tx: Tx, runner: ActiveRunner, frame: dict[str, Any]) -> dict[str, Any]:
+    """`frame` itself when it fits inline; else its large part replaced by a reference.
+
+    A reply's `result` becomes `resultRef`; a command's `payload.state` becomes
+    `payload.stateRef`. Nothing else in a frame grows with run data.
+    """
+    if len(dumps(frame)) <= INLINE_FRAME_LIMIT:
+        return frame
+    if frame["kind"] == "reply" and "result" in frame:
+        bounded = {key: value for key, value in frame.items() if key != "result"}
+        bounded["resultRef"] = _reference(tx, runner, frame["result"])
+        return bounded
+    payload = frame.get("payload")
+    if frame["kind"] == "command" and isinstance(payload, dict) and "state" in payload:
+        smaller = {key: value for key, value in payload.items() if key != "state"}
+        smaller["stateRef"] = _reference(tx, runner, payload["state"])
+        return {**frame, "payload": smaller}
+    return frame
 
 
 def _kill_registered(runner: ActiveRunner) -> None:

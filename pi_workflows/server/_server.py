@@ -55,7 +55,7 @@ from pi_workflows.server._operations import (
     start_request_fields,
     start_run,
 )
-from pi_workflows.server._resolver import resolve_start
+from pi_workflows.server._resolver import RESOLVER_MODULE, resolve_start
 from pi_workflows.server._runners import LaunchPlan, RunnerHost
 from pi_workflows.storage import (
     Clock,
@@ -71,6 +71,7 @@ from pi_workflows.storage import (
     workflows_dir,
 )
 from pi_workflows.supervision import ServerLock
+from pi_workflows.supervision._zygote_client import Zygote
 from pi_workflows.wire._listener import ClientListener, Connection
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RequestMessage
@@ -103,6 +104,9 @@ RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
 LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
 AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
+RUNNER_MODULE = "pi_workflows.engine.runner"
+ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
+"""`0` starts every runner and resolver as a cold interpreter (no zygote)."""
 
 
 class ServerStartError(PiWorkflowsError):
@@ -180,6 +184,7 @@ class WorkflowServer:
         self._log_handler: logging.Handler | None = None
         self._ctx: OperationContext | None = None
         self._watcher: threading.Thread | None = None
+        self._zygote: Zygote | None = None
 
     # --- paths -----------------------------------------------------------------------
 
@@ -214,6 +219,7 @@ class WorkflowServer:
         self._lock.acquire()
         try:
             self._log_handler = configure_server_logging(self.state_dir / "logs")
+            self._start_zygote()
             db = open_database(self.state_dir / "state.sqlite", clock=self.clock)
             self._take_epoch(db)
             self._start_actors(db)
@@ -225,6 +231,16 @@ class WorkflowServer:
         log.info("server started", extra={"action": "server.started", "epoch": self.epoch})
         self._watcher = threading.Thread(target=self._watch, name="server-watch", daemon=True)
         self._watcher.start()
+
+    def _start_zygote(self) -> None:
+        # Started before the database opens and before any actor thread: it imports the
+        # runner and resolver once while the server starts, then forks them on request.
+        if os.environ.get(ZYGOTE_ENV) == "0":
+            return
+        self._zygote = Zygote(
+            [RUNNER_MODULE, RESOLVER_MODULE], log_path=self.state_dir / "logs" / "zygote.log"
+        )
+        self._zygote.prestart()
 
     def _take_epoch(self, db: Database) -> None:
         # Holding the lock proves no other server lives, so its lease may be taken over
@@ -245,7 +261,7 @@ class WorkflowServer:
         database = DatabaseActor.start(db, fail)
         self._database = database
         self._refs.append(database)
-        supervisor = ProcessSupervisorActor.start(fail)
+        supervisor = ProcessSupervisorActor.start(fail, self._zygote)
         self._supervisor = supervisor
         self._runners = RunnerHost(self.owner_id)
         self._ctx = OperationContext(
@@ -339,6 +355,8 @@ class WorkflowServer:
             with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                 self._refs[0].stop(block=True, timeout=ACTOR_STOP_TIMEOUT_S)
         self._refs = []
+        if self._zygote is not None:
+            self._zygote.close()
         self._lock.release()
         if self._log_handler is not None:
             logging.getLogger("pi_workflows").removeHandler(self._log_handler)
@@ -449,13 +467,15 @@ class WorkflowServer:
         project = Path(plan.project_path) if plan.project_path else self.state_dir
         supervisor.tell(
             Spawn(
-                [sys.executable, "-m", "pi_workflows.engine.runner"],
+                [sys.executable, "-m", RUNNER_MODULE],
                 env,
                 spawned,
                 exited,
                 cwd=project if project.is_dir() else self.state_dir,
                 log_path=logs / f"{epoch}.log",
                 pass_fds=(runner_end.detach(),),
+                preloaded=RUNNER_MODULE,
+                fd_env=RUNNER_FD_ENV,
             )
         )
 
@@ -697,7 +717,9 @@ class _Router:
 
         def resolve() -> None:
             try:
-                resolved = resolve_start(name, project, server.state_dir.parent, workflow_input)
+                resolved = resolve_start(
+                    name, project, server.state_dir.parent, workflow_input, server._zygote
+                )
             except Exception:
                 log.exception("resolver failed", extra={"action": "resolver.error"})
                 resolved = {

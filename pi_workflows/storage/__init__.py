@@ -56,9 +56,11 @@ from pi_workflows.storage._db import (
     open_readonly,
 )
 from pi_workflows.storage._decisions import (
+    AnswerInvalidError,
     CheckpointAnswer,
     PendingDecision,
     answer_checkpoint,
+    checkpoint_answer_schema,
     open_checkpoint_decision,
     pending_decision,
     read_continuation,
@@ -203,6 +205,7 @@ __all__ = [
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
     "TRANSITIONS",
+    "AnswerInvalidError",
     "AttemptStarted",
     "CheckpointAnswer",
     "Claim",
@@ -279,6 +282,7 @@ __all__ = [
     "cancel_run",
     "check_claim",
     "check_transition",
+    "checkpoint_answer_schema",
     "claim_for_launch",
     "command_fingerprint",
     "complete_run",

@@ -1,7 +1,8 @@
 """Checkpoint decisions: opened when a run waits, answered once, continued by a new run.
 
 Implements workflow-server.md § Durable protocol records for ordinary checkpoints: one
-pending decision per waiting run, one accepted resolution, one continuation run.
+pending decision per waiting run, one accepted resolution, one continuation run. An
+answer must satisfy the checkpoint's `answerSchema` in the run's definition snapshot.
 """
 
 from __future__ import annotations
@@ -11,22 +12,47 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+
 from pi_workflows.storage import _queries as q
 from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
-from pi_workflows.storage._errors import InvalidTransitionError, RunNotFoundError
+from pi_workflows.storage._errors import (
+    ContentUnavailableError,
+    InvalidTransitionError,
+    RunNotFoundError,
+    StorageError,
+)
 from pi_workflows.storage._lifecycle import NewRun, complete_run, enqueue_run
 from pi_workflows.storage._reads import get_run
 from pi_workflows.wire.canonical import sha256_digest
 
 __all__ = [
+    "AnswerInvalidError",
     "CheckpointAnswer",
     "PendingDecision",
     "answer_checkpoint",
+    "checkpoint_answer_schema",
     "open_checkpoint_decision",
     "pending_decision",
     "read_continuation",
 ]
+
+
+class AnswerInvalidError(StorageError):
+    """A checkpoint answer was refused before anything was written.
+
+    `code` is `answerInvalid` (the answer does not satisfy the checkpoint's
+    `answerSchema`; `path` is the JSON Pointer of the failing value, `""` for the whole
+    answer) or `definitionUnavailable` (the run's definition snapshot is not stored, so
+    the answer cannot be checked).
+    """
+
+    def __init__(self, code: str, message: str, path: str | None = None) -> None:
+        self.code = code
+        self.path = path
+        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +123,15 @@ def answer_checkpoint(
     the continuation run (queued, `continuation_of` the parent, same source and input),
     and the parent's completion, settled by its continuation.
 
+    The answer is checked first against the checkpoint node's `answerSchema` in the
+    run's definition snapshot (stored as the blob named by its definition digest);
+    a refused answer writes nothing.
+
     Raises:
         RunNotFoundError: no such run.
         InvalidTransitionError: the run is not waiting at a checkpoint (or is paused).
+        AnswerInvalidError: the answer does not satisfy the schema, or the snapshot
+            is not stored.
     """
     parent = get_run(tx, run_id)
     if parent is None:
@@ -109,6 +141,7 @@ def answer_checkpoint(
         raise InvalidTransitionError(run_id, parent.status, "answer checkpoint")
     if parent.paused:
         raise InvalidTransitionError(run_id, "waiting (paused)", "answer checkpoint")
+    _check_answer(checkpoint_answer_schema(tx, run_id, decision.node_path), answer)
     response_hash = put_json_blob(tx, answer)
     answer_digest = sha256_digest(answer)
     continuation_id = f"run-{uuid.uuid4().hex}"
@@ -142,6 +175,63 @@ def answer_checkpoint(
         tx, run_id, payload={"continuedBy": continuation_id, "decisionId": decision.decision_id}
     )
     return CheckpointAnswer(decision.decision_id, run_id, continuation_id, started.revision)
+
+
+def checkpoint_answer_schema(reader: Reader, run_id: str, node_path: str) -> Any | None:
+    """The `answerSchema` of checkpoint `node_path` in the run's definition snapshot.
+
+    Returns None when the checkpoint declares no schema (any JSON answer is accepted).
+
+    Raises:
+        RunNotFoundError: no such run.
+        AnswerInvalidError: `definitionUnavailable`: the snapshot blob is missing or
+            corrupt, or does not name the node.
+    """
+    run = get_run(reader, run_id)
+    if run is None:
+        raise RunNotFoundError(run_id)
+    try:
+        snapshot = read_json_blob(reader, run.definition_digest)
+    except ContentUnavailableError as exc:
+        raise AnswerInvalidError(
+            "definitionUnavailable",
+            f"the definition snapshot of run {run_id} is not stored ({exc.reason}); "
+            "the answer cannot be checked",
+        ) from None
+    nodes = snapshot.get("nodes") if isinstance(snapshot, dict) else None
+    node = nodes.get(node_path) if isinstance(nodes, dict) else None
+    if not isinstance(node, dict):
+        raise AnswerInvalidError(
+            "definitionUnavailable",
+            f"the definition snapshot of run {run_id} has no node {node_path!r}",
+        )
+    return node.get("answerSchema")
+
+
+def _check_answer(schema: Any | None, answer: Any) -> None:
+    if schema is None:
+        return
+    try:
+        error = best_match(Draft202012Validator(schema).iter_errors(answer))
+    except SchemaError as exc:  # the resolver checked it; a snapshot is never edited
+        raise AnswerInvalidError(
+            "definitionUnavailable", f"the checkpoint's answerSchema is invalid: {exc.message}"
+        ) from None
+    if error is None:
+        return
+    path = "".join(f"/{_pointer_token(part)}" for part in error.absolute_path)
+    where = path or "/ (the whole answer)"
+    raise AnswerInvalidError(
+        "answerInvalid",
+        f"the answer does not match the checkpoint's answerSchema at {where}: {error.message}"[
+            :1000
+        ],
+        path,
+    )
+
+
+def _pointer_token(part: str | int) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")
 
 
 def read_continuation(

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +26,11 @@ __all__ = [
     "exited_unreaped",
     "identity_of",
     "is_alive",
+    "set_process_name",
     "signal_group",
     "signal_own_child",
     "spawn_child",
+    "wait_for_exits",
 ]
 
 
@@ -191,3 +195,45 @@ def exited_unreaped(child: ChildProcess) -> bool:
     except ChildProcessError:
         return True
     return info is not None
+
+
+def wait_for_exits(identities: Sequence[ProcessIdentity], timeout_s: float) -> bool:
+    """Wait until each exact process has exited (zombies count); True if all did in time.
+
+    For processes another process reaps (children of the zygote): a pidfd becomes readable
+    when its process ends, so nothing polls in a loop.
+    """
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    pidfds: list[int] = []
+    waiting: set[int] = set()
+    try:
+        for identity in identities:
+            pidfd = _open_pidfd(identity.pid)
+            if pidfd is None:
+                continue
+            pidfds.append(pidfd)
+            if is_alive(identity):  # checked after the pidfd pinned the process
+                poller.register(pidfd, select.POLLIN)
+                waiting.add(pidfd)
+        while waiting:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return False
+            for fd, _ in poller.poll(left_ms):
+                poller.unregister(fd)
+                waiting.discard(fd)
+        return True
+    finally:
+        for pidfd in pidfds:
+            os.close(pidfd)
+
+
+def set_process_name(name: str) -> None:
+    """Name this process for `ps -o comm` and `psutil.Process.name()` (Linux; else nothing).
+
+    A child forked by the zygote keeps the zygote's command line, so the name is how an
+    operator (or a test) tells a runner from a resolver from the zygote.
+    """
+    with contextlib.suppress(OSError):
+        (_PROC / "self" / "comm").write_text(name[:15])

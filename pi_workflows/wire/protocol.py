@@ -165,8 +165,10 @@ RUNNER_MESSAGE_KINDS: Final = (
     "effect.settle",
     "runner.progress",
     "runner.exiting",
+    "content.read",
 )
-"""Kinds a runner may send to the server."""
+"""Kinds a runner may send to the server: the design's list, then `content.read` (a
+bounded part of a value the server sent by reference; the design names no kind for it)."""
 
 RUNNER_SERVER_KINDS: Final = ("command", "reply")
 """Kinds the server sends to a runner."""

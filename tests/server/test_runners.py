@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.engine.runner import RUNNER_PROCESS_NAME
 from tests.conftest import write_workflow
 
 pytestmark = pytest.mark.timeout(120)
@@ -134,8 +136,9 @@ def _wait_fifo(fifo: Path, timeout: float = 60) -> None:
         while True:
             readable, _, _ = select.select([fd], [], [], timeout)
             assert readable, "the workflow never announced itself"
-            if os.read(fd, 64):
-                return
+            with contextlib.suppress(BlockingIOError):  # a writer opened but wrote nothing yet
+                if os.read(fd, 64):
+                    return
     finally:
         os.close(fd)
 
@@ -144,7 +147,7 @@ def _runner_pids(server: WorkflowServer) -> list[int]:
     return [
         child.pid
         for child in psutil.Process().children(recursive=True)
-        if "pi_workflows.engine.runner" in " ".join(child.cmdline())
+        if child.name() == RUNNER_PROCESS_NAME
     ]
 
 
@@ -676,3 +679,28 @@ def test_a_graceful_stop_requeues_the_run_and_stops_its_shell_command(
     finally:
         database.close()
     assert state == "queued", "the next server resumes the handed-back run"
+
+
+def test_losing_the_zygote_stops_its_runners_and_the_run_resumes_on_a_new_one(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    fifo, log = short_tmp / "after.fifo", short_tmp / "shell.log"
+    os.mkfifo(fifo)
+    source = SHELL_THEN_SLOW.format(fifo=str(fifo), log=str(log), counter=str(short_tmp / "n"))
+    write_workflow(project, "once", source)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = _start(client, project, "once", {})
+        _wait_fifo(fifo)
+        (pid,) = _runner_pids(running_server)
+        runner = psutil.Process(pid)
+        zygote = psutil.Process(runner.ppid())
+        assert zygote.name() == "piw-zygote", "the runner was forked warm"
+        zygote.kill()
+        _wait_fifo(fifo)  # a replacement runner, forked by a new zygote, reached `slow`
+        view = _wait_for(client, run_id, TERMINAL)
+    _gone, alive = psutil.wait_procs([runner], timeout=30)
+    assert not alive, "the orphaned runner was stopped by its exact identity"
+    assert view["display"]["status"] == "completed"
+    assert view["generation"] == 2
+    assert log.read_text() == "ran\n", "the shell command ran exactly once"

@@ -58,7 +58,8 @@ PINNED = {
     "read_resume_state", "ParkReason", "runner_made_progress",
     # checkpoint decisions
     "CheckpointAnswer", "PendingDecision", "answer_checkpoint", "open_checkpoint_decision",
-    "pending_decision", "read_continuation", "count_runner_outcomes",
+    "pending_decision", "read_continuation", "count_runner_outcomes", "AnswerInvalidError",
+    "checkpoint_answer_schema",
 }  # fmt: skip
 
 

@@ -1,0 +1,291 @@
+"""Named crash points: fault injection as a product feature.
+
+Implements python-port.md decision 9 and workflow-server.md § Conformance ("projections
+remain consistent after injected crashes"): `PI_WORKFLOWS_CRASH=<point>[@<n>]` makes the
+process that reaches the named point for the n-th time SIGKILL itself, at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal, TextIO, TypeAlias
+
+from pi_workflows.errors import PiWorkflowsError
+
+__all__ = [
+    "CRASH_ENV",
+    "CRASH_POINTS",
+    "PROCESS_KINDS",
+    "CrashPoint",
+    "CrashSpec",
+    "InvalidCrashSpecError",
+    "ProcessKind",
+    "UnknownCrashPointError",
+    "armed_crash",
+    "configure_crash",
+    "crash_point",
+    "parse_crash_spec",
+]
+
+CRASH_ENV: Final = "PI_WORKFLOWS_CRASH"
+"""The environment variable that arms one crash point: `<point>[@<n>]`."""
+
+ProcessKind: TypeAlias = Literal["server", "runner", "resolver", "client"]
+PROCESS_KINDS: Final[tuple[ProcessKind, ...]] = ("server", "runner", "resolver", "client")
+"""The processes a crash point can live in; a point's name starts with its process."""
+
+
+class UnknownCrashPointError(PiWorkflowsError, LookupError):
+    """`crash_point` was called with a name that was never declared: a programming error."""
+
+
+class InvalidCrashSpecError(PiWorkflowsError, ValueError):
+    """A `PI_WORKFLOWS_CRASH` value that names no declared point or has a bad `@n`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """One declared place where an armed process kills itself."""
+
+    name: str
+    """Dotted and unique, starting with its process, e.g. `server.receipt.after_commit`."""
+    process: ProcessKind
+    """The process that reaches the point; only that process can be killed by it."""
+    interrupts: str
+    """One sentence: the work the crash interrupts, i.e. what is and is not durable yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrashSpec:
+    """A parsed `PI_WORKFLOWS_CRASH` value."""
+
+    point: str
+    """A declared crash point name."""
+    hit: int
+    """Crash on this hit of the point in one process (1 = the first)."""
+
+
+_NAME = re.compile(r"^(server|runner|resolver|client)(\.[a-z][a-z0-9_]*)+$")
+_POINTS: dict[str, CrashPoint] = {}
+
+CRASH_POINTS: Final[Mapping[str, CrashPoint]] = MappingProxyType(_POINTS)
+"""Every declared crash point by name, in declaration order (read-only)."""
+
+
+def _declare(name: str, process: ProcessKind, interrupts: str) -> None:
+    if not _NAME.match(name) or name.split(".", 1)[0] != process:
+        raise ValueError(f"crash point {name!r} must be dotted and start with {process!r}")
+    if name in _POINTS:
+        raise ValueError(f"crash point {name!r} is declared twice")
+    _POINTS[name] = CrashPoint(name, process, interrupts)
+
+
+# --- The declared points. Each is declared once; code reaches it with crash_point(name).
+# Server: lifecycle transitions, receipts, launches, the ready handshake, cancellation.
+_declare(
+    "server.lifecycle.before_commit",
+    "server",
+    "A lifecycle transition's transaction after its changes and before its COMMIT, "
+    "so the whole transition is lost.",
+)
+_declare(
+    "server.lifecycle.after_commit",
+    "server",
+    "A lifecycle transition right after its COMMIT, before the server acts on it "
+    "(answers a client, signals a runner or launches one).",
+)
+_declare(
+    "server.receipt.after_commit",
+    "server",
+    "A client command after its receipt committed and before its response is written "
+    "to the client.",
+)
+_declare(
+    "server.launch.after_commit",
+    "server",
+    "A launch after the run's claim and runner epoch committed and before the runner "
+    "process is spawned.",
+)
+_declare(
+    "server.launch.after_spawn",
+    "server",
+    "A launch after the runner process was spawned and before its process identity is recorded.",
+)
+_declare(
+    "server.ready.before_command",
+    "server",
+    "The ready handshake after the server received runner.ready and before it sends "
+    "the runner its command.",
+)
+_declare(
+    "server.cancel.after_commit",
+    "server",
+    "A cancellation after the terminal cancel committed and before the runner's process "
+    "group is stopped.",
+)
+# Server: its own startup recovery.
+_declare(
+    "server.recovery.after_epoch",
+    "server",
+    "Startup after the new server epoch was taken and before startup recovery begins.",
+)
+_declare(
+    "server.recovery.after_first_run",
+    "server",
+    "Startup recovery after the first run was recovered and committed, before the "
+    "remaining runs are recovered.",
+)
+# Runner: the ready handshake, managed effects, and every message it sends.
+_declare(
+    "runner.ready.before_send",
+    "runner",
+    "The ready handshake after the runner read its launch envelope and before it sends "
+    "runner.ready.",
+)
+_declare(
+    "runner.effect.after_reserve",
+    "runner",
+    "A managed effect after the server confirmed its reservation and before its apply is called.",
+)
+_declare(
+    "runner.effect.after_apply",
+    "runner",
+    "A managed effect after its apply returned and before its settlement is sent to the server.",
+)
+_declare(
+    "runner.message.after_send",
+    "runner",
+    "A runner message after it was written to the server and before the runner reads its answer.",
+)
+
+
+def parse_crash_spec(value: str) -> CrashSpec:
+    """Parse `<point>[@<n>]`: a declared point name and an optional positive hit number.
+
+    Raises:
+        InvalidCrashSpecError: the point is not declared, or `n` is not a positive
+            decimal integer.
+    """
+    text = value.strip()
+    point, sep, count = text.partition("@")
+    if point not in _POINTS:
+        raise InvalidCrashSpecError(
+            f"{CRASH_ENV}={value!r} names no crash point "
+            "(`pi-workflows debug crash-points` lists them)"
+        )
+    if not sep:
+        return CrashSpec(point, 1)
+    if not count.isdecimal() or not count.isascii() or int(count) < 1:
+        raise InvalidCrashSpecError(
+            f"{CRASH_ENV}={value!r}: the hit after @ must be a positive integer, as in {point}@2"
+        )
+    return CrashSpec(point, int(count))
+
+
+class _Unread:
+    """The armed state of a forked child that has not read its own environment yet."""
+
+
+_UNREAD: Final = _Unread()
+_armed: CrashSpec | _Unread | None = None
+_hits = 0
+_lock = threading.Lock()
+
+
+def configure_crash(value: str | None = None, *, report: TextIO | None = None) -> CrashSpec | None:
+    """Arm (or disarm) this process from a `PI_WORKFLOWS_CRASH` value and reset its count.
+
+    The module calls this once when it is imported, with the environment's value, and
+    a forked child calls it again at its first crash point. An empty or unset value
+    disarms. An invalid value also disarms, and writes one line to `report` (standard
+    error by default) instead of raising, so a typo is visible but never kills the
+    process at a random place.
+
+    Args:
+        value: The value to use; None reads `os.environ`.
+        report: Where an invalid value is reported.
+
+    Returns:
+        The armed spec, or None when the process is disarmed.
+    """
+    global _armed, _hits  # noqa: PLW0603 - one process-wide switch, set under the lock
+    raw = os.environ.get(CRASH_ENV, "") if value is None else value
+    spec: CrashSpec | None = None
+    if raw.strip():
+        try:
+            spec = parse_crash_spec(raw)
+        except InvalidCrashSpecError as exc:
+            stream = report if report is not None else sys.stderr
+            try:
+                stream.write(f"pi-workflows: ignoring {exc}; no crash point is armed\n")
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # no usable stderr: nothing else can show it
+    with _lock:
+        _armed = spec
+        _hits = 0
+    return spec
+
+
+def armed_crash() -> CrashSpec | None:
+    """The point this process is armed with and the hit it dies on, or None."""
+    armed = _armed
+    if isinstance(armed, _Unread):
+        return configure_crash()
+    return armed
+
+
+def crash_point(name: str) -> None:
+    """Mark the declared crash point `name`; SIGKILL this process on its armed hit.
+
+    **Cost:** with no point armed, one dict lookup. Hits are counted per process, on
+    every thread, only while a point is armed; a forked child starts counting at zero.
+
+    Raises:
+        UnknownCrashPointError: `name` was never declared (checked armed or not).
+    """
+    armed = _armed
+    if armed is None:
+        if name in _POINTS:
+            return
+        raise UnknownCrashPointError(f"crash point {name!r} is not declared")
+    _reach(name)
+
+
+def _reach(name: str) -> None:
+    global _hits  # noqa: PLW0603 - the per-process hit count, changed under the lock
+    if name not in _POINTS:
+        raise UnknownCrashPointError(f"crash point {name!r} is not declared")
+    armed = armed_crash()
+    if armed is None or armed.point != name:
+        return
+    with _lock:
+        _hits += 1
+        if _hits != armed.hit:
+            return
+        # Holding the lock: no other thread gets past this point before the kill lands.
+        with contextlib.suppress(OSError):
+            os.write(2, f"pi-workflows: crash point {name} hit {armed.hit}: SIGKILL\n".encode())
+        os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(128 + signal.SIGKILL)  # not reached: SIGKILL cannot be caught
+
+
+def _after_fork_in_child() -> None:
+    global _armed, _hits, _lock  # noqa: PLW0603 - a forked child counts its own hits
+    _lock = threading.Lock()  # another thread of the parent may have held it
+    _armed = _UNREAD
+    _hits = 0
+
+
+configure_crash()
+# A child forked without exec (the zygote) may get another environment before it
+# runs: it reads the variable again at its first crash point, and counts anew.
+os.register_at_fork(after_in_child=_after_fork_in_child)

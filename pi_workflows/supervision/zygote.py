@@ -1,0 +1,226 @@
+"""The zygote process (`python -m pi_workflows.supervision.zygote MODULE...`).
+
+Implements issue 5's spawn-speed rule without giving up workflow-server.md § Process
+supervision: one interpreter, started once per server before the server has threads or
+SQLite connections, imports the child programs' modules and then forks each child on
+request, so a runner or resolver costs a fork (about a millisecond) instead of a cold
+interpreter and its imports. Every forked child still starts in a session (and process
+group) of its own; the zygote is its parent, so only the zygote waits for it, signals it
+while it is unreaped, and kills its group's strays before reaping it, exactly as the
+supervisor does for a directly spawned child.
+
+The control channel is an `AF_UNIX` `SOCK_SEQPACKET` pair: one JSON object per packet,
+file descriptors passed with `SCM_RIGHTS`. Requests (server to zygote)::
+
+    {"op": "spawn", "id": N, "module": M, "env": {...}, "cwd": PATH | null,
+     "fdRoles": ["stdin" | "stdout" | "stderr" | "env:NAME", ...]}   + one fd per role
+    {"op": "signal", "pid": P, "signal": S}      # to P's group, only while P is unreaped
+
+Events (zygote to server)::
+
+    {"op": "ready", "pid": zygote PID, "modules": [...]}
+    {"op": "spawned", "id": N, "pid": P, "startTicks": T, "bootId": B}
+    {"op": "spawnFailed", "id": N, "error": text}
+    {"op": "exited", "pid": P, "returncode": rc}   # rc < 0: the signal that ended it
+
+End of file on the channel (the server stopped or died) ends the zygote; its running
+children keep their own sessions and end when their own channels close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any, NoReturn
+
+from pi_workflows.supervision._process import identity_of, set_process_name
+
+__all__ = ["CONTROL_FD_ENV", "MAX_PACKET", "main"]
+
+CONTROL_FD_ENV = "PI_WORKFLOWS_ZYGOTE_FD"
+MAX_PACKET = 4 * 1024 * 1024
+"""Largest control packet; a spawn request carries the child's whole environment."""
+MAX_FDS = 8
+_STDIO = {"stdin": 0, "stdout": 1, "stderr": 2}
+
+
+class _Zygote:
+    def __init__(self, control: socket.socket, modules: list[str]) -> None:
+        self._control = control
+        self._modules = {name: importlib.import_module(name) for name in modules}
+        self._children: set[int] = set()
+        self._wakeup_r, self._wakeup_w = os.pipe()
+        os.set_blocking(self._wakeup_r, False)
+        os.set_blocking(self._wakeup_w, False)
+        self._selector = selectors.DefaultSelector()
+
+    def serve(self) -> int:
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd does the work
+        signal.set_wakeup_fd(self._wakeup_w)
+        selector = self._selector
+        selector.register(self._control, selectors.EVENT_READ, "control")
+        selector.register(self._wakeup_r, selectors.EVENT_READ, "child")
+        gc.freeze()  # keep the imported heap shared with children (no copy-on-write by gc)
+        self._send({"op": "ready", "pid": os.getpid(), "modules": sorted(self._modules)})
+        while True:
+            for key, _ in selector.select():
+                if key.data == "child":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wakeup_r, 4096)
+                    self._reap()
+                elif not self._read_request():
+                    self._reap()
+                    return 0
+
+    def _read_request(self) -> bool:
+        try:
+            data, fds, _, _ = socket.recv_fds(self._control, MAX_PACKET, MAX_FDS)
+        except OSError:
+            return False
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return False
+        try:
+            request = json.loads(data)
+            if request.get("op") == "spawn":
+                self._spawn(request, fds)
+            elif request.get("op") == "signal":
+                self._signal(int(request["pid"]), int(request["signal"]))
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        return True
+
+    def _spawn(self, request: dict[str, Any], fds: list[int]) -> None:
+        roles = list(request.get("fdRoles") or [])
+        module = self._modules.get(request.get("module", ""))
+        if module is None or len(roles) != len(fds):
+            self._send({"op": "spawnFailed", "id": request.get("id"), "error": "bad request"})
+            return
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self._send({"op": "spawnFailed", "id": request.get("id"), "error": str(exc)})
+            return
+        if pid == 0:
+            _child(self, module, request, roles, fds)
+        self._children.add(pid)
+        identity = identity_of(pid)
+        self._send(
+            {
+                "op": "spawned",
+                "id": request.get("id"),
+                "pid": pid,
+                "startTicks": identity.start_ticks if identity else 0,
+                "bootId": identity.boot_id if identity else "",
+            }
+        )
+
+    def _signal(self, pid: int, signum: int) -> None:
+        if pid not in self._children:  # reaped: its PID may belong to anyone now
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signum)
+
+    def _reap(self) -> None:
+        while self._children:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            # Stop stray members of the group while the zombie leader still reserves its
+            # ID, then reap.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            self._children.discard(pid)
+            self._send({"op": "exited", "pid": pid, "returncode": _returncode(status)})
+
+    def _send(self, event: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the server is gone: end of file ends us next
+            self._control.send(json.dumps(event).encode("utf-8"))
+
+    def close_in_child(self) -> None:
+        signal.set_wakeup_fd(-1)
+        self._selector.close()
+        for fd in (self._wakeup_r, self._wakeup_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._control.close()
+
+
+def _returncode(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _child(
+    zygote: _Zygote, module: Any, request: dict[str, Any], roles: list[str], fds: list[int]
+) -> NoReturn:
+    """In the forked child: become the requested program; never return to the loop."""
+    code = 1
+    try:
+        os.setsid()
+        zygote.close_in_child()
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        for role, fd in zip(roles, fds, strict=True):
+            if role in _STDIO:
+                os.dup2(fd, _STDIO[role])
+            elif role.startswith("env:"):
+                os.set_inheritable(fd, True)
+                env[role[4:]] = str(fd)
+        os.environ.clear()
+        os.environ.update(env)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        sys.argv = [module.__name__]
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+        code = int(module.main() or 0)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a child never returns into the zygote
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> int:
+    """Serve spawn requests on the inherited control socket until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
+    set_process_name("piw-zygote")
+    control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
+    control.setblocking(True)
+    try:
+        zygote = _Zygote(control, sys.argv[1:])
+    except Exception:  # noqa: BLE001 - reported as a failed start; the server falls back
+        traceback.print_exc()
+        return 1
+    return zygote.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
