@@ -419,6 +419,7 @@ SETTLED_PARK_REASONS = (
     "workflowSourceChanged",
     "effectAmbiguous",
     "workerCrashed",
+    "contentUnavailable",
 )
 TERMINAL_STATUSES = ("completed", "failed", "timed_out", "cancelled")
 

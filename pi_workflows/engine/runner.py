@@ -34,7 +34,7 @@ from pi_workflows.engine._definition import (
 from pi_workflows.engine._errors import RoutingError, SourceChangedError
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
-from pi_workflows.supervision import identity_of
+from pi_workflows.supervision import crash_point, identity_of
 from pi_workflows.supervision._process import set_process_name
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
@@ -264,6 +264,7 @@ class Channel:
         if attempt_id is not None:
             message["attemptId"] = attempt_id
         self._sock.sendall(encode_runner_message(message, sender="runner") + b"\n")
+        crash_point("runner.message.after_send")
         while True:
             raw = self._reader.read_message()
             if raw is None:
@@ -348,11 +349,13 @@ class RunnerEffects:
         return observed
 
     def _apply(self, call: EffectCall) -> Any:
+        crash_point("runner.effect.after_reserve")
         try:
             result = call.apply(call.key, call.request)
         except Exception as exc:
             self._settle(call, "failed", error={"code": "effectFailed", "message": _text(exc)})
             raise
+        crash_point("runner.effect.after_apply")
         self._settle(call, "succeeded", result=result)
         return result
 
@@ -664,6 +667,7 @@ def main() -> int:
                 {"reason": "workflowSourceChanged", "detail": "the definition digest changed"},
             )
             return 0
+        crash_point("runner.ready.before_send")
         channel.send("runner.ready", {"protocolVersion": 1, "definitionDigest": loaded.digest})
         command = channel.wait_command()
         Execution(channel, loaded.compiled, envelope, command["payload"].get("state") or {}).run()

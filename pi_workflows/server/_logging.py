@@ -21,7 +21,20 @@ LOG_FILE_BYTES = 1_048_576
 """One log file's size bound; three rotated files are kept, so at most 4 MiB."""
 LOG_BACKUPS = 3
 
-SAFE_FIELDS = ("action", "actor", "run_id", "generation", "reason", "operation", "outcome", "epoch")
+SAFE_FIELDS = (
+    "action",
+    "actor",
+    "run_id",
+    "generation",
+    "reason",
+    "operation",
+    "outcome",
+    "epoch",
+    "processes_stopped",
+    "runner_epochs_orphaned",
+    "runs_requeued",
+    "runs_parked",
+)
 """The `extra` fields a log line may carry."""
 
 

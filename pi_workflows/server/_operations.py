@@ -19,6 +19,7 @@ from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._runners import RunnerHost
 from pi_workflows.storage import (
     AnswerInvalidError,
+    Claim,
     ClaimHeldError,
     ClaimLostError,
     CommandRequest,
@@ -34,6 +35,7 @@ from pi_workflows.storage import (
     answer_checkpoint,
     cancel_run,
     enqueue_run,
+    get_queue_row,
     get_run,
     get_run_summary,
     list_attempts,
@@ -46,10 +48,14 @@ from pi_workflows.storage import (
     resume_run,
     run_list_revision,
     status_counts,
+    take_over_claim,
     verify,
 )
-from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.supervision import ProcessIdentity, crash_point
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
+
+CONTROL_CLAIM_TTL_MS = 30_000
+"""Lifetime of the control claim a cancel of an expired running row takes (released at once)."""
 
 __all__ = [
     "COMMANDS",
@@ -311,6 +317,7 @@ def _run_command(
             run_id=run_id,
             accepted_revision=revision,
         )
+    crash_point("server.receipt.after_commit")
     result = response(request, "accepted", receipt=body)
     if revision is not None:
         result["revision"] = revision
@@ -343,10 +350,13 @@ def _transition(
         def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
             if get_run(tx, run_id) is None:
                 raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+            claim = ctx.runners.claim_of(run_id)
+            if claim is None and name == "cancel":
+                claim = _control_claim_for_stale_row(tx, run_id, ctx.runners.owner_id)
             result = apply(
                 tx,
                 run_id,
-                claim=ctx.runners.claim_of(run_id),
+                claim=claim,
                 expected_revision=request.get("expectedRevision"),
             )
             body = {"runId": run_id, "state": result.phase.value, "operation": name}
@@ -354,6 +364,8 @@ def _transition(
 
         answer = _run_command(db, request, change)
         if answer["outcome"] == "accepted" and name in ("pause", "cancel"):
+            if name == "cancel":
+                crash_point("server.cancel.after_commit")
             # The commit fenced the runner (its claim is released): now stop its group.
             identity = ctx.runners.fence(run_id)
             if identity is not None:
@@ -361,6 +373,31 @@ def _transition(
         return answer
 
     return operation
+
+
+def _control_claim_for_stale_row(tx: Tx, run_id: str, owner_id: str) -> Claim | None:
+    """Cancelling a running row no runner of this server holds: prove its lease expired.
+
+    The control claim (a new generation) can only be taken when the old lease is absent
+    or expired; a live claim is never force-cancelled through this path.
+    """
+    head = get_queue_row(tx, run_id)
+    if head is None or head.state not in ("starting", "running"):
+        return None
+    try:
+        return take_over_claim(
+            tx,
+            run_id,
+            owner_id=owner_id,
+            owner_is_gone=lambda _type, _owner: False,
+            ttl_ms=CONTROL_CLAIM_TTL_MS,
+        )
+    except ClaimHeldError:
+        raise OperationError(
+            "rejected",
+            "claimHeld",
+            "a live claim holds this run; it cannot be cancelled until that claim expires",
+        ) from None
 
 
 def start_request_fields(request: RequestMessage) -> tuple[str, str | None, Any]:

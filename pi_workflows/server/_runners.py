@@ -41,6 +41,8 @@ from pi_workflows.storage import (
     fail_node_attempt,
     fail_run,
     finish_node_attempt,
+    forget_recorded_process,
+    forget_recorded_processes,
     get_run,
     lookup_runner_reply,
     mark_runner_live,
@@ -51,6 +53,7 @@ from pi_workflows.storage import (
     read_blob_part,
     read_continuation,
     read_resume_state,
+    record_process,
     record_runner_exit,
     record_runner_reply,
     renew_claim,
@@ -204,11 +207,26 @@ class RunnerHost:
         )
         return LaunchPlan(runner_epoch, envelope, run.project_path)
 
-    def spawned(self, runner_epoch: str, identity: ProcessIdentity) -> None:
-        """The process supervisor started the runner process."""
+    def spawned(self, db: Database, runner_epoch: str, identity: ProcessIdentity) -> None:
+        """The process supervisor started the runner: record its exact identity durably.
+
+        A server that dies after this commit leaves a record its successor stops by
+        identity; before it, the runner is bound to this server's channel and the zygote
+        and ends with them.
+        """
         runner = self.active.get(runner_epoch)
-        if runner is not None:
-            runner.identity = identity
+        if runner is None:
+            return
+        runner.identity = identity
+        with db.write() as tx:
+            record_process(
+                tx,
+                runner_epoch,
+                pid=identity.pid,
+                start_ticks=identity.start_ticks,
+                boot_id=identity.boot_id,
+                role="runner",
+            )
 
     def overdue(self, db: Database) -> list[ProcessIdentity]:
         """Runners past a deadline: the startup handshake, or their node's resolved deadline.
@@ -374,6 +392,7 @@ class RunnerHost:
             del self.active[epoch]
             _kill_registered(runner)  # shell groups live in sessions of their own
             with db.write() as tx:
+                forget_recorded_processes(tx, epoch)
                 if not runner.settled:
                     try:
                         requeue_run(tx, runner.run_id, reason="serverStopping", claim=runner.claim)
@@ -399,12 +418,14 @@ class RunnerHost:
         if runner.settled:
             outcome = RunnerOutcome.CANCELLED if runner.stop_requested else RunnerOutcome.EXITED
             with db.write() as tx:
+                forget_recorded_processes(tx, runner_epoch)
                 record_runner_exit(
                     tx, runner_epoch, outcome=outcome, exit_code=exit_code, signal=signal_number
                 )
             return outcome.value
         outcome = RunnerOutcome.TIMED_OUT if runner.stop_requested else RunnerOutcome.CRASHED
         with db.write() as tx:
+            forget_recorded_processes(tx, runner_epoch)
             record_runner_exit(
                 tx, runner_epoch, outcome=outcome, exit_code=exit_code, signal=signal_number
             )
@@ -749,6 +770,7 @@ def _on_progress(
     revision = run.revision if run is not None else 0
     if payload["operation"] == "process.unregister":
         runner.registered.pop(pid, None)  # valid even after the claim was released
+        forget_recorded_process(tx, runner.runner_epoch, pid)
         return revision, None
     renew_claim(tx, runner.claim)  # registration requires the live run claim
     identity = identity_of(pid)
@@ -759,6 +781,16 @@ def _on_progress(
         or _parent_of(pid) != runner_pid
     ):
         raise InvalidTransitionError(runner.run_id, "unknown process", "register process")
+    # Durable before the runner lets the command start, so a successor server can stop
+    # the group after this server's crash.
+    record_process(
+        tx,
+        runner.runner_epoch,
+        pid=pid,
+        start_ticks=identity.start_ticks,
+        boot_id=identity.boot_id,
+        role="registered",
+    )
     runner.registered[pid] = identity
     return revision, None
 

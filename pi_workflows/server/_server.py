@@ -55,6 +55,7 @@ from pi_workflows.server._operations import (
     start_request_fields,
     start_run,
 )
+from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
 from pi_workflows.server._resolver import RESOLVER_MODULE, resolve_start
 from pi_workflows.server._runners import LaunchPlan, RunnerHost
 from pi_workflows.storage import (
@@ -70,7 +71,7 @@ from pi_workflows.storage import (
     server_has_work,
     workflows_dir,
 )
-from pi_workflows.supervision import ServerLock
+from pi_workflows.supervision import ServerLock, crash_point
 from pi_workflows.supervision._zygote_client import Zygote
 from pi_workflows.wire._listener import ClientListener, Connection
 from pi_workflows.wire.canonical import dumps
@@ -185,6 +186,8 @@ class WorkflowServer:
         self._ctx: OperationContext | None = None
         self._watcher: threading.Thread | None = None
         self._zygote: Zygote | None = None
+        self.recovery: RecoveryReport | None = None
+        """What startup recovery did (counts only)."""
 
     # --- paths -----------------------------------------------------------------------
 
@@ -222,6 +225,7 @@ class WorkflowServer:
             self._start_zygote()
             db = open_database(self.state_dir / "state.sqlite", clock=self.clock)
             self._take_epoch(db)
+            self.recovery = recover_at_startup(db, self.owner_id)
             self._start_actors(db)
             self._start_listener()
         except BaseException:
@@ -401,6 +405,7 @@ class WorkflowServer:
                     },
                 )
                 return
+            crash_point("server.launch.after_commit")
             self._spawn_runner(reply.value)
 
         database.tell(
@@ -437,9 +442,12 @@ class WorkflowServer:
                 )
                 return
             identity = reply.value
+            crash_point("server.launch.after_spawn")
             database.tell(
                 Transact(
-                    lambda db: runners.spawned(epoch, identity), lambda _: None, "runner.spawned"
+                    lambda db: runners.spawned(db, epoch, identity),
+                    lambda _: None,
+                    "runner.spawned",
                 )
             )
 
@@ -492,6 +500,8 @@ class WorkflowServer:
                 channel.close()
                 return
             for frame in reply.value:
+                if frame.get("kind") == "command":
+                    crash_point("server.ready.before_command")
                 channel.send(frame)
 
         database.tell(

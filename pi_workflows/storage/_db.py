@@ -20,6 +20,7 @@ from pi_workflows.storage._clock import Clock, SystemClock
 from pi_workflows.storage._errors import SchemaMismatchError
 from pi_workflows.storage._paths import ensure_private_dir, state_db_path
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION, ddl_statements
+from pi_workflows.supervision._crash import crash_point
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
@@ -130,13 +131,15 @@ class Tx(_ReadMixin):
     ends; using it afterwards raises `RuntimeError`.
     """
 
-    __slots__ = ("_active", "_conn", "now", "tracer")
+    __slots__ = ("_active", "_conn", "lifecycle", "now", "tracer")
 
     def __init__(self, conn: sqlite3.Connection, now: int, tracer: Tracer | None) -> None:
         self._conn = conn
         self.now = now
         self.tracer = tracer
         self._active = True
+        self.lifecycle = False
+        """Set by a lifecycle transition: its commit passes the lifecycle crash points."""
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
         if not self._active:
@@ -181,7 +184,11 @@ class _Write:
         tx._active = False
         try:
             if exc_type is None:
+                if tx.lifecycle:
+                    crash_point("server.lifecycle.before_commit")
                 db._run(q.COMMIT, ())
+                if tx.lifecycle:
+                    crash_point("server.lifecycle.after_commit")
                 return
         except BaseException:
             _rollback(db)

@@ -219,6 +219,7 @@ def apply_transition(
         generation=generation,
         payload=payload,
     )
+    tx.lifecycle = True
     return TransitionResult(run_id, revision, target, generation, expires_at)
 
 

@@ -429,3 +429,17 @@ CREATE INDEX channel_messages_by_delivery_effect ON channel_messages (delivery_e
     WHERE delivery_effect_id IS NOT NULL;
 CREATE INDEX channel_messages_by_settlement_effect ON channel_messages (settlement_effect_id)
     WHERE settlement_effect_id IS NOT NULL;
+
+-- Every process the server must be able to stop after its own crash: each runner (recorded
+-- right after it is spawned) and each process group a runner registered (a shell command,
+-- later a headless Pi child). Known by exact identity: PID, kernel start ticks, boot ID.
+-- Rows leave when the process is unregistered or stopped; recovery stops and deletes the rest.
+CREATE TABLE runner_processes (
+    runner_epoch TEXT NOT NULL REFERENCES run_workers (runner_epoch) ON DELETE CASCADE,
+    pid INTEGER NOT NULL CHECK (pid > 0),
+    start_ticks INTEGER NOT NULL,
+    boot_id TEXT NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('runner', 'registered')),
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (runner_epoch, pid)
+) STRICT, WITHOUT ROWID;

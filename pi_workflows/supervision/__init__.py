@@ -5,6 +5,7 @@ Implements workflow-server.md § Process supervision and § Server lifecycle.
 
 from pi_workflows.supervision._crash import (
     CRASH_ENV,
+    CRASH_ONCE_ENV,
     CRASH_POINTS,
     CrashPoint,
     CrashSpec,
@@ -24,11 +25,13 @@ from pi_workflows.supervision._process import (
     signal_group,
     signal_own_child,
     spawn_child,
+    wait_for_exits,
 )
 from pi_workflows.supervision._server_lock import ServerAlreadyRunningError, ServerLock
 
 __all__ = [
     "CRASH_ENV",
+    "CRASH_ONCE_ENV",
     "CRASH_POINTS",
     "ChildProcess",
     "CrashPoint",
@@ -48,4 +51,5 @@ __all__ = [
     "signal_group",
     "signal_own_child",
     "spawn_child",
+    "wait_for_exits",
 ]

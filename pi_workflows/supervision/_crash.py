@@ -22,6 +22,7 @@ from pi_workflows.errors import PiWorkflowsError
 
 __all__ = [
     "CRASH_ENV",
+    "CRASH_ONCE_ENV",
     "CRASH_POINTS",
     "PROCESS_KINDS",
     "CrashPoint",
@@ -37,6 +38,10 @@ __all__ = [
 
 CRASH_ENV: Final = "PI_WORKFLOWS_CRASH"
 """The environment variable that arms one crash point: `<point>[@<n>]`."""
+CRASH_ONCE_ENV: Final = "PI_WORKFLOWS_CRASH_ONCE"
+"""Optional path of a marker file: only the one process that creates it dies, so an armed
+point kills once across every process that inherits the variable (a server and all its
+runners), instead of once in each of them."""
 
 ProcessKind: TypeAlias = Literal["server", "runner", "resolver", "client"]
 PROCESS_KINDS: Final[tuple[ProcessKind, ...]] = ("server", "runner", "resolver", "client")
@@ -271,11 +276,26 @@ def _reach(name: str) -> None:
         _hits += 1
         if _hits != armed.hit:
             return
+        if not _claim_the_one_kill():
+            return
         # Holding the lock: no other thread gets past this point before the kill lands.
         with contextlib.suppress(OSError):
             os.write(2, f"pi-workflows: crash point {name} hit {armed.hit}: SIGKILL\n".encode())
         os.kill(os.getpid(), signal.SIGKILL)
         os._exit(128 + signal.SIGKILL)  # not reached: SIGKILL cannot be caught
+
+
+def _claim_the_one_kill() -> bool:
+    marker = os.environ.get(CRASH_ONCE_ENV)
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False  # another process already died here
+    except OSError:
+        return True  # an unusable marker path must not silently disarm the point
+    return True
 
 
 def _after_fork_in_child() -> None:

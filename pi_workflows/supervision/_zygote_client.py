@@ -169,7 +169,7 @@ class Zygote:
             process.sock.send(json.dumps({"op": "signal", "pid": pid, "signal": int(sig)}).encode())
 
     def close(self) -> None:
-        """Stop the zygote; children it forked keep running in their own sessions."""
+        """Stop the zygote; it kills the groups of the children it still has."""
         with self._lock:
             self._closed = True
             process, self._process = self._process, None

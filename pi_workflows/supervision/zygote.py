@@ -23,8 +23,9 @@ Events (zygote to server)::
     {"op": "spawnFailed", "id": N, "error": text}
     {"op": "exited", "pid": P, "returncode": rc}   # rc < 0: the signal that ended it
 
-End of file on the channel (the server stopped or died) ends the zygote; its running
-children keep their own sessions and end when their own channels close.
+End of file on the channel (the server stopped or died) ends the zygote: it kills the
+groups of the children it still has (they cannot reach their server any more), reaps
+them, and exits. A successor server's recovery stops whatever a crash left behind.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class _Zygote:
                         os.read(self._wakeup_r, 4096)
                     self._reap()
                 elif not self._read_request():
-                    self._reap()
+                    self._stop_all()
                     return 0
 
     def _read_request(self) -> bool:
@@ -148,6 +149,17 @@ class _Zygote:
             _, status = os.waitpid(pid, 0)
             self._children.discard(pid)
             self._send({"op": "exited", "pid": pid, "returncode": _returncode(status)})
+
+    def _stop_all(self) -> None:
+        # The server is gone (or closed us): its runners cannot reach it any more, so
+        # stop their groups now instead of leaving them for the next server's recovery.
+        for pid in self._children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for pid in list(self._children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            self._children.discard(pid)
 
     def _send(self, event: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):  # the server is gone: end of file ends us next

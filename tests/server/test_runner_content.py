@@ -49,7 +49,7 @@ class Runner:
         self.epoch = plan.runner_epoch
         identity = identity_of(os.getpid())
         assert identity is not None
-        host.spawned(self.epoch, identity)
+        host.spawned(db, self.epoch, identity)
         self._ids = 0
 
     def message(

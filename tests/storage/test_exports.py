@@ -60,6 +60,10 @@ PINNED = {
     "CheckpointAnswer", "PendingDecision", "answer_checkpoint", "open_checkpoint_decision",
     "pending_decision", "read_continuation", "count_runner_outcomes", "AnswerInvalidError",
     "checkpoint_answer_schema",
+    # startup recovery
+    "RecordedProcess", "RecoveredRun", "close_stale_runner_epoch", "forget_recorded_process",
+    "forget_recorded_processes", "record_process", "recorded_processes", "recover_stale_run",
+    "stale_runner_epochs", "stale_running_runs", "take_over_claim",
 }  # fmt: skip
 
 

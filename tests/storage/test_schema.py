@@ -24,6 +24,7 @@ PARAM = re.compile(r"(?<!:):([a-z_]+)")
 EXPECTED_TABLES = {
     "schema_info",
     "server_lease",
+    "runner_processes",
     "blobs",
     "runs",
     "run_queue",

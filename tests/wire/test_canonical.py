@@ -44,6 +44,8 @@ def encode(request: pytest.FixtureRequest) -> Any:
 def test_the_c_precheck_is_built() -> None:
     # With a compiler, `make test` builds it; without one the build falls back silently.
     assert canonical._orjson_output_is_canonical is not None
+
+
 VECTORS = sorted(path.name for path in (RFC_DATA / "input").glob("*.json"))
 
 
@@ -197,8 +199,10 @@ json_values = st.recursive(
     | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(st.characters(exclude_categories=("Cs",))),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(st.characters(exclude_categories=("Cs",))), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(st.text(st.characters(exclude_categories=("Cs",))), children, max_size=5)
+    ),
     max_leaves=30,
 )
 

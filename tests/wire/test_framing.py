@@ -151,8 +151,21 @@ def test_async_reader_reads_messages_and_rejects_bad_ones() -> None:
 
 adversarial_pieces = st.sampled_from(
     [
-        b"\n", b"{", b"}", b'"', b"\\", b"\xff", b"\xed\xa0\x80", b'{"a":1}', b'{"a":1}\n',
-        b"\xe2\x80\xa8", b"1e400", b"[" * 50, b"x" * 4096, b"\r\n", b"\x00",
+        b"\n",
+        b"{",
+        b"}",
+        b'"',
+        b"\\",
+        b"\xff",
+        b"\xed\xa0\x80",
+        b'{"a":1}',
+        b'{"a":1}\n',
+        b"\xe2\x80\xa8",
+        b"1e400",
+        b"[" * 50,
+        b"x" * 4096,
+        b"\r\n",
+        b"\x00",
     ]
 )
 

@@ -1,0 +1,114 @@
+"""Startup recovery: after the epoch, before any actor, client or runner.
+
+Implements workflow-server.md § Recovery steps 2–6 (and the hook for 7–12) for the parts
+built so far. It runs on the starting thread with the database directly: nothing else
+exists yet, so no other write can interleave. Every step is idempotent, so a crash
+inside recovery (a crash point sits there) is recovered by the next start:
+
+1. Stop every recorded process (registered groups first, then runners) by exact
+   identity (PID, kernel start ticks, boot ID); a reused PID is never signalled.
+2. Close each runner epoch left without an outcome as `orphaned`.
+3. For each run a dead server held (`starting` or `running`), take a control claim
+   (a new generation) and requeue it from its last durable boundary; a paused one parks.
+   Effect state is read by the next runner before anything repeats: an applied receipt
+   is adopted, an applying effect is proven by read-back or parks the run `ambiguous`.
+4. Later parts (origin sessions, interactive requests, channels, retention) plug in at
+   `LATER_STEPS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pi_workflows.storage import (
+    Database,
+    OwnerType,
+    close_stale_runner_epoch,
+    forget_recorded_processes,
+    recorded_processes,
+    recover_stale_run,
+    stale_runner_epochs,
+    stale_running_runs,
+)
+from pi_workflows.supervision import (
+    ProcessIdentity,
+    crash_point,
+    signal_group,
+    wait_for_exits,
+)
+
+__all__ = ["LATER_STEPS", "RecoveryReport", "recover_at_startup"]
+
+log = logging.getLogger(__name__)
+
+REAP_TIMEOUT_S = 10.0
+RECOVERY_CLAIM_TTL_MS = 30_000
+
+LATER_STEPS: list[Callable[[Database], None]] = []
+"""Recovery steps of later parts (design steps 7–12), run in order after the runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """Counts for the log and for `server.status` (no run IDs, no paths)."""
+
+    processes_stopped: int
+    runner_epochs_orphaned: int
+    runs_requeued: int
+    runs_parked: int
+
+
+def recover_at_startup(db: Database, owner_id: str) -> RecoveryReport:
+    """Recover what a dead server left behind; see the module docstring for the order."""
+    crash_point("server.recovery.after_epoch")
+    stopped = _stop_recorded_processes(db)
+    with db.write() as tx:
+        stale = stale_runner_epochs(tx)
+        for worker in stale:
+            close_stale_runner_epoch(tx, worker)
+        forget_recorded_processes(tx)
+
+    def owner_is_gone(owner_type: str, owner: str) -> bool:
+        # Holding the global lock proves every other server, and so every claim a
+        # server issued, dead; other owner kinds must wait out their expiry.
+        return owner_type in (OwnerType.HOST, OwnerType.CONTROL) and owner != owner_id
+
+    requeued = parked = 0
+    for index, run_id in enumerate(stale_running_runs(db)):
+        with db.write() as tx:
+            recovered = recover_stale_run(
+                tx,
+                run_id,
+                owner_id=owner_id,
+                owner_is_gone=owner_is_gone,
+                ttl_ms=RECOVERY_CLAIM_TTL_MS,
+            )
+        requeued += recovered.action == "requeued"
+        parked += recovered.action == "parked"
+        if index == 0:
+            crash_point("server.recovery.after_first_run")
+    for step in LATER_STEPS:
+        step(db)
+    report = RecoveryReport(stopped, len(stale), requeued, parked)
+    log.info(
+        "startup recovery finished",
+        extra={
+            "action": "server.recovered",
+            "processes_stopped": report.processes_stopped,
+            "runner_epochs_orphaned": report.runner_epochs_orphaned,
+            "runs_requeued": report.runs_requeued,
+            "runs_parked": report.runs_parked,
+        },
+    )
+    return report
+
+
+def _stop_recorded_processes(db: Database) -> int:
+    identities = [ProcessIdentity(p.pid, p.start_ticks, p.boot_id) for p in recorded_processes(db)]
+    stopped = [identity for identity in identities if signal_group(identity, signal.SIGKILL)]
+    if not wait_for_exits(stopped, REAP_TIMEOUT_S):
+        log.warning("a stale process outlived SIGKILL", extra={"action": "server.recovery"})
+    return len(stopped)
