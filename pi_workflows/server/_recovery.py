@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 REAP_TIMEOUT_S = 10.0
 RECOVERY_CLAIM_TTL_MS = 30_000
+RECOVERY_BATCH = 100
+"""Runs recovered per transaction."""
 
 LATER_STEPS: list[Callable[[Database], None]] = []
 """Recovery steps of later parts (design steps 7–12), run in order after the runs."""
@@ -77,19 +79,22 @@ def recover_at_startup(db: Database, owner_id: str) -> RecoveryReport:
         return owner_type in (OwnerType.HOST, OwnerType.CONTROL) and owner != owner_id
 
     requeued = parked = 0
-    for index, run_id in enumerate(stale_running_runs(db)):
+    stale_runs = stale_running_runs(db)
+    for start in range(0, len(stale_runs), RECOVERY_BATCH):
+        # Each run is recovered whole; a batch shares one commit (one fsync), so a
+        # thousand runs take a handful of commits.
         with db.write() as tx:
-            recovered = recover_stale_run(
-                tx,
-                run_id,
-                owner_id=owner_id,
-                owner_is_gone=owner_is_gone,
-                ttl_ms=RECOVERY_CLAIM_TTL_MS,
-            )
-        requeued += recovered.action == "requeued"
-        parked += recovered.action == "parked"
-        if index == 0:
-            crash_point("server.recovery.after_first_run")
+            for run_id in stale_runs[start : start + RECOVERY_BATCH]:
+                recovered = recover_stale_run(
+                    tx,
+                    run_id,
+                    owner_id=owner_id,
+                    owner_is_gone=owner_is_gone,
+                    ttl_ms=RECOVERY_CLAIM_TTL_MS,
+                )
+                requeued += recovered.action == "requeued"
+                parked += recovered.action == "parked"
+        crash_point("server.recovery.after_first_run")
     for step in LATER_STEPS:
         step(db)
     report = RecoveryReport(stopped, len(stale), requeued, parked)

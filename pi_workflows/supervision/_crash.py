@@ -145,8 +145,8 @@ _declare(
 _declare(
     "server.recovery.after_first_run",
     "server",
-    "Startup recovery after the first run was recovered and committed, before the "
-    "remaining runs are recovered.",
+    "Startup recovery after a batch of stale runs was recovered and committed (the first "
+    "batch holds the first 100), before the remaining runs are recovered.",
 )
 # Runner: the ready handshake, managed effects, and every message it sends.
 _declare(
