@@ -309,6 +309,53 @@ def cold_import_s() -> dict[str, float]:
     return result
 
 
+def zygote_fork_s(samples: int = 50) -> dict[str, float]:
+    """p50 of forking a pre-imported child through the zygote, against a cold interpreter.
+
+    The child is the resolver module given an empty request (it exits at once): `spawn`
+    is the fork round trip the server waits for; `spawn to exit reported` includes the
+    child running and the zygote reaping and reporting it.
+    """
+    import socket  # noqa: PLC0415
+    from concurrent.futures import Future  # noqa: PLC0415
+
+    from pi_workflows.supervision._zygote_client import Zygote  # noqa: PLC0415
+
+    zygote = Zygote(["pi_workflows.engine.resolve"])
+    spawns: list[float] = []
+    lives: list[float] = []
+    try:
+        for _ in range(samples + 3):
+            ours, theirs = socket.socketpair()
+            exited: Future[int | None] = Future()
+            began = time.perf_counter()
+            zygote.spawn(
+                "pi_workflows.engine.resolve",
+                env=os.environ,
+                cwd=None,
+                fds=[("stdin", theirs.fileno()), ("stdout", theirs.fileno())],
+                on_exit=exited.set_result,
+            )
+            spawned = time.perf_counter()
+            theirs.close()
+            ours.close()  # empty request: the child exits at once
+            exited.result(30)
+            spawns.append(spawned - began)
+            lives.append(time.perf_counter() - began)
+    finally:
+        zygote.close()
+    cold = []
+    for _ in range(5):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import pi_workflows.engine.resolve"], check=True)
+        cold.append(time.perf_counter() - began)
+    return {
+        "zygote spawn (fork round trip)": percentile(spawns[3:], 0.5),
+        "zygote spawn to exit reported": percentile(lives[3:], 0.5),
+        "cold interpreter + imports to exit": percentile(cold, 0.5),
+    }
+
+
 # --- DBOS (runs in a child process: `bench_runs.py --dbos-child FOLDER SECONDS RUNS`) ---
 
 
@@ -465,6 +512,7 @@ def main() -> None:
         ours = run_piw(folder, args.runs, args.seconds)
         dbos, skipped = run_dbos(folder, args.runs, args.seconds)
         imports = cold_import_s()
+        forks = zygote_fork_s()
         total = time.perf_counter() - began
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -477,6 +525,14 @@ def main() -> None:
         print(f"  {name:<28} {ms(percentile(values, 0.5))}")
     for label, value in imports.items():
         print(f"  (cold {label}: {ms(value)})")
+    print("spawning a runner-like child (p50):")
+    for label, value in forks.items():
+        print(f"  {label:<36} {ms(value)}")
+    cold_child = forks["cold interpreter + imports to exit"]
+    print(
+        f"  zygote fork is {cold_child / forks['zygote spawn (fork round trip)']:.0f}x faster "
+        "than a cold interpreter with the same imports"
+    )
     print(
         f"throughput: {ours['completed']} runs completed in {args.seconds:.0f} s "
         f"= {ours['per_s']:.1f} runs/s ({WORKERS} server workers, {IN_FLIGHT} in flight)"

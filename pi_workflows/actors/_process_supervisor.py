@@ -33,7 +33,12 @@ from pi_workflows.supervision import (
 from pi_workflows.supervision._process import wait_for_exits
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 
-__all__ = ["ChildExited", "ProcessSupervisorActor", "Spawn", "StopChild"]
+__all__ = ["LOG_CAP_BYTES", "ChildExited", "ProcessSupervisorActor", "Spawn", "StopChild"]
+
+LOG_CAP_BYTES = 8 * 1024 * 1024
+"""A child's output file is emptied when it grows past this (checked every few ticks):
+the files stay bounded however much a workflow prints."""
+LOG_CHECK_TICKS = 8
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,7 @@ class _Supervised:
     on_exit: Callable[[ChildExited], None] | None
     child: ChildProcess | None
     """The `Popen` handle of a cold-started child; None for a child of the zygote."""
+    log_path: Path | None = None
     kill_at_tick: int | None = None
     killed: bool = False
 
@@ -124,6 +130,8 @@ class ProcessSupervisorActor(ServerActor):
             case Tick():
                 self._tick += 1
                 self._reap_and_escalate()
+                if self._tick % LOG_CHECK_TICKS == 0:
+                    self._bound_logs()
             case _:
                 raise TypeError(f"process supervisor got {type(message).__name__}")
         return None
@@ -152,7 +160,9 @@ class ProcessSupervisorActor(ServerActor):
             else:
                 for fd in spawn.pass_fds:
                     os.close(fd)
-                self._children[identity] = _Supervised(identity, spawn.on_exit, None)
+                self._children[identity] = _Supervised(
+                    identity, spawn.on_exit, None, spawn.log_path
+                )
                 spawn.reply(Reply(identity))
                 return
         try:
@@ -166,7 +176,9 @@ class ProcessSupervisorActor(ServerActor):
         except OSError as exc:
             spawn.reply(Reply(error=exc))
             return
-        self._children[child.identity] = _Supervised(child.identity, spawn.on_exit, child)
+        self._children[child.identity] = _Supervised(
+            child.identity, spawn.on_exit, child, spawn.log_path
+        )
         spawn.reply(Reply(child.identity))
 
     def _spawn_warm(self, spawn: Spawn, zygote: Zygote) -> ProcessIdentity:
@@ -223,6 +235,16 @@ class ProcessSupervisorActor(ServerActor):
         self._signal(supervised, signal.SIGTERM)
         if supervised.kill_at_tick is None:
             supervised.kill_at_tick = self._tick + max(1, grace_ticks)
+
+    def _bound_logs(self) -> None:
+        for supervised in self._children.values():
+            path = supervised.log_path
+            if path is None:
+                continue
+            with contextlib.suppress(OSError):
+                if path.stat().st_size > LOG_CAP_BYTES:
+                    # The child appends (O_APPEND), so it goes on writing at the new end.
+                    os.truncate(path, 0)
 
     def _reap_and_escalate(self) -> None:
         for identity, supervised in list(self._children.items()):

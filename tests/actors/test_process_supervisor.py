@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,3 +126,48 @@ def test_signal_group_never_hits_a_process_with_another_identity() -> None:
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait(10)
+
+
+def test_a_childs_output_file_stays_bounded(
+    supervisor: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pi_workflows.actors._process_supervisor as module  # noqa: PLC0415
+
+    monkeypatch.setattr(module, "LOG_CAP_BYTES", 64 * 1024)
+    log = tmp_path / "child.log"
+    read_end, write_end = os.pipe()
+    code = (
+        "import os, sys, time\n"
+        "for _ in range(64):\n"
+        "    sys.stdout.write('x' * 16384)\n"
+        "    sys.stdout.flush()\n"
+        f"os.write({write_end}, b'1')\n"
+        "time.sleep(60)\n"
+    )
+    done = threading.Event()
+
+    def on_exit(_: ChildExited) -> None:
+        done.set()
+
+    identity: ProcessIdentity = wait_reply(
+        lambda deliver: supervisor.tell(
+            Spawn(
+                [sys.executable, "-c", code],
+                dict(os.environ),
+                deliver,
+                on_exit,
+                log_path=log,
+                pass_fds=(write_end,),
+            )
+        ),
+        10,
+    )
+    assert os.read(read_end, 1) == b"1", "the child wrote 1 MiB"
+    os.close(read_end)
+    pause, deadline = threading.Event(), time.monotonic() + 10
+    while log.stat().st_size > module.LOG_CAP_BYTES:  # the next few ticks truncate it
+        assert time.monotonic() < deadline, "the output file was never bounded"
+        pause.wait(0.02)
+    supervisor.tell(StopChild(identity, grace_ticks=5))
+    assert done.wait(10)
+    assert log.stat().st_size <= module.LOG_CAP_BYTES
