@@ -544,7 +544,7 @@ class WorkflowServer:
             if self.idle_exit_s is None or not self._accepting:
                 continue
             if self._is_idle():
-                now = time.monotonic()
+                now = self.clock.monotonic_ms() / 1000  # the injectable clock, like leases
                 idle_since = idle_since if idle_since is not None else now
                 if now - idle_since >= self.idle_exit_s:
                     self.stop_async("idle")

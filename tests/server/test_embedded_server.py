@@ -13,7 +13,7 @@ import pytest
 
 from pi_workflows import HostUnavailableError, WorkflowClient, WorkflowServer
 from pi_workflows._version import __version__
-from pi_workflows.storage import list_runs, open_database
+from pi_workflows.storage import ManualClock, list_runs, open_database
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader, encode_frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -226,6 +226,21 @@ def test_idle_server_exits_after_its_idle_period(state_dir: Path) -> None:
     instance.start()
     try:
         assert instance.wait(20)
+        assert instance.stop_reason == "idle"
+    finally:
+        instance.stop("teardown")
+
+
+def test_idle_exit_reads_the_injectable_clock(state_dir: Path) -> None:
+    clock = ManualClock()
+    instance = WorkflowServer(
+        state_dir, idle_exit_s=10, tick_s=0.05, execute_runs=False, clock=clock
+    )
+    instance.start()
+    try:
+        assert not instance.wait(0.3), "10 s have not passed on the manual clock"
+        clock.advance(10_001)  # within the server's own 15 s lease, so renewal still holds
+        assert instance.wait(20), "advancing the clock, not sleeping, ends the idle period"
         assert instance.stop_reason == "idle"
     finally:
         instance.stop("teardown")
