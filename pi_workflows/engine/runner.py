@@ -468,7 +468,12 @@ class Execution:
         compiled: CompiledWorkflow,
         envelope: Mapping[str, Any],
         state: Mapping[str, Any],
+        *,
+        answered_checkpoint: str | None = None,
     ) -> None:
+        """`answered_checkpoint`: the checkpoint attempt a `continue` command goes on after
+        (its output in `state` is the answer); any other completed checkpoint that is the
+        last step has no answer yet, so the run waits there again."""
         self.channel = channel
         self.compiled = compiled
         self.run_id = str(envelope["runId"])
@@ -503,6 +508,20 @@ class Execution:
         unfinished = state.get("unfinished")
         if unfinished is not None:
             self.current = unfinished["nodePath"]
+        # A runner that died after its checkpoint completed and before the run waited
+        # there: the answer does not exist yet, so wait again instead of going on.
+        self.unanswered_checkpoint: str | None = None
+        finished = state.get("finished") or []
+        if unfinished is None and finished and self.ended is None:
+            last = finished[-1]
+            known = compiled.nodes.get(last["nodePath"])
+            if (
+                last["status"] == "completed"
+                and known is not None
+                and known.kind == "checkpoint"
+                and last.get("attemptId") != answered_checkpoint
+            ):
+                self.unanswered_checkpoint = last.get("attemptId")
 
     def _route_after(self, path: str, outcome: str) -> str | None:
         try:
@@ -511,6 +530,9 @@ class Execution:
             return None
 
     def run(self) -> None:
+        if self.unanswered_checkpoint is not None:
+            self.channel.send("run.parked", {"reason": "checkpoint"}, self.unanswered_checkpoint)
+            return
         if self.current is None and self.ended is not None:
             code = "nodeTimedOut" if self.ended == "timed_out" else "nodeFailed"
             self._finish(self.ended, error=(code, "the last node did not complete"))
@@ -670,7 +692,13 @@ def main() -> int:
         crash_point("runner.ready.before_send")
         channel.send("runner.ready", {"protocolVersion": 1, "definitionDigest": loaded.digest})
         command = channel.wait_command()
-        Execution(channel, loaded.compiled, envelope, command["payload"].get("state") or {}).run()
+        payload = command["payload"]
+        state = payload.get("state") or {}
+        answered = payload.get("parentAttemptId")
+        if answered is None and command.get("command") == "continue":
+            finished = state.get("finished") or []  # the answered checkpoint comes last
+            answered = finished[-1].get("attemptId") if finished else None
+        Execution(channel, loaded.compiled, envelope, state, answered_checkpoint=answered).run()
         return 0
     except ClaimLost:
         return EXIT_CLAIM_LOST

@@ -145,8 +145,13 @@ class RunnerHost:
         return runner.claim if runner is not None else None
 
     def runner_of(self, run_id: str) -> ActiveRunner | None:
-        """The live runner of `run_id`, if any."""
-        return next((r for r in self.active.values() if r.run_id == run_id), None)
+        """The live runner of `run_id`, if any.
+
+        A settled runner (fenced by a pause or cancel, or done with the run) that has not
+        exited yet is not it: its claim is released, so a resume or cancel right after a
+        pause must not present that claim, and a new generation's runner may exist beside it.
+        """
+        return next((r for r in self.active.values() if r.run_id == run_id and not r.settled), None)
 
     def fence(self, run_id: str) -> ProcessIdentity | None:
         """A command took the run away from its runner: mark it and return whom to stop."""

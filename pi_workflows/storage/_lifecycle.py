@@ -313,6 +313,7 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
     append_event(
         tx, run.run_id, revision=1, event_type=EventType.RUN_QUEUED, generation=0, payload=payload
     )
+    tx.lifecycle = True  # (a) is a lifecycle commit: it passes the lifecycle crash points
     return TransitionResult(run.run_id, 1, RunPhase.QUEUED, 0, None)
 
 

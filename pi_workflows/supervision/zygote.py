@@ -109,12 +109,26 @@ class _Zygote:
             self._send({"op": "spawnFailed", "id": request.get("id"), "error": "bad request"})
             return
         try:
-            pid = os.fork()
+            settled_r, settled_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(settled_r)
+                os.close(settled_w)
+                raise
         except OSError as exc:
             self._send({"op": "spawnFailed", "id": request.get("id"), "error": str(exc)})
             return
         if pid == 0:
-            _child(self, module, request, roles, fds)
+            os.close(settled_r)
+            _child(self, module, request, roles, fds, settled=settled_w)
+        os.close(settled_w)
+        # Report the child only once it leads a session and group of its own (it closes
+        # its end right after setsid, or dies): before that, a signal to its group finds
+        # no group and is lost, and the group has the zygote's ID.
+        with contextlib.suppress(OSError):
+            os.read(settled_r, 1)
+        os.close(settled_r)
         self._children.add(pid)
         identity = identity_of(pid)
         self._send(
@@ -181,12 +195,19 @@ def _returncode(status: int) -> int:
 
 
 def _child(
-    zygote: _Zygote, module: Any, request: dict[str, Any], roles: list[str], fds: list[int]
+    zygote: _Zygote,
+    module: Any,
+    request: dict[str, Any],
+    roles: list[str],
+    fds: list[int],
+    *,
+    settled: int,
 ) -> NoReturn:
     """In the forked child: become the requested program; never return to the loop."""
     code = 1
     try:
         os.setsid()
+        os.close(settled)  # tells the zygote: this child leads its own session and group
         zygote.close_in_child()
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)

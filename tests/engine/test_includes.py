@@ -138,14 +138,20 @@ def run(
     run_input: Any,
     server: FakeServer | None = None,
     state: dict[str, Any] | None = None,
+    answered_checkpoint: str | None = None,
 ) -> FakeServer:
-    """Run `workflow` with a fresh runner (resuming from `state` if given)."""
+    """Run `workflow` with a fresh runner (resuming from `state` if given; a continuation
+    names the checkpoint attempt it goes on after)."""
     server = server if server is not None else FakeServer()
     server.run_input = run_input
     server.finished = server.parked = None
     compiled = compile_workflow(workflow)
     execution = Execution(
-        cast(Any, server), compiled, {"runId": RUN_ID}, state or {"input": run_input}
+        cast(Any, server),
+        compiled,
+        {"runId": RUN_ID},
+        state or {"input": run_input},
+        answered_checkpoint=answered_checkpoint,
     )
     with contextlib.suppress(ClaimLost):
         execution.run()
@@ -474,9 +480,29 @@ def test_a_checkpoint_inside_an_include_continues_with_the_answer() -> None:
     server = run(workflow, {"n": 4})
     assert server.parked == "checkpoint"
     assert server.output_of("m/approve") == {"summary": "ship 5?"}
-    server = run(workflow, {"n": 4}, server, state=server.state({"m/approve": {"ok": True}}))
+    asked = next(a.attempt_id for a in server.attempts if a.path == "m/approve")
+    state = server.state({"m/approve": {"ok": True}})
+    server = run(workflow, {"n": 4}, server, state=state, answered_checkpoint=asked)
     assert server.finished is not None and server.finished["status"] == "completed"
     assert server.output_of("m/use") == {"answer": {"ok": True}, "n": 5}
+
+
+def test_a_runner_resumed_after_an_unanswered_checkpoint_waits_there_again() -> None:
+    # A runner died after its checkpoint completed and before the run waited: the next
+    # runner must wait for the answer, never go on past the checkpoint without one.
+    child = define_workflow(
+        name="ask",
+        start_at="approve",
+        nodes={"approve": checkpoint(summary="ship?"), "use": compute(lambda ctx: {})},
+        edges=[{"from": "approve", "to": "use"}],
+        exits={"done": {"from": "use"}},
+    )
+    workflow = parent_workflow(child)
+    server = run(workflow, {"n": 4})
+    assert server.parked == "checkpoint"
+    server = run(workflow, {"n": 4}, server, state=server.state())
+    assert server.parked == "checkpoint" and server.finished is None
+    assert "m/use" not in server.paths()
 
 
 def test_effects_inside_an_include_are_keyed_by_the_full_compiled_path() -> None:

@@ -1,0 +1,1 @@
+"""The crash matrix: every declared crash point, driven through real server processes."""

@@ -1,0 +1,861 @@
+"""The crash matrix: for every declared crash point, real runs driven into it.
+
+Each scenario starts a real server process armed with one point (a runner point arms the
+runners the server starts), lets the process die there, restarts what died (a fresh,
+unarmed server; runners are restarted by the server), waits for the system to settle and
+checks it (`Lab.finish`, see harness.py): every run in the state the design requires,
+no acknowledged command without its stored receipt, no effect applied twice unless it is
+ambiguous, no second live runner generation, `state verify` and SQLite's own checks clean.
+
+Lifecycle commits of one `approve` run (a -> charge -> approve -> z), in the order an
+armed server hits `server.lifecycle.*` (`HIT` names them; effect reservations and
+settlements are protected writes, not lifecycle transitions):
+
+     1 run.start (enqueue)  2 claim for launch  3 runner live      4 start a
+     5 finish a             6 start charge      7 finish charge    8 start approve
+     9 finish approve      10 wait (checkpoint) 11 run.answer     12 claim the continuation
+    13 runner live         14 start z          15 finish z        16 run finished
+
+Runner messages of one `charge` run, in the order `runner.message.after_send` counts:
+
+     1 runner.ready  2 node.started a  3 node.finished a  4 node.started charge
+     5 effect.reserve  6 effect.settle  7 node.finished charge ...
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pi_workflows.supervision import CRASH_POINTS
+from tests.conftest import Processes
+from tests.crash.harness import PIW, Command, Lab, live_generations, worker_rows
+
+pytestmark = pytest.mark.timeout(90)
+
+HIT = {
+    "run.start": 1,
+    "claim": 2,
+    "finish charge": 7,
+    "wait": 10,
+    "run.answer": 11,
+    "run finished": 16,
+}
+"""The hit of `server.lifecycle.*` at which a fresh server reaches each commit of `approve`."""
+
+Scenario = Callable[[Lab], None]
+SCENARIOS: dict[str, dict[str, Scenario]] = {}
+"""Crash point -> variant -> scenario. Every declared point needs at least one."""
+XFAIL: dict[tuple[str, str], str] = {}
+"""(point, variant) -> the reason a scenario is a known bug (strict xfail)."""
+
+
+def scenario(point: str, variant: str) -> Callable[[Scenario], Scenario]:
+    def register(function: Scenario) -> Scenario:
+        SCENARIOS.setdefault(point, {})[variant] = function
+        return function
+
+    return register
+
+
+@pytest.fixture
+def lab(short_tmp: Path, processes: Processes) -> Iterator[Lab]:
+    instance = Lab(short_tmp, processes)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+# --- small reads of the database between a crash and the restart ----------------------
+
+
+def _row(db: Any, sql: str, *args: Any) -> Any:
+    found = db.execute(sql, args).fetchone()
+    return None if found is None else (found[0] if len(found) == 1 else tuple(found))
+
+
+def _queue(db: Any, run_id: str) -> Any:
+    return _row(db, "SELECT state FROM run_queue WHERE run_id = ?", run_id)
+
+
+def _run(db: Any, run_id: str) -> Any:
+    """(status, generation, paused) of a run."""
+    return _row(db, "SELECT status, generation, paused FROM runs WHERE run_id = ?", run_id)
+
+
+def _effect_states(db: Any, run_id: str) -> list[str]:
+    rows = db.execute("SELECT state FROM effects WHERE run_id = ? ORDER BY created_at", (run_id,))
+    return [state for (state,) in rows]
+
+
+def _requeued_by_recovery(db: Any, run_id: str) -> int:
+    return int(
+        _row(
+            db,
+            "SELECT COUNT(*) FROM events WHERE run_id = ? AND event_type = 'run_requeued' "
+            "AND json_extract(payload, '$.reason') = 'serverRecovered'",
+            run_id,
+        )
+    )
+
+
+def _run_of(lab: Lab, start: Command) -> str:
+    """The run a run.start made, whether or not its response outran the crash (a lost
+    start is re-sent by `Lab.finish`, and must adopt this run)."""
+    if start.response is not None:
+        return start.new_run
+    with lab.database() as db:
+        (only,) = db.execute("SELECT run_id FROM runs").fetchall()
+    return str(only[0])
+
+
+def _answer(lab: Lab, run_id: str) -> str:
+    """Answer the run's checkpoint; return the continuation run."""
+    return lab.command("run.answer", {"answer": {"ok": True}}, run_id=run_id).new_run
+
+
+def _approve_to_the_end(lab: Lab, run_id: str) -> str:
+    """Wait for the checkpoint, answer it, wait for the continuation to complete."""
+    lab.wait_status(run_id, "waiting")
+    continuation = _answer(lab, run_id)
+    lab.wait_status(continuation, "completed")
+    return continuation
+
+
+def _check_approve_ran_once(lab: Lab, run_id: str, continuation: str) -> None:
+    assert lab.count(run_id, "a") == 1, "a committed node never runs again"
+    assert lab.applied(run_id) == 1, "the effect applied exactly once"
+    assert lab.count(continuation, "z") == 1
+
+
+# --- server.lifecycle.before_commit: the transition is lost ----------------------------
+
+
+@scenario("server.lifecycle.before_commit", "run-start")
+def _lifecycle_before_enqueue(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['run.start']}")
+    start = lab.start_run("approve")
+    assert start.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # no run and no receipt
+        assert _row(db, "SELECT COUNT(*) FROM runs") == 0
+        assert _row(db, "SELECT COUNT(*) FROM host_commands") == 0
+    lab.start_server()
+    lab.resend_lost()
+    assert start.resent_outcome == "accepted", "no receipt existed: the retry starts it once"
+    run_id = start.new_run
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+
+
+@scenario("server.lifecycle.before_commit", "launch-claim")
+def _lifecycle_before_launch(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['claim']}")
+    start = lab.start_run("approve")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:  # the claim never committed: the run is still queued
+        assert _queue(db, run_id) == "queued"
+        assert _run(db, run_id) == ("queued", 0, 0)
+        assert _row(db, "SELECT COUNT(*) FROM run_workers") == 0
+    lab.start_server()
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+
+
+@scenario("server.lifecycle.before_commit", "node-finished-after-effect")
+def _lifecycle_before_node_finished(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['finish charge']}")
+    start = lab.start_run("approve")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:  # the effect settled; finishing its node did not commit
+        assert _effect_states(db, run_id) == ["applied"]
+        assert (
+            _row(
+                db,
+                "SELECT status FROM node_attempts WHERE run_id = ? AND node_path = 'charge'",
+                run_id,
+            )
+            == "running"
+        )
+    lab.start_server()
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)  # the rerun adopted the receipt
+    lab.finish({run_id: "completed", continuation: "completed"})
+
+
+@scenario("server.lifecycle.before_commit", "checkpoint-wait")
+def _lifecycle_before_wait(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['wait']}")
+    start = lab.start_run("approve")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:  # the checkpoint completed; waiting there did not commit
+        assert _run(db, run_id)[0] == "running"
+        assert _row(db, "SELECT COUNT(*) FROM human_decisions") == 0
+    lab.start_server()
+    view = lab.wait_status(run_id, "waiting", "completed")
+    assert view["display"]["status"] == "waiting", "the unanswered checkpoint was skipped"
+    assert lab.count(run_id, "z") == 0
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+
+
+@scenario("server.lifecycle.before_commit", "answer-command")
+def _lifecycle_before_answer(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['run.answer']}")
+    run_id = lab.start_run("approve").new_run
+    lab.wait_status(run_id, "waiting")
+    answer = lab.command("run.answer", {"answer": {"ok": True}}, run_id=run_id)
+    assert answer.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # no continuation, no receipt
+        assert _run(db, run_id)[0] == "waiting"
+        assert _row(db, "SELECT COUNT(*) FROM runs WHERE continuation_of = ?", run_id) == 0
+        assert _row(db, "SELECT COUNT(*) FROM host_commands WHERE operation = 'run.answer'") == 0
+    lab.start_server()
+    lab.resend_lost()
+    assert answer.resent_outcome == "accepted", "no receipt existed: the retry applies it once"
+    continuation = answer.new_run
+    lab.wait_status(continuation, "completed")
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+
+
+# --- server.lifecycle.after_commit: durable, but nobody acted on it --------------------
+
+
+@scenario("server.lifecycle.after_commit", "launch-claim")
+def _lifecycle_after_launch(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['claim']}")
+    start = lab.start_run("approve")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:  # claimed for a runner that was never spawned
+        assert _queue(db, run_id) == "starting"
+        assert worker_rows(db, run_id) == [("starting", None)]
+    lab.start_server()
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+    with lab.database() as db:
+        assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
+
+
+@scenario("server.lifecycle.after_commit", "waiting")
+def _lifecycle_after_wait(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['wait']}")
+    start = lab.start_run("approve")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:
+        assert _run(db, run_id) == ("waiting", 1, 0)
+    lab.start_server()
+    view = lab.wait_status(run_id, "waiting")
+    assert view["generation"] == 1, "a waiting run is not recovered or relaunched"
+    assert view["display"]["waitingOn"] == "approve"
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+    with lab.database() as db:
+        assert worker_rows(db, run_id) == [("orphaned", None)]
+
+
+@scenario("server.lifecycle.after_commit", "answer-receipt")
+def _lifecycle_after_answer(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['run.answer']}")
+    run_id = lab.start_run("approve").new_run
+    lab.wait_status(run_id, "waiting")
+    answer = lab.command("run.answer", {"answer": {"ok": True}}, run_id=run_id)
+    assert answer.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        assert _run(db, run_id)[0] == "completed"
+        (continuation,) = db.execute("SELECT run_id FROM runs WHERE continuation_of = ?", (run_id,))
+    lab.start_server()
+    lab.resend_lost()
+    assert answer.resent_outcome == "adopted"
+    assert answer.new_run == continuation[0], "the retry names the one continuation"
+    lab.wait_status(answer.new_run, "completed")
+    _check_approve_ran_once(lab, run_id, answer.new_run)
+    lab.finish({run_id: "completed", answer.new_run: "completed"})
+
+
+@scenario("server.lifecycle.after_commit", "run-finished")
+def _lifecycle_after_finish(lab: Lab) -> None:
+    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['run finished']}")
+    run_id = lab.start_run("approve").new_run
+    lab.wait_status(run_id, "waiting")
+    continuation = _answer(lab, run_id)
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        assert _run(db, continuation)[0] == "completed"
+    lab.start_server()
+    view = lab.wait_status(continuation, "completed")
+    assert view["generation"] == 1, "a completed run is never claimed again"
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+
+
+# --- server.receipt.after_commit: the receipt is durable, the response is lost ---------
+
+
+@scenario("server.receipt.after_commit", "run-start")
+def _receipt_start(lab: Lab) -> None:
+    armed = lab.start_server("server.receipt.after_commit@1")
+    start = lab.start_run("pure")
+    assert start.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        (only,) = db.execute("SELECT run_id FROM runs").fetchall()
+    lab.start_server()
+    lab.resend_lost()
+    assert start.resent_outcome == "adopted" and start.new_run == only[0]
+    lab.wait_status(start.new_run, "completed")
+    assert lab.count(start.new_run, "a") == 1
+    lab.finish({start.new_run: "completed"})
+
+
+def _pause_while_applying(lab: Lab, read_back: bool) -> None:
+    armed = lab.start_server("server.receipt.after_commit@2")
+    run_id = lab.start_run("charge", {"block": "charge", "readBack": read_back}).new_run
+    lab.events.wait(run_id, "applying")
+    pause = lab.command("run.pause", run_id=run_id)
+    assert pause.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # parked and paused; the effect stays applying
+        assert _run(db, run_id) == ("running", 1, 1)
+        assert _queue(db, run_id) == "parked"
+        assert _effect_states(db, run_id) == ["applying"]
+    lab.start_server()
+    lab.resend_lost()
+    assert pause.resent_outcome == "adopted"
+    view = lab.get(run_id)
+    assert view["display"]["status"] == "paused" and view["generation"] == 1
+    lab.command("run.resume", run_id=run_id)
+    final = "completed" if read_back else "ambiguous"
+    lab.wait_status(run_id, final)
+    assert lab.applied(run_id) == 1, "proven by read-back, or ambiguous: never applied again"
+    assert lab.count(run_id, "a") == 1 and lab.count(run_id, "z") == int(read_back)
+    lab.finish({run_id: final}, ambiguous=0 if read_back else 1)
+
+
+@scenario("server.receipt.after_commit", "pause-applying-read-back")
+def _receipt_pause_read_back(lab: Lab) -> None:
+    _pause_while_applying(lab, read_back=True)
+
+
+@scenario("server.receipt.after_commit", "pause-applying-no-read-back")
+def _receipt_pause_no_read_back(lab: Lab) -> None:
+    _pause_while_applying(lab, read_back=False)
+
+
+@scenario("server.receipt.after_commit", "restart")
+def _receipt_restart(lab: Lab) -> None:
+    armed = lab.start_server("server.receipt.after_commit@2")
+    old = lab.start_run("pure").new_run
+    lab.wait_status(old, "completed")
+    restart = lab.command("run.restart", run_id=old)
+    assert restart.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        (new,) = db.execute("SELECT run_id FROM runs WHERE restart_of = ?", (old,)).fetchall()
+    lab.start_server()
+    lab.resend_lost()
+    assert restart.resent_outcome == "adopted" and restart.new_run == new[0]
+    lab.wait_status(restart.new_run, "completed")
+    assert lab.count(old, "a") == lab.count(restart.new_run, "a") == 1
+    lab.finish({old: "completed", restart.new_run: "completed"})
+
+
+# --- server.launch.*: the launch is committed, the runner unknown or unborn ------------
+
+
+def _launch_crash(lab: Lab, point: str) -> None:
+    armed = lab.start_server(point)
+    start = lab.start_run("charge", {"readBack": False})
+    lab.expect_server_crash(armed)
+    orphans = lab.lab_processes()  # a spawned runner, its zygote: they must not survive
+    with lab.database() as db:
+        (run_id,) = db.execute("SELECT run_id FROM runs").fetchone()
+        assert _row(db, "SELECT COUNT(*) FROM runner_processes") == 0  # identity unrecorded
+        assert _row(db, "SELECT COUNT(*) FROM node_attempts") == 0  # no node ran
+        if point == "server.launch.after_commit":  # never spawned
+            assert _queue(db, run_id) == "starting"
+            assert worker_rows(db, run_id) == [("starting", None)]
+        else:  # spawned; its runner.ready may have raced the crash, nothing more can have
+            assert [status for status, _ in worker_rows(db, run_id)] in (["starting"], ["ready"])
+    lab.start_server()
+    lab.assert_gone(orphans, "a process of the crashed server")
+    lab.resend_lost()
+    assert start.new_run == run_id
+    lab.wait_status(run_id, "completed")
+    assert lab.count(run_id, "a") == 1, "no node of the lost launch ran"
+    assert lab.applied(run_id) == 1
+    lab.finish({run_id: "completed"})
+    with lab.database() as db:
+        assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
+
+
+@scenario("server.launch.after_commit", "first-launch")
+def _launch_after_commit(lab: Lab) -> None:
+    _launch_crash(lab, "server.launch.after_commit")
+
+
+@scenario("server.launch.after_spawn", "first-launch")
+def _launch_after_spawn(lab: Lab) -> None:
+    _launch_crash(lab, "server.launch.after_spawn")
+
+
+# --- server.ready.before_command: live runner, no command -------------------------------
+
+
+@scenario("server.ready.before_command", "first-ready")
+def _ready_before_command(lab: Lab) -> None:
+    armed = lab.start_server("server.ready.before_command")
+    start = lab.start_run("charge", {"readBack": False})
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:
+        assert _queue(db, run_id) == "running"
+        assert [status for status, _ in worker_rows(db, run_id)] == ["ready"]
+        assert _row(db, "SELECT COUNT(*) FROM node_attempts") == 0
+    lab.start_server()
+    lab.wait_status(run_id, "completed")
+    assert lab.count(run_id, "a") == 1 and lab.applied(run_id) == 1
+    lab.finish({run_id: "completed"})
+    with lab.database() as db:
+        assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
+
+
+# --- server.cancel.after_commit: cancelled durably, the runner not stopped yet ----------
+
+
+@scenario("server.cancel.after_commit", "shell-running")
+def _cancel_shell(lab: Lab) -> None:
+    armed = lab.start_server("server.cancel.after_commit")
+    run_id = lab.start_run("build", {"block": "build"}).new_run
+    shell_pid = lab.events.wait(run_id, "build")
+    shell = psutil.Process(shell_pid)
+    cancel = lab.command("run.cancel", run_id=run_id)
+    assert cancel.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # terminal, and the running shell effect is ambiguous
+        assert _run(db, run_id)[0] == "cancelled"
+        assert _effect_states(db, run_id) == ["ambiguous"]
+        assert (
+            _row(db, "SELECT role FROM runner_processes WHERE pid = ?", shell_pid) == "registered"
+        )
+    lab.start_server()
+    lab.assert_gone([shell], "the registered shell command")  # stopped by exact identity
+    lab.resend_lost()
+    assert cancel.resent_outcome == "adopted"
+    assert lab.get(run_id)["generation"] == 1, "a cancelled run never resumes"
+    assert lab.shell_runs(run_id) == 1 and lab.count(run_id, "z") == 0
+    lab.finish({run_id: "cancelled"}, ambiguous=1)
+
+
+@scenario("server.cancel.after_commit", "effect-applying")
+def _cancel_effect(lab: Lab) -> None:
+    armed = lab.start_server("server.cancel.after_commit")
+    run_id = lab.start_run("charge", {"block": "charge"}).new_run
+    lab.events.wait(run_id, "applying")
+    cancel = lab.command("run.cancel", run_id=run_id)
+    assert cancel.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        assert _run(db, run_id)[0] == "cancelled"
+        assert _effect_states(db, run_id) == ["ambiguous"]
+    lab.start_server()
+    lab.resend_lost()
+    assert cancel.resent_outcome == "adopted"
+    assert lab.applied(run_id) == 1, "an ambiguous effect is never retried (nor read back)"
+    assert lab.count(run_id, "z") == 0
+    lab.finish({run_id: "cancelled"}, ambiguous=1)
+
+
+# --- server.recovery.*: a crash inside startup recovery --------------------------------
+
+
+@scenario("server.recovery.after_epoch", "shell-running-and-waiting")
+def _recovery_after_epoch(lab: Lab) -> None:
+    first = lab.start_server()
+    waiting = lab.start_run("approve").new_run
+    lab.wait_status(waiting, "waiting")
+    building = lab.start_run("build", {"block": "build"}).new_run
+    shell = psutil.Process(lab.events.wait(building, "build"))
+    lab.kill_server(first)
+    armed = lab.start_server("server.recovery.after_epoch", ready=False)
+    lab.expect_server_crash(armed)
+    assert armed.popen.stdout is not None and armed.popen.stdout.read() == ""  # never ready
+    with lab.database() as db:  # nothing recovered yet
+        assert _queue(db, building) == "running"
+        assert _requeued_by_recovery(db, building) == 0
+    final = lab.start_server()
+    assert first.epoch is not None and final.epoch == first.epoch + 2
+    lab.assert_gone([shell], "the registered shell command")
+    lab.wait_status(building, "ambiguous")
+    assert lab.shell_runs(building) == 1, "an interrupted shell command is never rerun"
+    assert lab.get(waiting)["generation"] == 1
+    continuation = _approve_to_the_end(lab, waiting)
+    _check_approve_ran_once(lab, waiting, continuation)
+    lab.finish(
+        {waiting: "completed", continuation: "completed", building: "ambiguous"}, ambiguous=1
+    )
+    with lab.database() as db:
+        assert _requeued_by_recovery(db, building) == 1
+
+
+@scenario("server.recovery.after_first_run", "compute-and-effect-in-flight")
+def _recovery_after_first_batch(lab: Lab) -> None:
+    first = lab.start_server()
+    paying = lab.start_run("charge", {"block": "charge"}).new_run
+    computing = lab.start_run("pure", {"block": "a"}).new_run
+    lab.events.wait(paying, "applying")
+    lab.events.wait(computing, "a")
+    lab.kill_server(first)
+    armed = lab.start_server("server.recovery.after_first_run", ready=False)
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # the batch committed: both requeued under a new generation
+        for run_id in (paying, computing):
+            assert _queue(db, run_id) == "queued"
+            assert _run(db, run_id) == ("queued", 2, 0)
+            assert _requeued_by_recovery(db, run_id) == 1
+    lab.start_server()
+    lab.wait_status(paying, "completed")
+    lab.wait_status(computing, "completed")
+    assert lab.applied(paying) == 1, "read-back proved the interrupted effect"
+    assert lab.count(computing, "a") == 2 and lab.count(computing, "b") == 1
+    lab.finish({paying: "completed", computing: "completed"})
+    with lab.database() as db:
+        for run_id in (paying, computing):
+            assert _requeued_by_recovery(db, run_id) == 1, "recovered once, not twice"
+        assert _effect_states(db, paying) == ["applied"]
+
+
+# --- runner.*: a runner dies; the server lives and decides -----------------------------
+
+
+@scenario("runner.ready.before_send", "first-runner")
+def _runner_before_ready(lab: Lab) -> None:
+    armed = lab.start_server("runner.ready.before_send")
+    run_id = lab.start_run("pure").new_run
+    view = lab.wait_reason(run_id, "runnerNoProgress")
+    lab.expect_runner_crash(armed)
+    lab.wait_no_runners()
+    view = lab.get(run_id)
+    assert view["display"] == {"status": "queued", "reason": "runnerNoProgress"}
+    assert view["generation"] == 1 and lab.count(run_id, "a") == 0
+    lab.command("run.resume", run_id=run_id)  # the operator's explicit resume
+    lab.wait_status(run_id, "completed")
+    assert lab.count(run_id, "a") == 1
+    lab.finish({run_id: "completed"})
+    with lab.database() as db:
+        assert worker_rows(db, run_id) == [("crashed", signal.SIGKILL), ("exited", None)]
+
+
+def _runner_effect_crash(lab: Lab, point: str, read_back: bool, applied: int) -> None:
+    armed = lab.start_server(point)
+    run_id = lab.start_run("charge", {"readBack": read_back}).new_run
+    if read_back:
+        lab.wait_status(run_id, "completed")
+        assert lab.count(run_id, "z") == 1
+    else:
+        view = lab.wait_status(run_id, "ambiguous")
+        assert view["display"]["reason"] == "effectAmbiguous"
+        assert lab.count(run_id, "z") == 0
+    lab.expect_runner_crash(armed)
+    assert lab.count(run_id, "a") == 1
+    assert lab.applied(run_id) == applied
+    lab.finish({run_id: "completed" if read_back else "ambiguous"}, ambiguous=0 if read_back else 1)
+    with lab.database() as db:
+        assert _effect_states(db, run_id) == ["applied" if read_back else "ambiguous"]
+        assert worker_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
+
+
+@scenario("runner.effect.after_reserve", "read-back")
+def _after_reserve_read_back(lab: Lab) -> None:
+    _runner_effect_crash(lab, "runner.effect.after_reserve", read_back=True, applied=1)
+
+
+@scenario("runner.effect.after_reserve", "no-read-back")
+def _after_reserve_no_read_back(lab: Lab) -> None:
+    _runner_effect_crash(lab, "runner.effect.after_reserve", read_back=False, applied=0)
+
+
+@scenario("runner.effect.after_apply", "read-back")
+def _after_apply_read_back(lab: Lab) -> None:
+    _runner_effect_crash(lab, "runner.effect.after_apply", read_back=True, applied=1)
+
+
+@scenario("runner.effect.after_apply", "no-read-back")
+def _after_apply_no_read_back(lab: Lab) -> None:
+    _runner_effect_crash(lab, "runner.effect.after_apply", read_back=False, applied=1)
+
+
+@scenario("runner.effect.after_apply", "shell")
+def _after_apply_shell(lab: Lab) -> None:
+    armed = lab.start_server("runner.effect.after_apply")
+    run_id = lab.start_run("build").new_run
+    lab.wait_status(run_id, "ambiguous")
+    lab.expect_runner_crash(armed)
+    assert lab.shell_runs(run_id) == 1 and lab.count(run_id, "z") == 0
+    lab.finish({run_id: "ambiguous"}, ambiguous=1)
+
+
+def _messages_of_the_crashed_runner(lab: Lab, run_id: str) -> list[str]:
+    """The kinds of the messages the server committed from the run's first runner."""
+    with lab.database() as db:
+        crashed = db.execute(
+            "SELECT runner_epoch FROM run_workers WHERE run_id = ? ORDER BY started_at, generation",
+            (run_id,),
+        ).fetchone()
+        rows = db.execute(
+            "SELECT message_id, kind FROM runner_messages WHERE runner_epoch = ?", crashed
+        ).fetchall()
+        assert worker_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
+    return [kind for _, kind in sorted(rows, key=lambda row: int(row[0].rsplit("-m", 1)[1]))]
+
+
+def _message_crash(lab: Lab, hit: int, kind: str) -> None:
+    armed = lab.start_server(f"runner.message.after_send@{hit}")
+    run_id = lab.start_run("charge", {"readBack": False}).new_run
+    lab.wait_status(run_id, "completed")
+    lab.expect_runner_crash(armed)
+    assert lab.count(run_id, "a") == 1, "a committed node.finished is never rerun"
+    assert lab.applied(run_id) == 1, "a committed settlement is adopted, not reapplied"
+    assert lab.count(run_id, "z") == 1
+    lab.finish({run_id: "completed"})
+    kinds = _messages_of_the_crashed_runner(lab, run_id)
+    assert len(kinds) == hit and kinds[-1] == kind, "the server committed the last message"
+
+
+@scenario("runner.message.after_send", "node-finished")
+def _message_node_finished(lab: Lab) -> None:
+    _message_crash(lab, 3, "node.finished")
+
+
+@scenario("runner.message.after_send", "effect-settle")
+def _message_effect_settle(lab: Lab) -> None:
+    _message_crash(lab, 6, "effect.settle")
+
+
+@scenario("runner.message.after_send", "checkpoint-finished")
+def _message_checkpoint_finished(lab: Lab) -> None:
+    # Message 9 of an `approve` run is node.finished of the checkpoint; run.parked is next.
+    armed = lab.start_server("runner.message.after_send@9")
+    run_id = lab.start_run("approve").new_run
+    view = lab.wait_status(run_id, "waiting", "completed")
+    lab.expect_runner_crash(armed)
+    assert view["display"]["status"] == "waiting", "the unanswered checkpoint was skipped"
+    assert view["display"]["waitingOn"] == "approve" and lab.count(run_id, "z") == 0
+    continuation = _approve_to_the_end(lab, run_id)
+    _check_approve_ran_once(lab, run_id, continuation)
+    lab.finish({run_id: "completed", continuation: "completed"})
+    kinds = _messages_of_the_crashed_runner(lab, run_id)
+    assert kinds[-2:] == ["node.started", "node.finished"] and len(kinds) == 9
+
+
+# --- the matrix -------------------------------------------------------------------------
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for point, variants in SCENARIOS.items():
+        for variant, function in variants.items():
+            reason = XFAIL.get((point, variant))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            cases.append(pytest.param(function, id=f"{point}-{variant}", marks=marks))
+    return cases
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("run_scenario", _cases())
+def test_crash_point(lab: Lab, run_scenario: Scenario) -> None:
+    run_scenario(lab)
+
+
+@pytest.mark.timeout(10)
+def test_every_declared_crash_point_has_a_scenario() -> None:
+    assert set(SCENARIOS) == set(CRASH_POINTS), (
+        f"no scenario: {sorted(set(CRASH_POINTS) - set(SCENARIOS))}; "
+        f"no such point: {sorted(set(SCENARIOS) - set(CRASH_POINTS))}"
+    )
+    assert all(SCENARIOS.values())
+
+
+# --- How it must behave ------------------------------------------------------------------
+
+
+def _next_renewal(lab: Lab, run_id: str, *, after: int) -> tuple[int, int]:
+    """(heartbeat, expiry) of the run's lease once its heartbeat moved past `after`."""
+    deadline = time.monotonic() + 10
+    pause = threading.Event()
+    while True:
+        with lab.database() as db:  # a WAL reader: it never blocks the server
+            lease = _row(
+                db, "SELECT heartbeat_at, expires_at FROM leases WHERE resource = ?", run_id
+            )
+        if lease[0] > after:
+            return int(lease[0]), int(lease[1])
+        assert time.monotonic() < deadline, "the blocked run's claim was not renewed"
+        pause.wait(0.1)
+
+
+@pytest.mark.timeout(60)
+def test_a_blocked_runner_cannot_stop_renewal_or_other_runs(lab: Lab) -> None:
+    lab.start_server()
+    spinning = lab.start_run("pure", {"spin": "a"}).new_run
+    spinner = psutil.Process(lab.events.wait(spinning, "a"))
+    with lab.database() as db:  # a WAL reader: it never blocks the server
+        before = _row(
+            db, "SELECT heartbeat_at, expires_at FROM leases WHERE resource = ?", spinning
+        )
+    other = lab.start_run("charge").new_run
+    lab.wait_status(other, "completed")
+    slowest = 0.0
+    for _ in range(10):
+        began = time.monotonic()
+        status = lab.call("server.status")
+        slowest = max(slowest, time.monotonic() - began)
+    assert slowest < 2.0, f"server.status took {slowest:.2f} s beside a blocked runner"
+    assert status["runs"]["running"] == 1 and status["expiredClaims"] == 0
+    # The renewer keeps renewing the blocked run's claim although its runner writes
+    # nothing: two timer renewals in a row, each moving the heartbeat and the expiry on.
+    first = _next_renewal(lab, spinning, after=before[0])
+    second = _next_renewal(lab, spinning, after=first[0])
+    assert second[1] > first[1] > second[0]
+    assert spinner.status() == psutil.STATUS_RUNNING, "the runner spins (never sleeps)"
+    spinner.send_signal(signal.SIGTERM)  # ignored
+    assert spinner.is_running()
+    spinner.kill()  # a crash after progress: requeued, and the pure node runs again
+    lab.wait_status(spinning, "completed")
+    assert lab.count(spinning, "a") == 2 and lab.count(spinning, "b") == 1
+    assert lab.applied(other) == 1
+    lab.finish({spinning: "completed", other: "completed"})
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_server_brings_back_queued_running_paused_and_waiting_runs(lab: Lab) -> None:
+    first = lab.start_server(max_workers=3)
+    paused = lab.start_run("pure", {"block": "a"}).new_run
+    lab.events.wait(paused, "a")
+    lab.command("run.pause", run_id=paused)
+    lab.wait_status(paused, "paused")
+    waiting = lab.start_run("approve").new_run
+    lab.wait_status(waiting, "waiting")
+    computing = lab.start_run("pure", {"block": "a"}).new_run
+    paying = lab.start_run("charge", {"block": "charge"}).new_run
+    building = lab.start_run("build", {"block": "build"}).new_run
+    lab.events.wait(computing, "a")
+    lab.events.wait(paying, "applying")
+    shell = psutil.Process(lab.events.wait(building, "build"))
+    queued = lab.start_run("pure").new_run  # all three slots are busy
+    assert lab.get(queued)["display"]["status"] == "queued"
+    lab.kill_server(first)
+    with lab.database() as db:
+        assert live_generations(db) == {}
+    lab.start_server(max_workers=3)
+    lab.assert_gone([shell], "the registered shell command")
+    for run_id, status in (
+        (computing, "completed"),
+        (paying, "completed"),
+        (queued, "completed"),
+        (building, "ambiguous"),
+    ):
+        lab.wait_status(run_id, status)
+    for run_id, status in ((waiting, "waiting"), (paused, "paused")):
+        view = lab.get(run_id)
+        assert view["display"]["status"] == status and view["generation"] == 1, view
+    assert lab.count(computing, "a") == 2, "the interrupted pure node ran again, once"
+    assert lab.count(queued, "a") == 1
+    assert lab.applied(paying) == 1, "read-back proved the interrupted effect"
+    assert lab.shell_runs(building) == 1, "the interrupted shell command never reran"
+    assert lab.count(paused, "a") == 1 and lab.count(building, "z") == 0
+    lab.command("run.resume", run_id=paused)
+    continuation = _approve_to_the_end(lab, waiting)
+    lab.wait_status(paused, "completed")
+    _check_approve_ran_once(lab, waiting, continuation)
+    assert lab.count(paused, "a") == 2 and lab.count(paused, "b") == 1
+    verified = subprocess.run(
+        [*PIW, "--state-dir", str(lab.state_dir), "state", "verify", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=lab.env(),
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert json.loads(verified.stdout)["consistent"] is True
+    expected = {
+        paused: "completed",
+        waiting: "completed",
+        continuation: "completed",
+        computing: "completed",
+        paying: "completed",
+        queued: "completed",
+        building: "ambiguous",
+    }
+    lab.finish(expected, ambiguous=1)
+
+
+@pytest.mark.timeout(90)
+def test_duplicate_commands_across_a_server_crash_return_stored_receipts(lab: Lab) -> None:
+    first = lab.start_server()
+    resumed = lab.start_run("pure", {"block": "a"}).new_run
+    lab.events.wait(resumed, "a")
+    lab.command("run.pause", run_id=resumed)
+    # At once: the fenced runner has not exited yet, and must not lend its released claim.
+    lab.command("run.resume", run_id=resumed)
+    lab.wait_status(resumed, "completed")
+    restarted = lab.command("run.restart", run_id=resumed).new_run  # same input: blocks in a
+    lab.events.wait(restarted, "a")
+    waiting = lab.start_run("approve").new_run
+    lab.wait_status(waiting, "waiting")
+    answer = lab.command("run.answer", {"answer": {"ok": True}}, run_id=waiting)
+    cancelled = lab.start_run("pure", {"block": "a"}).new_run
+    lab.events.wait(cancelled, "a")
+    lab.command("run.cancel", run_id=cancelled)
+    lab.kill_server(first)
+    lab.start_server()
+    lab.resend_acknowledged()  # every one adopted, with the receipt it got first
+    conflict = lab.client().request(
+        "run.answer", {"answer": {"ok": False}}, run_id=waiting, idempotency_key=answer.key
+    )
+    assert conflict["outcome"] == "conflict"
+    assert conflict["error"]["code"] == "idempotencyConflict"
+    for run_id in (restarted, answer.new_run):
+        lab.wait_status(run_id, "completed")
+    assert lab.count(resumed, "a") == lab.count(restarted, "a") == 2
+    assert lab.count(cancelled, "a") == 1 and lab.count(cancelled, "b") == 0
+    assert lab.applied(waiting) == 1
+    lab.finish(
+        {
+            resumed: "completed",
+            restarted: "completed",
+            waiting: "completed",
+            answer.new_run: "completed",
+            cancelled: "cancelled",
+        }
+    )
+    with lab.database() as db:
+        rows = db.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT idempotency_key) FROM host_commands "
+            "WHERE client_id = ?",
+            (lab.client_id,),
+        ).fetchone()
+    assert rows == (len(lab.commands), len(lab.commands)), "one receipt per command"
