@@ -313,6 +313,7 @@ class WorkflowServer:
             self.stop_reason = self.stop_reason or reason
             self._accepting = False
             self._wait_in_flight()
+            self._stop_launching()
             self._hand_back_runs()
             log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
             self._teardown()
@@ -366,6 +367,22 @@ class WorkflowServer:
             logging.getLogger("pi_workflows").removeHandler(self._log_handler)
             self._log_handler.close()
             self._log_handler = None
+
+    def _wake_scheduler(self) -> None:
+        scheduler = self._scheduler
+        if scheduler is not None:
+            with contextlib.suppress(pykka.ActorDeadError):  # stopping: nothing to launch
+                scheduler.tell(Wake())
+
+    def _stop_launching(self) -> None:
+        """Stop the scheduler before runs are handed back, so none is launched again.
+
+        A launch it already asked for is claimed before the hand-back (the database
+        actor keeps order), so the hand-back requeues that run too.
+        """
+        if self._scheduler is not None:
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+                self._scheduler.stop(block=True, timeout=ACTOR_STOP_TIMEOUT_S)
 
     def _hand_back_runs(self) -> None:
         """Requeue every run a live runner holds, so the next server resumes it."""
@@ -461,8 +478,7 @@ class WorkflowServer:
                         "reason": str(reply.value or reply.error),
                     },
                 )
-                if self._scheduler is not None:
-                    self._scheduler.tell(Wake())
+                self._wake_scheduler()
 
             database.tell(
                 Transact(
@@ -676,8 +692,8 @@ class _Router:
                     )
                 else:
                     connection.respond(result.value)
-                    if operation in COMMANDS and server._scheduler is not None:
-                        server._scheduler.tell(Wake())
+                    if operation in COMMANDS:
+                        server._wake_scheduler()
             finally:
                 server._end_request()
 
@@ -716,8 +732,7 @@ class _Router:
                         )
                     else:
                         connection.respond(result.value)
-                        if server._scheduler is not None:
-                            server._scheduler.tell(Wake())
+                        server._wake_scheduler()
                 finally:
                     server._end_request()
 
