@@ -30,6 +30,17 @@ def server(state_dir: Path) -> Iterator[WorkflowServer]:
 
 
 @pytest.fixture
+def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
+    """An embedded server that executes runs in real runner processes."""
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")
+
+
+@pytest.fixture
 def client(server: WorkflowServer) -> Iterator[WorkflowClient]:
     with WorkflowClient(server.state_dir, autostart=False, timeout=10) as connected:
         yield connected

@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from tests.conftest import Processes, write_workflow
+from tests.server.runs import TERMINAL, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-TERMINAL = {"completed", "failed", "timed_out", "cancelled"}
 
 APPROVAL = """
 from pi_workflows import checkpoint, compute, define_workflow
@@ -47,37 +46,13 @@ workflow = define_workflow(
 
 
 @pytest.fixture
-def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop("test teardown")
-
-
-def _wait_for(client: WorkflowClient, run_id: str, wanted: set[str]) -> dict[str, Any]:
-    """Follow the run-list subscription until the run's display status is in `wanted`."""
-    with WorkflowClient(client.state_dir, autostart=False, timeout=60) as watcher:
-        watcher.call("view.subscribe", {"kind": "runList"})
-        while True:
-            event = watcher.read_message()
-            assert event is not None, "the server closed the subscription"
-            if event["type"] != "event":
-                continue
-            for item in event["payload"]["items"]:
-                if item["runId"] == run_id and item["display"]["status"] in wanted:
-                    return dict(client.call("run.get", run_id=run_id)["receipt"])
-
-
-@pytest.fixture
 def waiting_run(running_server: WorkflowServer, short_tmp: Path) -> Iterator[tuple[str, Path]]:
     project = short_tmp / "project"
     write_workflow(project, "approval", APPROVAL)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
         answer = client.call("run.start", {"workflow": "approval", "projectPath": str(project)})
         run_id = answer["receipt"]["runId"]
-        waiting = _wait_for(client, run_id, {"waiting"} | TERMINAL)
+        waiting = wait_for(client, run_id, {"waiting"} | TERMINAL)
         assert waiting["display"]["status"] == "waiting", waiting
     yield run_id, running_server.state_dir
 

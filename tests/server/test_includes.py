@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +14,10 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from tests.conftest import Processes, write_workflow
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-TERMINAL = {"completed", "failed", "timed_out", "cancelled"}
 
 REVIEW = """
 from pi_workflows import compute, define_workflow
@@ -70,58 +68,6 @@ workflow = define_workflow(
 """
 
 
-@pytest.fixture
-def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop("test teardown")
-
-
-def _wait_until(client: WorkflowClient, run_id: str, check: Any) -> dict[str, Any]:
-    """Follow the run-list subscription until `check(item)` holds for the run."""
-    with WorkflowClient(client.state_dir, autostart=False, timeout=60) as watcher:
-        watcher.call("view.subscribe", {"kind": "runList"})
-        while True:
-            event = watcher.read_message()
-            assert event is not None, "the server closed the subscription"
-            if event["type"] != "event":
-                continue
-            for item in event["payload"]["items"]:
-                if item["runId"] == run_id and check(item):
-                    return dict(client.call("run.get", run_id=run_id)["receipt"])
-
-
-def _wait_for(client: WorkflowClient, run_id: str, wanted: set[str]) -> dict[str, Any]:
-    return _wait_until(client, run_id, lambda item: item["display"]["status"] in wanted)
-
-
-def _wait_fifo(fifo: Path, timeout: float = 60) -> str:
-    """Block until the workflow writes to the FIFO (a real event, not a poll); return it."""
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while True:
-            readable, _, _ = select.select([fd], [], [], timeout)
-            assert readable, "the workflow never announced itself"
-            try:
-                data = os.read(fd, 64)
-            except BlockingIOError:  # a writer opened but wrote nothing yet
-                continue
-            if data:
-                return data.decode()
-    finally:
-        os.close(fd)
-
-
-def _start(client: WorkflowClient, project: Path, name: str, workflow_input: Any) -> str:
-    answer = client.call(
-        "run.start", {"workflow": name, "input": workflow_input, "projectPath": str(project)}
-    )
-    return str(answer["receipt"]["runId"])
-
-
 def _outputs(state_dir: Path, run_id: str) -> dict[str, Any]:
     """Node path → output of its latest completed attempt, read from the database."""
     database = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
@@ -145,8 +91,8 @@ def test_a_root_includes_a_workflow_by_name_and_routes_on_its_exit(
     write_workflow(project, "review", REVIEW)
     write_workflow(project, "ship", SHIP)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "ship", {"n": n})
-        view = _wait_for(client, run_id, TERMINAL)
+        run_id = start_run(client, project, "ship", {"n": n})
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "completed", view
     leaf, after = ("pass_", "ship") if exit_name == "passed" else ("fail_", "fix")
     assert [step["node"] for step in view["steps"]] == [
@@ -295,12 +241,12 @@ def test_a_runner_killed_inside_an_include_resumes_with_the_child_scope(
     write_workflow(project, "crashy", CRASHY_CHILD.format(counter=str(counter), fifo=str(fifo)))
     write_workflow(project, "holder", HOLDER.format(mount="sub"))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "holder", {})
-        runner = psutil.Process(int(_wait_fifo(fifo)))
+        run_id = start_run(client, project, "holder", {})
+        runner = psutil.Process(int(wait_fifo(fifo)))
         assert os.getpgid(runner.pid) == runner.pid, "a runner leads its own group"
         os.killpg(runner.pid, signal.SIGKILL)
         psutil.wait_procs([runner], timeout=30)
-        view = _wait_for(client, run_id, TERMINAL)
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "completed", view
     assert view["generation"] == 2
     assert counter.read_text() == "2", "the interrupted child node ran exactly once more"
@@ -348,14 +294,14 @@ def test_an_included_file_edited_while_the_run_waits_parks_its_continuation(
     write_workflow(project, "gated", GATED)
     leaf = write_workflow(project, "leaf", LEAF.format(extra=""))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "gated", {})
-        waiting = _wait_for(client, run_id, {"waiting"} | TERMINAL)
+        run_id = start_run(client, project, "gated", {})
+        waiting = wait_for(client, run_id, {"waiting"} | TERMINAL)
         assert waiting["display"]["status"] == "waiting"
         edit = f"from pathlib import Path\nPath({str(marker)!r}).write_text('the edit ran')\n"
         leaf.write_text(LEAF.format(extra=edit))
         answer = client.call("run.answer", {"answer": {"ok": True}}, run_id=run_id)
         continuation = answer["receipt"]["continuationRunId"]
-        view = _wait_until(
+        view = wait_until(
             client,
             continuation,
             lambda item: item["display"].get("reason") == "workflowSourceChanged",

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +20,10 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from tests.conftest import write_workflow
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-TERMINAL = {"completed", "failed", "timed_out", "cancelled"}
 SIZE = 800_000
 
 BIG_STATE = """
@@ -89,49 +87,6 @@ ROUTE_FAILURE = (
 )
 
 
-@pytest.fixture
-def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop("test teardown")
-
-
-def _wait_for(client: WorkflowClient, run_id: str, wanted: set[str]) -> dict[str, Any]:
-    """Follow the run-list subscription until the run's display status is in `wanted`."""
-    with WorkflowClient(client.state_dir, autostart=False, timeout=60) as watcher:
-        watcher.call("view.subscribe", {"kind": "runList"})
-        while True:
-            event = watcher.read_message()
-            assert event is not None, "the server closed the subscription"
-            if event["type"] != "event":
-                continue
-            for item in event["payload"]["items"]:
-                if item["runId"] == run_id and item["display"]["status"] in wanted:
-                    return dict(client.call("run.get", run_id=run_id)["receipt"])
-
-
-def _read_fifo(fifo: Path, timeout: float = 60) -> str:
-    """Block until the workflow writes to the FIFO (a real event, not a poll)."""
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while True:
-            readable, _, _ = select.select([fd], [], [], timeout)
-            assert readable, "the workflow never announced itself"
-            data = os.read(fd, 64)
-            if data:
-                return data.decode()
-    finally:
-        os.close(fd)
-
-
-def _start(client: WorkflowClient, project: Path, name: str) -> str:
-    answer = client.call("run.start", {"workflow": name, "input": {}, "projectPath": str(project)})
-    return str(answer["receipt"]["runId"])
-
-
 def _query(server: WorkflowServer, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     database = sqlite3.connect(f"file:{server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
     try:
@@ -149,15 +104,15 @@ def test_state_over_the_frame_limit_reaches_a_resumed_runner_and_a_continuation(
     source = BIG_STATE.format(size=SIZE, counter=str(counter), fifo=str(fifo))
     write_workflow(project, "bigstate", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "bigstate")
-        runner_pid = int(_read_fifo(fifo))
+        run_id = start_run(client, project, "bigstate")
+        runner_pid = int(wait_fifo(fifo))
         os.kill(runner_pid, signal.SIGKILL)  # after `a` and `b` committed their outputs
-        waiting = _wait_for(client, run_id, {"waiting"} | TERMINAL)
+        waiting = wait_for(client, run_id, {"waiting"} | TERMINAL)
         assert waiting["display"]["status"] == "waiting", waiting
         assert waiting["generation"] == 2, "the resumed runner read the large state"
         answered = client.call("run.answer", {"answer": {"ok": True}}, run_id=run_id)
         continuation = answered["receipt"]["continuationRunId"]
-        done = _wait_for(client, continuation, TERMINAL)
+        done = wait_for(client, continuation, TERMINAL)
     assert done["display"]["status"] == "completed", done
     assert counter.read_text() == "2"
     ((output,),) = _query(
@@ -189,8 +144,8 @@ def test_an_output_too_large_for_one_frame_fails_its_node_not_the_runner(
         source = source.replace(f"        {recover}\n", "").replace(ROUTE_FAILURE, "[]")
     write_workflow(project, "toobig", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "toobig")
-        view = _wait_for(client, run_id, TERMINAL)
+        run_id = start_run(client, project, "toobig")
+        view = wait_for(client, run_id, TERMINAL)
     assert view["generation"] == 1, "no runner crashed on the way"
     ((error,),) = _query(
         running_server,

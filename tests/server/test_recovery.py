@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import sqlite3
 import subprocess
@@ -27,6 +26,7 @@ from pi_workflows.storage import (
 )
 from pi_workflows.supervision import identity_of
 from tests.conftest import Processes, write_workflow
+from tests.server.runs import wait_fifo
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -193,19 +193,6 @@ def _serve(processes: Processes, state_dir: Path) -> subprocess.Popen[str]:
     return server
 
 
-def _await_fifo(fifo: Path, timeout: float = 60) -> None:
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while True:
-            readable, _, _ = select.select([fd], [], [], timeout)
-            assert readable, "the workflow never announced itself"
-            with contextlib.suppress(BlockingIOError):
-                if os.read(fd, 64):
-                    return
-    finally:
-        os.close(fd)
-
-
 def _start(state_dir: Path, project: Path, name: str) -> str:
     with WorkflowClient(state_dir, autostart=False) as client:
         answer = client.call(
@@ -233,7 +220,7 @@ def test_a_shell_group_left_by_a_sigkilled_server_is_stopped_by_recovery_and_is_
     )
     first = _serve(processes, state_dir)
     run_id = _start(state_dir, project, "longshell")
-    _await_fifo(fifo)
+    wait_fifo(fifo)
     command = psutil.Process(int(pidfile.read_text().strip()))
     processes.adopt(command.pid)
     os.kill(first.pid, signal.SIGKILL)
@@ -262,7 +249,7 @@ def test_a_cold_runner_left_by_a_sigkilled_server_is_stopped_and_the_run_resumes
     )
     first = _serve(processes, state_dir)
     run_id = _start(state_dir, project, "blockonce")
-    _await_fifo(fifo)
+    wait_fifo(fifo)
     runner = psutil.Process(int(marker.read_text()))
     processes.adopt(runner.pid)
     assert runner.name() == "piw-runner"
@@ -290,7 +277,7 @@ def test_recovery_needs_no_waiting_out_of_the_dead_servers_claims(
     )
     first = _serve(processes, state_dir)
     run_id = _start(state_dir, project, "blockonce")
-    _await_fifo(fifo)
+    wait_fifo(fifo)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
     _serve(processes, state_dir)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import select
 import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +17,10 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.engine.runner import RUNNER_PROCESS_NAME
 from tests.conftest import write_workflow
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-TERMINAL = {"completed", "failed", "timed_out", "cancelled"}
 
 PIPELINE = """
 from pi_workflows import action, compute, define_workflow, notify, shell
@@ -91,35 +88,6 @@ workflow = define_workflow(
 """
 
 
-@pytest.fixture
-def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop("test teardown")
-
-
-def _wait_for(client: WorkflowClient, run_id: str, wanted: set[str]) -> dict[str, Any]:
-    """Follow the run-list subscription until the run's display status is in `wanted`."""
-    return _wait_until(client, run_id, lambda item: item["display"]["status"] in wanted)
-
-
-def _wait_until(client: WorkflowClient, run_id: str, check: Any) -> dict[str, Any]:
-    """Follow the run-list subscription until `check(item)` holds for the run."""
-    with WorkflowClient(client.state_dir, autostart=False, timeout=60) as watcher:
-        watcher.call("view.subscribe", {"kind": "runList"})
-        while True:
-            event = watcher.read_message()
-            assert event is not None, "the server closed the subscription"
-            if event["type"] != "event":
-                continue
-            for item in event["payload"]["items"]:
-                if item["runId"] == run_id and check(item):
-                    return dict(client.call("run.get", run_id=run_id)["receipt"])
-
-
 def _wait_no_runners(client: WorkflowClient, timeout: float = 30) -> None:
     """Wait until the server reaped every runner (no event marks it: poll the status)."""
     deadline = time.monotonic() + timeout
@@ -127,20 +95,6 @@ def _wait_no_runners(client: WorkflowClient, timeout: float = 30) -> None:
     while client.call("server.status")["receipt"]["activeRunners"]:
         assert time.monotonic() < deadline, "a runner was never reaped"
         pause.wait(0.02)
-
-
-def _wait_fifo(fifo: Path, timeout: float = 60) -> None:
-    """Block until the workflow writes to the FIFO (a real event, not a poll)."""
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while True:
-            readable, _, _ = select.select([fd], [], [], timeout)
-            assert readable, "the workflow never announced itself"
-            with contextlib.suppress(BlockingIOError):  # a writer opened but wrote nothing yet
-                if os.read(fd, 64):
-                    return
-    finally:
-        os.close(fd)
 
 
 def _runner_pids(server: WorkflowServer) -> list[int]:
@@ -151,21 +105,14 @@ def _runner_pids(server: WorkflowServer) -> list[int]:
     ]
 
 
-def _start(client: WorkflowClient, project: Path, name: str, workflow_input: Any) -> str:
-    answer = client.call(
-        "run.start", {"workflow": name, "input": workflow_input, "projectPath": str(project)}
-    )
-    return str(answer["receipt"]["runId"])
-
-
 def test_a_pipeline_runs_to_completion_with_a_shell_and_an_effect(
     running_server: WorkflowServer, short_tmp: Path
 ) -> None:
     project = short_tmp / "project"
     write_workflow(project, "pipeline", PIPELINE.format())
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "pipeline", {"n": 21})
-        view = _wait_for(client, run_id, TERMINAL)
+        run_id = start_run(client, project, "pipeline", {"n": 21})
+        view = wait_for(client, run_id, TERMINAL)
         assert view["display"]["status"] == "completed", view
         _wait_no_runners(client)
     database = sqlite3.connect(
@@ -202,8 +149,8 @@ def test_a_failing_node_fails_the_run_with_its_reason(
     )
     write_workflow(project, "boom", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "boom", {})
-        view = _wait_for(client, run_id, TERMINAL)
+        run_id = start_run(client, project, "boom", {})
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "failed"
     assert "kaboom" in view["failureReason"]
 
@@ -228,11 +175,11 @@ def test_a_killed_runner_is_replaced_and_the_pure_node_runs_again(
     os.mkfifo(fifo)
     write_workflow(project, "crashy", CRASHY.format(counter=str(counter), fifo=str(fifo)))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "crashy", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "crashy", {})
+        wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         os.killpg(pid, signal.SIGKILL)
-        view = _wait_for(client, run_id, TERMINAL)
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "completed"
     assert counter.read_text() == "2", "the interrupted compute node ran exactly once more"
 
@@ -246,12 +193,12 @@ def test_an_edited_workflow_never_runs_and_the_run_parks(
     os.mkfifo(fifo)
     path = write_workflow(project, "crashy", CRASHY.format(counter=str(counter), fifo=str(fifo)))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "crashy", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "crashy", {})
+        wait_fifo(fifo)
         path.write_text(EDITED.format(marker=str(marker)))
         (pid,) = _runner_pids(running_server)
         os.killpg(pid, signal.SIGKILL)
-        _wait_until(
+        wait_until(
             client, run_id, lambda item: item["display"].get("reason") == "workflowSourceChanged"
         )
         # A parked run with that reason is not claimed again on its own.
@@ -270,8 +217,8 @@ def test_cancel_stops_a_live_runner_and_its_group(
     os.mkfifo(fifo)
     write_workflow(project, "crashy", CRASHY.format(counter=str(short_tmp / "c"), fifo=str(fifo)))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "crashy", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "crashy", {})
+        wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         runner = psutil.Process(pid)
         client.call("run.cancel", run_id=run_id)
@@ -323,11 +270,11 @@ def test_an_effect_interrupted_while_applying_is_proved_or_marked_ambiguous(
     )
     write_workflow(project, "pay", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "pay", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "pay", {})
+        wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         os.killpg(pid, signal.SIGKILL)
-        view = _wait_for(client, run_id, TERMINAL | {"ambiguous"})
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
         status = client.call("server.status")["receipt"]
     assert applied.read_text() == "1", "the effect was never applied a second time"
     if with_read_back:
@@ -405,8 +352,8 @@ def test_a_node_past_its_deadline_is_stopped_and_timed_out(
         ).replace("edges=edges,", "edges=[],")
     write_workflow(project, "late", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "late", {})
-        view = _wait_for(client, run_id, TERMINAL)
+        run_id = start_run(client, project, "late", {})
+        view = wait_for(client, run_id, TERMINAL)
     steps = [(step["node"], step["status"]) for step in view["steps"]]
     if routed:
         assert view["display"]["status"] == "completed"
@@ -448,8 +395,8 @@ def test_a_checkpoint_waits_and_its_answer_continues_the_run_to_completion(
     project = short_tmp / "project"
     write_workflow(project, "release", RELEASE.format())
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "release", {"v": "1.2"})
-        waiting = _wait_for(client, run_id, {"waiting"} | TERMINAL)
+        run_id = start_run(client, project, "release", {"v": "1.2"})
+        waiting = wait_for(client, run_id, {"waiting"} | TERMINAL)
         assert waiting["display"]["status"] == "waiting"
         assert waiting["display"]["waitingOn"] == "approve"
         _wait_no_runners(client)
@@ -465,7 +412,7 @@ def test_a_checkpoint_waits_and_its_answer_continues_the_run_to_completion(
         assert again["receipt"]["continuationRunId"] == continuation
         late = client.request("run.answer", {"answer": {"ok": False}}, run_id=run_id)
         assert late["outcome"] == "rejected", "one answer only"
-        done = _wait_for(client, continuation, TERMINAL)
+        done = wait_for(client, continuation, TERMINAL)
         parent = client.call("run.get", run_id=run_id)["receipt"]
     assert done["display"]["status"] == "completed"
     assert [s["node"] for s in done["steps"]] == ["done"]
@@ -514,8 +461,8 @@ def test_a_runner_ignoring_sigterm_is_killed_with_its_whole_group(
         project, "stubborn", STUBBORN.format(grandchild=str(grandchild_file), fifo=str(fifo))
     )
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "stubborn", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "stubborn", {})
+        wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         grandchild = psutil.Process(int(grandchild_file.read_text().strip()))
         assert grandchild.ppid() != pid and os.getpgid(grandchild.pid) == pid
@@ -562,12 +509,12 @@ def test_a_finished_shell_command_is_not_run_again_after_a_crash(
     source = SHELL_THEN_SLOW.format(fifo=str(fifo), log=str(log), counter=str(short_tmp / "n"))
     write_workflow(project, "once", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "once", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "once", {})
+        wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         os.killpg(pid, signal.SIGKILL)
-        _wait_fifo(fifo)  # the replacement runner reached `slow` again
-        view = _wait_for(client, run_id, TERMINAL)
+        wait_fifo(fifo)  # the replacement runner reached `slow` again
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "completed"
     assert log.read_text() == "ran\n", "the shell command ran exactly once"
 
@@ -578,7 +525,7 @@ def test_a_run_started_without_a_project_runs_in_the_agent_directory(
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
         answer = client.call("run.start", {"workflow": "hello", "input": {"name": "Ada"}})
         run_id = answer["receipt"]["runId"]
-        view = _wait_for(client, run_id, TERMINAL)
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "completed"
     assert [step["node"] for step in view["steps"]] == ["greet", "shout", "count"]
 
@@ -594,8 +541,8 @@ def test_a_node_whose_output_is_not_json_fails_the_run_instead_of_the_runner(
     )
     write_workflow(project, "odd", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "odd", {})
-        view = _wait_for(client, run_id, TERMINAL)
+        run_id = start_run(client, project, "odd", {})
+        view = wait_for(client, run_id, TERMINAL)
     assert view["display"]["status"] == "failed"
     assert view["generation"] == 1, "no runner crashed on the way"
 
@@ -612,8 +559,8 @@ def test_a_run_whose_runner_keeps_crashing_parks_for_review(
     )
     write_workflow(project, "crash", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "crash", {})
-        view = _wait_until(
+        run_id = start_run(client, project, "crash", {})
+        view = wait_until(
             client, run_id, lambda item: item["display"].get("reason") == "workerCrashed"
         )
         _wait_no_runners(client)
@@ -642,8 +589,8 @@ def test_a_shell_command_never_outlives_its_runner(
     os.mkfifo(fifo)
     write_workflow(project, "long", LONG_SHELL.format(pidfile=str(pidfile), fifo=str(fifo)))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "long", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "long", {})
+        wait_fifo(fifo)
         command = psutil.Process(int(pidfile.read_text().strip()))
         (runner_pid,) = _runner_pids(running_server)
         assert os.getpgid(command.pid) != runner_pid, "the command has a group of its own"
@@ -663,8 +610,8 @@ def test_a_graceful_stop_requeues_the_run_and_stops_its_shell_command(
     os.mkfifo(fifo)
     write_workflow(project, "long", LONG_SHELL.format(pidfile=str(pidfile), fifo=str(fifo)))
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "long", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "long", {})
+        wait_fifo(fifo)
     command = psutil.Process(int(pidfile.read_text().strip()))
     running_server.stop("test")
     _gone, alive = psutil.wait_procs([command], timeout=30)
@@ -690,15 +637,15 @@ def test_losing_the_zygote_stops_its_runners_and_the_run_resumes_on_a_new_one(
     source = SHELL_THEN_SLOW.format(fifo=str(fifo), log=str(log), counter=str(short_tmp / "n"))
     write_workflow(project, "once", source)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
-        run_id = _start(client, project, "once", {})
-        _wait_fifo(fifo)
+        run_id = start_run(client, project, "once", {})
+        wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         runner = psutil.Process(pid)
         zygote = psutil.Process(runner.ppid())
         assert zygote.name() == "piw-zygote", "the runner was forked warm"
         zygote.kill()
-        _wait_fifo(fifo)  # a replacement runner, forked by a new zygote, reached `slow`
-        view = _wait_for(client, run_id, TERMINAL)
+        wait_fifo(fifo)  # a replacement runner, forked by a new zygote, reached `slow`
+        view = wait_for(client, run_id, TERMINAL)
     _gone, alive = psutil.wait_procs([runner], timeout=30)
     assert not alive, "the orphaned runner was stopped by its exact identity"
     assert view["display"]["status"] == "completed"
