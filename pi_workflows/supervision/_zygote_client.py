@@ -36,6 +36,9 @@ SPAWN_TIMEOUT_S = 10.0
 RESTART_LIMIT = 3
 """Zygote starts per server before it gives up and callers spawn cold interpreters."""
 
+MAX_EVENT = 64 * 1024
+"""Largest event the zygote sends (spawned, exited, ready: all small)."""
+
 ExitCallback = Callable[[int | None], None]
 """Called once per child on the zygote's reader thread: the exit code (minus the signal
 number), or None when the zygote was lost and the child's fate is unknown. Must not block."""
@@ -198,7 +201,7 @@ class Zygote:
     def _await_ready(self, process: _Process) -> None:
         process.sock.settimeout(READY_TIMEOUT_S)
         try:
-            data = process.sock.recv(MAX_PACKET)
+            data = process.sock.recv(MAX_EVENT)
             event = json.loads(data) if data else {}
         except (OSError, ValueError):
             event = {}
@@ -216,7 +219,7 @@ class Zygote:
     def _read(self, process: _Process) -> None:
         while True:
             try:
-                data = process.sock.recv(MAX_PACKET)
+                data = process.sock.recv(MAX_EVENT)
             except OSError:
                 data = b""
             if not data:
