@@ -397,7 +397,8 @@ class RunnerHost:
             del self.active[epoch]
             _kill_registered(runner)  # shell groups live in sessions of their own
             with db.write() as tx:
-                forget_recorded_processes(tx, epoch)
+                # The recorded identities stay: the runners are killed only after this
+                # commit, so if this server dies in between, the next one stops them.
                 if not runner.settled:
                     try:
                         requeue_run(tx, runner.run_id, reason="serverStopping", claim=runner.claim)

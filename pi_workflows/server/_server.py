@@ -66,6 +66,7 @@ from pi_workflows.storage import (
     SystemClock,
     acquire_server_epoch,
     ensure_private_dir,
+    forget_recorded_processes,
     open_database,
     release_server_epoch,
     server_has_work,
@@ -397,8 +398,15 @@ class WorkflowServer:
         if claim is None or self._database is None:
             return
 
+        supervisor = self._supervisor
+        children_gone = supervisor is None or not supervisor.is_alive()
+
         def release(db: Database) -> None:
             with db.write() as tx:
+                if children_gone:
+                    # The process supervisor stopped: it killed and waited for every
+                    # child, so no recorded process of this server is left to reap.
+                    forget_recorded_processes(tx)
                 release_server_epoch(tx, claim)
 
         with contextlib.suppress(Exception):
