@@ -130,7 +130,7 @@ def test_definitions_are_frozen() -> None:
     with pytest.raises(TypeError):
         wf.outgoing["done"] = wf.edges[0]  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        wf.nodes["double"].fn = double  # type: ignore[misc]
+        wf.nodes["double"].fn = double  # type: ignore[misc, union-attr]
     edge = wf.edges[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         edge.target = "approve"  # type: ignore[misc]

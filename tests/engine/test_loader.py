@@ -235,7 +235,7 @@ def test_same_stem_in_two_folders_do_not_collide(roots: Roots) -> None:
     assert first.definition.name == "from-project"
     assert second.definition.name == "from-agent"
     assert first.definition is not again.definition
-    assert first.definition.nodes["a"].fn is not again.definition.nodes["a"].fn
+    assert first.definition.nodes["a"].fn is not again.definition.nodes["a"].fn  # type: ignore[union-attr]
     assert first.definition.nodes["a"].fn.__globals__["COUNTER"] == [1]  # type: ignore[union-attr]
     assert set(sys.modules) == before
 

@@ -194,7 +194,7 @@ def test_a_part_of_the_wrong_length_is_refused(pair: Any) -> None:
 
 def test_a_part_for_another_offset_or_not_base64_is_refused(pair: Any) -> None:
     data = dumps({"x": "y" * 2000})
-    answers = iter(
+    answers: Iterator[dict[str, Any]] = iter(
         [
             {"outcome": "accepted", "result": {"offset": 5, "data": b64(data)}},
             {"outcome": "accepted", "result": {"offset": 0, "data": "%%% not base64 %%%"}},

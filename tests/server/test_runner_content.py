@@ -155,7 +155,8 @@ def test_a_resume_state_over_the_frame_limit_is_sent_by_reference(db: Database) 
     state = loads(second.read(ref))
     assert state["outputs"]["a"] == {"text": "a" * BIG}
     assert state["outputs"]["b"] == {"text": "b" * BIG}
-    assert state == launch_state(db, run_id)[0]
+    with db.write() as tx:
+        assert state == launch_state(tx, run_id)[0]
     # Smaller parts work too: the runner may ask for any length up to 512 KiB.
     assert second.read(ref, part=300_000) == dumps(state)
 

@@ -50,6 +50,7 @@ def test_two_servers_at_once_exactly_one_serves(processes: Processes, state_dir:
     assert exited is not None, "neither server refused"
     survivor = second if exited is first else first
     assert exited.returncode == 4
+    assert exited.stderr is not None
     message = exited.stderr.read()
     assert "already running" in message
     assert str(survivor.pid) in message

@@ -198,10 +198,10 @@ json_values = st.recursive(
     | st.booleans()
     | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(st.characters(exclude_categories=("Cs",))),
+    | st.text(st.characters(exclude_categories=["Cs"])),
     lambda children: (
         st.lists(children, max_size=5)
-        | st.dictionaries(st.text(st.characters(exclude_categories=("Cs",))), children, max_size=5)
+        | st.dictionaries(st.text(st.characters(exclude_categories=["Cs"])), children, max_size=5)
     ),
     max_leaves=30,
 )
