@@ -18,6 +18,7 @@ from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.storage import (
+    DEFAULT_CLAIM_TTL_MS,
     ClaimLostError,
     Database,
     OwnerType,
@@ -100,8 +101,13 @@ class ClaimRenewerActor(ServerActor):
         def renew(db: Database) -> int:
             with db.write() as tx:
                 renew_server_epoch(tx, claim)
+                # Run claims keep the lifetime they were granted with at launch (not the
+                # server lease's): the timer only backs up renewal by runner writes.
                 renewed = renew_owner_claims(
-                    tx, owner_type=OwnerType.HOST, owner_id=claim.owner_id, ttl_ms=claim.ttl_ms
+                    tx,
+                    owner_type=OwnerType.HOST,
+                    owner_id=claim.owner_id,
+                    ttl_ms=DEFAULT_CLAIM_TTL_MS,
                 )
             return len(renewed)
 
