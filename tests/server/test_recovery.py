@@ -44,7 +44,7 @@ def _new_run(run_id: str) -> NewRun:
 
 
 @pytest.fixture
-def sleepers(processes: Processes) -> Iterator[list[subprocess.Popen[bytes]]]:
+def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     try:
         yield started

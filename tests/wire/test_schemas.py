@@ -221,6 +221,7 @@ def test_attempt_id_is_required_where_the_design_applies_it(kind: str) -> None:
 
 
 def test_channel_messages_carry_epoch_profile_sequence_and_revision() -> None:
+    assert messages_of("channel-"), "the corpus has channel messages to check"
     for message in messages_of("channel-"):
         for field in ("adapterEpoch", "profile", "sequence", "expectedRevision"):
             rejects("channel.v1", {k: v for k, v in message.items() if k != field})
@@ -273,10 +274,13 @@ def test_unknown_envelope_field_is_rejected(path: Path) -> None:
 
 
 def test_unknown_field_in_closed_runner_payload_is_rejected() -> None:
+    checked = 0
     for message in messages_of("runner-"):
         if message["kind"] in DESIGN_RUNNER_KINDS:
             payload = {**message["payload"], "zzUnknown": 1}
             rejects("runner.v1", {**message, "payload": payload})
+            checked += 1
+    assert checked, "the corpus has runner messages with closed payloads"
 
 
 def test_open_request_payload_accepts_any_fields() -> None:
