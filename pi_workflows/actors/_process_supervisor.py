@@ -33,7 +33,15 @@ from pi_workflows.supervision import (
 from pi_workflows.supervision._process import wait_for_exits
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 
-__all__ = ["LOG_CAP_BYTES", "ChildExited", "ProcessSupervisorActor", "Spawn", "StopChild"]
+__all__ = [
+    "LOG_CAP_BYTES",
+    "ChildExited",
+    "ProcessSupervisorActor",
+    "Spawn",
+    "StopChild",
+    "StopGroup",
+    "StopRecorded",
+]
 
 LOG_CAP_BYTES = 8 * 1024 * 1024
 """A child's output file is emptied when it grows past this (checked every few ticks):
@@ -84,6 +92,28 @@ class StopChild:
 
 
 @dataclass(frozen=True, slots=True)
+class StopGroup:
+    """SIGKILL the group of a process the server did not start (a registered shell
+    command group, a registered Pi child): through a pidfd, after an identity check."""
+
+    identity: ProcessIdentity
+
+
+@dataclass(frozen=True, slots=True)
+class StopRecorded:
+    """Startup recovery: SIGKILL every recorded group by exact identity, wait for them.
+
+    **Blocking:** waits up to `timeout_s` for the exits, on the supervisor's thread. It
+    is sent once, before any runner, client or tick exists, so nothing else waits.
+    """
+
+    identities: tuple[ProcessIdentity, ...]
+    reply: Callable[[Reply], None]
+    """Receives the number of processes that were alive and signalled."""
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
 class _ZygoteExit:
     """The zygote reaped one of its children (returncode None: the zygote was lost)."""
 
@@ -105,9 +135,11 @@ class _Supervised:
 class ProcessSupervisorActor(ServerActor):
     """Owns: the registry of child processes (by exact identity) and their groups.
 
-    Receives: `Spawn`, `StopChild`, `Tick` (and the zygote's exit reports).
+    Receives: `Spawn`, `StopChild`, `StopGroup`, `StopRecorded`, `Tick` (and the
+        zygote's exit reports).
     Sends: replies and `ChildExited` callbacks.
-    Invariants: every child it started is reaped; only an exact identity is signalled.
+    Invariants: every child it started is reaped; only an exact identity is signalled;
+        it is the one place in the server that signals a process group.
     On failure: reported to the server, whose shutdown stops every known group.
     """
 
@@ -127,6 +159,10 @@ class ProcessSupervisorActor(ServerActor):
                 self._zygote_exit(identity, returncode)
             case StopChild(identity=identity, grace_ticks=grace):
                 self._stop_child(identity, grace)
+            case StopGroup(identity=identity):
+                signal_group(identity, signal.SIGKILL)
+            case StopRecorded(identities=identities, reply=reply, timeout_s=timeout_s):
+                reply(Reply(self._stop_recorded(identities, timeout_s)))
             case Tick():
                 self._tick += 1
                 self._reap_and_escalate()
@@ -235,6 +271,12 @@ class ProcessSupervisorActor(ServerActor):
         self._signal(supervised, signal.SIGTERM)
         if supervised.kill_at_tick is None:
             supervised.kill_at_tick = self._tick + max(1, grace_ticks)
+
+    def _stop_recorded(self, identities: tuple[ProcessIdentity, ...], timeout_s: float) -> int:
+        stopped = [identity for identity in identities if signal_group(identity, signal.SIGKILL)]
+        if not wait_for_exits(stopped, timeout_s):
+            log.warning("a stale process outlived SIGKILL", extra={"action": "server.recovery"})
+        return len(stopped)
 
     def _bound_logs(self) -> None:
         for supervised in self._children.values():

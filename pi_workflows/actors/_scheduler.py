@@ -3,14 +3,14 @@
 Implements workflow-server.md § Worker scheduling. Requests stay durable in
 `run_queue` while capacity is full; capacity counts pending launches (`starting`)
 and live workers (`running`); workflow and resource-manager admissions alternate
-when both wait. Launching a runner is the process supervisor's work (issue 5):
-with no launcher configured, admission plans are computed and nothing is claimed.
+when both wait. Each admitted run goes to the runner-host actor as `Launch`; with no
+runner host (a server that only records runs), nothing is admitted.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ import pykka
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._runner_launch import LaunchPlan, prepare_launch
 from pi_workflows.storage import (
     Database,
     QueueKind,
@@ -27,12 +29,16 @@ from pi_workflows.storage import (
     admissible_runs,
 )
 
-__all__ = ["AdmissionPlan", "Launcher", "SchedulerActor", "Wake", "plan_admissions"]
+__all__ = ["AdmissionPlan", "Launch", "SchedulerActor", "Wake", "plan_admissions"]
 
 log = logging.getLogger(__name__)
 
-Launcher = Callable[[QueueRow], None]
-"""Claims and launches one admitted run; must not block (it queues its own work)."""
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """To the runner host: a run was admitted and claimed; start its runner."""
+
+    plan: LaunchPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +51,7 @@ class AdmissionPlan:
     """What one planning round found (the reply of its database read)."""
 
     reply: Reply
-    """A list of `QueueRow` to admit, in order, or the read's error."""
+    """A list of `LaunchPlan`s (admitted and claimed, in order), or the read's error."""
 
 
 def plan_admissions(
@@ -74,7 +80,7 @@ class SchedulerActor(ServerActor):
     """Owns: the admission decision and the alternation between queue kinds.
 
     Receives: `Tick`, `Wake`, `AdmissionPlan`.
-    Sends: `Transact` to the database actor; admitted runs to the launcher.
+    Sends: `Transact` to the database actor; `Launch` to the runner host.
     Invariants: one planning round at a time, so two rounds never admit the same
         slot; a full capacity leaves every request queued and durable.
     On failure: reported to the server; queued runs stay queued in SQLite.
@@ -86,20 +92,22 @@ class SchedulerActor(ServerActor):
         self,
         database: pykka.ActorRef[Any],
         capacity: int,
-        launcher: Launcher | None,
+        runner_host: pykka.ActorRef[Any] | None,
         on_actor_failure: ActorFailureHandler,
+        owner_id: str = "server",
     ) -> None:
         super().__init__(on_actor_failure)
+        self._owner_id = owner_id
         self._database = database
         self._capacity = capacity
-        self._launcher = launcher
+        self._runner_host = runner_host
         self._planning = False
         self._last_kind: QueueKind | None = None
 
     def on_receive(self, message: Any) -> Any:
         match message:
             case Tick() | Wake():
-                if not self._planning and self._launcher is not None:
+                if not self._planning and self._runner_host is not None:
                     self._plan()
             case AdmissionPlan(reply=reply):
                 self._planning = False
@@ -109,25 +117,49 @@ class SchedulerActor(ServerActor):
                         extra={"action": "scheduler.error", "reason": type(reply.error).__name__},
                     )
                     return None
-                for row in reply.value:
-                    assert self._launcher is not None
-                    self._last_kind = QueueKind(row.kind)
-                    self._launcher(row)
+                for kind, plan in reply.value:
+                    assert self._runner_host is not None
+                    self._last_kind = kind
+                    self._runner_host.tell(Launch(plan))
             case _:
                 raise TypeError(f"scheduler got {type(message).__name__}")
         return None
 
     def _plan(self) -> None:
-        capacity = self._capacity
-        last_kind = self._last_kind
         me = self.actor_ref
-
-        def read(db: Database) -> list[QueueRow]:
-            free = capacity - active_queue_count(db)
-            if free <= 0:
-                return []
-            waiting = {kind: admissible_runs(db, kind, limit=free) for kind in QueueKind}
-            return plan_admissions(free, waiting, last_kind)
-
+        work = functools.partial(
+            admit, capacity=self._capacity, last_kind=self._last_kind, owner_id=self._owner_id
+        )
         self._planning = True
-        self._database.tell(Transact(read, lambda reply: me.tell(AdmissionPlan(reply)), "plan"))
+        self._database.tell(Transact(work, lambda reply: me.tell(AdmissionPlan(reply)), "plan"))
+
+
+def admit(
+    db: Database, capacity: int, last_kind: QueueKind | None, owner_id: str
+) -> list[tuple[QueueKind, LaunchPlan]]:
+    """Choose the runs to admit and claim each for a new runner generation.
+
+    Admission and claim are one unit of database work, so a later planning round always
+    counts these launches as `starting` and capacity is never exceeded.
+    """
+    free = capacity - active_queue_count(db)
+    if free <= 0:
+        return []
+    waiting = {kind: admissible_runs(db, kind, limit=free) for kind in QueueKind}
+    plans: list[tuple[QueueKind, LaunchPlan]] = []
+    for row in plan_admissions(free, waiting, last_kind):
+        try:
+            plan = prepare_launch(db, row.run_id, owner_id)
+        except PiWorkflowsError as exc:  # the row changed meanwhile: skip it
+            log.info(
+                "run not claimed for launch",
+                extra={
+                    "action": "runner.launch_skipped",
+                    "run_id": row.run_id,
+                    "reason": type(exc).__name__,
+                },
+            )
+            continue
+        if plan is not None:
+            plans.append((QueueKind(row.kind), plan))
+    return plans

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.server._runners import RunnerHost
 from pi_workflows.storage import (
     AnswerInvalidError,
     Claim,
@@ -32,6 +31,7 @@ from pi_workflows.storage import (
     RunNotFoundError,
     RunSummary,
     Tx,
+    active_runners,
     answer_checkpoint,
     cancel_run,
     enqueue_run,
@@ -51,7 +51,7 @@ from pi_workflows.storage import (
     take_over_claim,
     verify,
 )
-from pi_workflows.supervision import ProcessIdentity, crash_point
+from pi_workflows.supervision import crash_point
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
 
 CONTROL_CLAIM_TTL_MS = 30_000
@@ -59,12 +59,16 @@ CONTROL_CLAIM_TTL_MS = 30_000
 
 __all__ = [
     "COMMANDS",
+    "FENCING_COMMANDS",
     "READS",
+    "RUNNER_COMMANDS",
     "OperationContext",
     "OperationError",
+    "StartRequest",
     "build_run_list",
     "display_status",
     "handle_operation",
+    "internal_error",
     "rejected",
     "start_request_fields",
     "start_run",
@@ -75,20 +79,28 @@ RUN_STEPS_SHOWN = 50
 """The newest node attempts `run.get` lists (the full history is the live view's)."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class OperationContext:
-    """Server facts an operation may need; built once by the server.
-
-    Internal: operations run on the database actor's thread only.
-    """
+    """Server facts an operation may need; fixed for one server epoch (plain data)."""
 
     epoch: int
-    runners: RunnerHost
-    """Live runners and their host claims (owned by the database actor's thread)."""
-    stop_process: Callable[[ProcessIdentity], None] = field(default=lambda identity: None)
+    owner_id: str
+    """This server epoch's claim owner ID (control claims of stale rows)."""
     agent_dir: Path = field(default_factory=Path.home)
     """Pi's agent directory: the project path of a run started without one."""
-    """Stops a fenced runner's process group after a command committed (non-blocking)."""
+
+
+FENCING_COMMANDS = frozenset({"run.pause", "run.cancel"})
+"""Commands whose commit takes a live run from its runner, which must then be stopped."""
+RUNNER_COMMANDS = frozenset({"run.pause", "run.resume", "run.cancel"})
+"""Commands that present the live runner's claim: the runner host routes them."""
+
+
+def internal_error(request: RequestMessage) -> dict[str, Any]:
+    """The answer to a request whose unit of work failed unexpectedly (logged apart)."""
+    return rejected(
+        request, "unavailable", "internalError", "the server failed this request; retry it"
+    )
 
 
 class OperationError(PiWorkflowsError):
@@ -119,7 +131,14 @@ def rejected(request: RequestMessage, outcome: str, code: str, message: str) -> 
 # --- Reads: no receipts ------------------------------------------------------------
 
 
-def _server_status(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+Operation = Callable[[Database, RequestMessage, OperationContext, Claim | None], dict[str, Any]]
+"""One client operation: a unit of database work. `claim` is the live runner's host
+claim, which only the runner host can present (None for every other operation)."""
+
+
+def _server_status(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
     counts = status_counts(db, db.clock.now_ms())
     queue = counts.queue_by_state
     runs = counts.runs_by_status
@@ -127,7 +146,7 @@ def _server_status(db: Database, request: RequestMessage, ctx: OperationContext)
         "state": "running",
         "epoch": ctx.epoch,
         "socket": "available",
-        "activeRunners": ctx.runners.live_count(),
+        "activeRunners": len(active_runners(db)),
         "runs": {
             "queued": queue.get("queued", 0),
             "running": queue.get("starting", 0) + queue.get("running", 0),
@@ -146,7 +165,9 @@ VERIFY_FINDINGS_SHOWN = 500
 VERIFY_DETAIL_CHARS = 500
 
 
-def _state_verify(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def _state_verify(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
     """`state.verify`: the invariant checker on the live database, on the database actor.
 
     **Blocking:** reads the whole database; other requests wait until it is done.
@@ -216,14 +237,18 @@ def build_run_list(db: Database, since_revision: int) -> tuple[int, dict[str, An
     }
 
 
-def _run_list(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def _run_list(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
     built = build_run_list(db, -1)
     assert built is not None
     revision, page = built
     return response(request, "accepted", revision=revision, receipt=page)
 
 
-def _run_get(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def _run_get(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
     run_id = _run_id(request)
     run = get_run(db, run_id)
     if run is None:
@@ -340,37 +365,28 @@ def _run_id(request: RequestMessage) -> str:
     return run_id
 
 
-def _transition(
-    name: str,
-    apply: Callable[..., Any],
-) -> Callable[[Database, RequestMessage, OperationContext], dict[str, Any]]:
-    def operation(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def _transition(name: str, apply: Callable[..., Any]) -> Operation:
+    def operation(
+        db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None
+    ) -> dict[str, Any]:
         run_id = _run_id(request)
 
         def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
             if get_run(tx, run_id) is None:
                 raise OperationError("notFound", "runNotFound", f"no run {run_id}")
-            claim = ctx.runners.claim_of(run_id)
-            if claim is None and name == "cancel":
-                claim = _control_claim_for_stale_row(tx, run_id, ctx.runners.owner_id)
+            held = claim
+            if held is None and name == "cancel":
+                held = _control_claim_for_stale_row(tx, run_id, ctx.owner_id)
             result = apply(
                 tx,
                 run_id,
-                claim=claim,
+                claim=held,
                 expected_revision=request.get("expectedRevision"),
             )
             body = {"runId": run_id, "state": result.phase.value, "operation": name}
             return run_id, result.revision, body
 
-        answer = _run_command(db, request, change)
-        if answer["outcome"] == "accepted" and name in ("pause", "cancel"):
-            if name == "cancel":
-                crash_point("server.cancel.after_commit")
-            # The commit fenced the runner (its claim is released): now stop its group.
-            identity = ctx.runners.fence(run_id)
-            if identity is not None:
-                ctx.stop_process(identity)
-        return answer
+        return _run_command(db, request, change)
 
     return operation
 
@@ -400,7 +416,16 @@ def _control_claim_for_stale_row(tx: Tx, run_id: str, owner_id: str) -> Claim | 
         ) from None
 
 
-def start_request_fields(request: RequestMessage) -> tuple[str, str | None, Any]:
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """The fields of a `run.start` request, parsed once by the router."""
+
+    workflow: str
+    project_path: str | None
+    input: Any
+
+
+def start_request_fields(request: RequestMessage) -> StartRequest:
     """The workflow name, project path and input of a `run.start` request.
 
     Raises:
@@ -413,21 +438,22 @@ def start_request_fields(request: RequestMessage) -> tuple[str, str | None, Any]
     project = payload.get("projectPath")
     if project is not None and (not isinstance(project, str) or not Path(project).is_absolute()):
         raise OperationError("rejected", "projectPathInvalid", "projectPath must be absolute")
-    return name, project, payload.get("input", {})
+    return StartRequest(name, project, payload.get("input", {}))
 
 
 def start_run(
-    db: Database, request: RequestMessage, ctx: OperationContext, resolved: Mapping[str, Any]
+    db: Database,
+    request: RequestMessage,
+    ctx: OperationContext,
+    start: StartRequest,
+    resolved: Mapping[str, Any],
 ) -> dict[str, Any]:
     """`run.start` after the resolver child answered: commit the queued run, or refuse.
 
     A definition that failed to load or an input that failed validation commits no
     run; its rejection is stored as the receipt so a retry gets the same answer.
     """
-    try:
-        name, project, _ = start_request_fields(request)
-    except OperationError as exc:
-        return rejected(request, exc.outcome, exc.code, str(exc))
+    name, project = start.workflow, start.project_path
 
     def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
         if not resolved.get("ok"):
@@ -464,7 +490,9 @@ def start_run(
     return _run_command(db, request, change)
 
 
-def _restart(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def _restart(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
     old_id = _run_id(request)
 
     def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
@@ -496,7 +524,9 @@ def _restart(db: Database, request: RequestMessage, ctx: OperationContext) -> di
     return _run_command(db, request, change)
 
 
-def _answer(db: Database, request: RequestMessage, ctx: OperationContext) -> dict[str, Any]:
+def _answer(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
     run_id = _run_id(request)
     if "answer" not in request["payload"]:
         raise OperationError("rejected", "answerRequired", "payload.answer holds the answer")
@@ -521,8 +551,6 @@ def _answer(db: Database, request: RequestMessage, ctx: OperationContext) -> dic
     return _run_command(db, request, change)
 
 
-Operation = Callable[[Database, RequestMessage, OperationContext], dict[str, Any]]
-
 READS: dict[str, Operation] = {
     "server.status": _server_status,
     "state.verify": _state_verify,
@@ -540,7 +568,7 @@ COMMANDS: dict[str, Operation] = {
 
 
 def handle_operation(
-    db: Database, request: RequestMessage, ctx: OperationContext
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
     """Run one read or command and return its response; never raises for bad input."""
     operation = READS.get(request["operation"]) or COMMANDS.get(request["operation"])
@@ -549,7 +577,7 @@ def handle_operation(
             request, "rejected", "unknownOperation", f"unknown operation {request['operation']}"
         )
     try:
-        return operation(db, request, ctx)
+        return operation(db, request, ctx, claim)
     except OperationError as exc:
         return rejected(request, exc.outcome, exc.code, str(exc))
     except RunNotFoundError as exc:

@@ -19,7 +19,6 @@ inside recovery (a crash point sits there) is recovered by the next start:
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,14 +32,13 @@ from pi_workflows.storage import (
     stale_runner_epochs,
     stale_running_runs,
 )
-from pi_workflows.supervision import (
-    ProcessIdentity,
-    crash_point,
-    signal_group,
-    wait_for_exits,
-)
+from pi_workflows.supervision import ProcessIdentity, crash_point
 
-__all__ = ["LATER_STEPS", "RecoveryReport", "recover_at_startup"]
+__all__ = ["LATER_STEPS", "RecoveryReport", "StopProcesses", "recover_at_startup"]
+
+StopProcesses = Callable[[tuple[ProcessIdentity, ...]], int]
+"""Stops recorded process groups by exact identity and returns how many were alive: the
+server passes a call to the process supervisor (`StopRecorded`), the one signaller."""
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +61,15 @@ class RecoveryReport:
     runs_parked: int
 
 
-def recover_at_startup(db: Database, owner_id: str) -> RecoveryReport:
+def recover_at_startup(
+    db: Database, owner_id: str, stop_processes: StopProcesses
+) -> RecoveryReport:
     """Recover what a dead server left behind; see the module docstring for the order."""
     crash_point("server.recovery.after_epoch")
-    stopped = _stop_recorded_processes(db)
+    recorded = recorded_processes(db)
+    stopped = stop_processes(
+        tuple(ProcessIdentity(p.pid, p.start_ticks, p.boot_id) for p in recorded)
+    )
     with db.write() as tx:
         stale = stale_runner_epochs(tx)
         for worker in stale:
@@ -109,11 +112,3 @@ def recover_at_startup(db: Database, owner_id: str) -> RecoveryReport:
         },
     )
     return report
-
-
-def _stop_recorded_processes(db: Database) -> int:
-    identities = [ProcessIdentity(p.pid, p.start_ticks, p.boot_id) for p in recorded_processes(db)]
-    stopped = [identity for identity in identities if signal_group(identity, signal.SIGKILL)]
-    if not wait_for_exits(stopped, REAP_TIMEOUT_S):
-        log.warning("a stale process outlived SIGKILL", extra={"action": "server.recovery"})
-    return len(stopped)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-import sys
 import threading
 import time
 import uuid
@@ -25,43 +23,29 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor
-from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor, ReleaseConnection
+from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact
-from pi_workflows.actors._process_supervisor import (
-    ChildExited,
-    ProcessSupervisorActor,
-    Spawn,
-    StopChild,
+from pi_workflows.actors._process_supervisor import ProcessSupervisorActor, StopRecorded
+from pi_workflows.actors._runner_host import (
+    RUNNER_MODULE,
+    ConnectScheduler,
+    Drain,
+    HandBack,
+    RunnerHostActor,
+    RunnerHostConfig,
 )
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
-from pi_workflows.actors._subscriptions import (
-    ConnectionClosed,
-    Subscribe,
-    SubscriptionActor,
-    Unsubscribe,
-)
+from pi_workflows.actors._subscriptions import SubscriptionActor
 from pi_workflows.actors._ticker import Ticker
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._logging import configure_server_logging
-from pi_workflows.server._operations import (
-    COMMANDS,
-    READS,
-    OperationContext,
-    OperationError,
-    build_run_list,
-    handle_operation,
-    rejected,
-    response,
-    start_request_fields,
-    start_run,
-)
+from pi_workflows.server._operations import OperationContext
 from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
-from pi_workflows.server._resolver import RESOLVER_MODULE, resolve_start
-from pi_workflows.server._runners import LaunchPlan, RunnerHost
+from pi_workflows.server._resolver import RESOLVER_MODULE
+from pi_workflows.server._router import DEFAULT_DRAIN_S, Router, RouterPorts
 from pi_workflows.storage import (
     Clock,
     Database,
-    QueueRow,
     ServerClaim,
     SystemClock,
     acquire_server_epoch,
@@ -72,11 +56,9 @@ from pi_workflows.storage import (
     server_has_work,
     workflows_dir,
 )
-from pi_workflows.supervision import ServerLock, crash_point
+from pi_workflows.supervision import ProcessIdentity, ServerLock, crash_point
 from pi_workflows.supervision._zygote_client import Zygote
-from pi_workflows.wire._listener import ClientListener, Connection
-from pi_workflows.wire.canonical import dumps
-from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire._listener import ClientListener
 
 __all__ = [
     "DEFAULT_IDLE_EXIT_S",
@@ -99,14 +81,8 @@ RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
 DB_CALL_TIMEOUT_S = 10.0
-RUNNER_GRACE_TICKS = 40
-"""SIGTERM to SIGKILL grace for a runner group, in ticks (10 s at the default tick)."""
-RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
 RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
-LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
-AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
-RUNNER_MODULE = "pi_workflows.engine.runner"
 ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
 """`0` starts every runner and resolver as a cold interpreter (no zygote)."""
 
@@ -181,10 +157,9 @@ class WorkflowServer:
         self._listener: ClientListener | None = None
         self._ticker: Ticker | None = None
         self._server_claim: ServerClaim | None = None
-        self._runners: RunnerHost | None = None
+        self._runner_host: pykka.ActorRef[Any] | None = None
         self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
-        self._ctx: OperationContext | None = None
         self._watcher: threading.Thread | None = None
         self._zygote: Zygote | None = None
         self.recovery: RecoveryReport | None = None
@@ -226,7 +201,8 @@ class WorkflowServer:
             self._start_zygote()
             db = open_database(self.state_dir / "state.sqlite", clock=self.clock)
             self._take_epoch(db)
-            self.recovery = recover_at_startup(db, self.owner_id)
+            self._start_supervisor()
+            self.recovery = recover_at_startup(db, self.owner_id, self._stop_recorded)
             self._start_actors(db)
             self._start_listener()
         except BaseException:
@@ -261,68 +237,108 @@ class WorkflowServer:
         self._server_claim = claim
         self.epoch = claim.epoch
 
+    def _start_supervisor(self) -> None:
+        self._supervisor = ProcessSupervisorActor.start(self._on_actor_failure, self._zygote)
+        self._refs.append(self._supervisor)
+
+    def _stop_recorded(self, identities: tuple[ProcessIdentity, ...]) -> int:
+        """Recovery's stop of recorded groups, through the one signaller."""
+        supervisor = self._supervisor
+        assert supervisor is not None
+        if not identities:
+            return 0
+
+        def send(deliver: Callable[[Reply], None]) -> None:
+            supervisor.tell(StopRecorded(identities, deliver))
+
+        return int(wait_reply(send, DB_CALL_TIMEOUT_S))
+
     def _start_actors(self, db: Database) -> None:
         fail = self._on_actor_failure
+        supervisor = self._supervisor
+        assert supervisor is not None and self._server_claim is not None
         database = DatabaseActor.start(db, fail)
         self._database = database
-        self._refs.append(database)
-        supervisor = ProcessSupervisorActor.start(fail, self._zygote)
-        self._supervisor = supervisor
-        self._runners = RunnerHost(self.owner_id)
-        self._ctx = OperationContext(
-            epoch=self.epoch,
-            runners=self._runners,
-            agent_dir=self.state_dir.parent,
-            stop_process=lambda identity: supervisor.tell(StopChild(identity, RUNNER_GRACE_TICKS)),
+        self._listener = ClientListener(
+            self.socket_path, None, __version__, self._on_listener_crash
         )
-        assert self._server_claim is not None
+        agent_dir = self.state_dir.parent
+        config = RunnerHostConfig(self.owner_id, self.state_dir, agent_dir, self.clock)
+        runner_host = RunnerHostActor.start(config, database, supervisor, self._listener, fail)
+        self._runner_host = runner_host
         every = max(1, round(RENEW_EVERY_S / self.tick_s))
         renewer = ClaimRenewerActor.start(
             database, self._server_claim, every, self._on_lease_lost, fail
         )
-        launcher = self._launch if self.execute_runs else None
-        self._scheduler = SchedulerActor.start(database, self.max_workers, launcher, fail)
+        launches = runner_host if self.execute_runs else None
+        self._scheduler = SchedulerActor.start(
+            database, self.max_workers, launches, fail, self.owner_id
+        )
+        runner_host.tell(ConnectScheduler(self._scheduler))
         self._subscriptions = SubscriptionActor.start(database, fail)
         self._coordinators = CoordinatorEpochActor.start(fail)
-        # Stop order (reverse of this list): database last.
+        # Stop order (reverse of this list, the database last): the runner host stops
+        # before the supervisor, which kills what is left.
         self._refs = [
             database,
             supervisor,
+            runner_host,
             renewer,
             self._scheduler,
             self._subscriptions,
             self._coordinators,
         ]
         self._ticker = Ticker(self.tick_s)
-        for ref in (renewer, self._scheduler, self._subscriptions, supervisor):
+        for ref in (renewer, self._scheduler, self._subscriptions, supervisor, runner_host):
             self._ticker.register(ref)
+        self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
+        context = OperationContext(epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir)
+        self._listener.route_to(
+            Router(
+                RouterPorts(
+                    context=context,
+                    database=database,
+                    runner_host=runner_host,
+                    scheduler=self._scheduler,
+                    subscriptions=self._subscriptions,
+                    coordinators=self._coordinators,
+                    resolvers=self._resolvers,
+                    agent_dir=agent_dir,
+                    zygote=self._zygote,
+                    begin_request=self._begin_request,
+                    end_request=self._end_request,
+                    stop=self.stop_async,
+                )
+            )
+        )
 
     def _start_listener(self) -> None:
-        self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
-        self._listener = ClientListener(
-            self.socket_path, _Router(self), __version__, self._on_listener_crash
-        )
+        assert self._listener is not None and self._ticker is not None
         self._listener.start()
-        assert self._ticker is not None
         self._ticker.start()
 
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop gracefully: refuse new commands, wait for receipts, stop everything."""
+    def stop(self, reason: str = "stopped", drain_s: float | None = None) -> None:
+        """Stop gracefully: refuse new work, drain runners, wait for receipts, stop.
+
+        `drain_s` (default `DEFAULT_DRAIN_S`) is how long applying effects and running
+        shell commands may take to settle; runs are handed back at their next durable
+        boundary, and only an effect still applying when it ends becomes ambiguous.
+        """
         with self._stopping:
             if self._stopped.is_set():
                 return
             self.stop_reason = self.stop_reason or reason
             self._accepting = False
+            log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
             self._wait_in_flight()
             self._stop_launching()
-            self._hand_back_runs()
-            log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
+            self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)
             self._teardown()
             self._stopped.set()
 
-    def stop_async(self, reason: str) -> None:
+    def stop_async(self, reason: str, drain_s: float | None = None) -> None:
         """Stop from a thread that must not block (an actor, the listener)."""
-        threading.Thread(target=self.stop, args=(reason,), name="server-stop").start()
+        threading.Thread(target=self.stop, args=(reason, drain_s), name="server-stop").start()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server stopped; True if it did within `timeout`."""
@@ -385,13 +401,23 @@ class WorkflowServer:
             with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                 self._scheduler.stop(block=True, timeout=ACTOR_STOP_TIMEOUT_S)
 
-    def _hand_back_runs(self) -> None:
-        """Requeue every run a live runner holds, so the next server resumes it."""
-        runners = self._runners
-        if runners is None or self._database is None:
+    def _drain(self, drain_s: float) -> None:
+        """Let runners reach a durable boundary, then hand back what is still held."""
+        host = self._runner_host
+        if host is None or not host.is_alive():
             return
+
+        def drain(deliver: Callable[[Reply], None]) -> None:
+            host.tell(Drain(deliver))
+
+        def hand_back_rest(deliver: Callable[[Reply], None]) -> None:
+            host.tell(HandBack(deliver))
+
+        crash_point("server.drain.started")
+        with contextlib.suppress(TimeoutError):
+            wait_reply(drain, drain_s)
         with contextlib.suppress(Exception):
-            self.call_database(runners.hand_back_all, "runners.hand_back")
+            wait_reply(hand_back_rest, DB_CALL_TIMEOUT_S)
 
     def _release_epoch(self) -> None:
         claim = self._server_claim
@@ -411,128 +437,6 @@ class WorkflowServer:
 
         with contextlib.suppress(Exception):
             self.call_database(release, "server.release")
-
-    # --- runners -------------------------------------------------------------------------
-
-    def _launch(self, row: QueueRow) -> None:
-        """Scheduler launcher: claim the run, then spawn its runner (never blocks)."""
-        runners, database = self._runners, self._database
-        assert runners is not None and database is not None
-
-        def prepared(reply: Reply) -> None:  # on the database actor's thread
-            if reply.error is not None or reply.value is None:
-                log.warning(
-                    "could not claim a run for launch",
-                    extra={
-                        "action": "runner.launch_failed",
-                        "run_id": row.run_id,
-                        "reason": type(reply.error).__name__ if reply.error else "gone",
-                    },
-                )
-                return
-            crash_point("server.launch.after_commit")
-            self._spawn_runner(reply.value)
-
-        database.tell(
-            Transact(lambda db: runners.prepare_launch(db, row.run_id), prepared, "runner.launch")
-        )
-
-    def _spawn_runner(self, plan: LaunchPlan) -> None:
-        listener, supervisor, database = self._listener, self._supervisor, self._database
-        runners = self._runners
-        assert listener is not None and supervisor is not None and database is not None
-        assert runners is not None
-        server_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        epoch = plan.runner_epoch
-        listener.attach_channel_nowait(server_end, _RunnerChannel(self, epoch), epoch)
-        env = dict(os.environ)
-        env[RUNNER_FD_ENV] = str(runner_end.fileno())
-        env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
-        env[AGENT_DIR_ENV] = str(self.state_dir.parent)
-        logs = self.state_dir / "logs" / "runners"
-        ensure_private_dir(logs)
-
-        def spawned(reply: Reply) -> None:  # on the supervisor's thread
-            if reply.error is not None:
-                log.error(
-                    "runner spawn failed",
-                    extra={"action": "runner.spawn_failed", "run_id": plan.envelope["runId"]},
-                )
-                database.tell(
-                    Transact(
-                        lambda db: runners.on_exit(db, epoch, 127, False),
-                        lambda _: None,
-                        "runner.exit",
-                    )
-                )
-                return
-            identity = reply.value
-            crash_point("server.launch.after_spawn")
-            database.tell(
-                Transact(
-                    lambda db: runners.spawned(db, epoch, identity),
-                    lambda _: None,
-                    "runner.spawned",
-                )
-            )
-
-        def exited(child: ChildExited) -> None:  # on the supervisor's thread
-            def after(reply: Reply) -> None:
-                log.info(
-                    "runner exited",
-                    extra={
-                        "action": "runner.exited",
-                        "run_id": plan.envelope["runId"],
-                        "reason": str(reply.value or reply.error),
-                    },
-                )
-                self._wake_scheduler()
-
-            database.tell(
-                Transact(
-                    lambda db: runners.on_exit(db, epoch, child.returncode, child.killed),
-                    after,
-                    "runner.exit",
-                )
-            )
-
-        project = Path(plan.project_path) if plan.project_path else self.state_dir
-        supervisor.tell(
-            Spawn(
-                [sys.executable, "-m", RUNNER_MODULE],
-                env,
-                spawned,
-                exited,
-                cwd=project if project.is_dir() else self.state_dir,
-                log_path=logs / f"{epoch}.log",
-                pass_fds=(runner_end.detach(),),
-                preloaded=RUNNER_MODULE,
-                fd_env=RUNNER_FD_ENV,
-            )
-        )
-
-    def _on_runner_message(self, epoch: str, channel: Connection, message: dict[str, Any]) -> None:
-        runners, database = self._runners, self._database
-        if runners is None or database is None:
-            return
-
-        def answer(reply: Reply) -> None:
-            if reply.error is not None:
-                log.error(
-                    "runner message failed", extra={"action": "runner.error"}, exc_info=reply.error
-                )
-                channel.close()
-                return
-            for frame in reply.value:
-                if frame.get("kind") == "command":
-                    crash_point("server.ready.before_command")
-                channel.send(frame)
-
-        database.tell(
-            Transact(
-                lambda db: runners.handle_message(db, epoch, message), answer, "runner.message"
-            )
-        )
 
     # --- database access for non-actor threads -----------------------------------------
 
@@ -563,8 +467,6 @@ class WorkflowServer:
         idle_since: float | None = None
         interval = max(self.tick_s, 0.05)
         while not self._stopped.wait(interval):
-            if self._accepting:
-                self._stop_overdue_runners()
             if self.idle_exit_s is None or not self._accepting:
                 continue
             if self._is_idle():
@@ -575,17 +477,6 @@ class WorkflowServer:
                     return
             else:
                 idle_since = None
-
-    def _stop_overdue_runners(self) -> None:
-        runners, supervisor = self._runners, self._supervisor
-        if runners is None or supervisor is None:
-            return
-        try:
-            late = self.call_database(runners.overdue, "runners.overdue")
-        except Exception:  # noqa: BLE001 - checked again on the next round
-            return
-        for identity in late:
-            supervisor.tell(StopChild(identity, RUNNER_GRACE_TICKS))
 
     def _is_idle(self) -> bool:
         if self._listener is None or self._listener.connection_count > 0:
@@ -611,198 +502,3 @@ class WorkflowServer:
         with self._in_flight_lock:
             self._in_flight -= 1
             self._in_flight_lock.notify_all()
-
-
-class _RunnerChannel:
-    """Routes one runner's private channel to the database actor."""
-
-    def __init__(self, server: WorkflowServer, runner_epoch: str) -> None:
-        self._server = server
-        self._epoch = runner_epoch
-
-    def on_message(self, channel: Connection, message: dict[str, Any]) -> None:
-        self._server._on_runner_message(self._epoch, channel, message)
-
-    def on_close(self, channel: Connection) -> None:
-        return None  # the process exit decides the outcome, not the channel
-
-
-class _Router:
-    """Routes requests from the listener's loop to actors; never blocks the loop."""
-
-    def __init__(self, server: WorkflowServer) -> None:
-        self._server = server
-
-    def on_connect(self, connection: Connection) -> None:
-        return None
-
-    def on_disconnect(self, connection: Connection) -> None:
-        server = self._server
-        if server._subscriptions is not None:
-            server._subscriptions.tell(ConnectionClosed(connection.connection_id))
-        if server._coordinators is not None:
-            server._coordinators.tell(ReleaseConnection(connection.connection_id))
-
-    def on_request(self, connection: Connection, request: RequestMessage) -> None:
-        server = self._server
-        operation = request["operation"]
-        if not server._begin_request():
-            connection.respond(
-                rejected(request, "unavailable", "serverStopping", "the server is stopping")
-            )
-            return
-        try:
-            self._dispatch(connection, request, operation)
-        except BaseException:
-            server._end_request()
-            raise
-
-    def _dispatch(self, connection: Connection, request: RequestMessage, operation: str) -> None:
-        server = self._server
-        if operation == "server.stop":
-            connection.respond(response(request, "accepted", receipt={"state": "stopping"}))
-            server._end_request()
-            server.stop_async("stop requested")
-            return
-        if operation == "view.subscribe":
-            self._subscribe(connection, request)
-            return
-        if operation == "run.start":
-            self._start_run(connection, request)
-            return
-        if operation == "view.unsubscribe":
-            self._unsubscribe(connection, request)
-            return
-        if operation not in READS and operation not in COMMANDS:
-            connection.respond(
-                rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
-            )
-            server._end_request()
-            return
-        ctx = server._ctx
-        assert ctx is not None and server._database is not None
-
-        def reply(result: Reply) -> None:
-            try:
-                if result.error is not None:
-                    log.error(
-                        "operation failed",
-                        extra={"action": "operation.error", "operation": operation},
-                        exc_info=result.error,
-                    )
-                    connection.respond(
-                        rejected(
-                            request,
-                            "unavailable",
-                            "internalError",
-                            "the server failed this request; retry it",
-                        )
-                    )
-                else:
-                    connection.respond(result.value)
-                    if operation in COMMANDS:
-                        server._wake_scheduler()
-            finally:
-                server._end_request()
-
-        server._database.tell(
-            Transact(lambda db: handle_operation(db, request, ctx), reply, operation)
-        )
-
-    def _start_run(self, connection: Connection, request: RequestMessage) -> None:
-        """Resolve the source in a child (off every actor), then commit through the database."""
-        server = self._server
-        try:
-            name, project, workflow_input = start_request_fields(request)
-        except OperationError as exc:
-            connection.respond(rejected(request, exc.outcome, exc.code, str(exc)))
-            server._end_request()
-            return
-        ctx, database, pool = server._ctx, server._database, server._resolvers
-        assert ctx is not None and database is not None and pool is not None
-
-        def commit(resolved: dict[str, Any]) -> None:
-            def reply(result: Reply) -> None:
-                try:
-                    if result.error is not None:
-                        log.error(
-                            "run.start failed",
-                            extra={"action": "operation.error", "operation": "run.start"},
-                            exc_info=result.error,
-                        )
-                        connection.respond(
-                            rejected(
-                                request,
-                                "unavailable",
-                                "internalError",
-                                "the server failed this request; retry it",
-                            )
-                        )
-                    else:
-                        connection.respond(result.value)
-                        server._wake_scheduler()
-                finally:
-                    server._end_request()
-
-            database.tell(
-                Transact(lambda db: start_run(db, request, ctx, resolved), reply, "run.start")
-            )
-
-        def resolve() -> None:
-            try:
-                resolved = resolve_start(
-                    name, project, server.state_dir.parent, workflow_input, server._zygote
-                )
-            except Exception:
-                log.exception("resolver failed", extra={"action": "resolver.error"})
-                resolved = {
-                    "ok": False,
-                    "code": "definitionInvalid",
-                    "message": "the workflow could not be loaded",
-                }
-            commit(resolved)
-
-        pool.submit(resolve)
-
-    def _subscribe(self, connection: Connection, request: RequestMessage) -> None:
-        server = self._server
-        try:
-            kind = request["payload"].get("kind")
-            if kind != "runList":
-                connection.respond(
-                    rejected(request, "rejected", "unknownView", "only the runList view exists yet")
-                )
-                return
-            subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
-            assert server._subscriptions is not None
-            connection.respond(
-                response(request, "accepted", receipt={"subscriptionId": subscription_id})
-            )
-            server._subscriptions.tell(
-                Subscribe(connection, subscription_id, "runList", build_run_list)
-            )
-        finally:
-            server._end_request()
-
-    def _unsubscribe(self, connection: Connection, request: RequestMessage) -> None:
-        server = self._server
-        subscription_id = request["payload"].get("subscriptionId")
-        assert server._subscriptions is not None
-
-        def reply(result: Reply) -> None:
-            try:
-                if result.value:
-                    answer = response(
-                        request, "accepted", receipt={"subscriptionId": subscription_id}
-                    )
-                else:
-                    answer = rejected(
-                        request, "notFound", "subscriptionNotFound", "no such subscription"
-                    )
-                connection.respond(answer)
-            finally:
-                server._end_request()
-
-        server._subscriptions.tell(
-            Unsubscribe(connection.connection_id, str(subscription_id), reply)
-        )

@@ -130,11 +130,47 @@ _declare(
     "The ready handshake after the server received runner.ready and before it sends "
     "the runner its command.",
 )
+# Server: each runner message kind, after the write that applied it committed and
+# before its reply is sent (a retried message adopts the stored reply).
+RUNNER_MESSAGE_POINTS: Final = (
+    "runner.ready",
+    "runner.progress",
+    "node.started",
+    "node.finished",
+    "node.failed",
+    "effect.reserve",
+    "effect.settle",
+    "notification.requested",
+    "run.parked",
+    "run.finished",
+    "runner.exiting",
+)
+for _kind in RUNNER_MESSAGE_POINTS:
+    _declare(
+        f"server.runner_message.{_kind.replace('.', '_')}.after_commit",
+        "server",
+        f"A runner's {_kind} after the write that applied it committed and before its "
+        "reply is sent; the runner's retry adopts the stored reply.",
+    )
+# Server: fencing after a pause or cancel, and the drain of a graceful stop.
+for _command in ("pause", "cancel"):
+    _declare(
+        f"server.lifecycle.{_command}.before_fence",
+        "server",
+        f"A {_command} after it committed (the claim is released) and before the runner "
+        "is told to stop; the runner's next message is refused.",
+    )
 _declare(
-    "server.cancel.after_commit",
+    "server.drain.started",
     "server",
-    "A cancellation after the terminal cancel committed and before the runner's process "
-    "group is stopped.",
+    "A graceful stop after it stopped admitting work and before runners are drained; "
+    "every held run is still running under its claim.",
+)
+_declare(
+    "server.drain.after_hand_back",
+    "server",
+    "A drain after a run was handed back at a durable boundary (requeued, committed) and "
+    "before its runner hears claim loss.",
 )
 # Server: its own startup recovery.
 _declare(

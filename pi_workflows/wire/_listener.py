@@ -186,7 +186,7 @@ class ClientListener:
     def __init__(
         self,
         socket_path: Path,
-        handler: ConnectionHandler,
+        handler: ConnectionHandler | None,
         package_version: str,
         on_crash: Callable[[BaseException], None],
     ) -> None:
@@ -203,10 +203,18 @@ class ClientListener:
         self._connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def route_to(self, handler: ConnectionHandler) -> None:
+        """Set the connection handler (before `start`, when it is built after the listener)."""
+        self._handler = handler
+
     @property
     def connection_count(self) -> int:
         """Open connections (read without locking; a snapshot for status and idle checks)."""
         return len(self._connections)
+
+    def _require_handler(self) -> ConnectionHandler:
+        assert self._handler is not None, "route_to before start"
+        return self._handler
 
     def start(self) -> None:
         """Bind the socket (replacing a stale file) and begin accepting connections."""
@@ -323,7 +331,7 @@ class ClientListener:
         try:
             connection._outbox.append(encode_frame(self._hello(connection)))
             connection._wake.set()
-            self._handler.on_connect(connection)
+            self._require_handler().on_connect(connection)
             await self._read_requests(connection, AsyncFrameReader(reader))
         except (ConnectionError, OSError):
             pass  # the peer went away; nothing to answer
@@ -335,7 +343,7 @@ class ClientListener:
             self._connections.discard(connection)
             self._tasks.discard(task)
             try:
-                self._handler.on_disconnect(connection)
+                self._require_handler().on_disconnect(connection)
             except Exception:
                 log.exception("disconnect handler failed", extra={"action": "listener.error"})
 
@@ -375,7 +383,7 @@ class ClientListener:
                 )
                 return
             try:
-                self._handler.on_request(connection, checked)
+                self._require_handler().on_request(connection, checked)
             except Exception:
                 log.exception("request handler failed", extra={"action": "listener.error"})
                 return

@@ -442,12 +442,12 @@ def _ready_before_command(lab: Lab) -> None:
         assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
 
 
-# --- server.cancel.after_commit: cancelled durably, the runner not stopped yet ----------
+# --- server.lifecycle.cancel.before_fence: cancelled durably, the runner not stopped yet ----------
 
 
-@scenario("server.cancel.after_commit", "shell-running")
+@scenario("server.lifecycle.cancel.before_fence", "shell-running")
 def _cancel_shell(lab: Lab) -> None:
-    armed = lab.start_server("server.cancel.after_commit")
+    armed = lab.start_server("server.lifecycle.cancel.before_fence")
     run_id = lab.start_run("build", {"block": "build"}).new_run
     shell_pid = lab.events.wait(run_id, "build")
     shell = psutil.Process(shell_pid)
@@ -469,9 +469,9 @@ def _cancel_shell(lab: Lab) -> None:
     lab.finish({run_id: "cancelled"}, ambiguous=1)
 
 
-@scenario("server.cancel.after_commit", "effect-applying")
+@scenario("server.lifecycle.cancel.before_fence", "effect-applying")
 def _cancel_effect(lab: Lab) -> None:
-    armed = lab.start_server("server.cancel.after_commit")
+    armed = lab.start_server("server.lifecycle.cancel.before_fence")
     run_id = lab.start_run("charge", {"block": "charge"}).new_run
     lab.events.wait(run_id, "applying")
     cancel = lab.command("run.cancel", run_id=run_id)

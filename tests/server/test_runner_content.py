@@ -1,8 +1,9 @@
 """The server side of oversized runner replies: measured frames, blob references, parts.
 
-Drives `RunnerHost` on a real state database with runner messages as dicts (the frame
+Drives the runner host's own functions (the frame check, `apply_message`, the delta,
+the exit policy) on a real state database with runner messages as dicts: the frame
 limit applies to encoded frames only, so a test can commit outputs a runner could not
-send in one frame and then watch what the server sends back).
+send in one frame and then watch what the server sends back.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.server._runners import INLINE_FRAME_LIMIT, RunnerHost, launch_state
+from pi_workflows.actors._runner_host import ActiveRunner, RunnerFrame, refuse_frame
+from pi_workflows.server._runner_content import INLINE_FRAME_LIMIT
+from pi_workflows.server._runner_exits import record_exit
+from pi_workflows.server._runner_handlers import apply_message
+from pi_workflows.server._runner_launch import launch_state, prepare_launch, record_spawn
 from pi_workflows.storage import Database, NewRun, enqueue_run, open_database
 from pi_workflows.supervision import identity_of
 from pi_workflows.wire.canonical import dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
-from pi_workflows.wire.protocol import LAUNCH_SCHEMA, encode_runner_message
+from pi_workflows.wire.protocol import LAUNCH_SCHEMA, ProtocolViolation, encode_runner_message
+from pi_workflows.wire.runner import RunnerMessage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,16 +46,17 @@ def db(tmp_path: Path) -> Iterator[Database]:
 
 
 class Runner:
-    """One launched runner generation, speaking to `RunnerHost` with dict messages."""
+    """One launched runner generation, handled as the runner host handles it."""
 
-    def __init__(self, host: RunnerHost, db: Database, run_id: str) -> None:
-        plan = host.prepare_launch(db, run_id)
+    def __init__(self, db: Database, run_id: str) -> None:
+        plan = prepare_launch(db, run_id, "server-test")
         assert plan is not None
-        self.host, self.db, self.envelope = host, db, plan.envelope
+        self.db, self.envelope = db, plan.envelope
         self.epoch = plan.runner_epoch
         identity = identity_of(os.getpid())
         assert identity is not None
-        host.spawned(db, self.epoch, identity)
+        record_spawn(db, self.epoch, identity)
+        self.active = ActiveRunner(plan, identity=identity)
         self._ids = 0
 
     def message(
@@ -71,10 +78,26 @@ class Runner:
         return message
 
     def handle(self, message: dict[str, Any]) -> list[dict[str, Any]]:
-        frames = self.host.handle_message(self.db, self.epoch, message)
+        frames = self._frames(message)
         for frame in frames:  # every frame the server sends fits one runner frame
             assert len(encode_runner_message(frame, sender="server")) <= MAX_FRAME_BYTES
         return frames
+
+    def _frames(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            frame = RunnerFrame(self.epoch, _NoChannel(), RunnerMessage.from_wire(message))
+        except ProtocolViolation as exc:
+            frame = RunnerFrame(self.epoch, _NoChannel(), None, message, str(exc))
+        refusal = refuse_frame(self.active, frame)
+        if refusal is not None:
+            return [refusal]
+        assert frame.message is not None
+        handled = apply_message(self.db, self.active.view(False), frame.message)
+        self.active.apply(handled.delta)
+        return handled.frames
+
+    def exit(self, returncode: int) -> str:
+        return record_exit(self.db, self.active.facts(), returncode)
 
     def send(
         self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
@@ -113,6 +136,16 @@ class Runner:
         return data
 
 
+class _NoChannel:
+    """The frames are returned to the test instead of sent."""
+
+    def send(self, message: Any) -> None:
+        raise AssertionError("frames are returned, not sent")
+
+    def close(self) -> None:
+        raise AssertionError("the channel is not closed here")
+
+
 def _enqueue(db: Database, run_id: str = "run-big") -> str:
     with db.write() as tx:
         enqueue_run(
@@ -130,20 +163,19 @@ def _enqueue(db: Database, run_id: str = "run-big") -> str:
     return run_id
 
 
-def _crashed_after_big_outputs(db: Database, host: RunnerHost) -> tuple[str, Runner]:
+def _crashed_after_big_outputs(db: Database) -> tuple[str, Runner]:
     """A run whose first runner committed two large outputs and then died."""
     run_id = _enqueue(db)
-    first = Runner(host, db, run_id)
+    first = Runner(db, run_id)
     assert "state" in first.ready()["payload"], "a small state is sent inline"
     first.finish_node("a", {"text": "a" * BIG})
     first.finish_node("b", {"text": "b" * BIG})
-    assert host.on_exit(db, first.epoch, -9, True) == "workerCrashed"
-    return run_id, Runner(host, db, run_id)
+    assert first.exit(-9) == "workerCrashed"
+    return run_id, Runner(db, run_id)
 
 
 def test_a_resume_state_over_the_frame_limit_is_sent_by_reference(db: Database) -> None:
-    host = RunnerHost("server-test")
-    run_id, second = _crashed_after_big_outputs(db, host)
+    run_id, second = _crashed_after_big_outputs(db)
     command = second.ready()
     assert command["command"] == "resume"
     payload = command["payload"]
@@ -162,8 +194,7 @@ def test_a_resume_state_over_the_frame_limit_is_sent_by_reference(db: Database) 
 
 
 def test_content_reads_are_bounded_failures(db: Database) -> None:
-    host = RunnerHost("server-test")
-    _run_id, second = _crashed_after_big_outputs(db, host)
+    _run_id, second = _crashed_after_big_outputs(db)
     ref = second.ready()["payload"]["stateRef"]
     digest, total = ref["digest"], ref["byteCount"]
 
@@ -187,8 +218,7 @@ def test_content_reads_are_bounded_failures(db: Database) -> None:
 
 
 def test_a_stale_runner_cannot_read_content(db: Database) -> None:
-    host = RunnerHost("server-test")
-    _run_id, second = _crashed_after_big_outputs(db, host)
+    _run_id, second = _crashed_after_big_outputs(db)
     ref = second.ready()["payload"]["stateRef"]
     parked = second.send("run.parked", {"reason": "paused"})
     assert parked[0]["outcome"] == "accepted"
@@ -199,9 +229,8 @@ def test_a_stale_runner_cannot_read_content(db: Database) -> None:
 def test_an_oversized_reply_result_is_referenced_and_a_retry_gets_the_same_reference(
     db: Database,
 ) -> None:
-    host = RunnerHost("server-test")
     run_id = _enqueue(db)
-    runner = Runner(host, db, run_id)
+    runner = Runner(db, run_id)
     runner.ready()
     big_result = {"receipt": "r" * (MAX_FRAME_BYTES + 1000)}
     first = "attempt-charge-1"
@@ -235,9 +264,8 @@ def test_an_oversized_reply_result_is_referenced_and_a_retry_gets_the_same_refer
 
 
 def test_a_reference_in_a_stored_reply_stays_readable_for_the_same_runner(db: Database) -> None:
-    host = RunnerHost("server-test")
     run_id = _enqueue(db)
-    runner = Runner(host, db, run_id)
+    runner = Runner(db, run_id)
     runner.ready()
     attempt = "attempt-1"
     runner.send("node.started", {"nodePath": "n", "nodeKind": "action", "visit": 1}, attempt)
@@ -251,8 +279,7 @@ def test_a_reference_in_a_stored_reply_stays_readable_for_the_same_runner(db: Da
     message = runner.message("effect.reserve", key, attempt)
     (reply,) = runner.handle(message)
     ref = reply["resultRef"]
-    active = host.active[runner.epoch]
-    active.offered.clear()  # as if only the stored reply were left
+    runner.active.offered.clear()  # as if only the stored reply were left
     (again,) = runner.handle(message)
     assert again["resultRef"] == ref
     assert loads(runner.read(ref))["effect"]["result"] == "z" * MAX_FRAME_BYTES

@@ -43,7 +43,7 @@ REQUIRED = {
     "server.launch.after_commit",
     "server.launch.after_spawn",
     "server.ready.before_command",
-    "server.cancel.after_commit",
+    "server.lifecycle.cancel.before_fence",
     "server.recovery.after_epoch",
     "server.recovery.after_first_run",
     "runner.ready.before_send",

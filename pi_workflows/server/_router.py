@@ -1,0 +1,264 @@
+"""Client request routing: one dispatch table from operation to the actor that owns it.
+
+Implements workflow-server.md § Live client protocol. The router runs on the listener's
+event loop and never blocks it: each request is parsed once, then handed to the one
+place that answers it (the database actor, the runner-host actor, the subscription
+actor, or a resolver thread for `run.start`). Every request is answered exactly once,
+and the in-flight count (for a graceful stop's receipts) follows that answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from pi_workflows.actors._base import Reply
+from pi_workflows.actors._coordinator_epoch import ReleaseConnection
+from pi_workflows.actors._database import Transact
+from pi_workflows.actors._runner_host import RunCommand
+from pi_workflows.actors._scheduler import Wake
+from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe
+from pi_workflows.server._operations import (
+    COMMANDS,
+    READS,
+    RUNNER_COMMANDS,
+    OperationContext,
+    OperationError,
+    StartRequest,
+    build_run_list,
+    handle_operation,
+    internal_error,
+    rejected,
+    response,
+    start_request_fields,
+    start_run,
+)
+from pi_workflows.server._resolver import resolve_start
+from pi_workflows.supervision._zygote_client import Zygote
+from pi_workflows.wire._listener import Connection
+from pi_workflows.wire.protocol import RequestMessage
+
+__all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DRAIN_S = 30.0
+"""How long a graceful stop lets applying effects and running shell commands settle."""
+MAX_DRAIN_S = 3600.0
+
+
+@dataclass(frozen=True)
+class RouterPorts:
+    """Where the router sends work; fixed once the server's actors have started."""
+
+    context: OperationContext
+    database: pykka.ActorRef[Any]
+    runner_host: pykka.ActorRef[Any]
+    scheduler: pykka.ActorRef[Any]
+    subscriptions: pykka.ActorRef[Any]
+    coordinators: pykka.ActorRef[Any]
+    resolvers: Executor
+    agent_dir: Path
+    zygote: Zygote | None
+    begin_request: Callable[[], bool]
+    """False while the server is stopping: the request is refused."""
+    end_request: Callable[[], None]
+    stop: Callable[[str, float], None]
+    """Asks for a graceful stop with a drain period (non-blocking)."""
+
+
+@dataclass(eq=False)
+class Pending:
+    """One request waiting for its answer; `respond` answers it exactly once."""
+
+    connection: Connection
+    request: RequestMessage
+    _done: Callable[[], None]
+    _answered: bool = False
+
+    def respond(self, answer: Mapping[str, Any]) -> None:
+        if self._answered:
+            return
+        self._answered = True
+        try:
+            self.connection.respond(answer)
+        finally:
+            self._done()
+
+
+class Router:
+    """The listener's handler for client connections (runs on the listener's loop)."""
+
+    def __init__(self, ports: RouterPorts) -> None:
+        self._ports = ports
+        table: dict[str, Callable[[Pending], None]] = {
+            "server.stop": self._server_stop,
+            "view.subscribe": self._subscribe,
+            "view.unsubscribe": self._unsubscribe,
+            "run.start": self._start_run,
+        }
+        for operation in (*READS, *COMMANDS):
+            table.setdefault(operation, self._database_operation)
+        for operation in RUNNER_COMMANDS:
+            table[operation] = self._runner_command
+        self._table = table
+
+    @property
+    def operations(self) -> frozenset[str]:
+        """Every operation this server answers."""
+        return frozenset(self._table)
+
+    def on_connect(self, connection: Connection) -> None:
+        return None
+
+    def on_disconnect(self, connection: Connection) -> None:
+        ports = self._ports
+        _tell(ports.subscriptions, ConnectionClosed(connection.connection_id))
+        _tell(ports.coordinators, ReleaseConnection(connection.connection_id))
+
+    def on_request(self, connection: Connection, request: RequestMessage) -> None:
+        ports = self._ports
+        if not ports.begin_request():
+            connection.respond(
+                rejected(request, "unavailable", "serverStopping", "the server is stopping")
+            )
+            return
+        pending = Pending(connection, request, ports.end_request)
+        route = self._table.get(request["operation"])
+        if route is None:
+            operation = request["operation"]
+            pending.respond(
+                rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
+            )
+            return
+        try:
+            route(pending)
+        except Exception:
+            log.exception("routing failed", extra={"action": "operation.error"})
+            pending.respond(internal_error(request))
+
+    # --- routes ------------------------------------------------------------------------
+
+    def _database_operation(self, pending: Pending) -> None:
+        ports = self._ports
+        request = pending.request
+        work = functools.partial(handle_operation, request=request, ctx=ports.context)
+        done = functools.partial(self._answer, pending, request["operation"] in COMMANDS)
+        ports.database.tell(Transact(work, done, request["operation"]))
+
+    def _runner_command(self, pending: Pending) -> None:
+        ports = self._ports
+        ports.runner_host.tell(RunCommand(pending.request, ports.context, pending))
+
+    def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
+        """On the database actor's thread: answer, then wake the scheduler for a command."""
+        if result.error is not None:
+            log.error(
+                "operation failed",
+                extra={"action": "operation.error", "operation": pending.request["operation"]},
+                exc_info=result.error,
+            )
+            pending.respond(internal_error(pending.request))
+            return
+        pending.respond(result.value)
+        if wake:
+            _tell(self._ports.scheduler, Wake())
+
+    def _server_stop(self, pending: Pending) -> None:
+        request = pending.request
+        drain = request["payload"].get("drainSeconds", DEFAULT_DRAIN_S)
+        if (
+            isinstance(drain, bool)
+            or not isinstance(drain, int | float)
+            or not 0 <= drain <= MAX_DRAIN_S
+        ):
+            pending.respond(
+                rejected(
+                    request,
+                    "rejected",
+                    "drainInvalid",
+                    f"drainSeconds must be a number from 0 to {MAX_DRAIN_S:.0f}",
+                )
+            )
+            return
+        pending.respond(
+            response(request, "accepted", receipt={"state": "stopping", "drainSeconds": drain})
+        )
+        self._ports.stop("stop requested", float(drain))
+
+    def _start_run(self, pending: Pending) -> None:
+        """Resolve the source in a child (off every actor), then commit through the database."""
+        request = pending.request
+        try:
+            start = start_request_fields(request)
+        except OperationError as exc:
+            pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
+            return
+        self._ports.resolvers.submit(self._resolve_and_commit, pending, start)
+
+    def _resolve_and_commit(self, pending: Pending, start: StartRequest) -> None:
+        """On a resolver thread: wait for the resolver child, then hand over the commit."""
+        ports = self._ports
+        try:
+            resolved = resolve_start(
+                start.workflow, start.project_path, ports.agent_dir, start.input, ports.zygote
+            )
+        except Exception:
+            log.exception("resolver failed", extra={"action": "resolver.error"})
+            resolved = {
+                "ok": False,
+                "code": "definitionInvalid",
+                "message": "the workflow could not be loaded",
+            }
+        work = functools.partial(
+            start_run, request=pending.request, ctx=ports.context, start=start, resolved=resolved
+        )
+        ports.database.tell(
+            Transact(work, functools.partial(self._answer, pending, True), "run.start")
+        )
+
+    def _subscribe(self, pending: Pending) -> None:
+        request = pending.request
+        kind = request["payload"].get("kind")
+        if kind != "runList":
+            pending.respond(
+                rejected(request, "rejected", "unknownView", "only the runList view exists yet")
+            )
+            return
+        subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
+        pending.respond(response(request, "accepted", receipt={"subscriptionId": subscription_id}))
+        self._ports.subscriptions.tell(
+            Subscribe(pending.connection, subscription_id, "runList", build_run_list)
+        )
+
+    def _unsubscribe(self, pending: Pending) -> None:
+        request = pending.request
+        subscription_id = str(request["payload"].get("subscriptionId"))
+
+        def answer(result: Reply) -> None:
+            if result.value:
+                pending.respond(
+                    response(request, "accepted", receipt={"subscriptionId": subscription_id})
+                )
+            else:
+                pending.respond(
+                    rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
+                )
+
+        self._ports.subscriptions.tell(
+            Unsubscribe(pending.connection.connection_id, subscription_id, answer)
+        )
+
+
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    with contextlib.suppress(pykka.ActorDeadError):  # stopping: nothing left to tell
+        ref.tell(message)

@@ -1,0 +1,479 @@
+"""The server side of runner messages: one protected write per accepted message.
+
+Implements workflow-server.md § Runner protocol and § Pause and cancellation. Runners
+propose; this module disposes. `apply_message` is a unit of database work: it takes the
+runner host's view of one runner (data) and a typed message, and returns the frames to
+send and a `Delta` the runner-host actor applies to its own state afterwards. Nothing
+here touches actor state, signals a process or sends a frame.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from pi_workflows.server._runner_content import bounded, read_part
+from pi_workflows.server._runner_launch import launch_state
+from pi_workflows.storage import (
+    Claim,
+    ClaimHeldError,
+    ClaimLostError,
+    Database,
+    EffectConflictError,
+    FailureClass,
+    InvalidTransitionError,
+    RevisionConflictError,
+    RunNotFoundError,
+    Tx,
+    complete_run,
+    declare_effect_ambiguous,
+    fail_node_attempt,
+    fail_run,
+    finish_node_attempt,
+    forget_recorded_process,
+    get_run,
+    lookup_runner_reply,
+    mark_runner_live,
+    open_checkpoint_decision,
+    park_run,
+    protected_write,
+    read_resume_state,
+    record_process,
+    record_runner_reply,
+    renew_claim,
+    requeue_run,
+    reserve_effect,
+    retry_effect_after_read_back,
+    settle_effect,
+    start_node_attempt,
+    time_out_run,
+    wait_run,
+)
+from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
+from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.runner import (
+    ContentRead,
+    EffectReserve,
+    EffectSettle,
+    NodeFailed,
+    NodeFinished,
+    NodeStarted,
+    NotificationRequested,
+    RunFinished,
+    RunnerCommand,
+    RunnerMessage,
+    RunnerProgress,
+    RunnerReply,
+    RunParked,
+)
+
+__all__ = ["Delta", "Handled", "RunnerView", "apply_message", "reply_to"]
+
+log = logging.getLogger(__name__)
+
+DRAIN_REASON = "serverStopping"
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerView:
+    """What a unit of database work may know about one live runner (a snapshot)."""
+
+    run_id: str
+    runner_epoch: str
+    claim: Claim = field(repr=False)
+    command: str
+    identity: ProcessIdentity | None
+    """The runner's exact identity once the supervisor reported its spawn."""
+    offered: frozenset[str]
+    """Digests this runner was sent by reference: all it may `content.read`."""
+    draining: bool = False
+    """The server is stopping: hand the run back at the next durable boundary."""
+
+
+@dataclass
+class Delta:
+    """What one applied message changes in the runner host's view of its runner."""
+
+    ready: bool = False
+    settled: bool = False
+    """The run left `running` through this runner, or its claim is gone."""
+    claim_lost: bool = False
+    handed_back: bool = False
+    """Requeued at a durable boundary because the server is draining."""
+    registered: ProcessIdentity | None = None
+    unregistered: int | None = None
+    offered: set[str] = field(default_factory=set)
+    started: tuple[str, str, int | None] | None = None
+    """(attempt ID, node kind, deadline_at) of an attempt that just started."""
+    attempt_ended: bool = False
+    effect_open: bool | None = None
+    """True once an effect is reserved for applying, False once it settles."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """The frames to send back (reply first) and the change to the runner's view."""
+
+    frames: list[dict[str, Any]]
+    delta: Delta
+
+
+def reply_to(
+    message: RunnerMessage,
+    outcome: str,
+    *,
+    revision: int | None = None,
+    result: Any = None,
+    error: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The wire reply to `message`."""
+    return RunnerReply(
+        message.run_id,
+        message.generation,
+        message.runner_epoch,
+        message.message_id,
+        outcome,
+        revision,
+        result,
+        error,
+    ).to_wire()
+
+
+def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Handled:
+    """Apply one runner message whose epoch and generation the runner host checked."""
+    delta = Delta()
+    if isinstance(message.body, ContentRead):
+        return Handled([_read_content(db, view, message, message.body)], delta)  # no receipt
+    fingerprint = sha256_digest(message.to_wire())
+    stored = lookup_runner_reply(db, view.runner_epoch, message.message_id, fingerprint)
+    if stored is not None:
+        ref = stored.get("resultRef")
+        if ref is not None:  # a retry gets the same reference, still readable
+            delta.offered.add(ref["digest"])
+        return Handled([stored], delta)
+    try:
+        if view.draining and isinstance(message.body, NodeStarted):
+            return Handled([_hand_back(db, view, message, delta)], delta)
+        frames = _apply(db, view, message, fingerprint, delta)
+    except ClaimLostError as exc:
+        delta.settled = delta.claim_lost = True
+        log.info(
+            "runner lost its claim",
+            extra={
+                "action": "runner.claim_lost",
+                "run_id": view.run_id,
+                "generation": view.claim.generation,
+                "reason": exc.reason,
+            },
+        )
+        return Handled([reply_to(message, "claimLost", error=("claimLost", exc.reason))], delta)
+    except RevisionConflictError:
+        error = ("revisionConflict", "stale revision")
+        return Handled([reply_to(message, "conflict", error=error)], delta)
+    except EffectConflictError as exc:
+        return Handled([reply_to(message, "conflict", error=("effectConflict", str(exc)))], delta)
+    except (InvalidTransitionError, RunNotFoundError, ClaimHeldError) as exc:
+        error = ("protocolRejected", str(exc))
+        return Handled([reply_to(message, "rejected", error=error)], Delta())
+    crash_point(f"server.runner_message.{message.kind.replace('.', '_')}.after_commit")
+    return Handled(frames, delta)
+
+
+def _apply(
+    db: Database, view: RunnerView, message: RunnerMessage, fingerprint: str, delta: Delta
+) -> list[dict[str, Any]]:
+    handler = _HANDLERS.get(message.kind)
+    if handler is None:
+        return [reply_to(message, "rejected", error=("protocolRejected", message.kind))]
+    extra: list[dict[str, Any]] = []
+    offered = set(view.offered)
+    with db.write() as tx:
+        revision, result = handler(tx, view, message, delta, extra)
+        reply = reply_to(message, "accepted", revision=revision, result=result)
+        # Measure every frame before it is stored or sent: an oversized result is
+        # stored as a blob in this transaction, and the frame carries its reference.
+        reply = bounded(tx, offered, reply)
+        extra = [bounded(tx, offered, frame) for frame in extra]
+        record_runner_reply(
+            tx, view.runner_epoch, message.message_id, message.kind, fingerprint, reply
+        )
+    delta.offered |= offered - view.offered
+    return [reply, *extra]
+
+
+def _hand_back(db: Database, view: RunnerView, message: RunnerMessage, delta: Delta) -> Any:
+    """Draining: the last node is durable, so give the run back before the next starts."""
+    with db.write() as tx:
+        requeue_run(tx, view.run_id, reason=DRAIN_REASON, claim=view.claim)
+    crash_point("server.drain.after_hand_back")
+    delta.settled = delta.handed_back = True
+    return reply_to(message, "claimLost", error=("claimLost", DRAIN_REASON))
+
+
+def _read_content(
+    db: Database, view: RunnerView, message: RunnerMessage, read: ContentRead
+) -> dict[str, Any]:
+    outcome, result, error = read_part(db, view.offered, read.digest, read.offset, read.length)
+    return reply_to(message, outcome, result=result, error=error)
+
+
+# --- handlers: (tx, view, message, delta, extra frames) -> (revision, result) ------------
+
+Handler = Callable[[Tx, RunnerView, RunnerMessage, Delta, list[dict[str, Any]]], tuple[int, Any]]
+
+
+def _on_ready(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    identity = view.identity
+    result = mark_runner_live(
+        tx,
+        view.claim,
+        runner_epoch=view.runner_epoch,
+        pid=identity.pid if identity else None,
+        process_start_time=identity.start_ticks if identity else None,
+    )
+    delta.ready = True
+    state, parent_attempt = launch_state(tx, view.run_id)
+    command = RunnerCommand(
+        view.run_id,
+        view.claim.generation,
+        view.runner_epoch,
+        result.revision,
+        view.command,
+        state,
+        parent_attempt if view.command == "continue" else None,
+    )
+    extra.append(command.to_wire())
+    return result.revision, None
+
+
+def _on_node_started(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, NodeStarted) and message.attempt_id is not None
+    deadline_at = tx.now + body.timeout_ms if body.timeout_ms else None
+    started = start_node_attempt(
+        tx,
+        view.claim,
+        attempt_id=message.attempt_id,
+        node_path=body.node_path,
+        node_type=body.node_kind,
+        deadline_at=deadline_at,
+    )
+    delta.started = (message.attempt_id, body.node_kind, deadline_at)
+    return started.revision, {"visit": started.visit}
+
+
+def _on_node_finished(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, NodeFinished) and message.attempt_id is not None
+    route = body.route
+    result = finish_node_attempt(
+        tx,
+        view.claim,
+        attempt_id=message.attempt_id,
+        output=body.output,
+        next_node_path=route,
+        payload={"nodePath": body.node_path, **({"route": route} if route else {})},
+    )
+    delta.attempt_ended = True
+    return result.revision, None
+
+
+def _on_node_failed(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, NodeFailed) and message.attempt_id is not None
+    result = fail_node_attempt(
+        tx,
+        view.claim,
+        attempt_id=message.attempt_id,
+        error=body.error.text(),
+        timed_out=body.error.code == "nodeTimedOut",
+    )
+    delta.attempt_ended = True
+    return result.revision, None
+
+
+def _on_effect_reserve(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, EffectReserve) and message.attempt_id is not None
+    reservation = reserve_effect(
+        tx,
+        view.claim,
+        attempt_id=message.attempt_id,
+        effect_type=body.effect_type,
+        idempotency_key=body.idempotency_key,
+        request=body.request,
+        executor_epoch=view.runner_epoch,
+    )
+    delta.effect_open = True
+    return reservation.revision, reservation.to_wire()
+
+
+def _on_effect_settle(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, EffectSettle)
+    key = body.idempotency_key
+    delta.effect_open = False
+    if body.outcome == "ambiguous":
+        record = declare_effect_ambiguous(
+            tx, view.claim, idempotency_key=key, reason="no read-back after an uncertain apply"
+        )
+    elif body.read_back == "notApplied":
+        retried = retry_effect_after_read_back(
+            tx, view.claim, idempotency_key=key, executor_epoch=view.runner_epoch
+        )
+        delta.effect_open = True  # a new attempt applies next
+        return retried.revision, retried.to_wire()
+    else:
+        record = settle_effect(
+            tx,
+            view.claim,
+            idempotency_key=key,
+            outcome="applied" if body.outcome == "succeeded" else "rejected",
+            result=body.result,
+            error=body.error.text(10_000) if body.error else None,
+            executor_epoch=view.runner_epoch,
+            proven_by_read_back=body.read_back == "applied",
+        )
+    return record.revision, {"state": record.state.value}
+
+
+def _on_notification(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, NotificationRequested)
+    written = protected_write(
+        tx,
+        view.claim,
+        event_type="notification.requested",
+        payload={"notificationId": body.notification_id, "content": body.content},
+    )
+    return written.revision, None
+
+
+def _on_run_parked(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, RunParked)
+    if body.reason == "checkpoint":
+        attempt_id = message.attempt_id
+        finished = read_resume_state(tx, view.run_id)
+        last = finished.last_finished
+        node_path = last.node_path if last is not None else "checkpoint"
+        output = finished.outputs.get(node_path)
+        request = {"summary": output.get("summary") if isinstance(output, dict) else None}
+
+        def open_decision(tx: Tx) -> None:
+            open_checkpoint_decision(
+                tx, view.run_id, attempt_id=attempt_id, node_path=node_path, request=request
+            )
+
+        result = wait_run(tx, view.claim, reason="checkpoint", change=open_decision)
+    else:
+        result = park_run(tx, view.claim, reason=body.reason)
+    delta.settled = True
+    return result.revision, None
+
+
+def _on_run_finished(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, RunFinished)
+    if body.status == "completed":
+        result = complete_run(tx, view.run_id, claim=view.claim, payload={"output": body.output})
+    elif body.status == "timed_out":
+        reason = body.error.message[:4000] if body.error else "timed out"
+        result = time_out_run(tx, view.run_id, reason=reason, claim=view.claim)
+    else:
+        reason = body.error.text() if body.error else f"nodeFailed: {body.status}"
+        result = fail_run(
+            tx,
+            view.run_id,
+            failure_class=FailureClass.NODE_FAILED,
+            reason=reason,
+            claim=view.claim,
+        )
+    delta.settled = True
+    return result.revision, None
+
+
+def _on_exiting(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    # Nothing changes: the exit itself is recorded when the process is reaped.
+    run = get_run(tx, view.run_id)
+    return (run.revision if run is not None else 0), None
+
+
+def _on_progress(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    body = message.body
+    assert isinstance(body, RunnerProgress)
+    run = get_run(tx, view.run_id)
+    revision = run.revision if run is not None else 0
+    if body.operation == "process.unregister":
+        delta.unregistered = body.pid  # valid even after the claim was released
+        forget_recorded_process(tx, view.runner_epoch, body.pid)
+        return revision, None
+    renew_claim(tx, view.claim)  # registration requires the live run claim
+    identity = identity_of(body.pid)
+    if (
+        identity is None
+        or f"{identity.start_ticks}:{identity.boot_id or 'none'}" != body.start_identity
+        or view.identity is None
+        or _parent_of(body.pid) != view.identity.pid
+    ):
+        raise InvalidTransitionError(view.run_id, "unknown process", "register process")
+    # Durable before the runner lets the command start, so a successor server can stop
+    # the group after this server's crash.
+    record_process(
+        tx,
+        view.runner_epoch,
+        pid=body.pid,
+        start_ticks=identity.start_ticks,
+        boot_id=identity.boot_id,
+        role="registered",
+    )
+    delta.registered = identity
+    return revision, None
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).ppid())
+    except psutil.Error:
+        return None
+
+
+_HANDLERS: dict[str, Handler] = {
+    "runner.progress": _on_progress,
+    "runner.ready": _on_ready,
+    "node.started": _on_node_started,
+    "node.finished": _on_node_finished,
+    "node.failed": _on_node_failed,
+    "effect.reserve": _on_effect_reserve,
+    "effect.settle": _on_effect_settle,
+    "notification.requested": _on_notification,
+    "run.parked": _on_run_parked,
+    "run.finished": _on_run_finished,
+    "runner.exiting": _on_exiting,
+}
