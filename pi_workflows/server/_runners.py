@@ -643,6 +643,7 @@ def _on_effect_reserve(
         idempotency_key=payload["idempotencyKey"],
         request=payload["request"],
         executor_epoch=runner.runner_epoch,
+        idempotent=payload.get("idempotent", False),
     )
     return reservation.revision, reservation.to_wire()
 

@@ -27,7 +27,7 @@ from pi_workflows.storage._lifecycle import (
     begin_transition,
     require_phase,
 )
-from pi_workflows.storage._phases import EventType, ParkReason, RunPhase
+from pi_workflows.storage._phases import EventType, RunPhase
 from pi_workflows.storage._rows import NodeAttemptRow, QueueRow
 from pi_workflows.wire.canonical import dumps, sha256_digest
 
@@ -695,9 +695,9 @@ def recover_ambiguous_effect(
     """An operator's reviewed recovery of an ambiguous effect; the run continues.
 
     One lifecycle transition (no claim: a parked run holds none) of a run parked with
-    `effectAmbiguous`, parked → queued, with one `effect_recovered` event that names
-    the effect, its attempt, the action and `actor` (the client identity; the event's
-    time is when):
+    `effectAmbiguous` (or paused after that), parked → queued, with one
+    `effect_recovered` event that names the effect, its attempt, the action and `actor`
+    (the client identity; the event's time is when):
 
     - `confirm`: the operator saw that the external work happened. The ambiguous
       attempt and the effect become `applied` with `result` (recovery `confirmed`). The
@@ -723,12 +723,8 @@ def recover_ambiguous_effect(
     peek = read_head(tx, run_id)  # RunNotFoundError first
     stored = tx.fetch_one(q.SELECT_QUEUE_ROW, {"run_id": run_id}, QueueRow)
     reason = stored.park_reason if stored is not None else None
-    if (
-        peek.status != "running"
-        or stored is None
-        or stored.state != "parked"
-        or reason != ParkReason.EFFECT_AMBIGUOUS
-    ):
+    # Parked: with `effectAmbiguous`, or with `paused` when a pause came after it.
+    if peek.status != "running" or stored is None or stored.state != "parked":
         where = peek.status if reason is None else f"{peek.status} ({reason})"
         raise EffectRecoveryError(
             run_id, "runNotAmbiguous", f"the run is {where}, not parked on an ambiguous effect"
