@@ -149,6 +149,34 @@ def test_pause_and_resume_during_an_idempotent_shell_step_runs_it_again(
     ]
 
 
+def test_a_graceful_stop_during_an_idempotent_shell_step_runs_it_again_on_the_next_server(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    log = _shell_workflow(project, short_tmp, options="idempotent=True")
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "deploy", {})
+        wait_fifo(short_tmp / "go.fifo")
+    running_server.stop("test")  # hands the run back; its command is stopped
+    successor = WorkflowServer(
+        running_server.state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True
+    )
+    successor.start()
+    try:
+        with WorkflowClient(successor.state_dir, autostart=False) as client:
+            view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+            assert view["display"]["status"] == "completed", view
+            _verify_clean(client)
+    finally:
+        successor.stop("test teardown")
+    first, second = _executions(log)
+    assert first == second
+    assert _effect_attempts(running_server, run_id) == [
+        (1, "interrupted", None),
+        (2, "applied", None),
+    ]
+
+
 EFFECT_KILLED = """
 import time
 from pathlib import Path
