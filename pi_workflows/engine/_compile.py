@@ -343,7 +343,8 @@ def definition_snapshot(workflow: WorkflowDefinition | CompiledWorkflow) -> dict
         {"schema", "name", "startAt", "maxSteps", "inputSchema": schema | null,
          "exits": {exit: node},
          "nodes": {path: {"kind", "timeoutMs": ms | null, "mountPath": [...],
-                          "localNodeId", + "maxOutputBytes" (shell), "summary" and
+                          "localNodeId", + "maxOutputBytes", "idempotent" and "readBack"
+                          (shell, the last two only when set), "summary" and
                           "answerSchema" (checkpoint, when static / given), "notifyKind"
                           (notify), "includeTransition", "mount", "exit" (synthetic)}},
          "edges": [{"from", "to"} | {"from", "switch": {"on", "cases", "default"?}}],
@@ -386,6 +387,10 @@ def _node_snapshot(compiled: CompiledNode) -> dict[str, Any]:
     node = compiled.node
     if isinstance(node, ShellNode):
         snap["maxOutputBytes"] = node.max_output_bytes
+        if node.idempotent:
+            snap["idempotent"] = True
+        if node.read_back is not None:
+            snap["readBack"] = True
     elif isinstance(node, CheckpointNode):
         if isinstance(node.summary, str):
             snap["summary"] = node.summary

@@ -97,6 +97,7 @@ class ActionContext(NodeContext, Protocol):
         *,
         apply: Callable[[str, Any], Any],
         read_back: Callable[[str, Any], Any] | None = None,
+        idempotent: bool = False,
     ) -> Any:
         """Run one managed effect and return its result.
 
@@ -104,6 +105,14 @@ class ActionContext(NodeContext, Protocol):
         from (run, effect type, node path, visit), so a crash rerun reuses it and a loop
         revisit gets a new one. A stored receipt is returned without calling `apply`.
         Pass the key to the external system when it accepts one.
+
+        **Interrupted applies:** when a crash, pause or stop interrupts `apply`, the next
+        runner cannot know whether it happened. `idempotent=True` declares that the
+        external system deduplicates by the key, so `apply` is called again with the
+        same key (a new effect attempt). Otherwise `read_back(key, request)` proves the
+        outcome (its result, or NOT_APPLIED), and without it the effect becomes
+        `ambiguous` and the run parks for the operator (`pi-workflows run recover`).
+        Give `idempotent` or `read_back`, not both.
         """
 
 
@@ -122,6 +131,8 @@ class EffectCall:
     run_id: str
     node_path: str
     visit: int
+    idempotent: bool = False
+    """The external system deduplicates by `key`: an interrupted apply runs again."""
 
 
 class EffectHost(Protocol):
@@ -131,9 +142,10 @@ class EffectHost(Protocol):
 
     1. reserve `call.key` with `call.request_fingerprint` (a terminal receipt for the key
        is returned as is: `applied` → its result; `rejected`/`cancelled` → raise);
-    2. an earlier `applying` reservation: call `read_back` if given (result → settle
-       applied; NOT_APPLIED → apply now; raise → ambiguous, raise); without `read_back`
-       → ambiguous, raise;
+    2. an earlier `applying` reservation: `call.idempotent` → the server opens a new
+       attempt and the host applies again with the same key; otherwise call `read_back`
+       if given (result → settle applied; NOT_APPLIED → apply now; raise → ambiguous,
+       raise); without `read_back` → ambiguous, raise;
     3. otherwise mark applying, call `call.apply(call.key, call.request)`, settle with the
        result (must be JSON) or the error, and return the result or raise.
     """
@@ -217,12 +229,14 @@ class EngineContext:
         *,
         apply: Callable[[str, Any], Any],
         read_back: Callable[[str, Any], Any] | None = None,
+        idempotent: bool = False,
     ) -> Any:
         """Run one managed effect through the host; see `ActionContext.effect`.
 
         Raises:
-            ValueError: a bad effect type, a request that is not JSON, or no effect host
-                (effects are for action nodes).
+            ValueError: a bad effect type, a request that is not JSON, both `idempotent`
+                and `read_back`, or no effect host (effects are for action nodes).
+            TypeError: `idempotent` is not a bool.
             EffectKeyConflictError: a second effect of the same type in this visit.
         """
         if not isinstance(effect_type, str) or not _EFFECT_TYPE.match(effect_type):
@@ -232,6 +246,13 @@ class EngineContext:
             )
         if not callable(apply) or (read_back is not None and not callable(read_back)):
             raise ValueError("ctx.effect: apply and read_back must be functions (key, request)")
+        if not isinstance(idempotent, bool):
+            raise TypeError(f"ctx.effect: idempotent must be True or False, not {idempotent!r}")
+        if idempotent and read_back is not None:
+            raise ValueError(
+                f"effect {effect_type!r}: give idempotent=True (an interrupted apply runs again "
+                "with the same key) or read_back (prove the outcome), not both"
+            )
         try:
             fingerprint = sha256_digest(request)
         except CanonicalJSONError as exc:
@@ -259,6 +280,7 @@ class EngineContext:
             run_id=self._run_id,
             node_path=self._node_path,
             visit=self._visit,
+            idempotent=idempotent,
         )
         return self._effects.run_effect(call)
 

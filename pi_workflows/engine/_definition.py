@@ -127,6 +127,12 @@ class ShellNode:
     """Command deadline in milliseconds (SIGTERM to the group, then SIGKILL)."""
     max_output_bytes: int
     """Bytes kept from each of stdout and stderr."""
+    idempotent: bool = False
+    """The command is safe to repeat: an interrupted run of it runs again with the same
+    effect key (given to it in `PI_WORKFLOWS_EFFECT_KEY`) instead of becoming ambiguous."""
+    read_back: Callable[[str, Any], Any] | None = None
+    """`read_back(key, request) -> result | NOT_APPLIED` proves whether an interrupted
+    command took effect; `request` is `{"argv": [...]}`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,16 +248,46 @@ def shell(
     argv_fn: Callback,
     timeout: float | None = DEFAULT_SHELL_TIMEOUT,
     max_output_bytes: int = DEFAULT_SHELL_MAX_OUTPUT_BYTES,
+    *,
+    idempotent: bool = False,
+    read_back: Callable[[str, Any], Any] | None = None,
 ) -> ShellNode:
     """A command node: `argv_fn(ctx)` returns the argv list; the runner runs it as an effect.
+
+    The command's environment has `PI_WORKFLOWS_EFFECT_KEY`, the effect's idempotency
+    key (the same for every run of this node visit). If a crash, pause or stop
+    interrupts the command, the next runner cannot know whether it took effect: by
+    default the effect becomes `ambiguous` and the run parks for the operator.
 
     Args:
         argv_fn: called with the node context; returns a non-empty list of strings.
         timeout: seconds before SIGTERM to the command's group (then SIGKILL);
             `None` uses DEFAULT_SHELL_TIMEOUT, `math.inf` means no deadline.
         max_output_bytes: bytes kept from each of stdout and stderr.
+        idempotent: the command is safe to repeat (for example, it deduplicates by
+            `PI_WORKFLOWS_EFFECT_KEY`): an interrupted command runs again.
+        read_back: `read_back(key, request)` proves the outcome of an interrupted
+            command, the way an action's effect does: it returns the node's result
+            when the command took effect, `NOT_APPLIED` when it did not (the command
+            then runs), and raises when it cannot tell (ambiguous). `request` is
+            `{"argv": [...]}`. Give `idempotent` or `read_back`, not both.
     """
     _require_callable(argv_fn, "shell(argv_fn)", "argv_fn")
+    if not isinstance(idempotent, bool):
+        raise WorkflowDefinitionError(
+            f"shell: idempotent must be True or False, got {idempotent!r}"
+        )
+    if read_back is not None:
+        if not callable(read_back):
+            raise WorkflowDefinitionError(
+                "shell: read_back must be a function (key, request), "
+                f"got {type(read_back).__name__}"
+            )
+        if idempotent:
+            raise WorkflowDefinitionError(
+                "shell: give idempotent=True (the command runs again) or read_back "
+                "(prove the outcome), not both"
+            )
     if not _is_int(max_output_bytes) or not 0 < max_output_bytes <= _MAX_SAFE_INTEGER:
         raise WorkflowDefinitionError(
             f"shell: max_output_bytes must be a positive integer, got {max_output_bytes!r}"
@@ -260,6 +296,8 @@ def shell(
         argv_fn=argv_fn,
         timeout_ms=_timeout_ms(timeout, what="shell", default=DEFAULT_SHELL_TIMEOUT),
         max_output_bytes=max_output_bytes,
+        idempotent=idempotent,
+        read_back=read_back,
     )
 
 

@@ -45,12 +45,14 @@ from pi_workflows.wire.protocol import (
     runner_message_from_wire,
 )
 
-__all__ = ["LAUNCH_ENV", "RUNNER_FD_ENV", "main"]
+__all__ = ["EFFECT_KEY_ENV", "LAUNCH_ENV", "RUNNER_FD_ENV", "main"]
 
 LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
 RUNNER_PROCESS_NAME = "piw-runner"
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
 AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
+EFFECT_KEY_ENV = "PI_WORKFLOWS_EFFECT_KEY"
+"""The environment variable that gives a shell command its effect's idempotency key."""
 EXIT_CLAIM_LOST = 3
 EXIT_PROTOCOL = 4
 SHELL_EFFECT_TYPE = "shell"
@@ -308,11 +310,15 @@ class RunnerEffects:
         self._attempt_id = attempt_id
 
     def run_effect(self, call: EffectCall) -> Any:
-        reply = self._channel.send(
-            "effect.reserve",
-            {"effectType": call.effect_type, "idempotencyKey": call.key, "request": call.request},
-            self._attempt_id,
-        )
+        reserve: dict[str, Any] = {
+            "effectType": call.effect_type,
+            "idempotencyKey": call.key,
+            "request": call.request,
+        }
+        if call.idempotent:
+            # An interrupted apply is then applied again (the server opens a new attempt).
+            reserve["idempotent"] = True
+        reply = self._channel.send("effect.reserve", reserve, self._attempt_id)
         reservation = reply["result"]
         decision = reservation["decision"]
         effect = reservation["effect"]
@@ -384,13 +390,19 @@ def _text(exc: BaseException) -> str:
 
 
 def _run_shell(
-    argv: list[str], timeout_ms: int | None, max_output: int, channel: Channel | None = None
+    argv: list[str],
+    timeout_ms: int | None,
+    max_output: int,
+    channel: Channel | None = None,
+    effect_key: str | None = None,
 ) -> dict[str, Any]:
     """Run one command in its own group with capped output and SIGTERM→SIGKILL timeout.
 
     The group is registered with the server (`process.register`) while it runs, so a
-    runner that is killed or cancelled cannot leave the command running behind it.
+    runner that is killed or cancelled cannot leave the command running behind it. The
+    command's environment has `PI_WORKFLOWS_EFFECT_KEY` = `effect_key` when given.
     """
+    env = None if effect_key is None else {**os.environ, EFFECT_KEY_ENV: effect_key}
     # The command waits at a gate until its group is registered, so no instant exists in
     # which the runner could die (or the server stop) and leave an unregistered command
     # running. `sh` holds the gate and then execs the command in place: same PID, same
@@ -403,6 +415,7 @@ def _run_shell(
             stderr=subprocess.PIPE,
             start_new_session=True,
             pass_fds=(gate_r,),
+            env=env,
         )
     except BaseException:
         os.close(gate_w)
@@ -638,8 +651,10 @@ class Execution:
                 SHELL_EFFECT_TYPE,
                 {"argv": argv},
                 apply=lambda key, request: _run_shell(
-                    request["argv"], timeout_ms, cap, self.channel
+                    request["argv"], timeout_ms, cap, self.channel, effect_key=key
                 ),
+                read_back=spec.read_back,
+                idempotent=spec.idempotent,
             )
         if isinstance(spec, NotifyNode):
             text = spec.message_fn(ctx) if callable(spec.message_fn) else spec.message_fn

@@ -23,6 +23,7 @@ from pi_workflows.storage import (
     ClaimLostError,
     CommandRequest,
     Database,
+    EffectRecoveryError,
     InvalidTransitionError,
     LookupOutcome,
     NewRun,
@@ -38,6 +39,7 @@ from pi_workflows.storage import (
     get_queue_row,
     get_run,
     get_run_summary,
+    list_ambiguous_effects,
     list_attempts,
     list_runs,
     lookup_receipt,
@@ -45,6 +47,7 @@ from pi_workflows.storage import (
     pending_decision,
     put_json_blob,
     record_receipt,
+    recover_ambiguous_effect,
     resume_run,
     run_list_revision,
     status_counts,
@@ -288,6 +291,11 @@ def _run_get(
         {"node": a.node_path, "kind": a.node_type, "visit": a.visit, "status": a.status}
         for a in attempts[-RUN_STEPS_SHOWN:]
     ]
+    ambiguous = list_ambiguous_effects(db, run_id)
+    if ambiguous and run.finished_at is None:
+        # What the operator reviews, and the recovery commands that apply (run.recover).
+        receipt["ambiguousEffects"] = [effect.to_wire() for effect in ambiguous]
+        display["controls"] = ["recoverConfirm", "recoverRetry", "cancel"]
     return response(request, "accepted", revision=run.revision, receipt=receipt)
 
 
@@ -551,6 +559,64 @@ def _answer(
     return _run_command(db, request, change)
 
 
+RECOVER_ACTIONS = ("confirm", "retry")
+RETRY_WARNING = (
+    "the effect is applied once more; if its first attempt did take effect, "
+    "the external system may now see it twice"
+)
+
+
+def _recover(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    """`run.recover`: the operator's reviewed recovery of a run's ambiguous effect.
+
+    `confirm` records that the external work happened (optional `result`) and settles
+    the effect `applied`; `retry` opens the effect for one more numbered attempt. Either
+    way the run is queued again and continues; the event names the client.
+    """
+    run_id = _run_id(request)
+    payload = request["payload"]
+    action = payload.get("action")
+    if action not in RECOVER_ACTIONS:
+        raise OperationError(
+            "rejected", "recoverActionInvalid", "payload.action is 'confirm' or 'retry'"
+        )
+    if action == "retry" and "result" in payload:
+        raise OperationError("rejected", "resultNotAllowed", "a retry takes no result")
+    effect_id = payload.get("effectId")
+    if effect_id is not None and not isinstance(effect_id, str):
+        raise OperationError("rejected", "effectIdInvalid", "payload.effectId is a string")
+
+    def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
+        if get_run(tx, run_id) is None:
+            raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+        try:
+            recovered = recover_ambiguous_effect(
+                tx,
+                run_id,
+                action=action,
+                actor=command.client_id,
+                result=payload.get("result"),
+                effect_id=effect_id,
+                expected_revision=request.get("expectedRevision"),
+            )
+        except EffectRecoveryError as exc:
+            raise OperationError("rejected", exc.code, str(exc)) from None
+        body: dict[str, Any] = {
+            "runId": run_id,
+            "operation": "recover",
+            "action": action,
+            "state": recovered.transition.phase.value,
+            "effect": recovered.effect.to_wire(),
+        }
+        if recovered.next_attempt_number is not None:
+            body["nextAttemptNumber"] = recovered.next_attempt_number
+            body["warning"] = RETRY_WARNING
+        return run_id, recovered.transition.revision, body
+
+    return _run_command(db, request, change)
+
 READS: dict[str, Operation] = {
     "server.status": _server_status,
     "state.verify": _state_verify,
@@ -564,6 +630,7 @@ COMMANDS: dict[str, Operation] = {
     "run.cancel": _transition("cancel", cancel_run),
     "run.restart": _restart,
     "run.answer": _answer,
+    "run.recover": _recover,
 }
 
 

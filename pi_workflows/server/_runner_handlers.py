@@ -317,6 +317,7 @@ def _on_effect_reserve(
         idempotency_key=body.idempotency_key,
         request=body.request,
         executor_epoch=view.runner_epoch,
+        idempotent=body.idempotent,
     )
     delta.effect_open = True
     return reservation.revision, reservation.to_wire()

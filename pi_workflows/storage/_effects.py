@@ -1,8 +1,8 @@
 """Managed effects: reserve before `apply`, settle after, read-back retry and ambiguity.
 
-Implements workflow-server.md § Effects and retry safety and the effect rules of § Pause
-and cancellation and § Recovery: one effect per idempotency key, numbered attempts per
-executor epoch, applied/rejected/cancelled/ambiguous terminal, no blind re-apply.
+Implements workflow-server.md § Effects and retry safety, § Pause and cancellation and
+§ Recovery: one effect per key, numbered attempts, no blind re-apply (an idempotent effect
+is applied again with its key; an ambiguous one waits for the operator's recovery).
 """
 
 from __future__ import annotations
@@ -13,25 +13,38 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pi_workflows.storage import _queries as q
-from pi_workflows.storage._claims import Claim, RunHead, protected_write
+from pi_workflows.storage._claims import Claim, RunHead, protected_write, read_head
 from pi_workflows.storage._content import content_digest, put_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
-from pi_workflows.storage._errors import EffectConflictError, InvalidTransitionError
-from pi_workflows.storage._lifecycle import begin_transition, require_phase
+from pi_workflows.storage._errors import (
+    EffectConflictError,
+    EffectRecoveryError,
+    InvalidTransitionError,
+)
+from pi_workflows.storage._lifecycle import (
+    TransitionResult,
+    apply_transition,
+    begin_transition,
+    require_phase,
+)
 from pi_workflows.storage._phases import EventType, RunPhase
-from pi_workflows.storage._rows import NodeAttemptRow
+from pi_workflows.storage._rows import NodeAttemptRow, QueueRow
 from pi_workflows.wire.canonical import dumps, sha256_digest
 
 __all__ = [
+    "AmbiguousEffect",
     "EffectDecision",
     "EffectRecord",
+    "EffectRecovery",
     "EffectReservation",
     "EffectState",
     "count_ambiguous_effects",
     "declare_effect_ambiguous",
     "effect_fingerprint",
     "get_effect",
+    "list_ambiguous_effects",
     "list_effects",
+    "recover_ambiguous_effect",
     "reserve_effect",
     "retry_effect_after_read_back",
     "settle_effect",
@@ -40,6 +53,11 @@ __all__ = [
 _RUNNING_ONLY = frozenset({RunPhase.RUNNING})
 # The attempt error recorded when read-back proved an attempt did not apply.
 _NOT_APPLIED = "not applied (proven by read-back)"
+# The attempt error recorded when an idempotent effect is applied again after an interruption.
+_INTERRUPTED = "interrupted while applying; applied again with the same key (idempotent)"
+# The events of an idempotent re-apply and of an operator's recovery.
+EFFECT_REAPPLIED = "effect_reapplied"
+EFFECT_RECOVERED = "effect_recovered"
 
 
 class EffectState(enum.StrEnum):
@@ -94,6 +112,8 @@ class EffectRecord:
     """How many execution attempts were opened; the latest is numbered `attempt_count`."""
     last_executor_epoch: str | None
     """The executor (runner epoch) of the latest attempt, if any."""
+    idempotent: bool
+    """Declared when reserved: the external system deduplicates by the key."""
     request_fingerprint: str
     """`effect_fingerprint(effect_type, request)` of the reserved request."""
     revision: int
@@ -143,6 +163,7 @@ class _EffectRow:
     effect_type: str
     idempotency_key: str
     request_fingerprint: str
+    idempotent: int
     state: str
     result_hash: str | None
     error: str | None
@@ -184,6 +205,7 @@ def _record(reader: Reader, row: _EffectRow) -> EffectRecord:
         error=row.error,
         attempt_count=row.attempt_count,
         last_executor_epoch=row.last_executor_epoch,
+        idempotent=bool(row.idempotent),
         request_fingerprint=row.request_fingerprint,
         revision=row.revision,
     )
@@ -245,6 +267,7 @@ def reserve_effect(
     idempotency_key: str,
     request: Any,
     executor_epoch: str,
+    idempotent: bool = False,
     expected_revision: int | None = None,
 ) -> EffectReservation:
     """Reserve a managed effect before the runner calls `apply` (a protected write).
@@ -256,7 +279,10 @@ def reserve_effect(
     - another request fingerprint, or another run → `EffectConflictError`;
     - `pending` (reserved elsewhere, never started): open the next attempt → `proceed`;
     - `applying` by this `executor_epoch` (a retry of the same reservation) → `proceed`;
-    - `applying` by another executor epoch (its runner died mid-apply) → `uncertain`;
+    - `applying` by another executor epoch (its runner died, was paused or stopped
+      mid-apply): an idempotent effect closes that attempt `interrupted` and opens the
+      next one for `executor_epoch` → `proceed` (writes `effect_reapplied`); any other
+      → `uncertain`;
     - `applied`, `rejected` or `cancelled` → `adopt` (the runner must not apply again);
     - `ambiguous` → `ambiguous` (never retried automatically).
 
@@ -272,13 +298,17 @@ def reserve_effect(
             node path and visit number (never from workflow code).
         request: the effect request (JSON).
         executor_epoch: the runner epoch that will call `apply`.
+        idempotent: the external system deduplicates by the key, so an interrupted
+            apply may run again with it. Stored with the effect; a later reservation
+            of the key must declare the same.
 
     Raises:
         ClaimLostError: the claim is not the run's live claim.
         RevisionConflictError: the run is not at `expected_revision`.
         InvalidTransitionError: the run is not running, or `attempt_id` is not its
             running attempt.
-        EffectConflictError: the key is bound to another request or run.
+        EffectConflictError: the key is bound to another request or run, or was
+            reserved with the other `idempotent` declaration (`idempotencyMismatch`).
         pi_workflows.wire.canonical.NotSerializableError: the request has no canonical form.
     """
     operation = "reserve effect"
@@ -299,6 +329,7 @@ def reserve_effect(
             request_bytes=request_bytes,
             fingerprint=fingerprint,
             executor_epoch=executor_epoch,
+            idempotent=idempotent,
         )
     if row.run_id != claim.run_id:
         raise EffectConflictError(idempotency_key, "otherRun", "the key belongs to another run")
@@ -306,9 +337,22 @@ def reserve_effect(
         raise EffectConflictError(
             idempotency_key, "requestMismatch", "the key was reserved for another request"
         )
+    if bool(row.idempotent) != idempotent:
+        raise EffectConflictError(
+            idempotency_key,
+            "idempotencyMismatch",
+            "the key was reserved with another idempotent declaration",
+        )
     state = EffectState(row.state)
     if state is EffectState.PENDING:
         return _open_attempt(tx, claim, row, executor_epoch, EventType.EFFECT_RESERVED)
+    if (
+        state is EffectState.APPLYING
+        and row.idempotent
+        and row.last_executor_epoch != executor_epoch
+    ):
+        # The external system deduplicates by the key: apply again with the same key.
+        return _open_attempt(tx, claim, row, executor_epoch, EFFECT_REAPPLIED)
     _renew(tx, claim)
     if state is EffectState.APPLYING:
         decision = (
@@ -335,6 +379,7 @@ def _reserve_new(
     request_bytes: bytes,
     fingerprint: str,
     executor_epoch: str,
+    idempotent: bool,
 ) -> EffectReservation:
     effect_id = _effect_id(idempotency_key)
 
@@ -350,6 +395,7 @@ def _reserve_new(
                 "idempotency_key": idempotency_key,
                 "request_fingerprint": fingerprint,
                 "request_hash": request_hash,
+                "idempotent": int(idempotent),
                 "now": tx.now,
             },
         )
@@ -374,6 +420,7 @@ def _reserve_new(
             "attemptId": attempt_id,
             "attemptNumber": 1,
             "executorEpoch": executor_epoch,
+            **({"idempotent": True} if idempotent else {}),
         },
         change=insert,
     )
@@ -382,18 +429,22 @@ def _reserve_new(
 
 
 def _open_attempt(
-    tx: Tx, claim: Claim, row: _EffectRow, executor_epoch: str, event_type: EventType
+    tx: Tx, claim: Claim, row: _EffectRow, executor_epoch: str, event_type: str
 ) -> EffectReservation:
-    """Start the next numbered attempt (closing a stale in-flight one as not applied)."""
+    """Start the next numbered attempt, closing a stale in-flight one: `cancelled` when
+    read-back proved it did not apply, `interrupted` when an idempotent effect is
+    applied again with the same key."""
     number = (row.last_attempt_number or 0) + 1
     stale = row.state == EffectState.APPLYING
+    reapplied = event_type == EFFECT_REAPPLIED
 
     def change(tx: Tx) -> None:
         params = {"effect_id": row.effect_id, "now": tx.now}
         if stale:
+            closed = ("interrupted", _INTERRUPTED) if reapplied else ("cancelled", _NOT_APPLIED)
             tx.execute(
                 q.UPDATE_EFFECT_ATTEMPT_CLOSE,
-                {**params, "state": "cancelled", "result_hash": None, "error": _NOT_APPLIED},
+                {**params, "state": closed[0], "result_hash": None, "error": closed[1]},
             )
             tx.execute(q.UPDATE_EFFECT_TOUCH, params)
         else:
@@ -405,7 +456,8 @@ def _open_attempt(
 
     payload = _event(row, attemptNumber=number, executorEpoch=executor_epoch)
     if stale:
-        payload["cancelledAttempt"] = row.last_attempt_number
+        key = "interruptedAttempt" if reapplied else "cancelledAttempt"
+        payload[key] = row.last_attempt_number
     written = protected_write(tx, claim, event_type=event_type, payload=payload, change=change)
     record = _reread(tx, row.idempotency_key)
     return EffectReservation(EffectDecision.PROCEED, record, number, written.revision, True)
@@ -583,6 +635,157 @@ def declare_effect_ambiguous(
     payload = _event(row, attemptNumber=row.last_attempt_number, reason=reason)
     protected_write(tx, claim, event_type=EventType.EFFECT_AMBIGUOUS, payload=payload, change=mark)
     return _reread(tx, idempotency_key)
+
+
+# --- Operator recovery --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AmbiguousEffect:
+    """One ambiguous effect of a run, as an operator reviews it (no request, no key hash)."""
+
+    effect_id: str
+    effect_type: str
+    idempotency_key: str
+    node_path: str | None
+    """The compiled path of the node that reserved it."""
+    visit: int | None
+    attempt_number: int | None
+    """Its latest (ambiguous) attempt."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """camelCase JSON for receipts and views."""
+        return {
+            "effectId": self.effect_id,
+            "effectType": self.effect_type,
+            "nodePath": self.node_path,
+            "visit": self.visit,
+            "attemptNumber": self.attempt_number,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecovery:
+    """What `recover_ambiguous_effect` committed."""
+
+    effect: AmbiguousEffect
+    """The effect as it was before the recovery."""
+    action: Literal["confirm", "retry"]
+    next_attempt_number: int | None
+    """`retry`: the number the next execution attempt gets; `confirm`: None."""
+    transition: TransitionResult
+    """The run's transition parked → queued (its revision and the event's)."""
+
+
+def list_ambiguous_effects(reader: Reader, run_id: str) -> list[AmbiguousEffect]:
+    """Return the ambiguous effects of a run, in reservation order, with their node."""
+    return reader.fetch_all(q.SELECT_RUN_AMBIGUOUS_EFFECTS, {"run_id": run_id}, AmbiguousEffect)
+
+
+def recover_ambiguous_effect(
+    tx: Tx,
+    run_id: str,
+    *,
+    action: Literal["confirm", "retry"],
+    actor: str,
+    result: Any = None,
+    effect_id: str | None = None,
+    expected_revision: int | None = None,
+) -> EffectRecovery:
+    """An operator's reviewed recovery of an ambiguous effect; the run continues.
+
+    One lifecycle transition (no claim: a parked run holds none) of a run parked with
+    `effectAmbiguous` (or paused after that), parked → queued, with one
+    `effect_recovered` event that names the effect, its attempt, the action and `actor`
+    (the client identity; the event's time is when):
+
+    - `confirm`: the operator saw that the external work happened. The ambiguous
+      attempt and the effect become `applied` with `result` (recovery `confirmed`). The
+      next runner adopts that receipt and never applies the effect again.
+    - `retry`: the operator decided to apply it once more (a duplicate is possible).
+      The ambiguous attempt is marked `retried` and the effect is `pending` again, so
+      the next runner's reservation opens the next numbered attempt and applies it.
+
+    A pause on the run is cleared, as `resume_run` does.
+
+    Raises:
+        RunNotFoundError: no such run.
+        ClaimLostError: someone holds a live claim on the run.
+        RevisionConflictError: the run is not at `expected_revision`.
+        EffectRecoveryError: `runNotAmbiguous`, `noAmbiguousEffect`, `effectRequired`
+            or `resultNotAllowed` (see its codes).
+        ValueError: an unknown action.
+        pi_workflows.wire.canonical.NotSerializableError: the result is not plain JSON.
+    """
+    if action not in ("confirm", "retry"):
+        raise ValueError(f"an effect recovery is confirm or retry, not {action!r}")
+    operation = f"recover effect ({action})"
+    peek = read_head(tx, run_id)  # RunNotFoundError first
+    stored = tx.fetch_one(q.SELECT_QUEUE_ROW, {"run_id": run_id}, QueueRow)
+    reason = stored.park_reason if stored is not None else None
+    # Parked: with `effectAmbiguous`, or with `paused` when a pause came after it.
+    if peek.status != "running" or stored is None or stored.state != "parked":
+        where = peek.status if reason is None else f"{peek.status} ({reason})"
+        raise EffectRecoveryError(
+            run_id, "runNotAmbiguous", f"the run is {where}, not parked on an ambiguous effect"
+        )
+    head, phase = begin_transition(tx, run_id, None, expected_revision, operation)
+    if action == "retry" and result is not None:
+        raise EffectRecoveryError(run_id, "resultNotAllowed", "a retry takes no result")
+    candidates = list_ambiguous_effects(tx, run_id)
+    if effect_id is not None:
+        candidates = [c for c in candidates if c.effect_id == effect_id]
+    if not candidates:
+        named = "" if effect_id is None else f" named {effect_id}"
+        raise EffectRecoveryError(run_id, "noAmbiguousEffect", f"no ambiguous effect{named}")
+    if len(candidates) > 1:
+        raise EffectRecoveryError(
+            run_id, "effectRequired", f"{len(candidates)} effects are ambiguous; name one"
+        )
+    effect = candidates[0]
+    result_bytes = dumps(result) if action == "confirm" else None
+    next_number = (effect.attempt_number or 0) + 1 if action == "retry" else None
+
+    def change(tx: Tx) -> None:
+        params = {
+            "effect_id": effect.effect_id,
+            "attempt_number": effect.attempt_number,
+            "now": tx.now,
+        }
+        if result_bytes is not None:
+            result_hash = put_blob(tx, result_bytes)
+            tx.execute(q.UPDATE_EFFECT_ATTEMPT_CONFIRM, {**params, "result_hash": result_hash})
+            tx.execute(q.UPDATE_EFFECT_CONFIRM, {**params, "result_hash": result_hash})
+        else:
+            tx.execute(q.UPDATE_EFFECT_ATTEMPT_RETRY, params)
+            tx.execute(q.UPDATE_EFFECT_REOPEN, params)
+
+    payload: dict[str, Any] = {
+        "effectId": effect.effect_id,
+        "effectType": effect.effect_type,
+        "idempotencyKey": effect.idempotency_key,
+        "nodePath": effect.node_path,
+        "action": action,
+        "attemptNumber": effect.attempt_number,
+        "actor": {"kind": "operator", "clientId": actor},
+        "from": phase.value,
+    }
+    if next_number is not None:
+        payload["nextAttemptNumber"] = next_number
+    transition = apply_transition(
+        tx,
+        head,
+        phase,
+        RunPhase.QUEUED,
+        None,
+        operation=operation,
+        event_type=EFFECT_RECOVERED,
+        payload=payload,
+        paused=False,
+        park_reason=None,
+        change=change,
+    )
+    return EffectRecovery(effect, action, next_number, transition)
 
 
 # --- Reads --------------------------------------------------------------------------

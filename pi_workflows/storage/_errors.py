@@ -18,6 +18,7 @@ __all__ = [
     "ClaimLostReason",
     "ContentUnavailableError",
     "EffectConflictError",
+    "EffectRecoveryError",
     "InvalidTransitionError",
     "ReceiptConflictError",
     "RevisionConflictError",
@@ -156,6 +157,21 @@ class EffectConflictError(StorageError):
         self.idempotency_key = idempotency_key
         self.reason = reason
         super().__init__(f"effect {idempotency_key}: {reason}: {detail}")
+
+
+class EffectRecoveryError(StorageError):
+    """An operator's effect recovery cannot apply; nothing changed.
+
+    `code` is one of: `runNotAmbiguous` (the run is not parked with `effectAmbiguous`),
+    `noAmbiguousEffect` (the run has no ambiguous effect, or not the one named),
+    `effectRequired` (several are ambiguous: name one), `resultNotAllowed` (a result
+    with a retry).
+    """
+
+    def __init__(self, run_id: str, code: str, detail: str) -> None:
+        self.run_id = run_id
+        self.code = code
+        super().__init__(f"run {run_id}: {detail}")
 
 
 class ContentUnavailableError(StorageError):

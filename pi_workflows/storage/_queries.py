@@ -16,8 +16,10 @@ __all__ = [
     "CHECK_DUPLICATE_PENDING_STEP_MESSAGES",
     "CHECK_EFFECT_APPLIED_TWICE",
     "CHECK_EFFECT_ATTEMPT_NUMBERING",
+    "CHECK_EFFECT_INTERRUPTED_NOT_IDEMPOTENT",
     "CHECK_EFFECT_LAST_ATTEMPT",
     "CHECK_EFFECT_NODE_ATTEMPT_RUN",
+    "CHECK_EFFECT_RECOVERY_UNRECORDED",
     "CHECK_EFFECT_STATE_MISMATCH",
     "CHECK_EVENT_REVISION_GAPS",
     "CHECK_FINISHED_AT",
@@ -91,6 +93,7 @@ __all__ = [
     "SELECT_RUN",
     "SELECT_RUNNER_MESSAGE",
     "SELECT_RUNNER_PROGRESS",
+    "SELECT_RUN_AMBIGUOUS_EFFECTS",
     "SELECT_RUN_ATTEMPTS",
     "SELECT_RUN_EFFECTS",
     "SELECT_RUN_HEAD",
@@ -117,6 +120,10 @@ __all__ = [
     "UPDATE_BINDING_RELEASE",
     "UPDATE_DECISION_ACCEPTED",
     "UPDATE_EFFECT_ATTEMPT_CLOSE",
+    "UPDATE_EFFECT_ATTEMPT_CONFIRM",
+    "UPDATE_EFFECT_ATTEMPT_RETRY",
+    "UPDATE_EFFECT_CONFIRM",
+    "UPDATE_EFFECT_REOPEN",
     "UPDATE_EFFECT_SETTLE",
     "UPDATE_EFFECT_START",
     "UPDATE_EFFECT_TOUCH",
@@ -579,7 +586,7 @@ WHERE runner_epoch = :runner_epoch AND status IN ('starting', 'ready')
 # One effect by its idempotency key, with its attempt count and latest attempt.
 SELECT_EFFECT_BY_KEY = """
 SELECT e.effect_id, e.run_id, e.attempt_id, e.effect_type, e.idempotency_key,
-       e.request_fingerprint, e.state, e.result_hash, e.error,
+       e.request_fingerprint, e.idempotent, e.state, e.result_hash, e.error,
        (SELECT count(*) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_count,
        (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
        (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
@@ -590,7 +597,7 @@ FROM effects AS e WHERE e.idempotency_key = :idempotency_key
 # Every effect of a run in reservation order, with the same attempt summary.
 SELECT_RUN_EFFECTS = """
 SELECT e.effect_id, e.run_id, e.attempt_id, e.effect_type, e.idempotency_key,
-       e.request_fingerprint, e.state, e.result_hash, e.error,
+       e.request_fingerprint, e.idempotent, e.state, e.result_hash, e.error,
        (SELECT count(*) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_count,
        (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
        (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
@@ -606,10 +613,10 @@ SELECT count(*) FROM effects WHERE run_id = :run_id AND state = 'ambiguous'
 INSERT_EFFECT = """
 INSERT INTO effects (
     effect_id, run_id, attempt_id, effect_type, idempotency_key, request_fingerprint,
-    request_hash, state, created_at, updated_at
+    request_hash, idempotent, state, created_at, updated_at
 ) VALUES (
     :effect_id, :run_id, :attempt_id, :effect_type, :idempotency_key, :request_fingerprint,
-    :request_hash, 'applying', :now, :now
+    :request_hash, :idempotent, 'applying', :now, :now
 )
 """
 # Open a numbered execution attempt of an effect for one executor epoch.
@@ -636,6 +643,35 @@ WHERE effect_id = :effect_id AND state = 'applying'
 """
 # Record that an applying effect moved to a new attempt.
 UPDATE_EFFECT_TOUCH = "UPDATE effects SET updated_at = :now WHERE effect_id = :effect_id"
+# The ambiguous effects of one run, with the node that reserved each and its latest attempt.
+SELECT_RUN_AMBIGUOUS_EFFECTS = """
+SELECT e.effect_id, e.effect_type, e.idempotency_key, n.node_path, n.visit,
+       (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS attempt_number
+FROM effects AS e LEFT JOIN node_attempts AS n ON n.attempt_id = e.attempt_id
+WHERE e.run_id = :run_id AND e.state = 'ambiguous' ORDER BY e.rowid
+"""
+# An operator confirmed that the ambiguous latest attempt applied: attempt and effect.
+UPDATE_EFFECT_ATTEMPT_CONFIRM = """
+UPDATE effect_attempts SET state = 'applied', result_hash = :result_hash, error = NULL,
+    recovery = 'confirmed'
+WHERE effect_id = :effect_id AND attempt_number = :attempt_number AND state = 'ambiguous'
+"""
+UPDATE_EFFECT_CONFIRM = """
+UPDATE effects SET state = 'applied', result_hash = :result_hash, error = NULL,
+    updated_at = :now, settled_at = :now
+WHERE effect_id = :effect_id AND state = 'ambiguous'
+"""
+# An operator ordered a retry: the ambiguous attempt stays, the effect is pending again
+# (the next reservation opens the next attempt).
+UPDATE_EFFECT_ATTEMPT_RETRY = """
+UPDATE effect_attempts SET recovery = 'retried'
+WHERE effect_id = :effect_id AND attempt_number = :attempt_number AND state = 'ambiguous'
+"""
+UPDATE_EFFECT_REOPEN = """
+UPDATE effects SET state = 'pending', result_hash = NULL, error = NULL,
+    updated_at = :now, settled_at = NULL
+WHERE effect_id = :effect_id AND state = 'ambiguous'
+"""
 
 # --- Runner message receipts ---------------------------------------------------------
 
@@ -840,9 +876,28 @@ WHERE CASE
     WHEN a.attempt_number = (SELECT max(b.attempt_number) FROM effect_attempts AS b
                              WHERE b.effect_id = e.effect_id)
     THEN CASE WHEN e.state IN ('applying', 'applied', 'rejected', 'ambiguous') THEN a.state <> e.state
-              ELSE a.state NOT IN ('cancelled', 'rejected') END
-    ELSE a.state NOT IN ('cancelled', 'rejected')
+              ELSE a.state NOT IN ('cancelled', 'rejected')
+                   AND NOT (a.state = 'ambiguous' AND a.recovery IS 'retried') END
+    ELSE a.state NOT IN ('cancelled', 'rejected', 'interrupted')
+         AND NOT (a.state = 'ambiguous' AND a.recovery IS 'retried')
 END
+"""
+# Interrupted attempts of an effect not declared idempotent (only those may re-apply).
+CHECK_EFFECT_INTERRUPTED_NOT_IDEMPOTENT = """
+SELECT e.run_id, e.effect_id || ': attempt ' || a.attempt_number || ' interrupted' AS detail
+FROM effect_attempts AS a JOIN effects AS e ON e.effect_id = a.effect_id
+WHERE a.state = 'interrupted' AND e.idempotent = 0
+"""
+# Operator recoveries with no `effect_recovered` event naming the effect and attempt.
+CHECK_EFFECT_RECOVERY_UNRECORDED = """
+SELECT e.run_id, e.effect_id || ': attempt ' || a.attempt_number || ' ' || a.recovery AS detail
+FROM effect_attempts AS a JOIN effects AS e ON e.effect_id = a.effect_id
+WHERE a.recovery IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM events AS v
+    WHERE v.run_id = e.run_id AND v.event_type = 'effect_recovered'
+      AND json_extract(v.payload, '$.effectId') = e.effect_id
+      AND json_extract(v.payload, '$.attemptNumber') = a.attempt_number
+      AND json_extract(v.payload, '$.action') = CASE a.recovery WHEN 'confirmed' THEN 'confirm' ELSE 'retry' END)
 """
 # Effects whose node attempt belongs to another run.
 CHECK_EFFECT_NODE_ATTEMPT_RUN = """

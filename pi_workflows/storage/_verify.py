@@ -64,6 +64,8 @@ class FindingCode(enum.StrEnum):
     EFFECT_ATTEMPT_NUMBERING = "effect_attempt_numbering_gap"  # attempts not exactly 1..N
     EFFECT_LAST_ATTEMPT_MISMATCH = "effect_last_attempt_mismatch"  # latest attempt vs effect
     EFFECT_NODE_ATTEMPT_OTHER_RUN = "effect_node_attempt_other_run"  # attempt of another run
+    EFFECT_INTERRUPTED_NOT_IDEMPOTENT = "effect_interrupted_not_idempotent"  # re-applied blindly
+    EFFECT_RECOVERY_UNRECORDED = "effect_recovery_unrecorded"  # no effect_recovered event
     RESERVATION_MISMATCH = "reservation_mismatch"  # session reserved iff nonterminal
     BLOB_DIGEST_MISMATCH = "blob_digest_mismatch"
     VIEW_CONTENT_DIGEST_MISMATCH = "view_content_digest_mismatch"
@@ -103,6 +105,8 @@ _SQL_CHECKS: tuple[tuple[FindingCode, str], ...] = (
     (FindingCode.EFFECT_ATTEMPT_NUMBERING, q.CHECK_EFFECT_ATTEMPT_NUMBERING),
     (FindingCode.EFFECT_LAST_ATTEMPT_MISMATCH, q.CHECK_EFFECT_LAST_ATTEMPT),
     (FindingCode.EFFECT_NODE_ATTEMPT_OTHER_RUN, q.CHECK_EFFECT_NODE_ATTEMPT_RUN),
+    (FindingCode.EFFECT_INTERRUPTED_NOT_IDEMPOTENT, q.CHECK_EFFECT_INTERRUPTED_NOT_IDEMPOTENT),
+    (FindingCode.EFFECT_RECOVERY_UNRECORDED, q.CHECK_EFFECT_RECOVERY_UNRECORDED),
     (FindingCode.RESERVATION_MISMATCH, q.CHECK_RESERVATIONS),
 )
 

@@ -219,6 +219,9 @@ CREATE TABLE effects (
     idempotency_key TEXT NOT NULL UNIQUE,
     request_fingerprint TEXT NOT NULL,
     request_hash TEXT REFERENCES blobs (digest),
+    -- 1: the external system deduplicates by the key, so an interrupted apply is
+    -- applied again with the same key (a new attempt) instead of becoming ambiguous.
+    idempotent INTEGER NOT NULL DEFAULT 0 CHECK (idempotent IN (0, 1)),
     state TEXT NOT NULL CHECK (state IN (
         'pending', 'applying', 'applied', 'rejected', 'cancelled', 'ambiguous'
     )),
@@ -235,19 +238,26 @@ CREATE INDEX effects_by_request ON effects (request_hash) WHERE request_hash IS 
 CREATE INDEX effects_by_result ON effects (result_hash) WHERE result_hash IS NOT NULL;
 
 -- Numbered execution attempts of one effect; at most one in flight, at most one applied.
+-- `interrupted`: an idempotent effect's attempt that stopped mid-apply and was followed
+-- by another attempt with the same key. `recovery`: an operator's reviewed decision on an
+-- ambiguous attempt (`confirmed`: it applied; `retried`: another attempt follows).
 CREATE TABLE effect_attempts (
     effect_id TEXT NOT NULL REFERENCES effects (effect_id) ON DELETE CASCADE,
     attempt_number INTEGER NOT NULL CHECK (attempt_number >= 1),
     executor_epoch TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN (
-        'applying', 'applied', 'rejected', 'cancelled', 'ambiguous'
+        'applying', 'applied', 'rejected', 'cancelled', 'ambiguous', 'interrupted'
     )),
     started_at INTEGER NOT NULL,
     finished_at INTEGER,
     result_hash TEXT REFERENCES blobs (digest),
     error TEXT,
+    recovery TEXT CHECK (recovery IN ('confirmed', 'retried')),
     PRIMARY KEY (effect_id, attempt_number),
-    CHECK ((finished_at IS NULL) = (state = 'applying'))
+    CHECK ((finished_at IS NULL) = (state = 'applying')),
+    CHECK (recovery IS NULL
+        OR (recovery = 'confirmed' AND state = 'applied')
+        OR (recovery = 'retried' AND state = 'ambiguous'))
 ) STRICT;
 CREATE UNIQUE INDEX effect_attempts_one_applying ON effect_attempts (effect_id)
     WHERE state = 'applying';

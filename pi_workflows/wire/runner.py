@@ -143,10 +143,17 @@ class EffectReserve:
     effect_type: str
     idempotency_key: str
     request: Any
+    idempotent: bool = False
+    """The external system deduplicates by the key: an interrupted apply may repeat."""
 
     @classmethod
     def from_wire(cls, p: Mapping[str, Any]) -> EffectReserve:
-        return cls(str(p["effectType"]), str(p["idempotencyKey"]), p["request"])
+        return cls(
+            str(p["effectType"]),
+            str(p["idempotencyKey"]),
+            p["request"],
+            bool(p.get("idempotent", False)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

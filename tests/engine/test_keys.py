@@ -7,12 +7,15 @@ from typing import Any
 
 import pytest
 
+from pi_workflows import define_workflow, shell
 from pi_workflows.engine import (
     NOT_APPLIED,
     EffectCall,
     EffectKeyConflictError,
     EngineContext,
+    WorkflowDefinitionError,
     compiled_node_path,
+    definition_snapshot,
     effect_idempotency_key,
 )
 from pi_workflows.wire.canonical import dumps
@@ -123,3 +126,42 @@ def test_context_views_are_read_only() -> None:
     with pytest.raises(TypeError):
         ctx.outputs["c"] = 3  # type: ignore[index]
     assert repr(NOT_APPLIED) == "NOT_APPLIED"
+
+
+def test_context_effect_carries_the_idempotent_declaration() -> None:
+    host = RecordingHost()
+    ctx = EngineContext(input=None, run_id="r", node_path="a", effects=host)
+    ctx.effect("x.y", {}, apply=lambda k, r: None, idempotent=True)
+    ctx.effect("x.z", {}, apply=lambda k, r: None)
+    assert [call.idempotent for call in host.calls] == [True, False]
+    with pytest.raises(ValueError, match="not both"):
+        ctx.effect("x.w", {}, apply=lambda k, r: None, idempotent=True, read_back=lambda k, r: 1)
+    with pytest.raises(TypeError, match="True or False"):
+        ctx.effect("x.v", {}, apply=lambda k, r: None, idempotent="yes")  # type: ignore[arg-type]
+
+
+def test_shell_idempotent_and_read_back_options() -> None:
+    def argv(ctx: Any) -> list[str]:
+        return ["true"]
+
+    plain = shell(argv)
+    assert (plain.idempotent, plain.read_back) == (False, None)
+    assert shell(argv, idempotent=True).idempotent
+    with pytest.raises(WorkflowDefinitionError, match="not both"):
+        shell(argv, idempotent=True, read_back=lambda k, r: None)
+    with pytest.raises(WorkflowDefinitionError, match="read_back must be a function"):
+        shell(argv, read_back="yes")  # type: ignore[arg-type]
+    with pytest.raises(WorkflowDefinitionError, match="True or False"):
+        shell(argv, idempotent=1)  # type: ignore[arg-type]
+    nodes = {
+        "a": shell(argv, idempotent=True),
+        "b": shell(argv, read_back=lambda k, r: None),
+        "c": shell(argv),
+    }
+    edges = [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]
+    workflow = define_workflow(name="s", start_at="a", nodes=nodes, edges=edges)
+    snapshot = definition_snapshot(workflow)
+    shells = snapshot["nodes"]
+    assert shells["a"].get("idempotent") is True and "readBack" not in shells["a"]
+    assert shells["b"].get("readBack") is True and "idempotent" not in shells["b"]
+    assert "idempotent" not in shells["c"] and "readBack" not in shells["c"]

@@ -52,6 +52,8 @@ PINNED = {
     "EffectState", "EffectDecision", "EffectRecord", "EffectReservation", "EffectConflictError",
     "effect_fingerprint", "reserve_effect", "settle_effect", "retry_effect_after_read_back",
     "declare_effect_ambiguous", "get_effect", "list_effects", "count_ambiguous_effects",
+    "AmbiguousEffect", "EffectRecovery", "EffectRecoveryError", "list_ambiguous_effects",
+    "recover_ambiguous_effect",
     # runner messages, resume state, runner outcomes
     "RunnerMessageConflictError", "runner_message_fingerprint", "lookup_runner_reply",
     "record_runner_reply", "ResumeState", "FinishedAttempt", "UnfinishedAttempt",

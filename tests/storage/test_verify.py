@@ -252,6 +252,15 @@ BREAKS: dict[FindingCode, Callable[[Path], None]] = {
     FindingCode.EFFECT_NODE_ATTEMPT_OTHER_RUN: lambda p: raw(
         p, "UPDATE effects SET attempt_id = 'a-w' WHERE effect_id = 'r-pending'"
     ),
+    FindingCode.EFFECT_INTERRUPTED_NOT_IDEMPOTENT: lambda p: raw(
+        p,
+        "UPDATE effect_attempts SET attempt_number = 2 WHERE effect_id = 'r-applied'",
+        "INSERT INTO effect_attempts (effect_id, attempt_number, executor_epoch, state,"
+        " started_at, finished_at) VALUES ('r-applied', 1, 'w', 'interrupted', 1, 2)",
+    ),
+    FindingCode.EFFECT_RECOVERY_UNRECORDED: lambda p: raw(
+        p, "UPDATE effect_attempts SET recovery = 'confirmed' WHERE effect_id = 'r-applied'"
+    ),
     FindingCode.RESERVATION_MISMATCH: lambda p: raw(
         p, "UPDATE run_bindings SET reserved = 1 WHERE run_id = 'x'"
     ),
