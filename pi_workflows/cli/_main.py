@@ -37,6 +37,7 @@ from pi_workflows.server import (
     ServerStartError,
     WorkflowServer,
 )
+from pi_workflows.server._router import DEFAULT_DRAIN_S
 from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
 from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
 from pi_workflows.wire.client import (
@@ -291,13 +292,26 @@ def _last_line(path: Path) -> str:
 
 
 @server.command("stop")
-@click.option("--timeout", type=float, default=STOP_TIMEOUT_S, show_default=True)
+@click.option(
+    "--drain",
+    "drain_s",
+    type=click.FloatRange(0, 3600),
+    default=DEFAULT_DRAIN_S,
+    show_default=True,
+    help="Seconds an applying effect or running shell command may take to settle.",
+)
+@click.option("--timeout", type=float, default=None, help="Seconds to wait for the exit.")
 @click.pass_context
 @_client_errors
-def server_stop(ctx: click.Context, timeout: float) -> None:
-    """Stop the server after its in-flight commands have their receipts.
+def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> None:
+    """Stop the server gracefully.
 
-    Example: pi-workflows server stop
+    It stops admitting work, lets each run reach its next durable boundary (an
+    applying effect or running shell command may settle within --drain seconds), hands
+    the runs back for the next server, and exits after in-flight commands have their
+    receipts. Only an effect still applying when the drain ends becomes ambiguous.
+
+    Example: pi-workflows server stop --drain 60
     """
     pid = _server_pid(_state_dir(ctx))
     client = _client(ctx, autostart=False)
@@ -307,10 +321,10 @@ def server_stop(ctx: click.Context, timeout: float) -> None:
         click.echo("pi-workflows server is not running")
         return
     with client:
-        client.call("server.stop")
+        client.call("server.stop", {"drainSeconds": drain_s})
     if pid is not None:
         try:
-            psutil.Process(pid).wait(timeout)
+            psutil.Process(pid).wait(timeout if timeout is not None else drain_s + STOP_TIMEOUT_S)
         except psutil.NoSuchProcess:
             pass
         except psutil.TimeoutExpired:

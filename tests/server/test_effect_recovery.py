@@ -157,7 +157,7 @@ def test_a_graceful_stop_during_an_idempotent_shell_step_runs_it_again_on_the_ne
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
         run_id = start_run(client, project, "deploy", {})
         wait_fifo(short_tmp / "go.fifo")
-    running_server.stop("test")  # hands the run back; its command is stopped
+    running_server.stop("test", drain_s=0)  # hands the run back at once; its command is stopped
     successor = WorkflowServer(
         running_server.state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True
     )
