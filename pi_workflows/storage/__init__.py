@@ -195,9 +195,9 @@ from pi_workflows.storage._rows import (
     LeaseRow,
     NodeAttemptRow,
     QueueRow,
+    RunnerEpochRow,
     RunRow,
     RunSummary,
-    RunWorkerRow,
     ServerLeaseRow,
 )
 from pi_workflows.storage._runner_messages import (
@@ -270,7 +270,7 @@ __all__ = [
     "RunRow",
     "RunStatus",
     "RunSummary",
-    "RunWorkerRow",
+    "RunnerEpochRow",
     "RunnerMessageConflictError",
     "RunnerOutcome",
     "SchemaMismatchError",

@@ -16,9 +16,9 @@ from pi_workflows.storage._rows import (
     EventRow,
     NodeAttemptRow,
     QueueRow,
+    RunnerEpochRow,
     RunRow,
     RunSummary,
-    RunWorkerRow,
 )
 
 __all__ = [
@@ -149,14 +149,14 @@ def list_attempts(reader: Reader, run_id: str) -> list[NodeAttemptRow]:
     return reader.fetch_all(q.SELECT_RUN_ATTEMPTS, {"run_id": run_id}, NodeAttemptRow)
 
 
-def get_runner(reader: Reader, runner_epoch: str) -> RunWorkerRow | None:
+def get_runner(reader: Reader, runner_epoch: str) -> RunnerEpochRow | None:
     """Return one runner epoch."""
-    return reader.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow)
+    return reader.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
 
 
-def active_runner(reader: Reader, run_id: str) -> RunWorkerRow | None:
+def active_runner(reader: Reader, run_id: str) -> RunnerEpochRow | None:
     """Return the run's active (starting or ready) runner epoch, if any."""
-    return reader.fetch_one(q.SELECT_ACTIVE_RUN_WORKER, {"run_id": run_id}, RunWorkerRow)
+    return reader.fetch_one(q.SELECT_ACTIVE_RUNNER_EPOCH, {"run_id": run_id}, RunnerEpochRow)
 
 
 def count_runner_outcomes(reader: Reader, run_id: str, outcome: str) -> int:
@@ -164,9 +164,9 @@ def count_runner_outcomes(reader: Reader, run_id: str, outcome: str) -> int:
     return int(reader.fetch_value(q.COUNT_RUNNER_OUTCOMES, {"run_id": run_id, "outcome": outcome}))
 
 
-def active_runners(reader: Reader) -> list[RunWorkerRow]:
+def active_runners(reader: Reader) -> list[RunnerEpochRow]:
     """Return every active runner epoch (orphan checks after a restart)."""
-    return reader.fetch_all(q.SELECT_ACTIVE_RUN_WORKERS, {}, RunWorkerRow)
+    return reader.fetch_all(q.SELECT_ACTIVE_RUNNER_EPOCHS, {}, RunnerEpochRow)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ PINNED = {
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
     "get_runner", "active_runner", "active_runners", "status_counts", "StatusCounts",
     "server_has_work", "RunRow", "RunSummary", "QueueRow", "LeaseRow", "EventRow",
-    "NodeAttemptRow", "RunWorkerRow", "ServerLeaseRow",
+    "NodeAttemptRow", "RunnerEpochRow", "ServerLeaseRow",
     # receipts
     "CommandRequest", "LookupOutcome", "ReceiptLookup", "ReceiptOutcome", "StoredReceipt",
     "command_fingerprint", "lookup_receipt", "record_receipt",
