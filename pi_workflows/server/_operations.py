@@ -317,7 +317,8 @@ def _run_command(
             run_id=run_id,
             accepted_revision=revision,
         )
-    crash_point("server.receipt.after_commit")
+    # In the database actor's group commit, "after commit" is after the batch's COMMIT.
+    db.after_commit(lambda: crash_point("server.receipt.after_commit"))
     result = response(request, "accepted", receipt=body)
     if revision is not None:
         result["revision"] = revision
@@ -364,12 +365,17 @@ def _transition(
 
         answer = _run_command(db, request, change)
         if answer["outcome"] == "accepted" and name in ("pause", "cancel"):
-            if name == "cancel":
-                crash_point("server.cancel.after_commit")
-            # The commit fenced the runner (its claim is released): now stop its group.
+            # The commit fenced the runner (its claim is released): now stop its group,
+            # once the commit is durable (in a group commit, after the batch's COMMIT).
             identity = ctx.runners.fence(run_id)
-            if identity is not None:
-                ctx.stop_process(identity)
+
+            def after_commit() -> None:
+                if name == "cancel":
+                    crash_point("server.cancel.after_commit")
+                if identity is not None:
+                    ctx.stop_process(identity)
+
+            db.after_commit(after_commit)
         return answer
 
     return operation

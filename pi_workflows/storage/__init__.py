@@ -48,11 +48,14 @@ from pi_workflows.storage._content import (
 from pi_workflows.storage._db import (
     DEFAULT_BUSY_TIMEOUT_MS,
     Database,
+    GroupCommit,
+    GroupLostError,
     Params,
     Reader,
     Tracer,
     Tx,
     open_database,
+    open_live_reader,
     open_readonly,
 )
 from pi_workflows.storage._decisions import (
@@ -242,6 +245,8 @@ __all__ = [
     "Finding",
     "FindingCode",
     "FinishedAttempt",
+    "GroupCommit",
+    "GroupLostError",
     "InvalidTransitionError",
     "LaunchResult",
     "LeaseRow",
@@ -336,6 +341,7 @@ __all__ = [
     "mark_runner_live",
     "open_checkpoint_decision",
     "open_database",
+    "open_live_reader",
     "open_readonly",
     "park_run",
     "pause_run",

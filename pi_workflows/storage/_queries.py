@@ -10,6 +10,7 @@ from __future__ import annotations
 # ruff: noqa: E501  (SQL reads better unwrapped than split mid-clause)
 
 __all__ = [
+    "BEGIN_DEFERRED",
     "BEGIN_IMMEDIATE",
     "CHECK_CLAIMED_QUEUE_WITHOUT_LEASE",
     "CHECK_DECISION_RESOLUTIONS",
@@ -71,7 +72,10 @@ __all__ = [
     "PRAGMA_JOURNAL_MODE_WAL",
     "PRAGMA_QUERY_ONLY",
     "PRAGMA_SYNCHRONOUS_FULL",
+    "RELEASE_UNIT",
     "ROLLBACK",
+    "ROLLBACK_TO_UNIT",
+    "SAVEPOINT_UNIT",
     "SELECT_ACTIVE_RUNNER_EPOCH",
     "SELECT_ACTIVE_RUNNER_EPOCHS",
     "SELECT_ADMISSIBLE_RUNS",
@@ -151,6 +155,14 @@ BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
 COMMIT = "COMMIT"
 # Undo a write transaction.
 ROLLBACK = "ROLLBACK"
+# Start a read transaction: its first read fixes one snapshot for every read after it.
+BEGIN_DEFERRED = "BEGIN DEFERRED"
+# One unit of a group commit: its writes, inside the group's one transaction.
+SAVEPOINT_UNIT = "SAVEPOINT unit"
+# Keep a unit's writes in the group's transaction (they commit with the group).
+RELEASE_UNIT = "RELEASE unit"
+# Undo only a unit's writes; the group's transaction and its other units stay.
+ROLLBACK_TO_UNIT = "ROLLBACK TO unit"
 # Enforce foreign keys on this connection (off by default in SQLite).
 PRAGMA_FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
 # Write-ahead logging: readers never block the writer.

@@ -382,6 +382,49 @@ def _receipt_restart(lab: Lab) -> None:
     lab.finish({old: "completed", restart.new_run: "completed"})
 
 
+# --- server.group_commit.*: one COMMIT for a batch of units ----------------------------
+# The first batch that writes is `run.start`'s, unless the first lease renewal (2 s after
+# the start) wins the race on a slow machine; the checks hold either way.
+# tests/actors/test_database.py drives both points with a runner message and a client
+# command in one batch.
+
+
+@scenario("server.group_commit.before_commit", "run-start")
+def _group_before_commit(lab: Lab) -> None:
+    armed = lab.start_server("server.group_commit.before_commit@1")
+    start = lab.start_run("pure")
+    assert start.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # the batch never committed: no run, no receipt
+        assert _row(db, "SELECT COUNT(*) FROM runs") == 0
+        assert _row(db, "SELECT COUNT(*) FROM host_commands") == 0
+    lab.start_server()
+    lab.resend_lost()
+    assert start.resent_outcome == "accepted", "no receipt existed: the retry starts it once"
+    lab.wait_status(start.new_run, "completed")
+    assert lab.count(start.new_run, "a") == 1
+    lab.finish({start.new_run: "completed"})
+
+
+@scenario("server.group_commit.after_commit", "run-start")
+def _group_after_commit(lab: Lab) -> None:
+    armed = lab.start_server("server.group_commit.after_commit@1")
+    start = lab.start_run("pure")
+    assert start.lost, "no unit of a batch is answered before its COMMIT"
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        runs = db.execute("SELECT run_id FROM runs").fetchall()
+    lab.start_server()
+    lab.resend_lost()
+    if runs:  # the batch of run.start committed: the retry adopts its receipt
+        assert start.resent_outcome == "adopted" and start.new_run == runs[0][0]
+    else:  # the lease renewal's batch came first
+        assert start.resent_outcome == "accepted"
+    lab.wait_status(start.new_run, "completed")
+    assert lab.count(start.new_run, "a") == 1
+    lab.finish({start.new_run: "completed"})
+
+
 # --- server.launch.*: the launch is committed, the runner unknown or unborn ------------
 
 

@@ -9,7 +9,8 @@ import pi_workflows.storage as storage
 
 PINNED = {
     # opening, transactions, time, paths
-    "open_database", "open_readonly", "Database", "Tx", "Reader", "Params", "Tracer",
+    "open_database", "open_readonly", "open_live_reader", "Database", "Tx", "Reader", "Params",
+    "Tracer", "GroupCommit", "GroupLostError",
     "DEFAULT_BUSY_TIMEOUT_MS", "Clock", "SystemClock", "ManualClock",
     "AGENT_DIR_ENV", "agent_dir", "workflows_dir", "state_db_path", "ensure_private_dir",
     "SCHEMA_NAME", "SCHEMA_VERSION", "DDL_DIGEST",
