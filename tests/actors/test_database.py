@@ -319,7 +319,8 @@ def message(kind, message_id, payload, attempt=None):
     if attempt:
         body["attemptId"] = attempt
     return body
-ready = message("runner.ready", "m0", {"protocolVersion": 1, "definitionDigest": "sha256:" + "d" * 64})
+digest = "sha256:" + "d" * 64
+ready = message("runner.ready", "m0", {"protocolVersion": 1, "definitionDigest": digest})
 assert host.handle_message(db, epoch, ready)[0]["outcome"] == "accepted"
 started = message("node.started", "m1", {"nodePath": "a", "nodeKind": "compute", "visit": 1},
     "attempt-1")
