@@ -60,6 +60,7 @@ CONTROL_CLAIM_TTL_MS = 30_000
 __all__ = [
     "COMMANDS",
     "READS",
+    "SNAPSHOT_READS",
     "OperationContext",
     "OperationError",
     "build_run_list",
@@ -127,7 +128,7 @@ def _server_status(db: Database, request: RequestMessage, ctx: OperationContext)
         "state": "running",
         "epoch": ctx.epoch,
         "socket": "available",
-        "activeRunners": ctx.runners.live_count(),
+        "activeRunners": counts.active_runners,
         "runs": {
             "queued": queue.get("queued", 0),
             "running": queue.get("starting", 0) + queue.get("running", 0),
@@ -528,6 +529,10 @@ def _answer(db: Database, request: RequestMessage, ctx: OperationContext) -> dic
 
 
 Operation = Callable[[Database, RequestMessage, OperationContext], dict[str, Any]]
+
+SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list"})
+"""Reads the server answers from the reader actor's read-only connection (one read
+transaction each), so they never queue behind writes; they need no `RunnerHost`."""
 
 READS: dict[str, Operation] = {
     "server.status": _server_status,

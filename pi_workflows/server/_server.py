@@ -33,6 +33,7 @@ from pi_workflows.actors._process_supervisor import (
     Spawn,
     StopChild,
 )
+from pi_workflows.actors._reader import Read, ReaderActor
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
@@ -46,6 +47,7 @@ from pi_workflows.server._logging import configure_server_logging
 from pi_workflows.server._operations import (
     COMMANDS,
     READS,
+    SNAPSHOT_READS,
     OperationContext,
     OperationError,
     build_run_list,
@@ -174,6 +176,7 @@ class WorkflowServer:
         self._in_flight_lock = threading.Condition()
         self._refs: list[pykka.ActorRef[Any]] = []
         self._database: pykka.ActorRef[Any] | None = None
+        self._reader: pykka.ActorRef[Any] | None = None
         self._subscriptions: pykka.ActorRef[Any] | None = None
         self._coordinators: pykka.ActorRef[Any] | None = None
         self._scheduler: pykka.ActorRef[Any] | None = None
@@ -284,9 +287,11 @@ class WorkflowServer:
         self._scheduler = SchedulerActor.start(database, self.max_workers, launcher, fail)
         self._subscriptions = SubscriptionActor.start(database, fail)
         self._coordinators = CoordinatorEpochActor.start(fail)
+        self._reader = ReaderActor.start(db.path, self.clock, fail)
         # Stop order (reverse of this list): database last.
         self._refs = [
             database,
+            self._reader,
             supervisor,
             renewer,
             self._scheduler,
@@ -705,6 +710,12 @@ class _Router:
             finally:
                 server._end_request()
 
+        if operation in SNAPSHOT_READS and server._reader is not None:
+            # One read transaction on the reader's own connection: never behind a write.
+            server._reader.tell(
+                Read(lambda db: handle_operation(db, request, ctx), reply, operation)
+            )
+            return
         server._database.tell(
             Transact(lambda db: handle_operation(db, request, ctx), reply, operation)
         )

@@ -39,6 +39,7 @@ __all__ = [
     "CHECK_TWO_ACTIVE_RUNNERS",
     "COMMIT",
     "COUNT_ACTIVE_QUEUE_ROWS",
+    "COUNT_ACTIVE_RUNNER_EPOCHS",
     "COUNT_AMBIGUOUS_EFFECTS",
     "COUNT_EXPIRED_LEASES",
     "COUNT_FINISHED_VISITS",
@@ -378,6 +379,10 @@ COUNT_PENDING_REQUESTS = "SELECT count(*) FROM interactive_requests WHERE status
 COUNT_AMBIGUOUS_EFFECTS = "SELECT count(*) FROM effects WHERE state = 'ambiguous'"
 # How many claims have expired without release, for server status.
 COUNT_EXPIRED_LEASES = "SELECT count(*) FROM leases WHERE expires_at <= :now"
+# Runner epochs launched and not yet exited (startup recovery closes a dead server's).
+COUNT_ACTIVE_RUNNER_EPOCHS = (
+    "SELECT count(*) FROM runner_epochs WHERE status IN ('starting', 'ready')"
+)
 
 # --- Server lease and epoch ---------------------------------------------------------
 

@@ -178,6 +178,9 @@ class StatusCounts:
     expired_claims: int
     pending_interactions: int
     ambiguous_effects: int
+    active_runners: int
+    """Runner epochs launched and not yet exited: startup recovery closed every epoch of
+    an earlier server, so these are this server's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +190,10 @@ class _Count:
 
 
 def status_counts(reader: Reader, now: int) -> StatusCounts:
-    """Return the safe counts of `server status`; `now` decides which claims expired."""
+    """Return the safe counts of `server status`; `now` decides which claims expired.
+
+    Read it inside one read transaction (`Database.read()`) for one consistent snapshot.
+    """
     runs = reader.fetch_all(q.COUNT_RUNS_BY_STATUS, {}, _Count)
     queue = reader.fetch_all(q.COUNT_QUEUE_BY_STATE, {}, _Count)
     return StatusCounts(
@@ -196,4 +202,5 @@ def status_counts(reader: Reader, now: int) -> StatusCounts:
         expired_claims=int(reader.fetch_value(q.COUNT_EXPIRED_LEASES, {"now": now})),
         pending_interactions=int(reader.fetch_value(q.COUNT_PENDING_REQUESTS, {})),
         ambiguous_effects=int(reader.fetch_value(q.COUNT_AMBIGUOUS_EFFECTS, {})),
+        active_runners=int(reader.fetch_value(q.COUNT_ACTIVE_RUNNER_EPOCHS, {})),
     )

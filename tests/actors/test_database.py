@@ -43,6 +43,7 @@ from pi_workflows.storage import (
     runner_message_fingerprint,
 )
 from pi_workflows.supervision import CRASH_ENV, CRASH_ONCE_ENV
+from pi_workflows.wire.protocol import RequestMessage
 from tests.storage.storage_helpers import running
 
 pytestmark = pytest.mark.timeout(60)
@@ -343,7 +344,7 @@ sys.exit(3)
 """
 
 
-def _pause_request(request_id: str) -> dict[str, Any]:
+def _pause_request(request_id: str) -> RequestMessage:
     return {
         "schema": "pi-workflows.client.v1",
         "type": "request",
