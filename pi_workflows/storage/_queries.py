@@ -111,6 +111,7 @@ __all__ = [
     "SELECT_SERVER_LEASE",
     "SELECT_SERVER_LEASE_HEAD",
     "SELECT_SESSION_RESERVATION",
+    "SELECT_STATUS_COUNTS",
     "SELECT_TABLE_NAMES",
     "SELECT_UNFINISHED_ATTEMPT",
     "SELECT_VIEW_CONTENTS",
@@ -383,6 +384,15 @@ COUNT_EXPIRED_LEASES = "SELECT count(*) FROM leases WHERE expires_at <= :now"
 COUNT_ACTIVE_RUNNER_EPOCHS = (
     "SELECT count(*) FROM runner_epochs WHERE status IN ('starting', 'ready')"
 )
+# Every count of `server status` in one statement (one step through SQLite, one snapshot).
+SELECT_STATUS_COUNTS = """
+SELECT 'runs' AS kind, status AS key, count(*) AS n FROM runs GROUP BY status
+UNION ALL SELECT 'queue', state, count(*) FROM run_queue GROUP BY state
+UNION ALL SELECT 'expired', '', count(*) FROM leases WHERE expires_at <= :now
+UNION ALL SELECT 'pending', '', count(*) FROM interactive_requests WHERE status = 'pending'
+UNION ALL SELECT 'ambiguous', '', count(*) FROM effects WHERE state = 'ambiguous'
+UNION ALL SELECT 'runners', '', count(*) FROM runner_epochs WHERE status IN ('starting', 'ready')
+"""
 
 # --- Server lease and epoch ---------------------------------------------------------
 

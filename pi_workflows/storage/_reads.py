@@ -185,6 +185,7 @@ class StatusCounts:
 
 @dataclass(frozen=True, slots=True)
 class _Count:
+    kind: str
     key: str
     n: int
 
@@ -192,15 +193,18 @@ class _Count:
 def status_counts(reader: Reader, now: int) -> StatusCounts:
     """Return the safe counts of `server status`; `now` decides which claims expired.
 
-    Read it inside one read transaction (`Database.read()`) for one consistent snapshot.
+    One statement, so the counts are one consistent snapshot even outside a read
+    transaction.
     """
-    runs = reader.fetch_all(q.COUNT_RUNS_BY_STATUS, {}, _Count)
-    queue = reader.fetch_all(q.COUNT_QUEUE_BY_STATE, {}, _Count)
+    by_kind: dict[str, dict[str, int]] = {}
+    for row in reader.fetch_all(q.SELECT_STATUS_COUNTS, {"now": now}, _Count):
+        by_kind.setdefault(row.kind, {})[row.key] = row.n
+    single = {kind: sum(counts.values()) for kind, counts in by_kind.items()}
     return StatusCounts(
-        runs_by_status={row.key: row.n for row in runs},
-        queue_by_state={row.key: row.n for row in queue},
-        expired_claims=int(reader.fetch_value(q.COUNT_EXPIRED_LEASES, {"now": now})),
-        pending_interactions=int(reader.fetch_value(q.COUNT_PENDING_REQUESTS, {})),
-        ambiguous_effects=int(reader.fetch_value(q.COUNT_AMBIGUOUS_EFFECTS, {})),
-        active_runners=int(reader.fetch_value(q.COUNT_ACTIVE_RUNNER_EPOCHS, {})),
+        runs_by_status=by_kind.get("runs", {}),
+        queue_by_state=by_kind.get("queue", {}),
+        expired_claims=single.get("expired", 0),
+        pending_interactions=single.get("pending", 0),
+        ambiguous_effects=single.get("ambiguous", 0),
+        active_runners=single.get("runners", 0),
     )
