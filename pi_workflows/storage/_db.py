@@ -416,6 +416,11 @@ class Database(_ReadMixin):
         **Blocking:** `BEGIN IMMEDIATE` waits up to the busy timeout for another
         connection's write lock.
 
+        **Inside a group commit** (`group()`), the block is a savepoint of the group's one
+        transaction instead: leaving it normally keeps its changes for the group's COMMIT
+        (nothing is durable yet; use `after_commit` for what must follow durability), and
+        an exception rolls back only this block's changes.
+
         Raises:
             RuntimeError: (on entering) the database is read-only, or a write is already
                 open; writes do not nest, so pass the `Tx` down instead.
