@@ -32,6 +32,7 @@ from pi_workflows.storage import (
     ClaimLostError,
     CommandRequest,
     Database,
+    GroupLostError,
     LookupOutcome,
     Tx,
     lookup_receipt,
@@ -225,6 +226,28 @@ def test_a_failing_commit_fails_every_unit_of_the_batch(
     actor.tell(Transact(store(b"later"), again.reply("later")))
     assert again.wait(1)["later"].error is None
     assert blob_count(traced.path, b"later") == 1
+
+
+def test_a_transaction_sqlite_rolls_back_under_a_unit_fails_the_units_before_it(
+    actor: pykka.ActorRef[Any], traced: Database
+) -> None:
+    # A full database makes SQLite roll back the whole transaction, not only the unit.
+    pages = traced.fetch_value("PRAGMA page_count", {})
+    traced.connection.execute(f"PRAGMA max_page_count = {pages + 16}")
+    recorder = Recorder()
+    release = hold(actor)
+    actor.tell(Transact(store(b"before"), recorder.reply("before")))
+    actor.tell(Transact(store(b"x" * 1_000_000), recorder.reply("too big")))
+    actor.tell(Transact(store(b"after"), recorder.reply("after")))
+    release.set()
+    replies = recorder.wait(3)
+
+    assert isinstance(replies["before"].error, GroupLostError), "its write went with the rest"
+    assert isinstance(replies["too big"].error, sqlite3.OperationalError)
+    assert not isinstance(replies["too big"].error, GroupLostError)
+    assert replies["after"].error is None, "the rest of the batch ran in a new group"
+    assert blob_count(traced.path, b"before") == 0
+    assert blob_count(traced.path, b"after") == 1
 
 
 def test_a_stop_envelope_ends_the_batch_and_keeps_its_place(
