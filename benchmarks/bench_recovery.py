@@ -10,7 +10,7 @@ was SIGKILLed, until
 - **rescheduled**: from the same moment until the database (read through a read-only
   connection, polled every 2 ms) shows all of:
   1. the server epoch is newer than the dead server's;
-  2. no runner epoch of the dead server is still open (`run_workers` `starting`/`ready`);
+  2. no runner epoch of the dead server is still open (`runner_epochs` `starting`/`ready`);
   3. no run is `starting`/`running` in `run_queue` unless the new server owns its claim:
      every run the dead server held was requeued (`queued`, claimable by the scheduler;
      a paused one parked), or was already admitted again under the new server's claim.
@@ -395,7 +395,7 @@ def rescheduled(state: Path, dead_epoch: int) -> bool:
         if lease is None or lease[0] <= dead_epoch:
             return False
         orphaned_open = db.execute(
-            "SELECT COUNT(*) FROM run_workers w WHERE w.status IN ('starting', 'ready') "
+            "SELECT COUNT(*) FROM runner_epochs w WHERE w.status IN ('starting', 'ready') "
             "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = w.run_id "
             "AND l.owner_id = ?)",
             (lease[1],),

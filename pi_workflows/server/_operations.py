@@ -32,7 +32,6 @@ from pi_workflows.storage import (
     RunNotFoundError,
     RunSummary,
     Tx,
-    active_runners,
     answer_checkpoint,
     cancel_run,
     enqueue_run,
@@ -65,6 +64,7 @@ __all__ = [
     "FENCING_COMMANDS",
     "READS",
     "RUNNER_COMMANDS",
+    "SNAPSHOT_READS",
     "OperationContext",
     "OperationError",
     "StartRequest",
@@ -149,7 +149,7 @@ def _server_status(
         "state": "running",
         "epoch": ctx.epoch,
         "socket": "available",
-        "activeRunners": len(active_runners(db)),
+        "activeRunners": counts.active_runners,
         "runs": {
             "queued": queue.get("queued", 0),
             "running": queue.get("starting", 0) + queue.get("running", 0),
@@ -350,7 +350,8 @@ def _run_command(
             run_id=run_id,
             accepted_revision=revision,
         )
-    crash_point("server.receipt.after_commit")
+    # In the database actor's group commit, "after commit" is after the batch's COMMIT.
+    db.after_commit(lambda: crash_point("server.receipt.after_commit"))
     result = response(request, "accepted", receipt=body)
     if revision is not None:
         result["revision"] = revision
@@ -616,6 +617,10 @@ def _recover(
         return run_id, recovered.transition.revision, body
 
     return _run_command(db, request, change)
+
+SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list"})
+"""Reads the server answers from the reader actor's read-only connection (one read
+transaction each), so they never queue behind writes; they need no `RunnerHost`."""
 
 READS: dict[str, Operation] = {
     "server.status": _server_status,

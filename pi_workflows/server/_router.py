@@ -24,6 +24,7 @@ import pykka
 from pi_workflows.actors._base import Reply
 from pi_workflows.actors._coordinator_epoch import ReleaseConnection
 from pi_workflows.actors._database import Transact
+from pi_workflows.actors._reader import Read
 from pi_workflows.actors._runner_host import RunCommand
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe
@@ -31,6 +32,7 @@ from pi_workflows.server._operations import (
     COMMANDS,
     READS,
     RUNNER_COMMANDS,
+    SNAPSHOT_READS,
     OperationContext,
     OperationError,
     StartRequest,
@@ -62,6 +64,8 @@ class RouterPorts:
 
     context: OperationContext
     database: pykka.ActorRef[Any]
+    reader: pykka.ActorRef[Any]
+    """Answers `SNAPSHOT_READS` from its read-only connection, never behind a write."""
     runner_host: pykka.ActorRef[Any]
     scheduler: pykka.ActorRef[Any]
     subscriptions: pykka.ActorRef[Any]
@@ -110,6 +114,8 @@ class Router:
             table.setdefault(operation, self._database_operation)
         for operation in RUNNER_COMMANDS:
             table[operation] = self._runner_command
+        for operation in SNAPSHOT_READS:
+            table[operation] = self._snapshot_read
         self._table = table
 
     @property
@@ -154,6 +160,13 @@ class Router:
         work = functools.partial(handle_operation, request=request, ctx=ports.context)
         done = functools.partial(self._answer, pending, request["operation"] in COMMANDS)
         ports.database.tell(Transact(work, done, request["operation"]))
+
+    def _snapshot_read(self, pending: Pending) -> None:
+        ports = self._ports
+        request = pending.request
+        work = functools.partial(handle_operation, request=request, ctx=ports.context)
+        done = functools.partial(self._answer, pending, False)
+        ports.reader.tell(Read(work, done, request["operation"]))
 
     def _runner_command(self, pending: Pending) -> None:
         ports = self._ports

@@ -9,6 +9,7 @@ here touches actor state, signals a process or sends a frame.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 import psutil
 
 from pi_workflows.server._runner_content import bounded, read_part
-from pi_workflows.server._runner_launch import launch_state
+from pi_workflows.server._runner_launch import LaunchPlan, launch_state
 from pi_workflows.storage import (
     Claim,
     ClaimHeldError,
@@ -92,6 +93,13 @@ class RunnerView:
     """Digests this runner was sent by reference: all it may `content.read`."""
     draining: bool = False
     """The server is stopping: hand the run back at the next durable boundary."""
+
+    @classmethod
+    def launched(cls, plan: LaunchPlan, identity: ProcessIdentity | None = None) -> RunnerView:
+        """The view of a runner just launched from `plan` (nothing offered yet)."""
+        return cls(
+            plan.run_id, plan.runner_epoch, plan.claim, plan.command, identity, frozenset()
+        )
 
 
 @dataclass
@@ -179,7 +187,8 @@ def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Han
     except (InvalidTransitionError, RunNotFoundError, ClaimHeldError) as exc:
         error = ("protocolRejected", str(exc))
         return Handled([reply_to(message, "rejected", error=error)], Delta())
-    crash_point(f"server.runner_message.{message.kind.replace('.', '_')}.after_commit")
+    point = f"server.runner_message.{message.kind.replace('.', '_')}.after_commit"
+    db.after_commit(functools.partial(crash_point, point))  # durable first, then the point
     return Handled(frames, delta)
 
 
@@ -209,7 +218,7 @@ def _hand_back(db: Database, view: RunnerView, message: RunnerMessage, delta: De
     """Draining: the last node is durable, so give the run back before the next starts."""
     with db.write() as tx:
         requeue_run(tx, view.run_id, reason=DRAIN_REASON, claim=view.claim)
-    crash_point("server.drain.after_hand_back")
+    db.after_commit(functools.partial(crash_point, "server.drain.after_hand_back"))
     delta.settled = delta.handed_back = True
     return reply_to(message, "claimLost", error=("claimLost", DRAIN_REASON))
 

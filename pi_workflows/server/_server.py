@@ -26,6 +26,7 @@ from pi_workflows.actors._claim_renewer import ClaimRenewerActor
 from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact
 from pi_workflows.actors._process_supervisor import ProcessSupervisorActor, StopRecorded
+from pi_workflows.actors._reader import ReaderActor
 from pi_workflows.actors._runner_host import (
     RUNNER_MODULE,
     ConnectScheduler,
@@ -277,10 +278,12 @@ class WorkflowServer:
         runner_host.tell(ConnectScheduler(self._scheduler))
         self._subscriptions = SubscriptionActor.start(database, fail)
         self._coordinators = CoordinatorEpochActor.start(fail)
+        reader = ReaderActor.start(db.path, self.clock, fail)
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [
             database,
+            reader,
             supervisor,
             runner_host,
             renewer,
@@ -298,6 +301,7 @@ class WorkflowServer:
                 RouterPorts(
                     context=context,
                     database=database,
+                    reader=reader,
                     runner_host=runner_host,
                     scheduler=self._scheduler,
                     subscriptions=self._subscriptions,

@@ -48,11 +48,14 @@ from pi_workflows.storage._content import (
 from pi_workflows.storage._db import (
     DEFAULT_BUSY_TIMEOUT_MS,
     Database,
+    GroupCommit,
+    GroupLostError,
     Params,
     Reader,
     Tracer,
     Tx,
     open_database,
+    open_live_reader,
     open_readonly,
 )
 from pi_workflows.storage._decisions import (
@@ -200,9 +203,9 @@ from pi_workflows.storage._rows import (
     LeaseRow,
     NodeAttemptRow,
     QueueRow,
+    RunnerEpochRow,
     RunRow,
     RunSummary,
-    RunWorkerRow,
     ServerLeaseRow,
 )
 from pi_workflows.storage._runner_messages import (
@@ -250,6 +253,8 @@ __all__ = [
     "Finding",
     "FindingCode",
     "FinishedAttempt",
+    "GroupCommit",
+    "GroupLostError",
     "InvalidTransitionError",
     "LaunchResult",
     "LeaseRow",
@@ -278,7 +283,7 @@ __all__ = [
     "RunRow",
     "RunStatus",
     "RunSummary",
-    "RunWorkerRow",
+    "RunnerEpochRow",
     "RunnerMessageConflictError",
     "RunnerOutcome",
     "SchemaMismatchError",
@@ -345,6 +350,7 @@ __all__ = [
     "mark_runner_live",
     "open_checkpoint_decision",
     "open_database",
+    "open_live_reader",
     "open_readonly",
     "park_run",
     "pause_run",

@@ -1,8 +1,8 @@
-"""Opening the state database, the one `write()` transaction primitive, and typed reads.
+"""Opening the state database, `write()`, group commits, read snapshots and typed reads.
 
 Implements python-port.md decision 2 and workflow-server.md § Alpha state policy: WAL,
-`synchronous=FULL`, foreign keys, a busy timeout, `BEGIN IMMEDIATE` for every write,
-and a DDL-digest check that refuses another schema before any write.
+`synchronous=FULL`, foreign keys, `BEGIN IMMEDIATE` for every write (a group commit
+makes each `write()` a savepoint of one), and a DDL-digest check before any write.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ from pi_workflows.supervision._crash import crash_point
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "Database",
+    "GroupCommit",
+    "GroupLostError",
     "Params",
     "Reader",
     "Tracer",
     "Tx",
     "open_database",
+    "open_live_reader",
     "open_readonly",
 ]
 
@@ -158,14 +161,15 @@ class _Write:
     """The context manager `Database.write()` returns. Internal.
 
     A class rather than a generator: it runs on every write, and this is measurably
-    cheaper (benchmarks/bench_storage.py).
+    cheaper (benchmarks/bench_storage.py). Inside a group commit it is a savepoint.
     """
 
-    __slots__ = ("_db", "_tx")
+    __slots__ = ("_db", "_mark", "_tx")
 
     def __init__(self, db: Database) -> None:
         self._db = db
         self._tx: Tx | None = None
+        self._mark = 0
 
     def __enter__(self) -> Tx:
         db = self._db
@@ -173,7 +177,16 @@ class _Write:
             raise RuntimeError("this database was opened read-only")
         if db._in_write:
             raise RuntimeError("write() does not nest; pass the open Tx down instead")
-        db._run(q.BEGIN_IMMEDIATE, ())
+        group = db._group
+        if group is None:
+            db._run(q.BEGIN_IMMEDIATE, ())
+            self._mark = 0
+        else:
+            if group.began_at is None:
+                db._run(q.BEGIN_IMMEDIATE, ())
+                group.began_at = group.units
+            db._run(q.SAVEPOINT_UNIT, ())
+            self._mark = len(group.actions)
         db._in_write = True
         self._tx = Tx(db._conn, db.clock.now_ms(), db.tracer)
         return self._tx
@@ -182,20 +195,46 @@ class _Write:
         db, tx = self._db, self._tx
         assert tx is not None
         tx._active = False
+        group = db._group
         try:
             if exc_type is None:
+                if group is not None:
+                    db._run(q.RELEASE_UNIT, ())
+                    group.lifecycle_commits += tx.lifecycle
+                    return
                 if tx.lifecycle:
                     crash_point("server.lifecycle.before_commit")
                 db._run(q.COMMIT, ())
                 if tx.lifecycle:
                     crash_point("server.lifecycle.after_commit")
+                actions, db._after_write = db._after_write, []
+                for action in actions:
+                    action()
                 return
         except BaseException:
-            _rollback(db)
+            self._undo()
             raise
         finally:
             db._in_write = False
-        _rollback(db)
+        self._undo()
+
+    def _undo(self) -> None:
+        db, group = self._db, self._db._group
+        if group is None:
+            db._after_write = []
+            _rollback(db)
+            return
+        del group.actions[self._mark :]
+        if db._conn.in_transaction:
+            try:
+                db._run(q.ROLLBACK_TO_UNIT, ())
+                db._run(q.RELEASE_UNIT, ())
+                return
+            except sqlite3.Error:
+                _rollback(db)
+        # SQLite rolled back the group's whole transaction (an I/O error, a full disk):
+        # the writes of every unit since it began are gone with it.
+        group.lost = True
 
 
 def _rollback(db: Database) -> None:
@@ -203,6 +242,141 @@ def _rollback(db: Database) -> None:
     if db._conn.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             db._run(q.ROLLBACK, ())
+
+
+class GroupLostError(sqlite3.OperationalError):
+    """A group commit's transaction ended without its COMMIT: none of its units' writes
+    are stored. Raised to (replied to) each unit that ran inside that transaction."""
+
+
+class _Group:
+    """The state of one open group commit. Internal."""
+
+    __slots__ = ("actions", "began_at", "lifecycle_commits", "lost", "units")
+
+    def __init__(self) -> None:
+        self.units = 0
+        """Units started so far (the index of the next one)."""
+        self.began_at: int | None = None
+        """The unit whose first write opened the transaction; None while nothing wrote."""
+        self.lifecycle_commits = 0
+        """Lifecycle transitions among the released savepoints (each passes its crash points)."""
+        self.actions: list[Callable[[], None]] = []
+        """`after_commit` actions, in registration order."""
+        self.lost = False
+        """SQLite rolled the transaction back under a unit: nothing since `began_at` is kept."""
+
+
+class GroupCommit:
+    """One group commit: run units with `run`, then make them durable with `commit`.
+
+    Only `Database.group()` creates it. While it is open, every `db.write()` of a unit
+    is a `SAVEPOINT` inside one `BEGIN IMMEDIATE` transaction (opened by the first
+    write, so a group that only reads takes no write lock and commits nothing). A unit
+    whose write block raises rolls back to its savepoint: its own writes are undone,
+    those of the other units stay. `commit` then runs one `COMMIT` for all of them.
+
+    Deferred foreign keys are checked at that `COMMIT`, so a unit that leaves one broken
+    (a programming error) fails the whole group: every unit in it gets the error.
+    """
+
+    __slots__ = ("_db", "_group")
+
+    def __init__(self, db: Database) -> None:
+        if db._group is not None or db._in_write:
+            raise RuntimeError("a group commit is already open on this database")
+        self._db = db
+        self._group = _Group()
+        db._group = self._group
+
+    @property
+    def began_at(self) -> int | None:
+        """The index of the first unit that ran inside the transaction, or None."""
+        return self._group.began_at
+
+    @property
+    def lost(self) -> bool:
+        """True when SQLite rolled back the transaction under a unit: commit nothing.
+
+        Every unit from `began_at` to the one that just ran lost its writes.
+        """
+        return self._group.lost
+
+    def run(self, work: Callable[[Database], T]) -> T:
+        """Run one unit (its writes are savepoints); return what it returns or raise."""
+        group = self._group
+        if group.lost:
+            raise RuntimeError("this group lost its transaction; open a new group")
+        try:
+            return work(self._db)
+        finally:
+            group.units += 1
+
+    def commit(self) -> None:
+        """Make every unit's writes durable with one `COMMIT`, then run `after_commit` actions.
+
+        **Durability:** when this returns, every released savepoint of the group is
+        committed (`synchronous=FULL`). The crash points `server.group_commit.before_commit`
+        and `server.group_commit.after_commit` sit on either side of the `COMMIT`, and each
+        lifecycle transition in the group passes `server.lifecycle.before_commit` and
+        `server.lifecycle.after_commit` there too, once each.
+
+        Raises:
+            GroupLostError: the transaction was already lost (`lost`); nothing is stored.
+            sqlite3.Error: the `COMMIT` failed; it was rolled back and nothing is stored.
+        """
+        db, group = self._db, self._group
+        if group.lost:
+            raise GroupLostError("the group's transaction was rolled back; nothing was stored")
+        if group.began_at is None:
+            actions, group.actions = group.actions, []
+            for action in actions:
+                action()
+            return
+        try:
+            crash_point("server.group_commit.before_commit")
+            for _ in range(group.lifecycle_commits):
+                crash_point("server.lifecycle.before_commit")
+            db._run(q.COMMIT, ())
+        except BaseException:
+            group.actions = []
+            _rollback(db)
+            raise
+        crash_point("server.group_commit.after_commit")
+        for _ in range(group.lifecycle_commits):
+            crash_point("server.lifecycle.after_commit")
+        actions, group.actions = group.actions, []
+        for action in actions:
+            action()
+
+    def close(self) -> None:
+        """End the group: roll back whatever was not committed, and leave group mode."""
+        db = self._db
+        if db._group is self._group:
+            db._group = None
+            self._group.actions = []
+            _rollback(db)
+
+
+class _Read:
+    """The context manager `Database.read()` returns. Internal."""
+
+    __slots__ = ("_db", "_open")
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._open = False
+
+    def __enter__(self) -> Database:
+        db = self._db
+        if not db._conn.in_transaction:  # inside a write or a group: already consistent
+            db._run(q.BEGIN_DEFERRED, ())
+            self._open = True
+        return db
+
+    def __exit__(self, *_: object) -> None:
+        if self._open and self._db._conn.in_transaction:
+            self._db._run(q.COMMIT, ())  # a read transaction: nothing to sync
 
 
 class Database(_ReadMixin):
@@ -228,6 +402,8 @@ class Database(_ReadMixin):
         self.tracer = tracer
         self.read_only = read_only
         self._in_write = False
+        self._group: _Group | None = None
+        self._after_write: list[Callable[[], None]] = []
 
     def write(self) -> contextlib.AbstractContextManager[Tx]:
         """Run a `with` block in one `BEGIN IMMEDIATE` transaction and commit it.
@@ -240,11 +416,52 @@ class Database(_ReadMixin):
         **Blocking:** `BEGIN IMMEDIATE` waits up to the busy timeout for another
         connection's write lock.
 
+        **Inside a group commit** (`group()`), the block is a savepoint of the group's one
+        transaction instead: leaving it normally keeps its changes for the group's COMMIT
+        (nothing is durable yet; use `after_commit` for what must follow durability), and
+        an exception rolls back only this block's changes.
+
         Raises:
             RuntimeError: (on entering) the database is read-only, or a write is already
                 open; writes do not nest, so pass the `Tx` down instead.
         """
         return _Write(self)
+
+    def group(self) -> GroupCommit:
+        """Open a group commit (the database actor's batches); see `GroupCommit`.
+
+        While it is open, `write()` is a savepoint, and only `GroupCommit.commit` makes
+        anything durable. Close it with `GroupCommit.close()`.
+
+        Raises:
+            RuntimeError: a group or a write is already open.
+        """
+        return GroupCommit(self)
+
+    def read(self) -> contextlib.AbstractContextManager[Database]:
+        """Run a `with` block of reads in one read transaction: one consistent snapshot.
+
+        The snapshot is fixed by the block's first read and ends with the block. Inside an
+        open write or group it adds nothing (those reads are already consistent).
+        """
+        return _Read(self)
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run `action` once the writes made so far on this thread are durable.
+
+        Inside a group commit: after the group's `COMMIT`, before any unit is answered;
+        dropped if the group does not commit, or if the `write()` open at the call rolls
+        back. Inside a plain `write()`: right after its `COMMIT`; dropped on rollback.
+        Otherwise at once, because the last write already committed. For acts that must
+        follow durability: stopping a fenced process, "after commit" crash points.
+        """
+        group = self._group
+        if group is not None and group.began_at is not None:
+            group.actions.append(action)
+        elif group is None and self._in_write:
+            self._after_write.append(action)
+        else:
+            action()
 
     def close(self) -> None:
         """Close the connection (a WAL checkpoint may run; see SQLite's close rules)."""
@@ -399,6 +616,36 @@ def open_database(
         conn.close()
         raise
     return db
+
+
+def open_live_reader(
+    path: Path,
+    *,
+    clock: Clock | None = None,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+) -> Database:
+    """Open a read-only connection to the live database, beside the server's writer.
+
+    A `mode=ro` URI with `query_only` set: a WAL reader that never blocks the writer and
+    is never blocked by it. The writer (`open_database`) must have opened and checked the
+    file first; this one checks no schema. Use `Database.read()` for one consistent
+    snapshot per request. `write()` raises on the result.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    conn = sqlite3.connect(
+        _readonly_uri(path),
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=busy_timeout_ms / 1000,
+    )
+    conn.execute(q.PRAGMA_QUERY_ONLY)
+    return Database(conn, path, clock=clock or SystemClock(), read_only=True)
 
 
 def open_readonly(

@@ -32,7 +32,7 @@ from pi_workflows.storage._lifecycle import (
     require_phase,
 )
 from pi_workflows.storage._phases import EventType, RunnerOutcome, RunPhase, phase_of
-from pi_workflows.storage._rows import RunWorkerRow
+from pi_workflows.storage._rows import RunnerEpochRow
 
 __all__ = [
     "AttemptStarted",
@@ -105,11 +105,11 @@ def claim_for_launch(
         raise RevisionConflictError(run_id, expected_revision, head.revision)
     if head.paused:
         raise InvalidTransitionError(run_id, "paused", "claim for launch")
-    if tx.fetch_one(q.SELECT_ACTIVE_RUN_WORKER, {"run_id": run_id}, RunWorkerRow) is not None:
+    if tx.fetch_one(q.SELECT_ACTIVE_RUNNER_EPOCH, {"run_id": run_id}, RunnerEpochRow) is not None:
         raise InvalidTransitionError(run_id, "active runner", "claim for launch")
     claim = grant_claim(tx, head, owner_type, owner_id, ttl_ms)
     tx.execute(
-        q.INSERT_RUN_WORKER,
+        q.INSERT_RUNNER_EPOCH,
         {
             "runner_epoch": runner_epoch,
             "run_id": run_id,
@@ -152,18 +152,18 @@ def mark_runner_live(
     """
     head, phase = begin_transition(tx, claim.run_id, claim, expected_revision, "mark runner live")
     require_phase(head, phase, frozenset({RunPhase.STARTING}), "mark runner live")
-    worker = tx.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow)
+    runner = tx.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
     if (
-        worker is None
-        or worker.run_id != claim.run_id
-        or worker.generation != claim.generation
-        or worker.status != "starting"
+        runner is None
+        or runner.run_id != claim.run_id
+        or runner.generation != claim.generation
+        or runner.status != "starting"
     ):
         raise InvalidTransitionError(claim.run_id, "starting", f"ready from epoch {runner_epoch}")
 
     def record_ready(tx: Tx) -> None:
         tx.execute(
-            q.UPDATE_RUN_WORKER_READY,
+            q.UPDATE_RUNNER_EPOCH_READY,
             {
                 "runner_epoch": runner_epoch,
                 "pid": pid,
@@ -194,7 +194,7 @@ def record_runner_exit(
     exit_code: int | None = None,
     signal: int | None = None,
     diagnostic_hash: str | None = None,
-) -> RunWorkerRow:
+) -> RunnerEpochRow:
     """Record the one terminal outcome of a runner epoch (no run revision change).
 
     Needs no claim: the server records exits after claim loss and terminal states too.
@@ -204,12 +204,12 @@ def record_runner_exit(
     Raises:
         InvalidTransitionError: the epoch is unknown or already has an outcome.
     """
-    worker = tx.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow)
-    if worker is None or worker.status not in ("starting", "ready"):
-        status = "unknown" if worker is None else worker.status
+    runner = tx.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
+    if runner is None or runner.status not in ("starting", "ready"):
+        status = "unknown" if runner is None else runner.status
         raise InvalidTransitionError(runner_epoch, status, "record runner exit")
     tx.execute(
-        q.UPDATE_RUN_WORKER_FINISH,
+        q.UPDATE_RUNNER_EPOCH_FINISH,
         {
             "runner_epoch": runner_epoch,
             "status": outcome.value,
@@ -219,7 +219,7 @@ def record_runner_exit(
             "now": tx.now,
         },
     )
-    done = tx.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow)
+    done = tx.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
     assert done is not None
     return done
 

@@ -100,7 +100,7 @@ class ParkReason(enum.StrEnum):
 
 
 class RunnerOutcome(enum.StrEnum):
-    """The one terminal outcome recorded for a runner epoch (`run_workers.status`)."""
+    """The one terminal outcome recorded for a runner epoch (`runner_epochs.status`)."""
 
     EXITED = "exited"
     CANCELLED = "cancelled"

@@ -10,6 +10,7 @@ from __future__ import annotations
 # ruff: noqa: E501  (SQL reads better unwrapped than split mid-clause)
 
 __all__ = [
+    "BEGIN_DEFERRED",
     "BEGIN_IMMEDIATE",
     "CHECK_CLAIMED_QUEUE_WITHOUT_LEASE",
     "CHECK_DECISION_RESOLUTIONS",
@@ -37,9 +38,10 @@ __all__ = [
     "CHECK_TERMINAL_RUNS_WITH_LEASE",
     "CHECK_TERMINAL_UNFINISHED_ATTEMPTS",
     "CHECK_TERMINAL_UNSETTLED_EFFECTS",
-    "CHECK_TWO_ACTIVE_WORKERS",
+    "CHECK_TWO_ACTIVE_RUNNERS",
     "COMMIT",
     "COUNT_ACTIVE_QUEUE_ROWS",
+    "COUNT_ACTIVE_RUNNER_EPOCHS",
     "COUNT_AMBIGUOUS_EFFECTS",
     "COUNT_EXPIRED_LEASES",
     "COUNT_FINISHED_VISITS",
@@ -62,9 +64,9 @@ __all__ = [
     "INSERT_PENDING_DECISION_CANCELLATIONS",
     "INSERT_QUEUE_ROW",
     "INSERT_RUN",
+    "INSERT_RUNNER_EPOCH",
     "INSERT_RUNNER_MESSAGE",
     "INSERT_RUN_BINDING",
-    "INSERT_RUN_WORKER",
     "INSERT_SCHEMA_INFO",
     "INSERT_VIEW_CONTENT",
     "PRAGMA_FOREIGN_KEYS_ON",
@@ -73,9 +75,12 @@ __all__ = [
     "PRAGMA_JOURNAL_MODE_WAL",
     "PRAGMA_QUERY_ONLY",
     "PRAGMA_SYNCHRONOUS_FULL",
+    "RELEASE_UNIT",
     "ROLLBACK",
-    "SELECT_ACTIVE_RUN_WORKER",
-    "SELECT_ACTIVE_RUN_WORKERS",
+    "ROLLBACK_TO_UNIT",
+    "SAVEPOINT_UNIT",
+    "SELECT_ACTIVE_RUNNER_EPOCH",
+    "SELECT_ACTIVE_RUNNER_EPOCHS",
     "SELECT_ADMISSIBLE_RUNS",
     "SELECT_BLOB_CONTENTS",
     "SELECT_BLOB_LOCATION",
@@ -91,6 +96,7 @@ __all__ = [
     "SELECT_QUEUE_ROW",
     "SELECT_RESUME_ATTEMPTS",
     "SELECT_RUN",
+    "SELECT_RUNNER_EPOCH",
     "SELECT_RUNNER_MESSAGE",
     "SELECT_RUNNER_PROGRESS",
     "SELECT_RUN_AMBIGUOUS_EFFECTS",
@@ -102,13 +108,13 @@ __all__ = [
     "SELECT_RUN_ROOT",
     "SELECT_RUN_SUMMARIES",
     "SELECT_RUN_SUMMARY",
-    "SELECT_RUN_WORKER",
     "SELECT_SCHEMA_INFO",
     "SELECT_SCHEMA_INFO_TABLE",
     "SELECT_SERVER_HAS_WORK",
     "SELECT_SERVER_LEASE",
     "SELECT_SERVER_LEASE_HEAD",
     "SELECT_SESSION_RESERVATION",
+    "SELECT_STATUS_COUNTS",
     "SELECT_TABLE_NAMES",
     "SELECT_UNFINISHED_ATTEMPT",
     "SELECT_VIEW_CONTENTS",
@@ -136,13 +142,13 @@ __all__ = [
     "UPDATE_PENDING_REQUESTS_CANCEL",
     "UPDATE_QUEUE_REQUEUE",
     "UPDATE_QUEUE_STATE",
+    "UPDATE_RUNNER_EPOCH_FINISH",
+    "UPDATE_RUNNER_EPOCH_READY",
     "UPDATE_RUNNING_ATTEMPTS_INTERRUPTED",
     "UPDATE_RUN_GENERATION",
     "UPDATE_RUN_REVISION",
     "UPDATE_RUN_STATUS",
     "UPDATE_RUN_TERMINAL",
-    "UPDATE_RUN_WORKER_FINISH",
-    "UPDATE_RUN_WORKER_READY",
     "UPDATE_SERVER_LEASE_RELEASE",
     "UPDATE_SERVER_LEASE_RENEW",
     "UPDATE_UNFINISHED_ATTEMPTS_CLOSE",
@@ -158,6 +164,14 @@ BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
 COMMIT = "COMMIT"
 # Undo a write transaction.
 ROLLBACK = "ROLLBACK"
+# Start a read transaction: its first read fixes one snapshot for every read after it.
+BEGIN_DEFERRED = "BEGIN DEFERRED"
+# One unit of a group commit: its writes, inside the group's one transaction.
+SAVEPOINT_UNIT = "SAVEPOINT unit"
+# Keep a unit's writes in the group's transaction (they commit with the group).
+RELEASE_UNIT = "RELEASE unit"
+# Undo only a unit's writes; the group's transaction and its other units stay.
+ROLLBACK_TO_UNIT = "ROLLBACK TO unit"
 # Enforce foreign keys on this connection (off by default in SQLite).
 PRAGMA_FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
 # Write-ahead logging: readers never block the writer.
@@ -306,7 +320,7 @@ SELECT_SERVER_HAS_WORK = """
 SELECT EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
                WHERE q.state IN ('starting', 'running') OR (q.state = 'queued' AND r.paused = 0))
     OR EXISTS (SELECT 1 FROM leases)
-    OR EXISTS (SELECT 1 FROM run_workers WHERE status IN ('starting', 'ready'))
+    OR EXISTS (SELECT 1 FROM runner_epochs WHERE status IN ('starting', 'ready'))
     OR EXISTS (SELECT 1 FROM node_attempts WHERE status = 'waiting' AND deadline_at IS NOT NULL)
     OR EXISTS (SELECT 1 FROM effects WHERE state IN ('pending', 'applying'))
     OR EXISTS (SELECT 1 FROM interactive_submissions WHERE outcome = 'validating')
@@ -373,6 +387,19 @@ COUNT_PENDING_REQUESTS = "SELECT count(*) FROM interactive_requests WHERE status
 COUNT_AMBIGUOUS_EFFECTS = "SELECT count(*) FROM effects WHERE state = 'ambiguous'"
 # How many claims have expired without release, for server status.
 COUNT_EXPIRED_LEASES = "SELECT count(*) FROM leases WHERE expires_at <= :now"
+# Runner epochs launched and not yet exited (startup recovery closes a dead server's).
+COUNT_ACTIVE_RUNNER_EPOCHS = (
+    "SELECT count(*) FROM runner_epochs WHERE status IN ('starting', 'ready')"
+)
+# Every count of `server status` in one statement (one step through SQLite, one snapshot).
+SELECT_STATUS_COUNTS = """
+SELECT 'runs' AS kind, status AS key, count(*) AS n FROM runs GROUP BY status
+UNION ALL SELECT 'queue', state, count(*) FROM run_queue GROUP BY state
+UNION ALL SELECT 'expired', '', count(*) FROM leases WHERE expires_at <= :now
+UNION ALL SELECT 'pending', '', count(*) FROM interactive_requests WHERE status = 'pending'
+UNION ALL SELECT 'ambiguous', '', count(*) FROM effects WHERE state = 'ambiguous'
+UNION ALL SELECT 'runners', '', count(*) FROM runner_epochs WHERE status IN ('starting', 'ready')
+"""
 
 # --- Server lease and epoch ---------------------------------------------------------
 
@@ -543,39 +570,39 @@ SELECT run_id FROM run_bindings WHERE origin_session_id = :origin_session_id AND
 # --- Runner epochs ------------------------------------------------------------------
 
 # Record a runner epoch before spawning it.
-INSERT_RUN_WORKER = """
-INSERT INTO run_workers (
+INSERT_RUNNER_EPOCH = """
+INSERT INTO runner_epochs (
     runner_epoch, run_id, generation, launch_envelope_hash, status, started_at
 ) VALUES (:runner_epoch, :run_id, :generation, :launch_envelope_hash, 'starting', :now)
 """
 # One runner epoch.
-SELECT_RUN_WORKER = """
+SELECT_RUNNER_EPOCH = """
 SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
        started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
-FROM run_workers WHERE runner_epoch = :runner_epoch
+FROM runner_epochs WHERE runner_epoch = :runner_epoch
 """
 # The active runner epoch of a run, if any.
-SELECT_ACTIVE_RUN_WORKER = """
+SELECT_ACTIVE_RUNNER_EPOCH = """
 SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
        started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
-FROM run_workers WHERE run_id = :run_id AND status IN ('starting', 'ready')
+FROM runner_epochs WHERE run_id = :run_id AND status IN ('starting', 'ready')
 """
 # Every active runner epoch (orphan checks after a server restart).
-SELECT_ACTIVE_RUN_WORKERS = """
+SELECT_ACTIVE_RUNNER_EPOCHS = """
 SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
        started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
-FROM run_workers WHERE status IN ('starting', 'ready') ORDER BY started_at, runner_epoch
+FROM runner_epochs WHERE status IN ('starting', 'ready') ORDER BY started_at, runner_epoch
 """
 # The runner sent its ready message.
-UPDATE_RUN_WORKER_READY = """
-UPDATE run_workers
+UPDATE_RUNNER_EPOCH_READY = """
+UPDATE runner_epochs
 SET status = 'ready', pid = :pid, process_start_time = :process_start_time, ready_at = :now,
     ready_revision = :ready_revision
 WHERE runner_epoch = :runner_epoch AND status = 'starting'
 """
 # Record the one terminal outcome of a runner epoch.
-UPDATE_RUN_WORKER_FINISH = """
-UPDATE run_workers
+UPDATE_RUNNER_EPOCH_FINISH = """
+UPDATE runner_epochs
 SET status = :status, finished_at = :now, exit_code = :exit_code, signal = :signal,
     diagnostic_hash = :diagnostic_hash
 WHERE runner_epoch = :runner_epoch AND status IN ('starting', 'ready')
@@ -687,7 +714,7 @@ VALUES (:runner_epoch, :message_id, :kind, :fingerprint, :reply_hash, :now)
 """
 # Whether a runner epoch's run revision advanced after its ready message.
 SELECT_RUNNER_PROGRESS = """
-SELECT w.ready_revision, r.revision FROM run_workers AS w JOIN runs AS r ON r.run_id = w.run_id
+SELECT w.ready_revision, r.revision FROM runner_epochs AS w JOIN runs AS r ON r.run_id = w.run_id
 WHERE w.runner_epoch = :runner_epoch
 """
 
@@ -766,8 +793,8 @@ SELECT r.run_id, 'lease ' || l.generation || ', run ' || r.generation AS detail
 FROM runs AS r JOIN leases AS l ON l.resource = r.run_id WHERE l.generation <> r.generation
 """
 # Runs with more than one active runner epoch.
-CHECK_TWO_ACTIVE_WORKERS = """
-SELECT run_id, count(*) || ' active runner epochs' AS detail FROM run_workers
+CHECK_TWO_ACTIVE_RUNNERS = """
+SELECT run_id, count(*) || ' active runner epochs' AS detail FROM runner_epochs
 WHERE status IN ('starting', 'ready') GROUP BY run_id HAVING count(*) > 1
 """
 # Event revisions that do not run 1..N without gaps or repeats.
@@ -970,5 +997,5 @@ WHERE d.continuation_run_id = :continuation_run_id AND x.outcome = 'accepted'
 
 # How many runner epochs of one run ended with one outcome (e.g. crashed).
 COUNT_RUNNER_OUTCOMES = """
-SELECT count(*) FROM run_workers WHERE run_id = :run_id AND status = :outcome
+SELECT count(*) FROM runner_epochs WHERE run_id = :run_id AND status = :outcome
 """

@@ -16,9 +16,9 @@ from pi_workflows.storage._rows import (
     EventRow,
     NodeAttemptRow,
     QueueRow,
+    RunnerEpochRow,
     RunRow,
     RunSummary,
-    RunWorkerRow,
 )
 
 __all__ = [
@@ -149,14 +149,14 @@ def list_attempts(reader: Reader, run_id: str) -> list[NodeAttemptRow]:
     return reader.fetch_all(q.SELECT_RUN_ATTEMPTS, {"run_id": run_id}, NodeAttemptRow)
 
 
-def get_runner(reader: Reader, runner_epoch: str) -> RunWorkerRow | None:
+def get_runner(reader: Reader, runner_epoch: str) -> RunnerEpochRow | None:
     """Return one runner epoch."""
-    return reader.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow)
+    return reader.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
 
 
-def active_runner(reader: Reader, run_id: str) -> RunWorkerRow | None:
+def active_runner(reader: Reader, run_id: str) -> RunnerEpochRow | None:
     """Return the run's active (starting or ready) runner epoch, if any."""
-    return reader.fetch_one(q.SELECT_ACTIVE_RUN_WORKER, {"run_id": run_id}, RunWorkerRow)
+    return reader.fetch_one(q.SELECT_ACTIVE_RUNNER_EPOCH, {"run_id": run_id}, RunnerEpochRow)
 
 
 def count_runner_outcomes(reader: Reader, run_id: str, outcome: str) -> int:
@@ -164,9 +164,9 @@ def count_runner_outcomes(reader: Reader, run_id: str, outcome: str) -> int:
     return int(reader.fetch_value(q.COUNT_RUNNER_OUTCOMES, {"run_id": run_id, "outcome": outcome}))
 
 
-def active_runners(reader: Reader) -> list[RunWorkerRow]:
+def active_runners(reader: Reader) -> list[RunnerEpochRow]:
     """Return every active runner epoch (orphan checks after a restart)."""
-    return reader.fetch_all(q.SELECT_ACTIVE_RUN_WORKERS, {}, RunWorkerRow)
+    return reader.fetch_all(q.SELECT_ACTIVE_RUNNER_EPOCHS, {}, RunnerEpochRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,22 +178,33 @@ class StatusCounts:
     expired_claims: int
     pending_interactions: int
     ambiguous_effects: int
+    active_runners: int
+    """Runner epochs launched and not yet exited: startup recovery closed every epoch of
+    an earlier server, so these are this server's."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Count:
+    kind: str
     key: str
     n: int
 
 
 def status_counts(reader: Reader, now: int) -> StatusCounts:
-    """Return the safe counts of `server status`; `now` decides which claims expired."""
-    runs = reader.fetch_all(q.COUNT_RUNS_BY_STATUS, {}, _Count)
-    queue = reader.fetch_all(q.COUNT_QUEUE_BY_STATE, {}, _Count)
+    """Return the safe counts of `server status`; `now` decides which claims expired.
+
+    One statement, so the counts are one consistent snapshot even outside a read
+    transaction.
+    """
+    by_kind: dict[str, dict[str, int]] = {}
+    for row in reader.fetch_all(q.SELECT_STATUS_COUNTS, {"now": now}, _Count):
+        by_kind.setdefault(row.kind, {})[row.key] = row.n
+    single = {kind: sum(counts.values()) for kind, counts in by_kind.items()}
     return StatusCounts(
-        runs_by_status={row.key: row.n for row in runs},
-        queue_by_state={row.key: row.n for row in queue},
-        expired_claims=int(reader.fetch_value(q.COUNT_EXPIRED_LEASES, {"now": now})),
-        pending_interactions=int(reader.fetch_value(q.COUNT_PENDING_REQUESTS, {})),
-        ambiguous_effects=int(reader.fetch_value(q.COUNT_AMBIGUOUS_EFFECTS, {})),
+        runs_by_status=by_kind.get("runs", {}),
+        queue_by_state=by_kind.get("queue", {}),
+        expired_claims=single.get("expired", 0),
+        pending_interactions=single.get("pending", 0),
+        ambiguous_effects=single.get("ambiguous", 0),
+        active_runners=single.get("runners", 0),
     )

@@ -21,7 +21,7 @@ from pi_workflows.storage._errors import ClaimHeldError, InvalidTransitionError
 from pi_workflows.storage._execution import record_runner_exit
 from pi_workflows.storage._lifecycle import TransitionResult, park_run, requeue_run
 from pi_workflows.storage._phases import RunnerOutcome, RunPhase, phase_of
-from pi_workflows.storage._rows import RunWorkerRow
+from pi_workflows.storage._rows import RunnerEpochRow
 
 __all__ = [
     "RecordedProcess",
@@ -49,10 +49,10 @@ _SELECT_PROCESSES = """
 SELECT runner_epoch, pid, start_ticks, boot_id, role FROM runner_processes
 ORDER BY role DESC, runner_epoch, pid
 """
-_SELECT_ACTIVE_WORKERS = """
+_SELECT_ACTIVE_RUNNER_EPOCHS = """
 SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
        started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
-FROM run_workers WHERE status IN ('starting', 'ready') ORDER BY started_at, runner_epoch
+FROM runner_epochs WHERE status IN ('starting', 'ready') ORDER BY started_at, runner_epoch
 """
 _SELECT_STALE_RUNS = """
 SELECT run_id FROM run_queue WHERE state IN ('starting', 'running') ORDER BY updated_at, run_id
@@ -119,9 +119,9 @@ def recorded_processes(reader: Reader) -> list[RecordedProcess]:
     return reader.fetch_all(_SELECT_PROCESSES, {}, RecordedProcess)
 
 
-def stale_runner_epochs(reader: Reader) -> list[RunWorkerRow]:
+def stale_runner_epochs(reader: Reader) -> list[RunnerEpochRow]:
     """Runner epochs without a terminal outcome: at startup, all belong to a dead server."""
-    return reader.fetch_all(_SELECT_ACTIVE_WORKERS, {}, RunWorkerRow)
+    return reader.fetch_all(_SELECT_ACTIVE_RUNNER_EPOCHS, {}, RunnerEpochRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +199,6 @@ def recover_stale_run(
     return RecoveredRun(run_id, "requeued", result.revision)
 
 
-def close_stale_runner_epoch(tx: Tx, worker: RunWorkerRow) -> None:
+def close_stale_runner_epoch(tx: Tx, runner: RunnerEpochRow) -> None:
     """Record `orphaned`, the one terminal outcome of a runner whose server died."""
-    record_runner_exit(tx, worker.runner_epoch, outcome=RunnerOutcome.ORPHANED)
+    record_runner_exit(tx, runner.runner_epoch, outcome=RunnerOutcome.ORPHANED)

@@ -16,7 +16,7 @@ __all__ = [
     "QueueRow",
     "RunRow",
     "RunSummary",
-    "RunWorkerRow",
+    "RunnerEpochRow",
     "ServerLeaseRow",
 ]
 
@@ -125,8 +125,8 @@ class NodeAttemptRow:
 
 
 @dataclass(frozen=True, slots=True)
-class RunWorkerRow:
-    """One `run_workers` row (a runner epoch)."""
+class RunnerEpochRow:
+    """One `runner_epochs` row (a runner epoch)."""
 
     runner_epoch: str
     run_id: str

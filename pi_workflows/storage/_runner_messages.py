@@ -14,7 +14,7 @@ from pi_workflows.storage import _queries as q
 from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import InvalidTransitionError, RunnerMessageConflictError
-from pi_workflows.storage._rows import RunWorkerRow
+from pi_workflows.storage._rows import RunnerEpochRow
 from pi_workflows.wire.canonical import sha256_digest
 
 __all__ = [
@@ -85,7 +85,7 @@ def record_runner_reply(  # noqa: PLR0917 (the receipt columns, in key order)
 
     Args:
         tx: the handler's open transaction.
-        runner_epoch: the sending runner epoch (a recorded `run_workers` row).
+        runner_epoch: the sending runner epoch (a recorded `runner_epochs` row).
         message_id: the message's stable ID.
         kind: the message kind, e.g. `effect.reserve`.
         fingerprint: `runner_message_fingerprint(message)`.
@@ -100,7 +100,7 @@ def record_runner_reply(  # noqa: PLR0917 (the receipt columns, in key order)
     """
     if reply is None:
         raise ValueError("a runner reply cannot be null")
-    if tx.fetch_one(q.SELECT_RUN_WORKER, {"runner_epoch": runner_epoch}, RunWorkerRow) is None:
+    if tx.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow) is None:
         raise InvalidTransitionError(runner_epoch, "unknown", "record runner reply")
     existing = tx.fetch_one(
         q.SELECT_RUNNER_MESSAGE,

@@ -367,7 +367,7 @@ CREATE INDEX workflow_messages_by_run ON workflow_messages (run_id, state);
 CREATE INDEX workflow_messages_by_source ON workflow_messages (source_id);
 
 -- Runner epochs: several per run and generation over time, at most one active.
-CREATE TABLE run_workers (
+CREATE TABLE runner_epochs (
     runner_epoch TEXT PRIMARY KEY,
     run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     generation INTEGER NOT NULL CHECK (generation >= 1),
@@ -386,17 +386,17 @@ CREATE TABLE run_workers (
     diagnostic_hash TEXT REFERENCES blobs (digest),
     CHECK ((finished_at IS NULL) = (status IN ('starting', 'ready')))
 ) STRICT;
-CREATE UNIQUE INDEX run_workers_one_active ON run_workers (run_id)
+CREATE UNIQUE INDEX runner_epochs_one_active ON runner_epochs (run_id)
     WHERE status IN ('starting', 'ready');
-CREATE INDEX run_workers_by_run ON run_workers (run_id, generation);
-CREATE INDEX run_workers_by_diagnostic ON run_workers (diagnostic_hash)
+CREATE INDEX runner_epochs_by_run ON runner_epochs (run_id, generation);
+CREATE INDEX runner_epochs_by_diagnostic ON runner_epochs (diagnostic_hash)
     WHERE diagnostic_hash IS NOT NULL;
 
 -- Replies to accepted runner messages, so a retried message receives the same answer.
 -- The fingerprint is the digest of the canonical message; the reply is a JSON blob.
 -- Deleted with its runner epoch, and so with its run.
 CREATE TABLE runner_messages (
-    runner_epoch TEXT NOT NULL REFERENCES run_workers (runner_epoch) ON DELETE CASCADE,
+    runner_epoch TEXT NOT NULL REFERENCES runner_epochs (runner_epoch) ON DELETE CASCADE,
     message_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
@@ -445,7 +445,7 @@ CREATE INDEX channel_messages_by_settlement_effect ON channel_messages (settleme
 -- later a headless Pi child). Known by exact identity: PID, kernel start ticks, boot ID.
 -- Rows leave when the process is unregistered or stopped; recovery stops and deletes the rest.
 CREATE TABLE runner_processes (
-    runner_epoch TEXT NOT NULL REFERENCES run_workers (runner_epoch) ON DELETE CASCADE,
+    runner_epoch TEXT NOT NULL REFERENCES runner_epochs (runner_epoch) ON DELETE CASCADE,
     pid INTEGER NOT NULL CHECK (pid > 0),
     start_ticks INTEGER NOT NULL,
     boot_id TEXT NOT NULL,

@@ -172,6 +172,19 @@ _declare(
     "A drain after a run was handed back at a durable boundary (requeued, committed) and "
     "before its runner hears claim loss.",
 )
+# Server: the database actor's group commit (one COMMIT for a batch of units).
+_declare(
+    "server.group_commit.before_commit",
+    "server",
+    "A group commit after every unit of the batch ran and before its one COMMIT, so "
+    "the writes of every unit in the batch are lost and none was answered.",
+)
+_declare(
+    "server.group_commit.after_commit",
+    "server",
+    "A group commit right after its one COMMIT and before any unit of the batch is "
+    "answered (no client response, runner reply or launch has happened yet).",
+)
 # Server: its own startup recovery.
 _declare(
     "server.recovery.after_epoch",

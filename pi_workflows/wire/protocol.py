@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from importlib import resources
 from typing import Any, Final, Literal, NotRequired, TypeAlias, TypedDict, cast
 
+import fastjsonschema
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
@@ -418,8 +419,80 @@ def _branch_validators(name: str) -> tuple[str | None, dict[Any, Any]]:
             return None, {}
         discriminator = key
         branch = _inline_refs(clause["then"], defs)
-        branches[properties[key]["const"]] = _ProtocolValidator(branch)
+        branches[properties[key]["const"]] = _fast_branch(branch) or _ProtocolValidator(branch)
     return discriminator, branches
+
+
+# A branch is compiled with fastjsonschema (draft-07 code generation, ~30x faster than
+# jsonschema here) only when that can never accept what jsonschema rejects: every keyword
+# is one it checks exactly as jsonschema does, or one where it is only stricter (`pattern`
+# reads `$` as end of string; numeric bounds also apply to booleans), and the operators
+# whose subschemas invert or choose (`not`, `if`/`then`/`else`, `oneOf`) hold exact
+# keywords only. Anything else (`unevaluatedProperties`, `prefixItems`, ...) keeps
+# jsonschema. A rejection is worded by the whole-document validator either way.
+_EXACT_KEYWORDS = frozenset(
+    {
+        "type",
+        "required",
+        "properties",
+        "additionalProperties",
+        "const",
+        "enum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "items",
+        "description",
+        "title",
+        "$comment",
+    }
+)
+_STRICTER_KEYWORDS = frozenset({"pattern", "minimum", "maximum", "allOf", "anyOf"})
+_CHOOSING_KEYWORDS = frozenset({"not", "if", "then", "else", "oneOf"})
+
+
+def _fast_safe(node: object, *, exact: bool = False) -> bool:
+    if not isinstance(node, dict):
+        return False
+    return all(_fast_safe_keyword(key, value, exact) for key, value in node.items())
+
+
+def _fast_safe_keyword(key: str, value: Any, exact: bool) -> bool:
+    if key in _CHOOSING_KEYWORDS:
+        parts = value if isinstance(value, list) else [value]
+        return all(_fast_safe(part, exact=True) for part in parts)
+    if key in ("const", "enum"):
+        values = value if key == "enum" else [value]
+        return all(v is None or isinstance(v, (str, bool, int)) for v in values)
+    if key == "properties":
+        return all(_fast_safe(sub, exact=exact) for sub in value.values())
+    if key in ("items", "additionalProperties") and isinstance(value, dict):
+        return _fast_safe(value, exact=exact)
+    if key in ("allOf", "anyOf"):
+        return not exact and all(_fast_safe(part) for part in value)
+    return key in _EXACT_KEYWORDS or (not exact and key in _STRICTER_KEYWORDS)
+
+
+class _FastBranch:
+    """A branch validator compiled by fastjsonschema; same `is_valid` as jsonschema's."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.schema = schema
+        self._check = fastjsonschema.compile(
+            {"$schema": "http://json-schema.org/draft-07/schema#", **schema}, use_formats=False
+        )
+
+    def is_valid(self, message: object) -> bool:
+        try:
+            self._check(message)
+        except fastjsonschema.JsonSchemaException:
+            return False
+        return True
+
+
+def _fast_branch(schema: dict[str, Any]) -> _FastBranch | None:
+    return _FastBranch(schema) if _fast_safe(schema) else None
 
 
 def _valid_by_branch(name: str, message: object) -> bool:

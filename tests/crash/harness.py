@@ -52,7 +52,7 @@ __all__ = [
     "Lab",
     "Server",
     "live_generations",
-    "worker_rows",
+    "runner_rows",
 ]
 
 LAB_ENV = "PI_WORKFLOWS_CRASH_LAB"
@@ -625,16 +625,16 @@ class Lab:
 def live_generations(db: sqlite3.Connection) -> dict[str, int]:
     """Runs with more than one live runner generation (starting or ready): must be none."""
     rows = db.execute(
-        "SELECT run_id, COUNT(*) FROM run_workers WHERE status IN ('starting', 'ready') "
+        "SELECT run_id, COUNT(*) FROM runner_epochs WHERE status IN ('starting', 'ready') "
         "GROUP BY run_id HAVING COUNT(*) > 1"
     ).fetchall()
     return {str(run_id): int(count) for run_id, count in rows}
 
 
-def worker_rows(db: sqlite3.Connection, run_id: str) -> list[tuple[str, int | None]]:
+def runner_rows(db: sqlite3.Connection, run_id: str) -> list[tuple[str, int | None]]:
     """(status, signal) of each runner epoch of a run, oldest first."""
     rows = db.execute(
-        "SELECT status, signal FROM run_workers WHERE run_id = ? ORDER BY started_at, generation",
+        "SELECT status, signal FROM runner_epochs WHERE run_id = ? ORDER BY started_at, generation",
         (run_id,),
     ).fetchall()
     return [(str(status), sig) for status, sig in rows]

@@ -38,7 +38,7 @@ import pytest
 
 from pi_workflows.supervision import CRASH_POINTS
 from tests.conftest import Processes
-from tests.crash.harness import PIW, Command, Lab, live_generations, worker_rows
+from tests.crash.harness import PIW, Command, Lab, live_generations, runner_rows
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -168,7 +168,7 @@ def _lifecycle_before_launch(lab: Lab) -> None:
     with lab.database() as db:  # the claim never committed: the run is still queued
         assert _queue(db, run_id) == "queued"
         assert _run(db, run_id) == ("queued", 0, 0)
-        assert _row(db, "SELECT COUNT(*) FROM run_workers") == 0
+        assert _row(db, "SELECT COUNT(*) FROM runner_epochs") == 0
     lab.start_server()
     continuation = _approve_to_the_end(lab, run_id)
     _check_approve_ran_once(lab, run_id, continuation)
@@ -247,13 +247,13 @@ def _lifecycle_after_launch(lab: Lab) -> None:
     run_id = _run_of(lab, start)
     with lab.database() as db:  # claimed for a runner that was never spawned
         assert _queue(db, run_id) == "starting"
-        assert worker_rows(db, run_id) == [("starting", None)]
+        assert runner_rows(db, run_id) == [("starting", None)]
     lab.start_server()
     continuation = _approve_to_the_end(lab, run_id)
     _check_approve_ran_once(lab, run_id, continuation)
     lab.finish({run_id: "completed", continuation: "completed"})
     with lab.database() as db:
-        assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
+        assert runner_rows(db, run_id) == [("orphaned", None), ("exited", None)]
 
 
 @scenario("server.lifecycle.after_commit", "waiting")
@@ -272,7 +272,7 @@ def _lifecycle_after_wait(lab: Lab) -> None:
     _check_approve_ran_once(lab, run_id, continuation)
     lab.finish({run_id: "completed", continuation: "completed"})
     with lab.database() as db:
-        assert worker_rows(db, run_id) == [("orphaned", None)]
+        assert runner_rows(db, run_id) == [("orphaned", None)]
 
 
 @scenario("server.lifecycle.after_commit", "answer-receipt")
@@ -382,6 +382,49 @@ def _receipt_restart(lab: Lab) -> None:
     lab.finish({old: "completed", restart.new_run: "completed"})
 
 
+# --- server.group_commit.*: one COMMIT for a batch of units ----------------------------
+# The first batch that writes is `run.start`'s, unless the first lease renewal (2 s after
+# the start) wins the race on a slow machine; the checks hold either way.
+# tests/actors/test_database.py drives both points with a runner message and a client
+# command in one batch.
+
+
+@scenario("server.group_commit.before_commit", "run-start")
+def _group_before_commit(lab: Lab) -> None:
+    armed = lab.start_server("server.group_commit.before_commit@1")
+    start = lab.start_run("pure")
+    assert start.lost
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # the batch never committed: no run, no receipt
+        assert _row(db, "SELECT COUNT(*) FROM runs") == 0
+        assert _row(db, "SELECT COUNT(*) FROM host_commands") == 0
+    lab.start_server()
+    lab.resend_lost()
+    assert start.resent_outcome == "accepted", "no receipt existed: the retry starts it once"
+    lab.wait_status(start.new_run, "completed")
+    assert lab.count(start.new_run, "a") == 1
+    lab.finish({start.new_run: "completed"})
+
+
+@scenario("server.group_commit.after_commit", "run-start")
+def _group_after_commit(lab: Lab) -> None:
+    armed = lab.start_server("server.group_commit.after_commit@1")
+    start = lab.start_run("pure")
+    assert start.lost, "no unit of a batch is answered before its COMMIT"
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        runs = db.execute("SELECT run_id FROM runs").fetchall()
+    lab.start_server()
+    lab.resend_lost()
+    if runs:  # the batch of run.start committed: the retry adopts its receipt
+        assert start.resent_outcome == "adopted" and start.new_run == runs[0][0]
+    else:  # the lease renewal's batch came first
+        assert start.resent_outcome == "accepted"
+    lab.wait_status(start.new_run, "completed")
+    assert lab.count(start.new_run, "a") == 1
+    lab.finish({start.new_run: "completed"})
+
+
 # --- server.launch.*: the launch is committed, the runner unknown or unborn ------------
 
 
@@ -396,9 +439,9 @@ def _launch_crash(lab: Lab, point: str) -> None:
         assert _row(db, "SELECT COUNT(*) FROM node_attempts") == 0  # no node ran
         if point == "server.launch.after_commit":  # never spawned
             assert _queue(db, run_id) == "starting"
-            assert worker_rows(db, run_id) == [("starting", None)]
+            assert runner_rows(db, run_id) == [("starting", None)]
         else:  # spawned; its runner.ready may have raced the crash, nothing more can have
-            assert [status for status, _ in worker_rows(db, run_id)] in (["starting"], ["ready"])
+            assert [status for status, _ in runner_rows(db, run_id)] in (["starting"], ["ready"])
     lab.start_server()
     lab.assert_gone(orphans, "a process of the crashed server")
     lab.resend_lost()
@@ -408,7 +451,7 @@ def _launch_crash(lab: Lab, point: str) -> None:
     assert lab.applied(run_id) == 1
     lab.finish({run_id: "completed"})
     with lab.database() as db:
-        assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
+        assert runner_rows(db, run_id) == [("orphaned", None), ("exited", None)]
 
 
 @scenario("server.launch.after_commit", "first-launch")
@@ -432,14 +475,14 @@ def _ready_before_command(lab: Lab) -> None:
     run_id = _run_of(lab, start)
     with lab.database() as db:
         assert _queue(db, run_id) == "running"
-        assert [status for status, _ in worker_rows(db, run_id)] == ["ready"]
+        assert [status for status, _ in runner_rows(db, run_id)] == ["ready"]
         assert _row(db, "SELECT COUNT(*) FROM node_attempts") == 0
     lab.start_server()
     lab.wait_status(run_id, "completed")
     assert lab.count(run_id, "a") == 1 and lab.applied(run_id) == 1
     lab.finish({run_id: "completed"})
     with lab.database() as db:
-        assert worker_rows(db, run_id) == [("orphaned", None), ("exited", None)]
+        assert runner_rows(db, run_id) == [("orphaned", None), ("exited", None)]
 
 
 # --- server.lifecycle.cancel.before_fence: cancelled durably, the runner not stopped yet ----------
@@ -565,7 +608,7 @@ def _runner_before_ready(lab: Lab) -> None:
     assert lab.count(run_id, "a") == 1
     lab.finish({run_id: "completed"})
     with lab.database() as db:
-        assert worker_rows(db, run_id) == [("crashed", signal.SIGKILL), ("exited", None)]
+        assert runner_rows(db, run_id) == [("crashed", signal.SIGKILL), ("exited", None)]
 
 
 def _runner_effect_crash(lab: Lab, point: str, read_back: bool, applied: int) -> None:
@@ -584,7 +627,7 @@ def _runner_effect_crash(lab: Lab, point: str, read_back: bool, applied: int) ->
     lab.finish({run_id: "completed" if read_back else "ambiguous"}, ambiguous=0 if read_back else 1)
     with lab.database() as db:
         assert _effect_states(db, run_id) == ["applied" if read_back else "ambiguous"]
-        assert worker_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
+        assert runner_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
 
 
 @scenario("runner.effect.after_reserve", "read-back")
@@ -621,13 +664,14 @@ def _messages_of_the_crashed_runner(lab: Lab, run_id: str) -> list[str]:
     """The kinds of the messages the server committed from the run's first runner."""
     with lab.database() as db:
         crashed = db.execute(
-            "SELECT runner_epoch FROM run_workers WHERE run_id = ? ORDER BY started_at, generation",
+            "SELECT runner_epoch FROM runner_epochs WHERE run_id = ?"
+            " ORDER BY started_at, generation",
             (run_id,),
         ).fetchone()
         rows = db.execute(
             "SELECT message_id, kind FROM runner_messages WHERE runner_epoch = ?", crashed
         ).fetchall()
-        assert worker_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
+        assert runner_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
     return [kind for _, kind in sorted(rows, key=lambda row: int(row[0].rsplit("-m", 1)[1]))]
 
 

@@ -128,7 +128,7 @@ def test_state_over_the_frame_limit_reaches_a_resumed_runner_and_a_continuation(
     )
     assert states[0][0] >= 2
     workers = _query(
-        running_server, "SELECT status FROM run_workers WHERE run_id = ? ORDER BY rowid", run_id
+        running_server, "SELECT status FROM runner_epochs WHERE run_id = ? ORDER BY rowid", run_id
     )
     assert [status for (status,) in workers] == ["crashed", "exited"]
 

@@ -106,7 +106,7 @@ def test_recovery_stops_only_processes_whose_exact_identity_matches(
     try:
         assert database.execute("SELECT count(*) FROM runner_processes").fetchone() == (0,)
         assert database.execute(
-            "SELECT status FROM run_workers WHERE runner_epoch = 'epoch-1'"
+            "SELECT status FROM runner_epochs WHERE runner_epoch = 'epoch-1'"
         ).fetchone() == ("orphaned",)
         assert database.execute(
             "SELECT state FROM run_queue WHERE run_id = 'run-1'"

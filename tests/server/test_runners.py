@@ -128,7 +128,7 @@ def test_a_pipeline_runs_to_completion_with_a_shell_and_an_effect(
             (run_id,),
         ).fetchall()
         workers = database.execute(
-            "SELECT status FROM run_workers WHERE run_id = ?", (run_id,)
+            "SELECT status FROM runner_epochs WHERE run_id = ?", (run_id,)
         ).fetchall()
     finally:
         database.close()

@@ -40,7 +40,7 @@ state that every kill since the previous one left behind):
 3. Ledger: no effect key appears twice unless its effect is `ambiguous`; every key on the
    ledger has its effect row; every `applied` ledger effect is on it exactly once; no
    `cancelled` effect is on it.
-4. No run has two live runner generations (`run_workers` rows `starting`/`ready`), and no
+4. No run has two live runner generations (`runner_epochs` rows `starting`/`ready`), and no
    run has two live runner processes for longer than `LEAK_GRACE_S`.
 5. No run is `starting`/`running` under a claim that the live server does not own.
 6. No acknowledged command receipt is lost: every receipt acknowledged since the last
@@ -746,7 +746,7 @@ class Soak:
                 )
             }
             doubles = db.execute(
-                "SELECT run_id, COUNT(*) FROM run_workers WHERE status IN ('starting', 'ready') "
+                "SELECT run_id, COUNT(*) FROM runner_epochs WHERE status IN ('starting', 'ready') "
                 "GROUP BY run_id HAVING COUNT(*) > 1"
             ).fetchall()
             lease = db.execute("SELECT owner_id, pid FROM server_lease").fetchone()
@@ -849,7 +849,7 @@ class Soak:
         marks = ",".join("?" * len(runners))
         with _readonly(self.state_dir) as db:
             rows = db.execute(
-                f"SELECT pid, run_id FROM run_workers WHERE pid IN ({marks}) ORDER BY started_at",
+                f"SELECT pid, run_id FROM runner_epochs WHERE pid IN ({marks}) ORDER BY started_at",
                 sorted(runners),
             ).fetchall()
         owner = {pid: run_id for pid, run_id in rows}  # the newest row of a reused PID wins

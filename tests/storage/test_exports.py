@@ -9,7 +9,8 @@ import pi_workflows.storage as storage
 
 PINNED = {
     # opening, transactions, time, paths
-    "open_database", "open_readonly", "Database", "Tx", "Reader", "Params", "Tracer",
+    "open_database", "open_readonly", "open_live_reader", "Database", "Tx", "Reader", "Params",
+    "Tracer", "GroupCommit", "GroupLostError",
     "DEFAULT_BUSY_TIMEOUT_MS", "Clock", "SystemClock", "ManualClock",
     "AGENT_DIR_ENV", "agent_dir", "workflows_dir", "state_db_path", "ensure_private_dir",
     "SCHEMA_NAME", "SCHEMA_VERSION", "DDL_DIGEST",
@@ -37,7 +38,7 @@ PINNED = {
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
     "get_runner", "active_runner", "active_runners", "status_counts", "StatusCounts",
     "server_has_work", "RunRow", "RunSummary", "QueueRow", "LeaseRow", "EventRow",
-    "NodeAttemptRow", "RunWorkerRow", "ServerLeaseRow",
+    "NodeAttemptRow", "RunnerEpochRow", "ServerLeaseRow",
     # receipts
     "CommandRequest", "LookupOutcome", "ReceiptLookup", "ReceiptOutcome", "StoredReceipt",
     "command_fingerprint", "lookup_receipt", "record_receipt",

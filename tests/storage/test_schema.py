@@ -41,7 +41,7 @@ EXPECTED_TABLES = {
     "interactive_requests",
     "interactive_submissions",
     "workflow_messages",
-    "run_workers",
+    "runner_epochs",
     "runner_messages",
     "run_view_content",
     "channel_messages",

@@ -153,7 +153,7 @@ def _corrupt_index(path: Path) -> None:
 
 
 BREAKS: dict[FindingCode, Callable[[Path], None]] = {
-    FindingCode.CHECK_FAILED: lambda p: raw(p, "DROP TABLE run_workers"),
+    FindingCode.CHECK_FAILED: lambda p: raw(p, "DROP TABLE runner_epochs"),
     FindingCode.INTEGRITY: _corrupt_index,
     FindingCode.FOREIGN_KEY: lambda p: raw(
         p,
@@ -180,8 +180,8 @@ BREAKS: dict[FindingCode, Callable[[Path], None]] = {
     ),
     FindingCode.MULTIPLE_ACTIVE_RUNNERS: lambda p: raw(
         p,
-        "DROP INDEX run_workers_one_active",
-        "INSERT INTO run_workers (runner_epoch, run_id, generation, launch_envelope_hash, status,"
+        "DROP INDEX runner_epochs_one_active",
+        "INSERT INTO runner_epochs (runner_epoch, run_id, generation, launch_envelope_hash, status,"
         " started_at) VALUES ('r-e2', 'r', 1, 'h', 'starting', 1)",
     ),
     FindingCode.EVENT_REVISION_GAP: lambda p: raw(

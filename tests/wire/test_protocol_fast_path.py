@@ -42,3 +42,44 @@ def test_the_branch_validator_never_accepts_what_the_schema_rejects(
 ) -> None:
     whole = protocol._validator(schema).is_valid(message)
     assert protocol._valid_by_branch(schema, message) <= whole
+
+
+REQUEST = {
+    "schema": "pi-workflows.client.v1",
+    "type": "request",
+    "requestId": "r-1",
+    "clientId": "c-1",
+    "operation": "server.status",
+    "idempotencyKey": "k-1",
+    "payload": {},
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"expectedRevision": True},  # a boolean is not an integer
+        {"expectedRevision": -1},
+        {"requestId": "r\n"},  # `$` before a trailing newline
+        {"requestId": ""},
+        {"operation": "Server.status"},
+        {"extra": 1},
+        {"payload": []},
+        {"schema": "pi-workflows.client.v2"},
+    ],
+)
+def test_the_compiled_branch_agrees_with_the_whole_schema_on_edge_values(
+    change: dict[str, Any],
+) -> None:
+    message = {**REQUEST, **change}
+    whole = protocol._validator("client.v1").is_valid(message)
+    assert protocol._valid_by_branch("client.v1", message) <= whole
+
+
+def test_client_branches_are_compiled_and_unsupported_keywords_keep_jsonschema() -> None:
+    _, client = protocol._branch_validators("client.v1")
+    assert all(isinstance(branch, protocol._FastBranch) for branch in client.values())
+    _, runner = protocol._branch_validators("runner.v1")
+    # runner messages use unevaluatedProperties, which fastjsonschema does not know
+    assert not isinstance(runner["node.started"], protocol._FastBranch)
+    assert protocol._valid_by_branch("client.v1", REQUEST)
