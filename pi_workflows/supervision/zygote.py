@@ -57,6 +57,7 @@ class _Zygote:
     def __init__(self, control: socket.socket, modules: list[str]) -> None:
         self._control = control
         self._modules = {name: importlib.import_module(name) for name in modules}
+        _prewarm()
         self._children: set[int] = set()
         self._wakeup_r, self._wakeup_w = os.pipe()
         os.set_blocking(self._wakeup_r, False)
@@ -186,6 +187,13 @@ class _Zygote:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._control.close()
+
+
+def _prewarm() -> None:
+    """Fill, once, the caches every child would otherwise build after its fork."""
+    from pi_workflows.engine._warm import prewarm  # noqa: PLC0415 - only the zygote warms
+
+    prewarm()
 
 
 def _returncode(status: int) -> int:
