@@ -42,6 +42,7 @@ from pi_workflows.actors._subscriptions import (
 )
 from pi_workflows.actors._ticker import Ticker
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._logging import configure_server_logging
 from pi_workflows.server._operations import (
     COMMANDS,
@@ -187,6 +188,8 @@ class WorkflowServer:
         self._ctx: OperationContext | None = None
         self._watcher: threading.Thread | None = None
         self._zygote: Zygote | None = None
+        self.definitions = DefinitionCache()
+        """Reusable resolver answers: a hit starts a run without a resolver child."""
         self.recovery: RecoveryReport | None = None
         """What startup recovery did (counts only)."""
 
@@ -720,6 +723,7 @@ class _Router:
             return
         ctx, database, pool = server._ctx, server._database, server._resolvers
         assert ctx is not None and database is not None and pool is not None
+        agent_dir, definitions = server.state_dir.parent, server.definitions
 
         def commit(resolved: dict[str, Any]) -> None:
             def reply(result: Reply) -> None:
@@ -750,9 +754,8 @@ class _Router:
 
         def resolve() -> None:
             try:
-                resolved = resolve_start(
-                    name, project, server.state_dir.parent, workflow_input, server._zygote
-                )
+                resolved = resolve_start(name, project, agent_dir, workflow_input, server._zygote)
+                definitions.store(name, project, agent_dir, resolved)
             except Exception:
                 log.exception("resolver failed", extra={"action": "resolver.error"})
                 resolved = {
@@ -762,6 +765,10 @@ class _Router:
                 }
             commit(resolved)
 
+        cached = definitions.answer(name, project, agent_dir, workflow_input)
+        if cached is not None:  # the same answer the resolver would give, without a child
+            commit(cached)
+            return
         pool.submit(resolve)
 
     def _subscribe(self, connection: Connection, request: RequestMessage) -> None:
