@@ -44,10 +44,12 @@ from pi_workflows.engine._discovery import WORKFLOW_SUFFIX, command_name, search
 from pi_workflows.engine.resolve import safe_message
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 
-__all__ = ["DEFAULT_CAPACITY", "CacheStats", "CachedDefinition", "DefinitionCache"]
+__all__ = ["CACHE_ENV", "DEFAULT_CAPACITY", "CacheStats", "CachedDefinition", "DefinitionCache"]
 
 log = logging.getLogger(__name__)
 
+CACHE_ENV = "PI_WORKFLOWS_DEFINITION_CACHE"
+"""`0` turns the cache off: every `run.start` runs the resolver (benchmarks compare)."""
 DEFAULT_CAPACITY = 256
 """Definitions kept (least recently used dropped first)."""
 
@@ -156,8 +158,10 @@ class DefinitionCache:
     refuses reuse for a workflow that imports more than a few MiB of modules).
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, *, enabled: bool | None = None) -> None:
         self._capacity = capacity
+        self.enabled = enabled if enabled is not None else os.environ.get(CACHE_ENV) != "0"
+        """False: every lookup misses and nothing is stored (`PI_WORKFLOWS_DEFINITION_CACHE=0`)."""
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str | None, str], CachedDefinition] = OrderedDict()
         self._hits = 0
@@ -174,7 +178,7 @@ class DefinitionCache:
         """The cached definition, if every file and discovery it depends on still holds."""
         key = (name, project, str(agent_dir))
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._entries.get(key) if self.enabled else None
         if entry is not None and not entry.still_valid(
             Path(project) if project is not None else None, agent_dir
         ):
@@ -213,7 +217,7 @@ class DefinitionCache:
         except Exception:
             log.exception("definition cache store failed", extra={"action": "cache.error"})
             return False
-        if entry is None:
+        if entry is None or not self.enabled:
             return False
         key = (name, project, str(agent_dir))
         with self._lock:
