@@ -1,12 +1,8 @@
-"""Work a forked child would otherwise repeat: done once in the zygote, before it forks.
+"""Work a forked child would otherwise repeat: done once in the zygote, or ahead in a spare.
 
-The zygote (`pi_workflows.supervision.zygote`) calls `prewarm()` after importing the
-child programs and before `gc.freeze()`. Everything here fills process-wide caches that
-a runner or resolver needs before its first message: the protocol validators (building
-and checking a JSON Schema validator is ~10-20 ms per schema, far more than the fork),
-their compiled patterns, jsonschema's own lazily built tables, and the canonical JSON
-codec. No workflow code runs: the values are synthetic, and a warm-up that fails only
-leaves a cache cold.
+`prewarm()` (the zygote, before `gc.freeze`) fills the per-process caches children need
+(protocol validators: ~20 ms per child before); `rehearse()` (a spare, while idle) takes
+the copy-on-write faults of a first load. Neither runs user code; failures only leave caches cold.
 """
 
 from __future__ import annotations
@@ -163,7 +159,8 @@ def rehearse() -> None:
     counts, caches, the compiler's arenas): about a millisecond each for decoding the
     envelope and loading a small workflow. A spare rehearses both while it is idle, so
     the real request runs on pages that are already its own. Never raises; runs no user
-    code and writes to no descriptor.
+    code, writes to no descriptor, and reaches no crash point (a spare reads
+    `PI_WORKFLOWS_CRASH` from its request's environment, at its first crash point).
     """
     _steps((_warm_protocol, _warm_input_schemas, _rehearse_load))
 
