@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.server._definition_cache import DefinitionCache
+from pi_workflows.server._definition_cache import CacheStats, DefinitionCache
 from pi_workflows.server._resolver import RESOLVER_MODULE, resolve_start, resolver_spawns
 from pi_workflows.supervision._zygote_client import Zygote
 from pi_workflows.wire.canonical import dumps
@@ -314,3 +314,19 @@ def test_the_server_skips_the_resolver_on_a_hit(state_dir: Path, short_tmp: Path
         start("checked", {})
         start("checked", {})
         assert resolver_spawns() == spawns + 4, "an input callable always runs in a resolver"
+
+
+def test_a_disabled_cache_never_answers_and_a_full_one_drops_the_oldest(place: Place) -> None:
+    place.write("project", "greeting.workflow.py", GREETING)
+    place.write("project", "lint.workflow.py", LINT)
+    greeting = place.resolve("greeting", {"name": "Ada"})
+    lint = place.resolve("lint", {})
+    off = DefinitionCache(enabled=False)
+    assert not off.store("greeting", str(place.project), place.agent, greeting)
+    assert cached(off, place, "greeting", {"name": "Ada"}) is None
+    small = DefinitionCache(capacity=1)
+    assert small.store("greeting", str(place.project), place.agent, greeting)
+    assert small.store("lint", str(place.project), place.agent, lint)
+    assert cached(small, place, "greeting", {"name": "Ada"}) is None
+    assert cached(small, place, "lint", {}) == place.resolve("lint", {})
+    assert small.stats == CacheStats(hits=1, misses=1, stores=2)
