@@ -171,6 +171,9 @@ class LoadedWorkflow:
     """`definition_snapshot(compiled)`; treat as read-only."""
     digest: str
     """`definition_digest`: sha256 of the snapshot's canonical JSON."""
+    discovered: tuple[tuple[str, str], ...] = ()
+    """Every include found by name, as (command name, resolved path), in load order:
+    a new file that would shadow one of them changes what this load would find."""
 
 
 def file_hash(path: Path | str) -> str:
@@ -288,6 +291,7 @@ def load_workflow(
 
     files: dict[tuple[str, ...], Path] = {(): root_path}
     mounted: list[MountedSource] = []
+    discovered: list[tuple[str, str]] = []
 
     def resolve(
         include: Include, mount_path: tuple[str, ...], parent: WorkflowDefinition
@@ -316,6 +320,7 @@ def load_workflow(
             mount_path=mount_path,
             project=project,
             agent_dir=agent_dir,
+            discovered=discovered,
         )
         ancestors = [files[mount_path[:i]] for i in range(len(mount_path))]
         if child_path in ancestors:
@@ -364,6 +369,7 @@ def load_workflow(
         identity=identity,
         snapshot=snapshot,
         digest=definition_digest(snapshot),
+        discovered=tuple(discovered),
     )
 
 
@@ -375,6 +381,7 @@ def _include_path(
     mount_path: tuple[str, ...],
     project: Path | None,
     agent_dir: Path | None,
+    discovered: list[tuple[str, str]],
 ) -> Path:
     if "/" in ref or "\\" in ref or ref.endswith(WORKFLOW_SUFFIX):
         if _source_kind(parent_file) == "builtin":
@@ -385,11 +392,13 @@ def _include_path(
             )
         return (parent_file.parent / ref).resolve()
     try:
-        return find_workflow(ref, project, agent_dir).path
+        found = find_workflow(ref, project, agent_dir).path
     except WorkflowNotFoundError as exc:
         raise WorkflowDefinitionError(
             f"includes {exc}", workflow=parent.name, node=mount_path[-1]
         ) from None
+    discovered.append((ref, str(found)))
+    return found
 
 
 def load_source(

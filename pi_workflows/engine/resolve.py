@@ -7,6 +7,7 @@ child discovers and loads the workflow, checks the input and reports one JSON li
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 from pi_workflows.engine._compile import validate_input
 from pi_workflows.engine._context import TitleContext
+from pi_workflows.engine._definition import WorkflowDefinition
 from pi_workflows.engine._discovery import find_workflow
 from pi_workflows.engine._errors import (
     InputInvalidError,
@@ -47,6 +49,11 @@ MAX_MESSAGE_CHARS = 1000
 
 MAX_TITLE_CHARS = 200
 """Longest run title; a longer one is cut."""
+
+MAX_REUSE_MODULES = 64
+MAX_REUSE_MODULE_BYTES = 4 * 1024 * 1024
+"""A workflow that imports more modules (or bigger ones) than this while it loads is
+not offered for reuse: checking them all on every `run.start` would cost too much."""
 
 _REQUEST_KEYS = frozenset({"workflow", "projectPath", "agentDir", "input"})
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -104,6 +111,7 @@ def resolve_request(request: Mapping[str, Any]) -> dict[str, Any]:
         source = find_workflow(name, project, agent_dir)
     except WorkflowNotFoundError as exc:
         return _failure(exc.code, str(exc))
+    modules_before = set(sys.modules)
     try:
         loaded = load_workflow(source.path, project=project, agent_dir=agent_dir)
     except (WorkflowLoadError, WorkflowDefinitionError) as exc:
@@ -125,7 +133,50 @@ def resolve_request(request: Mapping[str, Any]) -> dict[str, Any]:
         "input": normalised,
         "inputHash": sha256_digest(normalised),
         "title": _title(definition.title, normalised, definition.name),
+        "reuse": _reuse(
+            definition,
+            [(name, str(source.path)), *loaded.discovered],
+            set(sys.modules) - modules_before,
+        ),
     }
+
+
+def _reuse(
+    definition: WorkflowDefinition, discovered: list[tuple[str, str]], new_modules: set[str]
+) -> dict[str, Any]:
+    """What the server needs to answer a later `run.start` of this source itself.
+
+    `cacheable` is false when starting runs workflow code that depends on the input (an
+    `input` or a `title` callable), or when loading imported too much to re-check.
+    `discovered` lists every name lookup (the root, then includes by name) and the file it
+    found; `modules` every module file first imported while the workflow loaded, with its
+    hash (the source identity covers only workflow files).
+    """
+    modules: list[dict[str, str]] = []
+    size = 0
+    cacheable = definition.input_fn is None and not callable(definition.title)
+    for module_name in sorted(new_modules):
+        path = getattr(sys.modules.get(module_name), "__file__", None)
+        if not cacheable or not isinstance(path, str):
+            continue
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            cacheable = False
+            continue
+        size += len(data)
+        modules.append({"path": str(Path(path).resolve()), "hash": _sha256(data)})
+    if len(modules) > MAX_REUSE_MODULES or size > MAX_REUSE_MODULE_BYTES:
+        cacheable = False
+    return {
+        "cacheable": cacheable,
+        "discovered": [{"name": n, "path": p} for n, p in discovered] if cacheable else [],
+        "modules": modules if cacheable else [],
+    }
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _title(title: Any, value: Any, workflow_name: str) -> str | None:
@@ -163,7 +214,9 @@ def main() -> int:
         {"ok": true, "workflow": NAME, "workflowName": definition name,
          "sourceIdentity": {"root": {...}, "mounted": [...]}, "definition": snapshot,
          "definitionDigest": "sha256:…", "input": normalised input,
-         "inputHash": "sha256:…", "title": text | null}
+         "inputHash": "sha256:…", "title": text | null,
+         "reuse": {"cacheable": bool, "discovered": [{"name", "path"}],
+                   "modules": [{"path", "hash"}]}}
         {"ok": false, "code": "workflowNotFound" | "definitionInvalid" | "inputInvalid",
          "message": bounded safe text (≤ 1000 characters, no stack trace)}
 

@@ -14,17 +14,33 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 
-__all__ = ["RESOLVE_TIMEOUT_S", "resolve_start"]
+__all__ = ["RESOLVE_TIMEOUT_S", "resolve_start", "resolver_spawns"]
 
 RESOLVE_TIMEOUT_S = 30.0
 MAX_RESOLVER_OUTPUT = 4 * 1024 * 1024
 RESOLVER_MODULE = "pi_workflows.engine.resolve"
+
+_spawns = 0
+_spawns_lock = threading.Lock()
+
+
+def resolver_spawns() -> int:
+    """Resolver children started by this process so far (tests and benchmarks read it)."""
+    with _spawns_lock:
+        return _spawns
+
+
+def _count_spawn() -> None:
+    global _spawns  # noqa: PLW0603 - a process-wide counter, changed under its lock
+    with _spawns_lock:
+        _spawns += 1
 
 
 def resolve_start(
@@ -49,6 +65,7 @@ def resolve_start(
         }
     )
     cwd = Path(project_path) if project_path and Path(project_path).is_dir() else None
+    _count_spawn()
     if zygote is not None:
         with contextlib.suppress(ZygoteUnavailable):
             return _resolve_warm(zygote, request, cwd)

@@ -28,6 +28,7 @@ from pi_workflows.actors._reader import Read
 from pi_workflows.actors._runner_host import RunCommand
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe
+from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._operations import (
     COMMANDS,
     READS,
@@ -73,6 +74,8 @@ class RouterPorts:
     resolvers: Executor
     agent_dir: Path
     zygote: Zygote | None
+    definitions: DefinitionCache
+    """Resolver answers by source identity: a hit starts a run without a resolver child."""
     begin_request: Callable[[], bool]
     """False while the server is stopping: the request is refused."""
     end_request: Callable[[], None]
@@ -219,12 +222,18 @@ class Router:
         self._ports.resolvers.submit(self._resolve_and_commit, pending, start)
 
     def _resolve_and_commit(self, pending: Pending, start: StartRequest) -> None:
-        """On a resolver thread: wait for the resolver child, then hand over the commit."""
+        """On a resolver thread: the cached answer, or the resolver child's; then the commit.
+
+        The cache checks every file the definition depends on by its hash, so a hit is
+        the answer the resolver would give (it runs no workflow code).
+        """
         ports = self._ports
+        name, project, agent_dir = start.workflow, start.project_path, ports.agent_dir
         try:
-            resolved = resolve_start(
-                start.workflow, start.project_path, ports.agent_dir, start.input, ports.zygote
-            )
+            resolved = ports.definitions.answer(name, project, agent_dir, start.input)
+            if resolved is None:
+                resolved = resolve_start(name, project, agent_dir, start.input, ports.zygote)
+                ports.definitions.store(name, project, agent_dir, resolved)
         except Exception:
             log.exception("resolver failed", extra={"action": "resolver.error"})
             resolved = {

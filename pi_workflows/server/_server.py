@@ -39,6 +39,7 @@ from pi_workflows.actors._scheduler import SchedulerActor, Wake
 from pi_workflows.actors._subscriptions import SubscriptionActor
 from pi_workflows.actors._ticker import Ticker
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._logging import configure_server_logging
 from pi_workflows.server._operations import OperationContext
 from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
@@ -163,6 +164,8 @@ class WorkflowServer:
         self._log_handler: logging.Handler | None = None
         self._watcher: threading.Thread | None = None
         self._zygote: Zygote | None = None
+        self.definitions = DefinitionCache()
+        """Reusable resolver answers: a hit starts a run without a resolver child."""
         self.recovery: RecoveryReport | None = None
         """What startup recovery did (counts only)."""
 
@@ -309,6 +312,7 @@ class WorkflowServer:
                     resolvers=self._resolvers,
                     agent_dir=agent_dir,
                     zygote=self._zygote,
+                    definitions=self.definitions,
                     begin_request=self._begin_request,
                     end_request=self._end_request,
                     stop=self.stop_async,

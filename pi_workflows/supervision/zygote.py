@@ -40,24 +40,45 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from pi_workflows.supervision._process import identity_of, set_process_name
+from pi_workflows.supervision._process import ProcessIdentity, identity_of, set_process_name
 
-__all__ = ["CONTROL_FD_ENV", "MAX_PACKET", "main"]
+__all__ = ["CONTROL_FD_ENV", "MAX_PACKET", "SPARES_ENV", "main"]
 
 CONTROL_FD_ENV = "PI_WORKFLOWS_ZYGOTE_FD"
 MAX_PACKET = 4 * 1024 * 1024
 """Largest control packet; a spawn request carries the child's whole environment."""
 MAX_FDS = 8
+SPARES_ENV = "PI_WORKFLOWS_ZYGOTE_SPARES"
+"""`0` forks every child on request instead of keeping one spare per module."""
 _STDIO = {"stdin": 0, "stdout": 1, "stderr": 2}
+
+
+@dataclass(slots=True)
+class _Spare:
+    """A child forked ahead of its request: it already leads its own session and group,
+    and blocks reading one spawn request (and its fds) from `sock`."""
+
+    pid: int
+    sock: socket.socket
+    """The zygote's end of the spare's private `SOCK_SEQPACKET` pair."""
+    settled: int
+    """Read end of the setsid handshake pipe (end of file once the spare called setsid)."""
+    identity: ProcessIdentity | None
 
 
 class _Zygote:
     def __init__(self, control: socket.socket, modules: list[str]) -> None:
         self._control = control
         self._modules = {name: importlib.import_module(name) for name in modules}
+        _prewarm()
         self._children: set[int] = set()
+        self._spares: dict[str, _Spare] = {}
+        self._use_spares = os.environ.get(SPARES_ENV) != "0"
+        """One spare per module, forked after the previous one was used (see `_Spare`)."""
         self._wakeup_r, self._wakeup_w = os.pipe()
         os.set_blocking(self._wakeup_r, False)
         os.set_blocking(self._wakeup_w, False)
@@ -72,6 +93,9 @@ class _Zygote:
         gc.freeze()  # keep the imported heap shared with children (no copy-on-write by gc)
         self._send({"op": "ready", "pid": os.getpid(), "modules": sorted(self._modules)})
         while True:
+            # Fork the missing spares only while no request waits: a spawn never waits
+            # for a spare's fork, and a spare never inherits a request's descriptors.
+            self._replenish()
             for key, _ in selector.select():
                 if key.data == "child":
                     with contextlib.suppress(BlockingIOError):
@@ -93,7 +117,7 @@ class _Zygote:
         try:
             request = json.loads(data)
             if request.get("op") == "spawn":
-                self._spawn(request, fds)
+                self._spawn(request, data, fds)
             elif request.get("op") == "signal":
                 self._signal(int(request["pid"]), int(request["signal"]))
         finally:
@@ -102,35 +126,80 @@ class _Zygote:
                     os.close(fd)
         return True
 
-    def _spawn(self, request: dict[str, Any], fds: list[int]) -> None:
+    def _spawn(self, request: dict[str, Any], data: bytes, fds: list[int]) -> None:
         roles = list(request.get("fdRoles") or [])
-        module = self._modules.get(request.get("module", ""))
+        name = request.get("module", "")
+        module = self._modules.get(name)
         if module is None or len(roles) != len(fds):
             self._send({"op": "spawnFailed", "id": request.get("id"), "error": "bad request"})
             return
+        spare = self._spares.pop(name, None)
+        if spare is not None:
+            pid = self._hand_to_spare(spare, data, fds)
+            if pid is not None:
+                self._report_spawned(request, pid, spare.identity)
+                return
         try:
-            settled_r, settled_w = os.pipe()
-            try:
-                pid = os.fork()
-            except OSError:
-                os.close(settled_r)
-                os.close(settled_w)
-                raise
+            pid, settled_r = self._fork(_child, self, module, request, roles, fds)
         except OSError as exc:
             self._send({"op": "spawnFailed", "id": request.get("id"), "error": str(exc)})
             return
+        _await_settled(settled_r)
+        self._children.add(pid)
+        self._report_spawned(request, pid, identity_of(pid))
+
+    def _fork(self, become: Callable[..., NoReturn], *args: Any) -> tuple[int, int]:
+        """Fork a child that runs `become(*args, settled=write end of the handshake)`.
+
+        Returns (pid, read end of the handshake pipe).
+        """
+        settled_r, settled_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(settled_r)
+            os.close(settled_w)
+            raise
         if pid == 0:
             os.close(settled_r)
-            _child(self, module, request, roles, fds, settled=settled_w)
+            become(*args, settled=settled_w)
         os.close(settled_w)
-        # Report the child only once it leads a session and group of its own (it closes
-        # its end right after setsid, or dies): before that, a signal to its group finds
-        # no group and is lost, and the group has the zygote's ID.
-        with contextlib.suppress(OSError):
-            os.read(settled_r, 1)
-        os.close(settled_r)
-        self._children.add(pid)
-        identity = identity_of(pid)
+        return pid, settled_r
+
+    def _hand_to_spare(self, spare: _Spare, data: bytes, fds: list[int]) -> int | None:
+        """Give the request to a spare; its PID, or None if it is gone (fork instead)."""
+        # Report a spare only once it leads a session and group of its own.
+        _await_settled(spare.settled)
+        try:
+            socket.send_fds(spare.sock, [data], fds)
+        except OSError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(spare.pid, signal.SIGKILL)  # reaped as a spare, never reported
+            spare.sock.close()
+            return None
+        spare.sock.close()
+        self._children.add(spare.pid)
+        return spare.pid
+
+    def _replenish(self) -> None:
+        if not self._use_spares:
+            return
+        for name, module in self._modules.items():
+            if name in self._spares:
+                continue
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                pid, settled_r = self._fork(_spare_child, self, module, theirs, ours)
+            except OSError:
+                ours.close()
+                theirs.close()
+                return  # no spare: spawns fork directly
+            theirs.close()
+            self._spares[name] = _Spare(pid, ours, settled_r, identity_of(pid))
+
+    def _report_spawned(
+        self, request: dict[str, Any], pid: int, identity: ProcessIdentity | None
+    ) -> None:
         self._send(
             {
                 "op": "spawned",
@@ -148,7 +217,7 @@ class _Zygote:
             os.killpg(pid, signum)
 
     def _reap(self) -> None:
-        while self._children:
+        while self._children or self._spares:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -161,16 +230,27 @@ class _Zygote:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
-            self._children.discard(pid)
-            self._send({"op": "exited", "pid": pid, "returncode": _returncode(status)})
+            if pid in self._children:
+                self._children.discard(pid)
+                self._send({"op": "exited", "pid": pid, "returncode": _returncode(status)})
+                continue
+            for name, spare in list(self._spares.items()):
+                if spare.pid == pid:  # a spare died unused: nobody knew it
+                    del self._spares[name]
+                    _close_spare(spare)
 
     def _stop_all(self) -> None:
         # The server is gone (or closed us): its runners cannot reach it any more, so
         # stop their groups now instead of leaving them for the next server's recovery.
-        for pid in self._children:
+        spares = list(self._spares.values())
+        self._spares.clear()
+        pids = list(self._children) + [spare.pid for spare in spares]
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-        for pid in list(self._children):
+        for spare in spares:
+            _close_spare(spare)
+        for pid in pids:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
             self._children.discard(pid)
@@ -186,12 +266,52 @@ class _Zygote:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._control.close()
+        for spare in self._spares.values():  # other spares' channels are not ours
+            _close_spare(spare)
+        self._spares.clear()
+
+
+def _await_settled(settled_r: int) -> None:
+    # The child closes its end right after setsid (or dies): before that, a signal to
+    # its group finds no group and is lost, and the group has the zygote's ID.
+    with contextlib.suppress(OSError):
+        os.read(settled_r, 1)
+    os.close(settled_r)
+
+
+def _close_spare(spare: _Spare) -> None:
+    spare.sock.close()
+    with contextlib.suppress(OSError):
+        os.close(spare.settled)
+
+
+def _rehearse() -> None:
+    """In a spare: touch, while idle, the pages its first request will write."""
+    from pi_workflows.engine._warm import rehearse  # noqa: PLC0415 - only spares rehearse
+
+    rehearse()
+
+
+def _prewarm() -> None:
+    """Fill, once, the caches every child would otherwise build after its fork."""
+    from pi_workflows.engine._warm import prewarm  # noqa: PLC0415 - only the zygote warms
+
+    prewarm()
 
 
 def _returncode(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
+
+
+def _settle(zygote: _Zygote, settled: int) -> None:
+    """In a forked child: lead a new session and group, then leave the zygote's state."""
+    os.setsid()
+    os.close(settled)  # tells the zygote: this child leads its own session and group
+    zygote.close_in_child()
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _child(
@@ -206,35 +326,71 @@ def _child(
     """In the forked child: become the requested program; never return to the loop."""
     code = 1
     try:
-        os.setsid()
-        os.close(settled)  # tells the zygote: this child leads its own session and group
-        zygote.close_in_child()
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
-        null = os.open(os.devnull, os.O_RDWR)
-        for target in (0, 1, 2):
-            os.dup2(null, target)
-        for role, fd in zip(roles, fds, strict=True):
-            if role in _STDIO:
-                os.dup2(fd, _STDIO[role])
-            elif role.startswith("env:"):
-                os.set_inheritable(fd, True)
-                env[role[4:]] = str(fd)
-        os.environ.clear()
-        os.environ.update(env)
-        if request.get("cwd"):
-            os.chdir(request["cwd"])
-        sys.argv = [module.__name__]
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-        code = int(module.main() or 0)
+        _settle(zygote, settled)
+        code = _become(module, request, roles, fds)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - a child never returns into the zygote
         with contextlib.suppress(Exception):
             traceback.print_exc()
+    _exit(code)
+
+
+def _spare_child(
+    zygote: _Zygote, module: Any, sock: socket.socket, peer: socket.socket, *, settled: int
+) -> NoReturn:
+    """In a spare: settle now, then wait for the one request and become its program.
+
+    End of file before a request (the zygote stopped or died) ends the spare.
+    """
+    code = 1
+    try:
+        peer.close()  # the zygote's end: only the zygote may hold it, or EOF never comes
+        _settle(zygote, settled)
+        set_process_name("piw-spare")
+        _rehearse()
+        data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, MAX_FDS)
+        sock.close()
+        if not data:
+            os._exit(0)
+        request = json.loads(data)
+        code = _become(module, request, list(request.get("fdRoles") or []), fds)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a child never returns into the zygote
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    _exit(code)
+
+
+def _become(module: Any, request: dict[str, Any], roles: list[str], fds: list[int]) -> int:
+    """Take the request's environment, descriptors and folder, then run `module.main()`."""
+    env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    for role, fd in zip(roles, fds, strict=True):
+        if role in _STDIO:
+            os.dup2(fd, _STDIO[role])
+        elif role.startswith("env:"):
+            os.set_inheritable(fd, True)
+            env[role[4:]] = str(fd)
+    # Exactly `env` afterwards; only the differences are written (each one is a putenv).
+    for key in [key for key in os.environ if key not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+    if request.get("cwd"):
+        os.chdir(request["cwd"])
+    sys.argv = [module.__name__]
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    return int(module.main() or 0)
+
+
+def _exit(code: int) -> NoReturn:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()

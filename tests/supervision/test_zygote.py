@@ -182,3 +182,33 @@ def test_a_warm_child_ignoring_sigterm_is_killed_with_its_double_forked_grandchi
     assert exited.returncode == -signal.SIGKILL and exited.killed
     _gone, alive = psutil.wait_procs([grandchild], timeout=10)
     assert not alive, "the grandchild died with the group"
+
+
+def _spares(zygote_pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(zygote_pid).children() if p.name() == "piw-spare"]
+
+
+def test_spares_are_forked_ahead_settled_and_stopped_with_the_zygote(zygote: Zygote) -> None:
+    seen: set[int] = set()
+    zygote_pid = 0
+    for _ in range(3):
+        exits: Future[int | None] = Future()
+        identity, sock = _spawn_resolver(zygote, exits)
+        with sock:
+            assert identity.pid not in seen
+            seen.add(identity.pid)
+            assert os.getsid(identity.pid) == identity.pid, "a session of its own"
+            assert os.getpgid(identity.pid) == identity.pid, "a process group of its own"
+            assert identity_of(identity.pid) == identity, "the reported identity is the kernel's"
+            zygote_pid = _zygote_pid(identity)
+        assert exits.result(30) == 2  # end of file instead of a request line
+    # The zygote forks one spare per module before it reads its first request: the probe
+    # module's is still there, already leading a session of its own, and the server
+    # never heard of it.
+    spares = _spares(zygote_pid)
+    assert spares and not {spare.pid for spare in spares} & seen
+    for spare in spares:
+        assert os.getsid(spare.pid) == spare.pid and os.getpgid(spare.pid) == spare.pid
+    zygote.close()
+    _gone, alive = psutil.wait_procs(spares, timeout=10)
+    assert not alive, "no spare outlives its zygote"

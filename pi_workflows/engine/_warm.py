@@ -1,0 +1,173 @@
+"""Work a forked child would otherwise repeat: done once in the zygote, or ahead in a spare.
+
+`prewarm()` (the zygote, before `gc.freeze`) fills the per-process caches children need
+(protocol validators: ~20 ms per child before); `rehearse()` (a spare, while idle) takes
+the copy-on-write faults of a first load. Neither runs user code; failures only leave caches cold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["prewarm", "rehearse"]
+
+log = logging.getLogger(__name__)
+
+_ZERO = "sha256:" + "0" * 64
+_EPOCH = "runner-" + "0" * 32
+
+
+def _launch_envelope() -> dict[str, Any]:
+    from pi_workflows.wire.protocol import LAUNCH_SCHEMA  # noqa: PLC0415
+
+    return {
+        "schema": LAUNCH_SCHEMA,
+        "runId": "run-" + "0" * 32,
+        "generation": 1,
+        "runnerEpoch": _EPOCH,
+        "projectPath": "/",
+        "workflowSource": {
+            "root": {"kind": "file", "path": "/prewarm.workflow.py", "hash": _ZERO},
+            "mounted": [],
+        },
+        "definitionDigest": _ZERO,
+        "inputHash": _ZERO,
+        "protocolVersion": 1,
+    }
+
+
+def _runner_messages(envelope: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    base = {
+        "schema": envelope["schema"],
+        "runId": envelope["runId"],
+        "generation": envelope["generation"],
+        "runnerEpoch": envelope["runnerEpoch"],
+        "expectedRevision": 0,
+    }
+    ready = {
+        **base,
+        "kind": "runner.ready",
+        "messageId": f"{_EPOCH}-m1",
+        "payload": {"protocolVersion": 1, "definitionDigest": _ZERO},
+    }
+    reply = {
+        **base,
+        "kind": "reply",
+        "messageId": f"reply-{_EPOCH}-m1",
+        "replyTo": f"{_EPOCH}-m1",
+        "outcome": "accepted",
+        "revision": 1,
+    }
+    command = {
+        **base,
+        "kind": "command",
+        "expectedRevision": 1,
+        "messageId": f"command-{_EPOCH}",
+        "command": "start",
+        "payload": {"state": {}},
+    }
+    return [("runner", ready), ("server", reply), ("server", command)]
+
+
+def _warm_protocol() -> None:
+    from pi_workflows.wire import protocol  # noqa: PLC0415
+    from pi_workflows.wire.canonical import dumps  # noqa: PLC0415
+
+    for name in ("worker-launch.v1", "runner.v1"):
+        # An empty object builds the schema's branch validators and its full validator
+        # (with the schema check); the refusal is expected.
+        with contextlib.suppress(protocol.ProtocolViolation):
+            protocol.validate(name, {})
+    envelope = _launch_envelope()
+    with contextlib.suppress(protocol.ProtocolViolation):
+        protocol.decode_launch_envelope(dumps(envelope))
+    for sender, message in _runner_messages(envelope):
+        with contextlib.suppress(protocol.ProtocolViolation):
+            if sender == "runner":
+                protocol.encode_runner_message(message, sender="runner")
+            else:
+                protocol.runner_message_from_wire(message, sender="server")
+
+
+def _warm_input_schemas() -> None:
+    # What `validate_input` does for a workflow's input schema, once, so jsonschema's
+    # lazily built keyword tables and its reference registry exist before the fork.
+    from jsonschema import Draft202012Validator  # noqa: PLC0415
+    from jsonschema.exceptions import best_match  # noqa: PLC0415
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "minLength": 1, "pattern": "^[a-z]"}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    for value in ({"name": "ok"}, {"name": 1}, {}):
+        best_match(Draft202012Validator(schema).iter_errors(value))
+
+
+_REHEARSAL = b"""
+from pi_workflows import compute, define_workflow
+
+def first(ctx):
+    return {"x": 1}
+
+workflow = define_workflow(
+    name="rehearsal",
+    title="rehearsal",
+    start_at="a",
+    input_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+    nodes={"a": compute(first), "b": compute(lambda ctx: {"y": 2})},
+    edges=[{"from": "a", "to": "b"}],
+)
+"""
+
+
+def _rehearse_load() -> None:
+    # What `load_verified` and the resolver do to a workflow file, on a built-in text
+    # (never a user's file): compile, execute, compile the graph, snapshot and digest.
+    from pathlib import Path  # noqa: PLC0415
+
+    from pi_workflows.engine._compile import (  # noqa: PLC0415
+        compile_workflow,
+        definition_digest,
+        definition_snapshot,
+        validate_input,
+    )
+    from pi_workflows.engine._loader import _definition_from  # noqa: PLC0415
+    from pi_workflows.wire.canonical import dumps, loads, sha256_digest  # noqa: PLC0415
+
+    definition = _definition_from(Path("/nonexistent/rehearsal.workflow.py"), _REHEARSAL)
+    snapshot = definition_snapshot(compile_workflow(definition))
+    definition_digest(snapshot)
+    value = validate_input(definition, loads(dumps({"n": 1})))
+    sha256_digest(value)
+    loads(dumps({"ok": True, "definition": snapshot}))
+
+
+def prewarm() -> None:
+    """Fill the caches a runner and a resolver need; never raises."""
+    _steps((_warm_protocol, _warm_input_schemas, _rehearse_load))
+
+
+def rehearse() -> None:
+    """In a spare child, before its request: touch what the first request will touch.
+
+    A forked child pays a copy-on-write fault for every page it first writes (reference
+    counts, caches, the compiler's arenas): about a millisecond each for decoding the
+    envelope and loading a small workflow. A spare rehearses both while it is idle, so
+    the real request runs on pages that are already its own. Never raises; runs no user
+    code, writes to no descriptor, and reaches no crash point (a spare reads
+    `PI_WORKFLOWS_CRASH` from its request's environment, at its first crash point).
+    """
+    _steps((_warm_protocol, _warm_input_schemas, _rehearse_load))
+
+
+def _steps(steps: tuple[Callable[[], None], ...]) -> None:
+    for step in steps:
+        try:
+            step()
+        except Exception:  # a cold cache is slower, never wrong
+            log.debug("zygote warm-up step %s failed", step.__name__, exc_info=True)
