@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 STARTUP_DEADLINE_MS = 20_000
 """A runner must send `runner.ready` this long after its launch was recorded."""
+CHANNEL_GRACE_MS = 2_000
+"""How long a reaped runner's channel may stay open before its exit is recorded anyway."""
 RUNNER_GRACE_TICKS = 40
 """SIGTERM to SIGKILL grace for a runner group, in ticks (10 s at the default tick)."""
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
@@ -137,6 +139,13 @@ class RunnerExited:
 
     runner_epoch: str
     exited: ChildExited
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelClosed:
+    """A runner's channel reached end of file: no frame of it is still to come."""
+
+    runner_epoch: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +246,21 @@ class ActiveRunner:
     """Process groups the runner registered (its shell commands), by PID."""
     offered: set[str] = field(default_factory=set)
     """Digests of the content references sent to this runner: all it may `content.read`."""
+    in_flight: int = 0
+    """Frames sent to the database and not answered yet."""
+    channel_closed: bool = False
+    exited: ChildExited | None = None
+    exited_at: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Reaped, and every frame it sent before it died has been applied.
+
+        The exit report and the runner's last frames travel different paths (the
+        supervisor, the listener), so the outcome waits for the channel's end of file
+        and its answers: a `run.finished` sent just before exit is never lost as stale.
+        """
+        return self.exited is not None and self.channel_closed and self.in_flight == 0
 
     @property
     def run_id(self) -> str:
@@ -304,7 +328,9 @@ class RunnerChannel:
             self._host.tell(frame)
 
     def on_close(self, channel: FrameSink) -> None:
-        return None  # the process exit decides the outcome, not the channel
+        # Every frame the runner sent has been told to the host before this.
+        with contextlib.suppress(pykka.ActorDeadError):
+            self._host.tell(ChannelClosed(self._epoch))
 
 
 class RunnerHostActor(ServerActor):
@@ -357,11 +383,12 @@ class RunnerHostActor(ServerActor):
             Launch: lambda m: self._launch(m.plan),
             _Spawned: lambda m: self._on_spawned(m.runner_epoch, m.reply),
             RunnerExited: lambda m: self._on_exited(m.runner_epoch, m.exited),
+            ChannelClosed: lambda m: self._on_channel_closed(m.runner_epoch),
             _ExitRecorded: lambda m: self._on_exit_recorded(m.run_id, m.reply),
             RunCommand: lambda m: self._command(m.request, m.context, m.responder),
             _CommandDone: lambda m: self._command_done(m.request, m.responder, m.reply),
             Fence: lambda m: self._fence(m.run_id),
-            Tick: lambda m: self._check_deadlines(),
+            Tick: lambda m: self._on_tick(),
             Drain: lambda m: self._drain(m.reply),
             HandBack: lambda m: self._hand_back_all(m.reply),
             _Recorded: lambda m: None,
@@ -431,6 +458,7 @@ class RunnerHostActor(ServerActor):
                 "runner spawn failed",
                 extra={"action": "runner.spawn_failed", "run_id": runner.run_id},
             )
+            runner.channel_closed = True  # no process: nothing will ever write to it
             self._on_exited(epoch, ChildExited(ProcessIdentity(0, 0, ""), 127, False))
             return
         runner.identity = reply.value
@@ -451,39 +479,63 @@ class RunnerHostActor(ServerActor):
             apply_message, view=runner.view(self._draining), message=frame.message
         )
         done = functools.partial(_Applied, frame.runner_epoch, frame.channel)
+        runner.in_flight += 1
         self._transact(work, done, "runner.message")
 
     def _on_applied(self, epoch: str, channel: FrameSink, reply: Reply) -> None:
+        runner = self._active.get(epoch)
+        if runner is not None:
+            runner.in_flight -= 1
         if reply.error is not None:
             log.error(
                 "runner message failed", extra={"action": "runner.error"}, exc_info=reply.error
             )
             channel.close()
-            return
-        handled: Handled = reply.value
-        runner = self._active.get(epoch)
-        if runner is not None:
-            runner.apply(handled.delta)
-        for frame in handled.frames:
-            if frame.get("kind") == "command":
-                crash_point("server.ready.before_command")
-            channel.send(frame)
-        if runner is not None and handled.delta.handed_back:
-            log.info(
-                "run handed back at a durable boundary",
-                extra={"action": "runner.handed_back", "run_id": runner.run_id},
-            )
-            self._stop_runner(runner)
+        else:
+            handled: Handled = reply.value
+            if runner is not None:
+                runner.apply(handled.delta)
+            for frame in handled.frames:
+                if frame.get("kind") == "command":
+                    crash_point("server.ready.before_command")
+                channel.send(frame)
+            if runner is not None and handled.delta.handed_back:
+                log.info(
+                    "run handed back at a durable boundary",
+                    extra={"action": "runner.handed_back", "run_id": runner.run_id},
+                )
+                self._stop_runner(runner)
+        if runner is not None and runner.finished:
+            self._record_exit(runner)
 
     # --- exits -----------------------------------------------------------------------------
 
     def _on_exited(self, epoch: str, exited: ChildExited) -> None:
-        runner = self._active.pop(epoch, None)
+        runner = self._active.get(epoch)
         if runner is None:
             return
         self._stop_registered(runner)  # the server reaps what a dead runner registered
-        work = functools.partial(record_exit, facts=runner.facts(), returncode=exited.returncode)
-        self._transact(work, functools.partial(_ExitRecorded, epoch, runner.run_id), "runner.exit")
+        runner.exited = exited
+        runner.exited_at = self._config.clock.now_ms()
+        if runner.finished:
+            self._record_exit(runner)
+
+    def _on_channel_closed(self, epoch: str) -> None:
+        runner = self._active.get(epoch)
+        if runner is None:
+            return
+        runner.channel_closed = True
+        if runner.finished:
+            self._record_exit(runner)
+
+    def _record_exit(self, runner: ActiveRunner) -> None:
+        assert runner.exited is not None
+        del self._active[runner.plan.runner_epoch]
+        work = functools.partial(
+            record_exit, facts=runner.facts(), returncode=runner.exited.returncode
+        )
+        done = functools.partial(_ExitRecorded, runner.plan.runner_epoch, runner.run_id)
+        self._transact(work, done, "runner.exit")
 
     def _on_exit_recorded(self, run_id: str, reply: Reply) -> None:
         log.info(
@@ -553,8 +605,24 @@ class RunnerHostActor(ServerActor):
             self._supervisor.tell(StopGroup(identity))
         runner.registered.clear()
 
-    def _check_deadlines(self) -> None:
+    def _on_tick(self) -> None:
         now = self._config.clock.now_ms()
+        self._check_deadlines(now)
+        self._check_lingering_channels(now)
+
+    def _check_lingering_channels(self, now: int) -> None:
+        """A reaped runner whose channel stays open (a descendant holds its end): after a
+        grace, stop waiting for its end of file; frames already read are applied first."""
+        for runner in list(self._active.values()):
+            exited_at = runner.exited_at
+            if exited_at is None or runner.channel_closed:
+                continue
+            if now - exited_at > CHANNEL_GRACE_MS:
+                runner.channel_closed = True
+                if runner.finished:
+                    self._record_exit(runner)
+
+    def _check_deadlines(self, now: int) -> None:
         for runner in self._active.values():
             if runner.stop_requested or runner.settled or runner.identity is None:
                 continue
