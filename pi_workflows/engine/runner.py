@@ -56,6 +56,9 @@ EFFECT_KEY_ENV = "PI_WORKFLOWS_EFFECT_KEY"
 EXIT_CLAIM_LOST = 3
 EXIT_PROTOCOL = 4
 SHELL_EFFECT_TYPE = "shell"
+PIPELINED_KINDS = frozenset({"compute"})
+"""Node kinds whose start and finish are sent without waiting: pure work that may run
+again. Every other kind (effects, waits, notifications) waits for each answer."""
 SHELL_GRACE_S = 5.0
 MAX_ERROR_TEXT = 4000
 
@@ -139,6 +142,8 @@ class Channel:
         self._ids = itertools.count(1)
         self.revision = 0
         self.pending_command: dict[str, Any] | None = None
+        self._unanswered: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
+        """Posted messages whose replies have not been read, by message ID."""
 
     def send(
         self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
@@ -249,10 +254,40 @@ class Channel:
         self._exchange("run.parked", {"reason": CONTENT_PARK_REASON, "detail": detail})
         raise RunnerStopped(f"{CONTENT_PARK_REASON}: {exc.code}")
 
-    def _exchange(
-        self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
+    def post(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        attempt_id: str | None = None,
+        expect: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Send a message of pure progress without waiting for its reply.
+
+        The server applies a runner's messages in order; the replies are read at the
+        next `send` or `flush`, and a refusal then stops the runner there. Only progress
+        that may repeat goes this way (a pure node's start and finish): the runner waits
+        for every answer before an effect, a wait, an interaction or the end of the run.
+        `expect` names result fields the reply must carry (a pipelined node's visit).
+        """
+        message = self._message(kind, payload, attempt_id)
+        self._write(message)
+        self._unanswered[message["messageId"]] = (kind, expect)
+
+    def flush(self) -> None:
+        """Wait for the replies to every posted message; raise at the first refusal.
+
+        Raises:
+            ClaimLost: a posted message was answered with claim loss (a fence).
+            Refused: any other refusal, or a reply that contradicts what was posted.
+        """
+        while self._unanswered:
+            answer = self._read_answer()
+            if answer is not None:
+                self._settle_posted(answer)
+
+    def _message(
+        self, kind: str, payload: dict[str, Any], attempt_id: str | None
     ) -> dict[str, Any]:
-        """Send one message and return its accepted reply as it came (no reference read)."""
         message: dict[str, Any] = {
             "schema": LAUNCH_SCHEMA,
             "kind": kind,
@@ -265,28 +300,58 @@ class Channel:
         }
         if attempt_id is not None:
             message["attemptId"] = attempt_id
+        return message
+
+    def _write(self, message: dict[str, Any]) -> None:
         self._sock.sendall(encode_runner_message(message, sender="runner") + b"\n")
         crash_point("runner.message.after_send")
+        crash_point(f"runner.message.{message['kind'].replace('.', '_')}.after_send")
+
+    def _read_answer(self) -> dict[str, Any] | None:
+        """The next reply from the server (a command is kept for `wait_command`)."""
+        raw = self._reader.read_message()
+        if raw is None:
+            raise ClaimLost("the server closed the channel")
+        answer = runner_message_from_wire(raw, sender="server")
+        if answer["kind"] == "command":
+            self.pending_command = answer
+            return None
+        return answer
+
+    def _settle_posted(self, answer: dict[str, Any]) -> None:
+        posted = self._unanswered.pop(answer.get("replyTo", ""), None)
+        if posted is None:
+            return
+        kind, expect = posted
+        accepted = self._accepted(kind, answer)
+        result = accepted.get("result") or {}
+        for key, value in (expect or {}).items():
+            if result.get(key) != value:
+                raise Refused(f"{kind}: the server's {key} is {result.get(key)!r}, not {value!r}")
+
+    def _accepted(self, kind: str, answer: dict[str, Any]) -> dict[str, Any]:
+        outcome = answer["outcome"]
+        if outcome == "claimLost":
+            self._unanswered.clear()  # the rest were refused too: nothing more is written
+            raise ClaimLost(answer.get("error", {}).get("code", "claimLost"))
+        if outcome not in ("accepted", "adopted"):
+            error = answer.get("error") or {}
+            raise Refused(f"{kind}: {outcome} {error.get('code', '')} {error.get('message', '')}")
+        self.revision = answer.get("revision", self.revision) or self.revision
+        return answer
+
+    def _exchange(
+        self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
+    ) -> dict[str, Any]:
+        """Send one message and return its accepted reply as it came (no reference read)."""
+        self.flush()
+        message = self._message(kind, payload, attempt_id)
+        self._write(message)
         while True:
-            raw = self._reader.read_message()
-            if raw is None:
-                raise ClaimLost("the server closed the channel")
-            answer = runner_message_from_wire(raw, sender="server")
-            if answer["kind"] == "command":
-                self.pending_command = answer
+            answer = self._read_answer()
+            if answer is None or answer.get("replyTo") != message["messageId"]:
                 continue
-            if answer.get("replyTo") != message["messageId"]:
-                continue
-            outcome = answer["outcome"]
-            if outcome == "claimLost":
-                raise ClaimLost(answer.get("error", {}).get("code", "claimLost"))
-            if outcome not in ("accepted", "adopted"):
-                error = answer.get("error") or {}
-                raise Refused(
-                    f"{kind}: {outcome} {error.get('code', '')} {error.get('message', '')}"
-                )
-            self.revision = answer.get("revision", self.revision) or self.revision
-            return answer
+            return self._accepted(kind, answer)
 
 
 def _decoded_part(result: Any, offset: int) -> bytes:
@@ -343,6 +408,7 @@ class RunnerEffects:
         except Exception:  # noqa: BLE001 - an unanswerable read-back is ambiguity
             self._settle(call, "ambiguous")
             raise EffectAmbiguous(f"read-back of {call.effect_type} could not tell") from None
+        crash_point("runner.effect.after_read_back")
         if observed is NOT_APPLIED:
             self._settle(
                 call,
@@ -363,6 +429,7 @@ class RunnerEffects:
             raise
         crash_point("runner.effect.after_apply")
         self._settle(call, "succeeded", result=result)
+        crash_point("runner.effect.after_settle")
         return result
 
     def _settle(
@@ -577,8 +644,15 @@ class Execution:
         }
         if node.timeout_ms:
             started["timeoutMs"] = node.timeout_ms
-        reply = self.channel.send("node.started", started, attempt_id)
-        visit = (reply.get("result") or {}).get("visit", started["visit"])
+        pipelined = node.kind in PIPELINED_KINDS
+        if pipelined:
+            # A pure node may run again, so its start need not be confirmed before it
+            # runs; the reply must still carry the same visit (checked at the next wait).
+            self.channel.post("node.started", started, attempt_id, {"visit": started["visit"]})
+            visit = started["visit"]
+        else:
+            reply = self.channel.send("node.started", started, attempt_id)
+            visit = (reply.get("result") or {}).get("visit", started["visit"])
         ctx = self.scopes.context(
             node,
             run_id=self.run_id,
@@ -599,7 +673,7 @@ class Execution:
             return False
         except Exception as exc:  # noqa: BLE001 - a node failure is data for routing
             output, outcome = None, "failed"
-            self.channel.send(
+            (self.channel.post if pipelined else self.channel.send)(
                 "node.failed",
                 {
                     "nodePath": node.path,
@@ -625,7 +699,9 @@ class Execution:
         finished: dict[str, Any] = {"nodePath": node.path, "output": output}
         if route is not None:
             finished["route"] = route
-        self.channel.send("node.finished", finished, attempt_id)
+        (self.channel.post if pipelined else self.channel.send)(
+            "node.finished", finished, attempt_id
+        )
         self.scopes.record(node.path, outcome, output)
         self.visits[node.path] = visit
         self.last_output = output

@@ -141,8 +141,9 @@ class Tx(_ReadMixin):
         self.now = now
         self.tracer = tracer
         self._active = True
-        self.lifecycle = False
-        """Set by a lifecycle transition: its commit passes the lifecycle crash points."""
+        self.lifecycle: str | None = None
+        """Set by a lifecycle transition to its name (`pause`, `node_finish`, ...): its
+        commit passes `server.lifecycle.<name>.before_commit` and `.after_commit`."""
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
         if not self._active:
@@ -200,13 +201,14 @@ class _Write:
             if exc_type is None:
                 if group is not None:
                     db._run(q.RELEASE_UNIT, ())
-                    group.lifecycle_commits += tx.lifecycle
+                    if tx.lifecycle:
+                        group.lifecycle.append(tx.lifecycle)
                     return
                 if tx.lifecycle:
-                    crash_point("server.lifecycle.before_commit")
+                    crash_point(f"server.lifecycle.{tx.lifecycle}.before_commit")
                 db._run(q.COMMIT, ())
                 if tx.lifecycle:
-                    crash_point("server.lifecycle.after_commit")
+                    crash_point(f"server.lifecycle.{tx.lifecycle}.after_commit")
                 actions, db._after_write = db._after_write, []
                 for action in actions:
                     action()
@@ -252,15 +254,16 @@ class GroupLostError(sqlite3.OperationalError):
 class _Group:
     """The state of one open group commit. Internal."""
 
-    __slots__ = ("actions", "began_at", "lifecycle_commits", "lost", "units")
+    __slots__ = ("actions", "began_at", "lifecycle", "lost", "units")
 
     def __init__(self) -> None:
         self.units = 0
         """Units started so far (the index of the next one)."""
         self.began_at: int | None = None
         """The unit whose first write opened the transaction; None while nothing wrote."""
-        self.lifecycle_commits = 0
-        """Lifecycle transitions among the released savepoints (each passes its crash points)."""
+        self.lifecycle: list[str] = []
+        """Lifecycle transitions among the released savepoints, by name, in order (each
+        passes its crash points at the group's COMMIT)."""
         self.actions: list[Callable[[], None]] = []
         """`after_commit` actions, in registration order."""
         self.lost = False
@@ -318,8 +321,8 @@ class GroupCommit:
         **Durability:** when this returns, every released savepoint of the group is
         committed (`synchronous=FULL`). The crash points `server.group_commit.before_commit`
         and `server.group_commit.after_commit` sit on either side of the `COMMIT`, and each
-        lifecycle transition in the group passes `server.lifecycle.before_commit` and
-        `server.lifecycle.after_commit` there too, once each.
+        lifecycle transition in the group passes its `server.lifecycle.<name>.before_commit`
+        and `.after_commit` there too, once each, in order.
 
         Raises:
             GroupLostError: the transaction was already lost (`lost`); nothing is stored.
@@ -335,16 +338,16 @@ class GroupCommit:
             return
         try:
             crash_point("server.group_commit.before_commit")
-            for _ in range(group.lifecycle_commits):
-                crash_point("server.lifecycle.before_commit")
+            for name in group.lifecycle:
+                crash_point(f"server.lifecycle.{name}.before_commit")
             db._run(q.COMMIT, ())
         except BaseException:
             group.actions = []
             _rollback(db)
             raise
         crash_point("server.group_commit.after_commit")
-        for _ in range(group.lifecycle_commits):
-            crash_point("server.lifecycle.after_commit")
+        for name in group.lifecycle:
+            crash_point(f"server.lifecycle.{name}.after_commit")
         actions, group.actions = group.actions, []
         for action in actions:
             action()

@@ -7,9 +7,9 @@ change, and keeps `runs`, `run_queue`, `node_attempts`, `leases` and `events` co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -104,6 +104,27 @@ class NewRun:
 
 
 # --- The transition engine (shared with _execution) -------------------------------
+
+LIFECYCLE_POINTS: Final[Mapping[str, str]] = {
+    EventType.RUN_QUEUED: "enqueue",
+    EventType.RUN_CLAIMED: "launch",
+    EventType.RUNNER_LIVE: "ready",
+    EventType.NODE_STARTED: "node_start",
+    EventType.NODE_FINISHED: "node_finish",
+    EventType.NODE_FAILED: "node_fail",
+    EventType.RUN_PARKED: "park",
+    EventType.RUN_WAITING: "wait",
+    EventType.RUN_PAUSED: "pause",
+    EventType.RUN_RESUMED: "resume",
+    EventType.RUN_REQUEUED: "requeue",
+    EventType.RUN_COMPLETED: "complete",
+    EventType.RUN_FAILED: "fail",
+    EventType.RUN_TIMED_OUT: "time_out",
+    EventType.RUN_CANCELLED: "cancel",
+    "effect_recovered": "recover",
+}
+"""Each transition's name in its crash points, `server.lifecycle.<name>.before_commit` and
+`.after_commit` (declared in `supervision/_crash.py` as `LIFECYCLE_TRANSITIONS`)."""
 
 
 def begin_transition(
@@ -219,7 +240,7 @@ def apply_transition(
         generation=generation,
         payload=payload,
     )
-    tx.lifecycle = True
+    tx.lifecycle = LIFECYCLE_POINTS.get(str(event_type), str(event_type))
     return TransitionResult(run_id, revision, target, generation, expires_at)
 
 
@@ -313,7 +334,7 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
     append_event(
         tx, run.run_id, revision=1, event_type=EventType.RUN_QUEUED, generation=0, payload=payload
     )
-    tx.lifecycle = True  # (a) is a lifecycle commit: it passes the lifecycle crash points
+    tx.lifecycle = "enqueue"  # (a) is a lifecycle commit: it passes the lifecycle crash points
     return TransitionResult(run.run_id, 1, RunPhase.QUEUED, 0, None)
 
 

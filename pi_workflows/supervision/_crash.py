@@ -24,6 +24,7 @@ __all__ = [
     "CRASH_ENV",
     "CRASH_ONCE_ENV",
     "CRASH_POINTS",
+    "LIFECYCLE_TRANSITIONS",
     "PROCESS_KINDS",
     "CrashPoint",
     "CrashSpec",
@@ -95,18 +96,38 @@ def _declare(name: str, process: ProcessKind, interrupts: str) -> None:
 
 # --- The declared points. Each is declared once; code reaches it with crash_point(name).
 # Server: lifecycle transitions, receipts, launches, the ready handshake, cancellation.
-_declare(
-    "server.lifecycle.before_commit",
-    "server",
-    "A lifecycle transition's transaction after its changes and before its COMMIT, "
-    "so the whole transition is lost.",
+LIFECYCLE_TRANSITIONS: Final = (
+    "enqueue",
+    "launch",
+    "ready",
+    "node_start",
+    "node_finish",
+    "node_fail",
+    "park",
+    "wait",
+    "pause",
+    "resume",
+    "requeue",
+    "complete",
+    "fail",
+    "time_out",
+    "cancel",
+    "recover",
 )
-_declare(
-    "server.lifecycle.after_commit",
-    "server",
-    "A lifecycle transition right after its COMMIT, before the server acts on it "
-    "(answers a client, signals a runner or launches one).",
-)
+"""Every run lifecycle transition by the name its crash points carry."""
+for _transition in LIFECYCLE_TRANSITIONS:
+    _declare(
+        f"server.lifecycle.{_transition}.before_commit",
+        "server",
+        f"The {_transition} transition after its changes and before the COMMIT that "
+        "would make it durable, so the whole transition is lost.",
+    )
+    _declare(
+        f"server.lifecycle.{_transition}.after_commit",
+        "server",
+        f"The {_transition} transition right after its COMMIT, before the server acts on "
+        "it (answers a client or a runner, signals a runner or launches one).",
+    )
 _declare(
     "server.receipt.after_commit",
     "server",
@@ -218,6 +239,38 @@ _declare(
     "runner.message.after_send",
     "runner",
     "A runner message after it was written to the server and before the runner reads its answer.",
+)
+RUNNER_SENT_KINDS: Final = (
+    "runner.ready",
+    "runner.progress",
+    "node.started",
+    "node.finished",
+    "node.failed",
+    "effect.reserve",
+    "effect.settle",
+    "notification.requested",
+    "run.parked",
+    "run.finished",
+    "content.read",
+)
+for _kind in RUNNER_SENT_KINDS:
+    _declare(
+        f"runner.message.{_kind.replace('.', '_')}.after_send",
+        "runner",
+        f"A runner's {_kind} after it was written to the server and before the runner "
+        "reads any answer (a pipelined one is answered later, or never).",
+    )
+_declare(
+    "runner.effect.after_settle",
+    "runner",
+    "A managed effect after the server accepted its settlement and before the node that "
+    "applied it finishes.",
+)
+_declare(
+    "runner.effect.after_read_back",
+    "runner",
+    "A managed effect after its read-back observed the external system and before that "
+    "proof is sent to the server.",
 )
 
 

@@ -453,12 +453,17 @@ _CHOOSING_KEYWORDS = frozenset({"not", "if", "then", "else", "oneOf"})
 
 
 def _fast_safe(node: object, *, exact: bool = False) -> bool:
+    if node is True:
+        return True  # the schema that accepts anything, in both libraries
     if not isinstance(node, dict):
         return False
     return all(_fast_safe_keyword(key, value, exact) for key, value in node.items())
 
 
 def _fast_safe_keyword(key: str, value: Any, exact: bool) -> bool:
+    if key in ("then", "else"):
+        # Not inverted: a stricter branch only rejects more, as outside a choice.
+        return _fast_safe(value, exact=exact)
     if key in _CHOOSING_KEYWORDS:
         parts = value if isinstance(value, list) else [value]
         return all(_fast_safe(part, exact=True) for part in parts)
