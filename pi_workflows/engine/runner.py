@@ -35,6 +35,7 @@ from pi_workflows.engine._errors import RoutingError, SourceChangedError
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
 from pi_workflows.supervision import crash_point, identity_of
+from pi_workflows.supervision._crash import RUNNER_SENT_KINDS
 from pi_workflows.supervision._process import set_process_name
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
@@ -305,7 +306,9 @@ class Channel:
     def _write(self, message: dict[str, Any]) -> None:
         self._sock.sendall(encode_runner_message(message, sender="runner") + b"\n")
         crash_point("runner.message.after_send")
-        crash_point(f"runner.message.{message['kind'].replace('.', '_')}.after_send")
+        kind = message["kind"]
+        if kind in RUNNER_SENT_KINDS:  # a content.read is a read: it has no point of its own
+            crash_point(f"runner.message.{kind.replace('.', '_')}.after_send")
 
     def _read_answer(self) -> dict[str, Any] | None:
         """The next reply from the server (a command is kept for `wait_command`)."""

@@ -141,9 +141,10 @@ class Tx(_ReadMixin):
         self.now = now
         self.tracer = tracer
         self._active = True
-        self.lifecycle: str | None = None
-        """Set by a lifecycle transition to its name (`pause`, `node_finish`, ...): its
-        commit passes `server.lifecycle.<name>.before_commit` and `.after_commit`."""
+        self.lifecycle: list[str] = []
+        """The lifecycle transitions of this transaction by name (`pause`, `node_finish`,
+        ...): its commit passes `server.lifecycle.<name>.before_commit` and `.after_commit`
+        of each, in order."""
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
         if not self._active:
@@ -201,14 +202,13 @@ class _Write:
             if exc_type is None:
                 if group is not None:
                     db._run(q.RELEASE_UNIT, ())
-                    if tx.lifecycle:
-                        group.lifecycle.append(tx.lifecycle)
+                    group.lifecycle.extend(tx.lifecycle)
                     return
-                if tx.lifecycle:
-                    crash_point(f"server.lifecycle.{tx.lifecycle}.before_commit")
+                for name in tx.lifecycle:
+                    crash_point(f"server.lifecycle.{name}.before_commit")
                 db._run(q.COMMIT, ())
-                if tx.lifecycle:
-                    crash_point(f"server.lifecycle.{tx.lifecycle}.after_commit")
+                for name in tx.lifecycle:
+                    crash_point(f"server.lifecycle.{name}.after_commit")
                 actions, db._after_write = db._after_write, []
                 for action in actions:
                     action()

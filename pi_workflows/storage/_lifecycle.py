@@ -240,7 +240,7 @@ def apply_transition(
         generation=generation,
         payload=payload,
     )
-    tx.lifecycle = LIFECYCLE_POINTS.get(str(event_type), str(event_type))
+    tx.lifecycle.append(LIFECYCLE_POINTS.get(str(event_type), str(event_type)))
     return TransitionResult(run_id, revision, target, generation, expires_at)
 
 
@@ -334,7 +334,7 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
     append_event(
         tx, run.run_id, revision=1, event_type=EventType.RUN_QUEUED, generation=0, payload=payload
     )
-    tx.lifecycle = "enqueue"  # (a) is a lifecycle commit: it passes the lifecycle crash points
+    tx.lifecycle.append("enqueue")  # (a) is a lifecycle commit: it passes its crash points
     return TransitionResult(run.run_id, 1, RunPhase.QUEUED, 0, None)
 
 

@@ -164,7 +164,6 @@ RUNNER_MESSAGE_POINTS: Final = (
     "notification.requested",
     "run.parked",
     "run.finished",
-    "runner.exiting",
 )
 for _kind in RUNNER_MESSAGE_POINTS:
     _declare(
@@ -251,7 +250,6 @@ RUNNER_SENT_KINDS: Final = (
     "notification.requested",
     "run.parked",
     "run.finished",
-    "content.read",
 )
 for _kind in RUNNER_SENT_KINDS:
     _declare(

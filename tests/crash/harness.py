@@ -77,7 +77,7 @@ import signal
 import time
 from pathlib import Path
 
-from pi_workflows import action, checkpoint, compute, define_workflow, shell
+from pi_workflows import action, checkpoint, compute, define_workflow, notify, shell
 from pi_workflows.engine import NOT_APPLIED
 
 LAB = Path(__LAB__)
@@ -140,6 +140,18 @@ def build(ctx):
     if ctx.input.get("block") == "build":
         script += f'; echo "{ctx.run_id} build $$" > {EVENTS}; exec sleep 600'
     return ["sh", "-c", script]
+
+
+def boom(ctx):
+    step(ctx, "boom")
+    raise RuntimeError("boom")
+
+
+def slow_build(ctx):
+    # Announces itself, then takes a moment: long enough for a graceful stop to begin.
+    script = f"echo {ctx.run_id} >> {LAB / 'shell.ledger'}; "
+    script += f'echo "{ctx.run_id} build $$" > {EVENTS}; sleep 1'
+    return ["sh", "-c", script]
 """
 
 WORKFLOWS = {
@@ -181,6 +193,45 @@ workflow = define_workflow(
         {"from": "charge", "to": "approve"},
         {"from": "approve", "to": "z"},
     ],
+)
+""",
+    # a -> boom (raises; no edge for failed): the run fails.
+    "fails": """
+workflow = define_workflow(
+    name="fails",
+    start_at="a",
+    nodes={"a": compute(lambda ctx: step(ctx, "a")), "boom": compute(boom)},
+    edges=[{"from": "a", "to": "boom"}],
+)
+""",
+    # late (0.3 s deadline; input block "late" makes it overrun; no edge): timed out.
+    "late": """
+workflow = define_workflow(
+    name="late",
+    start_at="late",
+    nodes={"late": compute(lambda ctx: step(ctx, "late"), timeout=0.3)},
+)
+""",
+    # a -> note (a notify node) -> z.
+    "note": """
+workflow = define_workflow(
+    name="note",
+    start_at="a",
+    nodes={
+        "a": compute(lambda ctx: step(ctx, "a")),
+        "note": notify("built"),
+        "z": compute(lambda ctx: step(ctx, "z")),
+    },
+    edges=[{"from": "a", "to": "note"}, {"from": "note", "to": "z"}],
+)
+""",
+    # build (a shell command that takes a second) -> z.
+    "slowbuild": """
+workflow = define_workflow(
+    name="slowbuild",
+    start_at="build",
+    nodes={"build": shell(slow_build), "z": compute(lambda ctx: step(ctx, "z"))},
+    edges=[{"from": "build", "to": "z"}],
 )
 """,
     # build (a shell command: a managed effect without read-back) -> z.

@@ -7,14 +7,11 @@ checks it (`Lab.finish`, see harness.py): every run in the state the design requ
 no acknowledged command without its stored receipt, no effect applied twice unless it is
 ambiguous, no second live runner generation, `state verify` and SQLite's own checks clean.
 
-Lifecycle commits of one `approve` run (a -> charge -> approve -> z), in the order an
-armed server hits `server.lifecycle.*` (`HIT` names them; effect reservations and
-settlements are protected writes, not lifecycle transitions):
-
-     1 run.start (enqueue)  2 claim for launch  3 runner live      4 start a
-     5 finish a             6 start charge      7 finish charge    8 start approve
-     9 finish approve      10 wait (checkpoint) 11 run.answer     12 claim the continuation
-    13 runner live         14 start z          15 finish z        16 run finished
+Each lifecycle transition has points of its own, `server.lifecycle.<transition>.
+before_commit` and `.after_commit` (enqueue, launch, ready, node_start, node_finish, ...),
+so a scenario names the transition, and `@n` counts only that transition: the second
+node_finish of an `approve` run is the charge node's, the answer's transaction enqueues
+the continuation and completes the waiting parent (the first complete).
 
 Runner messages of one `charge` run, in the order `runner.message.after_send` counts:
 
@@ -24,7 +21,9 @@ Runner messages of one `charge` run, in the order `runner.message.after_send` co
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -38,19 +37,9 @@ import pytest
 
 from pi_workflows.supervision import CRASH_POINTS
 from tests.conftest import Processes
-from tests.crash.harness import PIW, Command, Lab, live_generations, runner_rows
+from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
 
 pytestmark = pytest.mark.timeout(90)
-
-HIT = {
-    "run.start": 1,
-    "claim": 2,
-    "finish charge": 7,
-    "wait": 10,
-    "run.answer": 11,
-    "run finished": 16,
-}
-"""The hit of `server.lifecycle.*` at which a fresh server reaches each commit of `approve`."""
 
 Scenario = Callable[[Lab], None]
 SCENARIOS: dict[str, dict[str, Scenario]] = {}
@@ -138,12 +127,12 @@ def _check_approve_ran_once(lab: Lab, run_id: str, continuation: str) -> None:
     assert lab.count(continuation, "z") == 1
 
 
-# --- server.lifecycle.before_commit: the transition is lost ----------------------------
+# --- server.lifecycle.<transition>.before_commit: the transition is lost ----------------------------
 
 
-@scenario("server.lifecycle.before_commit", "run-start")
+@scenario("server.lifecycle.enqueue.before_commit", "run-start")
 def _lifecycle_before_enqueue(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['run.start']}")
+    armed = lab.start_server("server.lifecycle.enqueue.before_commit")
     start = lab.start_run("approve")
     assert start.lost
     lab.expect_server_crash(armed)
@@ -159,9 +148,9 @@ def _lifecycle_before_enqueue(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
 
 
-@scenario("server.lifecycle.before_commit", "launch-claim")
+@scenario("server.lifecycle.launch.before_commit", "launch-claim")
 def _lifecycle_before_launch(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['claim']}")
+    armed = lab.start_server("server.lifecycle.launch.before_commit")
     start = lab.start_run("approve")
     lab.expect_server_crash(armed)
     run_id = _run_of(lab, start)
@@ -175,9 +164,9 @@ def _lifecycle_before_launch(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
 
 
-@scenario("server.lifecycle.before_commit", "node-finished-after-effect")
+@scenario("server.lifecycle.node_finish.before_commit", "node-finished-after-effect")
 def _lifecycle_before_node_finished(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['finish charge']}")
+    armed = lab.start_server("server.lifecycle.node_finish.before_commit@2")
     start = lab.start_run("approve")
     lab.expect_server_crash(armed)
     run_id = _run_of(lab, start)
@@ -197,9 +186,9 @@ def _lifecycle_before_node_finished(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
 
 
-@scenario("server.lifecycle.before_commit", "checkpoint-wait")
+@scenario("server.lifecycle.wait.before_commit", "checkpoint-wait")
 def _lifecycle_before_wait(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['wait']}")
+    armed = lab.start_server("server.lifecycle.wait.before_commit")
     start = lab.start_run("approve")
     lab.expect_server_crash(armed)
     run_id = _run_of(lab, start)
@@ -215,9 +204,9 @@ def _lifecycle_before_wait(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
 
 
-@scenario("server.lifecycle.before_commit", "answer-command")
+@scenario("server.lifecycle.complete.before_commit", "answer-command")
 def _lifecycle_before_answer(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.before_commit@{HIT['run.answer']}")
+    armed = lab.start_server("server.lifecycle.complete.before_commit")
     run_id = lab.start_run("approve").new_run
     lab.wait_status(run_id, "waiting")
     answer = lab.command("run.answer", {"answer": {"ok": True}}, run_id=run_id)
@@ -236,12 +225,12 @@ def _lifecycle_before_answer(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
 
 
-# --- server.lifecycle.after_commit: durable, but nobody acted on it --------------------
+# --- server.lifecycle.<transition>.after_commit: durable, but nobody acted on it --------------------
 
 
-@scenario("server.lifecycle.after_commit", "launch-claim")
+@scenario("server.lifecycle.launch.after_commit", "launch-claim")
 def _lifecycle_after_launch(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['claim']}")
+    armed = lab.start_server("server.lifecycle.launch.after_commit")
     start = lab.start_run("approve")
     lab.expect_server_crash(armed)
     run_id = _run_of(lab, start)
@@ -256,9 +245,9 @@ def _lifecycle_after_launch(lab: Lab) -> None:
         assert runner_rows(db, run_id) == [("orphaned", None), ("exited", None)]
 
 
-@scenario("server.lifecycle.after_commit", "waiting")
+@scenario("server.lifecycle.wait.after_commit", "waiting")
 def _lifecycle_after_wait(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['wait']}")
+    armed = lab.start_server("server.lifecycle.wait.after_commit")
     start = lab.start_run("approve")
     lab.expect_server_crash(armed)
     run_id = _run_of(lab, start)
@@ -275,9 +264,9 @@ def _lifecycle_after_wait(lab: Lab) -> None:
         assert runner_rows(db, run_id) == [("orphaned", None)]
 
 
-@scenario("server.lifecycle.after_commit", "answer-receipt")
+@scenario("server.lifecycle.complete.after_commit", "answer-receipt")
 def _lifecycle_after_answer(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['run.answer']}")
+    armed = lab.start_server("server.lifecycle.complete.after_commit")
     run_id = lab.start_run("approve").new_run
     lab.wait_status(run_id, "waiting")
     answer = lab.command("run.answer", {"answer": {"ok": True}}, run_id=run_id)
@@ -295,9 +284,9 @@ def _lifecycle_after_answer(lab: Lab) -> None:
     lab.finish({run_id: "completed", answer.new_run: "completed"})
 
 
-@scenario("server.lifecycle.after_commit", "run-finished")
+@scenario("server.lifecycle.complete.after_commit", "run-finished")
 def _lifecycle_after_finish(lab: Lab) -> None:
-    armed = lab.start_server(f"server.lifecycle.after_commit@{HIT['run finished']}")
+    armed = lab.start_server("server.lifecycle.complete.after_commit@2")
     run_id = lab.start_run("approve").new_run
     lab.wait_status(run_id, "waiting")
     continuation = _answer(lab, run_id)
@@ -712,6 +701,271 @@ def _message_checkpoint_finished(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
     kinds = _messages_of_the_crashed_runner(lab, run_id)
     assert kinds[-2:] == ["node.started", "node.finished"] and len(kinds) == 9
+
+
+# --- named points of every transition, message kind and effect step --------------------
+# Each point is reached by running one workflow of the lab (and, for commands, by sending
+# the command) on a server armed with that point alone: no hit counting. The checks after
+# the restart are the matrix's own (`Lab.finish`): the run ends as the design requires,
+# nothing acknowledged is lost, no effect or shell command ran twice, `state verify` clean.
+
+FINAL = {
+    "pure": "completed",
+    "charge": "completed",
+    "note": "completed",
+    "fails": "failed",
+    "late": "timed_out",
+    "build": "ambiguous",
+}
+"""What each workflow of an autonomous run ends as after a crash at one of its points."""
+
+
+def _settle(lab: Lab, run_id: str, workflow: str) -> dict[str, str]:
+    """Wait for the run (and an approve run's continuation) to end; the expected map."""
+    if workflow == "approve":
+        continuation = _approve_to_the_end(lab, run_id)
+        _check_approve_ran_once(lab, run_id, continuation)
+        return {run_id: "completed", continuation: "completed"}
+    final = FINAL[workflow]
+    lab.wait_status(run_id, final)
+    if workflow == "charge":
+        assert lab.applied(run_id) == 1, "proven by read-back or adopted: applied once"
+    if workflow in ("pure", "charge", "note"):
+        assert lab.count(run_id, "a") <= 2 and lab.count(run_id, "z") >= 1
+    return {run_id: final}
+
+
+def _autonomous_server_crash(lab: Lab, point: str, workflow: str, **given: Any) -> None:
+    """The server dies at `point` while a run goes its own way; the next server finishes."""
+    armed = lab.start_server(point)
+    start = lab.start_run(workflow, given)
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    lab.start_server()
+    lab.resend_lost()
+    assert start.new_run == run_id, "a lost run.start adopts the run it made"
+    expected = _settle(lab, run_id, workflow)
+    lab.finish(expected, ambiguous=int(FINAL.get(workflow) == "ambiguous"))
+
+
+def _autonomous_runner_crash(lab: Lab, point: str, workflow: str, **given: Any) -> None:
+    """A runner dies at `point`; the server hands the run to the next runner."""
+    armed = lab.start_server(point)
+    run_id = lab.start_run(workflow, given).new_run
+    expected = _settle(lab, run_id, workflow)
+    lab.expect_runner_crash(armed)
+    lab.finish(expected, ambiguous=int(FINAL.get(workflow) == "ambiguous"))
+
+
+AUTONOMOUS_SERVER: dict[str, tuple[str, dict[str, Any]]] = {
+    "server.lifecycle.enqueue.after_commit": ("pure", {}),
+    "server.lifecycle.ready.before_commit": ("pure", {}),
+    "server.lifecycle.ready.after_commit": ("pure", {}),
+    "server.lifecycle.node_start.before_commit": ("pure", {}),
+    "server.lifecycle.node_start.after_commit": ("pure", {}),
+    "server.lifecycle.node_finish.after_commit": ("charge", {}),
+    "server.lifecycle.node_fail.before_commit": ("fails", {}),
+    "server.lifecycle.node_fail.after_commit": ("fails", {}),
+    "server.lifecycle.fail.before_commit": ("fails", {}),
+    "server.lifecycle.fail.after_commit": ("fails", {}),
+    "server.lifecycle.time_out.before_commit": ("late", {"block": "late"}),
+    "server.lifecycle.time_out.after_commit": ("late", {"block": "late"}),
+    "server.runner_message.runner_ready.after_commit": ("pure", {}),
+    "server.runner_message.node_started.after_commit": ("pure", {}),
+    "server.runner_message.node_finished.after_commit": ("pure", {}),
+    "server.runner_message.node_failed.after_commit": ("fails", {}),
+    "server.runner_message.effect_reserve.after_commit": ("charge", {}),
+    "server.runner_message.effect_settle.after_commit": ("charge", {}),
+    "server.runner_message.notification_requested.after_commit": ("note", {}),
+    "server.runner_message.run_parked.after_commit": ("approve", {}),
+    "server.runner_message.run_finished.after_commit": ("pure", {}),
+    "server.runner_message.runner_progress.after_commit": ("build", {}),
+}
+
+AUTONOMOUS_RUNNER: dict[str, tuple[str, dict[str, Any]]] = {
+    "runner.message.runner_ready.after_send": ("pure", {}),
+    "runner.message.node_started.after_send": ("pure", {}),
+    "runner.message.node_finished.after_send": ("pure", {}),
+    "runner.message.node_failed.after_send": ("fails", {}),
+    "runner.message.effect_reserve.after_send": ("charge", {}),
+    "runner.message.effect_settle.after_send": ("charge", {"readBack": False}),
+    "runner.message.notification_requested.after_send": ("note", {}),
+    "runner.message.run_parked.after_send": ("approve", {}),
+    "runner.message.run_finished.after_send": ("pure", {}),
+    "runner.message.runner_progress.after_send": ("build", {}),
+    "runner.effect.after_settle": ("charge", {"readBack": False}),
+}
+
+
+def _register_autonomous() -> None:
+    for point, (workflow, given) in AUTONOMOUS_SERVER.items():
+        scenario(point, workflow)(
+            functools.partial(_autonomous_server_crash, point=point, workflow=workflow, **given)
+        )
+    for point, (workflow, given) in AUTONOMOUS_RUNNER.items():
+        scenario(point, workflow)(
+            functools.partial(_autonomous_runner_crash, point=point, workflow=workflow, **given)
+        )
+
+
+_register_autonomous()
+
+
+def _wait_attempt(lab: Lab, run_id: str, node: str) -> None:
+    """Wait until the node's attempt committed (a pipelined start is not confirmed)."""
+    deadline = time.monotonic() + 30
+    pause = threading.Event()
+    while True:
+        with lab.database() as db:
+            found = _row(
+                db,
+                "SELECT COUNT(*) FROM node_attempts WHERE run_id = ? AND node_path = ?",
+                run_id,
+                node,
+            )
+        if found:
+            return
+        assert time.monotonic() < deadline, f"{node} of {run_id} never started"
+        pause.wait(0.05)
+
+
+def _blocked(lab: Lab, point: str) -> tuple[Server, str, int]:
+    """A `pure` run blocked in its committed node a: (server, run, the runner's PID)."""
+    armed = lab.start_server(point)
+    run_id = lab.start_run("pure", {"block": "a"}).new_run
+    runner_pid = lab.events.wait(run_id, "a")
+    _wait_attempt(lab, run_id, "a")
+    return armed, run_id, runner_pid
+
+
+def _command_crash(lab: Lab, point: str, operation: str, final: str) -> None:
+    """A command on a run blocked in a pure node dies at `point`; its retry settles it."""
+    armed, run_id, _ = _blocked(lab, point)
+    if operation == "run.resume":
+        lab.command("run.pause", run_id=run_id)
+        lab.wait_status(run_id, "paused")
+    command = lab.command(operation, run_id=run_id)
+    assert command.lost
+    lab.expect_server_crash(armed)
+    lab.start_server()
+    lab.resend_lost()
+    assert command.resent_outcome in ("accepted", "adopted")
+    if operation == "run.pause":
+        assert lab.get(run_id)["display"]["status"] == "paused"
+        lab.command("run.resume", run_id=run_id)
+    lab.wait_status(run_id, final)
+    if final == "completed":
+        assert lab.count(run_id, "b") == 1
+    lab.finish({run_id: final})
+
+
+for _point, _operation, _final in (
+    ("server.lifecycle.pause.before_commit", "run.pause", "completed"),
+    ("server.lifecycle.pause.after_commit", "run.pause", "completed"),
+    ("server.lifecycle.pause.before_fence", "run.pause", "completed"),
+    ("server.lifecycle.resume.before_commit", "run.resume", "completed"),
+    ("server.lifecycle.resume.after_commit", "run.resume", "completed"),
+    ("server.lifecycle.cancel.before_commit", "run.cancel", "cancelled"),
+    ("server.lifecycle.cancel.after_commit", "run.cancel", "cancelled"),
+):
+    scenario(_point, "blocked-pure-node")(
+        functools.partial(_command_crash, point=_point, operation=_operation, final=_final)
+    )
+
+
+def _ambiguous_charge(lab: Lab, point: str) -> tuple[Server, str]:
+    """A charge without read-back interrupted by a pause: resumed, it parks ambiguous."""
+    armed = lab.start_server(point)
+    run_id = lab.start_run("charge", {"block": "charge", "readBack": False}).new_run
+    lab.events.wait(run_id, "applying")
+    lab.command("run.pause", run_id=run_id)
+    lab.wait_status(run_id, "paused")
+    lab.command("run.resume", run_id=run_id)
+    return armed, run_id
+
+
+def _park_crash(lab: Lab, point: str) -> None:
+    armed, run_id = _ambiguous_charge(lab, point)
+    lab.expect_server_crash(armed)
+    lab.start_server()
+    lab.wait_status(run_id, "ambiguous")
+    assert lab.applied(run_id) == 1, "an uncertain effect without read-back never repeats"
+    lab.finish({run_id: "ambiguous"}, ambiguous=1)
+
+
+def _recover_crash(lab: Lab, point: str) -> None:
+    armed, run_id = _ambiguous_charge(lab, point)
+    lab.wait_status(run_id, "ambiguous")
+    confirm = lab.command("run.recover", {"action": "confirm"}, run_id=run_id)
+    assert confirm.lost
+    lab.expect_server_crash(armed)
+    lab.start_server()
+    lab.resend_lost()
+    lab.wait_status(run_id, "completed")
+    assert lab.applied(run_id) == 1, "confirmed: the effect is not applied again"
+    assert lab.count(run_id, "z") == 1
+    lab.finish({run_id: "completed"})
+
+
+for _point in ("server.lifecycle.park.before_commit", "server.lifecycle.park.after_commit"):
+    scenario(_point, "ambiguous-effect")(functools.partial(_park_crash, point=_point))
+for _point in ("server.lifecycle.recover.before_commit", "server.lifecycle.recover.after_commit"):
+    scenario(_point, "confirm")(functools.partial(_recover_crash, point=_point))
+
+
+def _requeue_crash(lab: Lab, point: str) -> None:
+    """A runner SIGKILLed in a committed pure node: its run is requeued (the point)."""
+    armed, run_id, runner_pid = _blocked(lab, point)
+    os.killpg(runner_pid, signal.SIGKILL)
+    lab.expect_server_crash(armed)
+    lab.start_server()
+    lab.wait_status(run_id, "completed")
+    assert lab.count(run_id, "a") == 2, "the interrupted pure node ran again"
+    assert lab.count(run_id, "b") == 1
+    lab.finish({run_id: "completed"})
+
+
+for _point in ("server.lifecycle.requeue.before_commit", "server.lifecycle.requeue.after_commit"):
+    scenario(_point, "runner-killed")(functools.partial(_requeue_crash, point=_point))
+
+
+@scenario("runner.effect.after_read_back", "runner-killed-while-applying")
+def _after_read_back(lab: Lab) -> None:
+    armed = lab.start_server("runner.effect.after_read_back")
+    run_id = lab.start_run("charge", {"block": "charge"}).new_run
+    first_runner = lab.events.wait(run_id, "applying")
+    os.killpg(first_runner, signal.SIGKILL)  # the first runner, inside its apply
+    lab.wait_status(run_id, "completed")
+    lab.expect_runner_crash(armed)  # the second runner read back, then died
+    assert lab.applied(run_id) == 1, "the third runner's read-back proved it applied"
+    lab.finish({run_id: "completed"})
+
+
+@scenario("server.drain.started", "blocked-pure-node")
+def _drain_started(lab: Lab) -> None:
+    armed, run_id, _ = _blocked(lab, "server.drain.started")
+    lab.call("server.stop")
+    lab.expect_server_crash(armed)
+    lab.start_server()
+    lab.wait_status(run_id, "completed")
+    assert lab.count(run_id, "b") == 1
+    lab.finish({run_id: "completed"})
+
+
+@scenario("server.drain.after_hand_back", "shell-finishes")
+def _drain_hand_back(lab: Lab) -> None:
+    armed = lab.start_server("server.drain.after_hand_back")
+    run_id = lab.start_run("slowbuild").new_run
+    lab.events.wait(run_id, "build")
+    lab.call("server.stop")  # the running command may finish within the drain
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # the command's node finished; the run went back queued
+        assert _queue(db, run_id) == "queued"
+        assert _effect_states(db, run_id) == ["applied"]
+    lab.start_server()
+    lab.wait_status(run_id, "completed")
+    assert lab.shell_runs(run_id) == 1, "the next server goes on from the step after"
+    lab.finish({run_id: "completed"})
 
 
 # --- the matrix -------------------------------------------------------------------------
