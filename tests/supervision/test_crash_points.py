@@ -35,10 +35,52 @@ pytestmark = pytest.mark.timeout(60)
 POINT = "runner.effect.after_apply"
 OTHER = "server.receipt.after_commit"
 
-# What issue 6 requires a point for, by name.
+# What issues 6 and 10 require a point for, by name: each lifecycle transition, each
+# runner message kind and each effect step has its own.
 REQUIRED = {
-    "server.lifecycle.before_commit",
-    "server.lifecycle.after_commit",
+    *(
+        f"server.lifecycle.{t}.{w}"
+        for t in (
+            "enqueue",
+            "launch",
+            "ready",
+            "node_start",
+            "node_finish",
+            "node_fail",
+            "park",
+            "wait",
+            "pause",
+            "resume",
+            "requeue",
+            "complete",
+            "fail",
+            "time_out",
+            "cancel",
+            "recover",
+        )
+        for w in ("before_commit", "after_commit")
+    ),
+    *(
+        f"server.runner_message.{k}.after_commit"
+        for k in (
+            "runner_ready",
+            "runner_progress",
+            "node_started",
+            "node_finished",
+            "node_failed",
+            "effect_reserve",
+            "effect_settle",
+            "notification_requested",
+            "run_parked",
+            "run_finished",
+        )
+    ),
+    "server.group_commit.before_commit",
+    "server.group_commit.after_commit",
+    "server.drain.started",
+    "server.drain.after_hand_back",
+    "runner.effect.after_settle",
+    "runner.effect.after_read_back",
     "server.receipt.after_commit",
     "server.launch.after_commit",
     "server.launch.after_spawn",
@@ -135,6 +177,7 @@ def test_an_undeclared_name_is_a_programming_error_armed_or_not() -> None:
 
 def test_every_point_issue_6_needs_is_declared_once_with_process_and_sentence() -> None:
     assert set(CRASH_POINTS) >= REQUIRED
+    assert len(CRASH_POINTS) >= 40
     for name, point in CRASH_POINTS.items():
         assert point.name == name
         assert point.process in PROCESS_KINDS
