@@ -13,6 +13,8 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, wait_reply
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.supervision import (
     ChildProcess,
@@ -36,7 +38,9 @@ from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 __all__ = [
     "LOG_CAP_BYTES",
     "ChildExited",
+    "KillChild",
     "ProcessSupervisorActor",
+    "ResolverPort",
     "Spawn",
     "StopChild",
     "StopGroup",
@@ -81,6 +85,8 @@ class Spawn:
     """A module the zygote has imported whose `main()` is this same program: the child
     is forked warm. `fd_env` names the variable that gets the first of `pass_fds`."""
     fd_env: str | None = None
+    stdio: bool = False
+    """The first of `pass_fds` becomes the child's stdin and stdout (a resolver's socket)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,13 @@ class StopChild:
 
     identity: ProcessIdentity
     grace_ticks: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class KillChild:
+    """SIGKILL a child's process group at once (a resolver that answered or overran)."""
+
+    identity: ProcessIdentity
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +148,7 @@ class _Supervised:
 class ProcessSupervisorActor(ServerActor):
     """Owns: the registry of child processes (by exact identity) and their groups.
 
-    Receives: `Spawn`, `StopChild`, `StopGroup`, `StopRecorded`, `Tick` (and the
+    Receives: `Spawn`, `StopChild`, `KillChild`, `StopGroup`, `StopRecorded`, `Tick` (and the
         zygote's exit reports).
     Sends: replies and `ChildExited` callbacks.
     Invariants: every child it started is reaped; only an exact identity is signalled;
@@ -159,6 +172,11 @@ class ProcessSupervisorActor(ServerActor):
                 self._zygote_exit(identity, returncode)
             case StopChild(identity=identity, grace_ticks=grace):
                 self._stop_child(identity, grace)
+            case KillChild(identity=identity):
+                supervised = self._children.get(identity)
+                if supervised is not None:
+                    supervised.killed = True
+                    self._signal(supervised, signal.SIGKILL)
             case StopGroup(identity=identity):
                 signal_group(identity, signal.SIGKILL)
             case StopRecorded(identities=identities, reply=reply, timeout_s=timeout_s):
@@ -208,6 +226,7 @@ class ProcessSupervisorActor(ServerActor):
                 cwd=spawn.cwd,
                 log_path=spawn.log_path,
                 pass_fds=spawn.pass_fds,
+                stdio_fd=spawn.pass_fds[0] if spawn.stdio and spawn.pass_fds else None,
             )
         except OSError as exc:
             spawn.reply(Reply(error=exc))
@@ -236,6 +255,8 @@ class ProcessSupervisorActor(ServerActor):
             fds += [("stdout", log_fd), ("stderr", log_fd)]
         if spawn.fd_env is not None and spawn.pass_fds:
             fds.append((f"env:{spawn.fd_env}", spawn.pass_fds[0]))
+        if spawn.stdio and spawn.pass_fds:
+            fds += [("stdin", spawn.pass_fds[0]), ("stdout", spawn.pass_fds[0])]
         try:
             identity = zygote.spawn(
                 spawn.preloaded, env=spawn.env, cwd=spawn.cwd, fds=fds, on_exit=exited
@@ -304,3 +325,49 @@ class ProcessSupervisorActor(ServerActor):
             if supervised.kill_at_tick is not None and self._tick >= supervised.kill_at_tick:
                 supervised.killed = True
                 self._signal(supervised, signal.SIGKILL)
+
+
+RESOLVER_MODULE = "pi_workflows.engine.resolve"
+SPAWN_REPLY_S = 10.0
+
+
+class ResolverPort:
+    """Resolver children through the supervisor, for the resolver threads (not actors).
+
+    **Blocking:** `start` waits (at most `SPAWN_REPLY_S`) for the spawn's identity; only a
+    resolver thread calls it. `kill` only queues.
+    """
+
+    def __init__(self, supervisor: pykka.ActorRef[Any]) -> None:
+        self._supervisor = supervisor
+
+    def start(self, cwd: Path | None, child_end: socket.socket) -> ProcessIdentity:
+        """Start one resolver with `child_end` as its stdin and stdout.
+
+        Raises:
+            OSError: the spawn failed, or the supervisor did not answer in time.
+        """
+        fd = child_end.detach()  # the supervisor closes it once the child has it
+
+        def send(deliver: Callable[[Reply], None]) -> None:
+            self._supervisor.tell(
+                Spawn(
+                    [sys.executable, "-m", RESOLVER_MODULE],
+                    os.environ,
+                    deliver,
+                    cwd=cwd,
+                    pass_fds=(fd,),
+                    preloaded=RESOLVER_MODULE,
+                    stdio=True,
+                )
+            )
+
+        try:
+            identity: ProcessIdentity = wait_reply(send, SPAWN_REPLY_S)
+        except (TimeoutError, pykka.ActorDeadError) as exc:
+            raise OSError(f"no resolver was started: {type(exc).__name__}") from None
+        return identity
+
+    def kill(self, identity: ProcessIdentity) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            self._supervisor.tell(KillChild(identity))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import itertools
 import os
@@ -34,7 +33,7 @@ from pi_workflows.engine._definition import (
 from pi_workflows.engine._errors import RoutingError, SourceChangedError
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
-from pi_workflows.supervision import crash_point, identity_of
+from pi_workflows.supervision import crash_point, identity_of, signal_popen_group
 from pi_workflows.supervision._crash import RUNNER_SENT_KINDS
 from pi_workflows.supervision._process import set_process_name
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
@@ -502,13 +501,11 @@ def _run_shell(
         out, err = child.communicate(timeout=None if timeout_ms is None else timeout_ms / 1000)
     except subprocess.TimeoutExpired:
         timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
+        signal_popen_group(child, signal.SIGTERM)
         try:
             out, err = child.communicate(timeout=SHELL_GRACE_S)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
+            signal_popen_group(child, signal.SIGKILL)
             out, err = child.communicate()
     finally:
         if channel is not None and registration is not None:

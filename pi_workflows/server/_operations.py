@@ -618,6 +618,7 @@ def _recover(
 
     return _run_command(db, request, change)
 
+
 SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list"})
 """Reads the server answers from the reader actor's read-only connection (one read
 transaction each), so they never queue behind writes; they need no `RunnerHost`."""

@@ -8,20 +8,15 @@ what the child reported.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
+from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 
-__all__ = ["RESOLVE_TIMEOUT_S", "resolve_start", "resolver_spawns"]
+__all__ = ["RESOLVE_TIMEOUT_S", "ResolverChildren", "resolve_start", "resolver_spawns"]
 
 RESOLVE_TIMEOUT_S = 30.0
 MAX_RESOLVER_OUTPUT = 4 * 1024 * 1024
@@ -43,18 +38,30 @@ def _count_spawn() -> None:
         _spawns += 1
 
 
+class ResolverChildren(Protocol):
+    """Starts and kills resolver children: the server passes the process supervisor's
+    port (`SupervisedChildren`), so the supervisor is the one signaller."""
+
+    def start(self, cwd: Path | None, child_end: socket.socket) -> ProcessIdentity:
+        """Start one resolver with `child_end` as its stdin and stdout (then closed here)."""
+        ...
+
+    def kill(self, identity: ProcessIdentity) -> None:
+        """SIGKILL the resolver's group: nothing the workflow started outlives it."""
+        ...
+
+
 def resolve_start(
     workflow: str,
     project_path: str | None,
     agent_dir: Path,
     workflow_input: Any,
-    zygote: Zygote | None = None,
+    children: ResolverChildren,
 ) -> dict[str, Any]:
     """Run the resolver child and return its one response object.
 
-    The child is forked by the zygote when there is one, else started cold. Never raises
-    for a bad workflow: failures come back as `{"ok": false, ...}`. Runs on a resolver
-    worker thread, never on an actor.
+    Never raises for a bad workflow: failures come back as `{"ok": false, ...}`. Runs on
+    a resolver thread, never on an actor; it waits for the child, bounded in time.
     """
     request = dumps(
         {
@@ -66,25 +73,12 @@ def resolve_start(
     )
     cwd = Path(project_path) if project_path and Path(project_path).is_dir() else None
     _count_spawn()
-    if zygote is not None:
-        with contextlib.suppress(ZygoteUnavailable):
-            return _resolve_warm(zygote, request, cwd)
-    return _resolve_cold(request, cwd)
-
-
-def _resolve_warm(zygote: Zygote, request: bytes, cwd: Path | None) -> dict[str, Any]:
     server_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with server_end:
         try:
-            identity = zygote.spawn(
-                RESOLVER_MODULE,
-                env=os.environ,
-                cwd=cwd,
-                fds=[("stdin", child_end.fileno()), ("stdout", child_end.fileno())],
-                on_exit=lambda _: None,
-            )
-        finally:
-            child_end.close()
+            identity = children.start(cwd, child_end)
+        except OSError:
+            return _failure("definitionInvalid", "the workflow could not be loaded")
         try:
             server_end.settimeout(RESOLVE_TIMEOUT_S)
             server_end.sendall(request + b"\n")
@@ -94,7 +88,7 @@ def _resolve_warm(zygote: Zygote, request: bytes, cwd: Path | None) -> dict[str,
         except OSError:
             out = b""
         finally:
-            zygote.signal_group(identity.pid, signal.SIGKILL)  # nothing it started outlives it
+            children.kill(identity)
     return _answer(out)
 
 
@@ -110,28 +104,6 @@ def _read_line(sock: socket.socket) -> bytes:
         if b"\n" in chunk:
             break
     return b"".join(chunks)
-
-
-def _resolve_cold(request: bytes, cwd: Path | None) -> dict[str, Any]:
-    child = subprocess.Popen(
-        [sys.executable, "-m", RESOLVER_MODULE],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd=cwd,
-    )
-    try:
-        out, _ = child.communicate(request + b"\n", timeout=RESOLVE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        return _failure("definitionInvalid", "loading the workflow took too long")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)  # nothing the workflow started outlives it
-    return _answer(out)
 
 
 def _answer(out: bytes) -> dict[str, Any]:

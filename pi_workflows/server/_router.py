@@ -45,8 +45,7 @@ from pi_workflows.server._operations import (
     start_request_fields,
     start_run,
 )
-from pi_workflows.server._resolver import resolve_start
-from pi_workflows.supervision._zygote_client import Zygote
+from pi_workflows.server._resolver import ResolverChildren, resolve_start
 from pi_workflows.wire._listener import Connection
 from pi_workflows.wire.protocol import RequestMessage
 
@@ -73,7 +72,8 @@ class RouterPorts:
     coordinators: pykka.ActorRef[Any]
     resolvers: Executor
     agent_dir: Path
-    zygote: Zygote | None
+    resolver_children: ResolverChildren
+    """Starts and kills resolver children through the process supervisor."""
     definitions: DefinitionCache
     """Resolver answers by source identity: a hit starts a run without a resolver child."""
     begin_request: Callable[[], bool]
@@ -232,7 +232,9 @@ class Router:
         try:
             resolved = ports.definitions.answer(name, project, agent_dir, start.input)
             if resolved is None:
-                resolved = resolve_start(name, project, agent_dir, start.input, ports.zygote)
+                resolved = resolve_start(
+                    name, project, agent_dir, start.input, ports.resolver_children
+                )
                 ports.definitions.store(name, project, agent_dir, resolved)
         except Exception:
             log.exception("resolver failed", extra={"action": "resolver.error"})

@@ -97,9 +97,7 @@ class RunnerView:
     @classmethod
     def launched(cls, plan: LaunchPlan, identity: ProcessIdentity | None = None) -> RunnerView:
         """The view of a runner just launched from `plan` (nothing offered yet)."""
-        return cls(
-            plan.run_id, plan.runner_epoch, plan.claim, plan.command, identity, frozenset()
-        )
+        return cls(plan.run_id, plan.runner_epoch, plan.claim, plan.command, identity, frozenset())
 
 
 @dataclass

@@ -25,7 +25,11 @@ from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor
 from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact
-from pi_workflows.actors._process_supervisor import ProcessSupervisorActor, StopRecorded
+from pi_workflows.actors._process_supervisor import (
+    ProcessSupervisorActor,
+    ResolverPort,
+    StopRecorded,
+)
 from pi_workflows.actors._reader import ReaderActor
 from pi_workflows.actors._runner_host import (
     RUNNER_MODULE,
@@ -311,7 +315,7 @@ class WorkflowServer:
                     coordinators=self._coordinators,
                     resolvers=self._resolvers,
                     agent_dir=agent_dir,
-                    zygote=self._zygote,
+                    resolver_children=ResolverPort(supervisor),
                     definitions=self.definitions,
                     begin_request=self._begin_request,
                     end_request=self._end_request,

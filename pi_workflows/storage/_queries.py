@@ -469,11 +469,12 @@ SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, star
        deadline_at, finished_at, output_hash, error, next_node_path
 FROM node_attempts WHERE run_id = :run_id AND status IN ('running', 'waiting')
 """
-# Every attempt of a run in start order.
+# Every attempt of a run in start order: insertion order, since one node runs at a time
+# (several starts committed together share one clock reading).
 SELECT_RUN_ATTEMPTS = """
 SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
        deadline_at, finished_at, output_hash, error, next_node_path
-FROM node_attempts WHERE run_id = :run_id ORDER BY started_at, attempt_id
+FROM node_attempts WHERE run_id = :run_id ORDER BY rowid
 """
 # Finished visits of one node: the next visit number is this plus one.
 COUNT_FINISHED_VISITS = """

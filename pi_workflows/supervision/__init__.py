@@ -24,6 +24,7 @@ from pi_workflows.supervision._process import (
     is_alive,
     signal_group,
     signal_own_child,
+    signal_popen_group,
     spawn_child,
     wait_for_exits,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "parse_crash_spec",
     "signal_group",
     "signal_own_child",
+    "signal_popen_group",
     "spawn_child",
     "wait_for_exits",
 ]

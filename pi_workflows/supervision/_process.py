@@ -107,6 +107,7 @@ def spawn_child(
     cwd: Path | None = None,
     log_path: Path | None = None,
     pass_fds: Sequence[int] = (),
+    stdio_fd: int | None = None,
 ) -> ChildProcess:
     """Start `argv` in a new session (its own process group) and record its identity.
 
@@ -125,8 +126,8 @@ def spawn_child(
             list(argv),
             env=dict(env),
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
+            stdin=stdio_fd if stdio_fd is not None else subprocess.DEVNULL,
+            stdout=stdio_fd if stdio_fd is not None else output,
             stderr=output,
             start_new_session=True,
             close_fds=True,
@@ -184,6 +185,18 @@ def signal_own_child(child: ChildProcess, sig: signal.Signals) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.identity.pid, sig)
+
+
+def signal_popen_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the group of a `Popen` child this process leads and has not reaped yet.
+
+    The runner's own shell commands: an unreaped child keeps its PID, and so its group
+    ID, reserved, so the signal cannot reach an unrelated process.
+    """
+    if popen.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, sig)
 
 
 def exited_unreaped(child: ChildProcess) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.actors._process_supervisor import ProcessSupervisorActor, ResolverPort
 from pi_workflows.server._definition_cache import CacheStats, DefinitionCache
 from pi_workflows.server._resolver import RESOLVER_MODULE, resolve_start, resolver_spawns
 from pi_workflows.supervision._zygote_client import Zygote
@@ -124,10 +125,10 @@ workflow = define_workflow(
 class Place:
     """A project and an agent folder with workflow files, and a resolver to ask."""
 
-    def __init__(self, root: Path, zygote: Zygote) -> None:
+    def __init__(self, root: Path, resolvers: ResolverPort) -> None:
         self.project = root / "project"
         self.agent = root / "agent"
-        self.zygote = zygote
+        self.resolvers = resolvers
         (self.project / ".pi" / "workflows").mkdir(parents=True)
         (self.agent / "workflows").mkdir(parents=True)
 
@@ -141,21 +142,24 @@ class Place:
         return path
 
     def resolve(self, name: str, value: Any) -> dict[str, Any]:
-        return resolve_start(name, str(self.project), self.agent, value, self.zygote)
+        return resolve_start(name, str(self.project), self.agent, value, self.resolvers)
 
 
 @pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    instance = Zygote([RESOLVER_MODULE])
+def resolvers() -> Iterator[ResolverPort]:
+    """Resolvers forked by a real zygote, started and killed by a real supervisor."""
+    zygote = Zygote([RESOLVER_MODULE])
+    supervisor = ProcessSupervisorActor.start(lambda name, exc: None, zygote)
     try:
-        yield instance
+        yield ResolverPort(supervisor)
     finally:
-        instance.close()
+        supervisor.stop()
+        zygote.close()
 
 
 @pytest.fixture
-def place(short_tmp: Path, zygote: Zygote) -> Place:
-    return Place(short_tmp, zygote)
+def place(short_tmp: Path, resolvers: ResolverPort) -> Place:
+    return Place(short_tmp, resolvers)
 
 
 def cached(cache: DefinitionCache, place: Place, name: str, value: Any) -> dict[str, Any] | None:
