@@ -7,9 +7,12 @@ import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +130,25 @@ def processes() -> Iterator[Processes]:
         yield tracker
     finally:
         tracker.cleanup()
+
+
+def wait_for_attempt(state_dir: Path, run_id: str, timeout: float = 30.0) -> None:
+    """Wait until a node attempt of the run is committed (read from a WAL reader).
+
+    A runner sends a pure node's start without waiting for it; a test that kills the
+    server mid-node and then expects an interrupted attempt waits for that commit first.
+    """
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        db = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
+        try:
+            found = db.execute(
+                "SELECT COUNT(*) FROM node_attempts WHERE run_id = ?", (run_id,)
+            ).fetchone()[0]
+        finally:
+            db.close()
+        if found:
+            return
+        assert time.monotonic() < deadline, f"no attempt of {run_id} was committed"
+        pause.wait(0.05)

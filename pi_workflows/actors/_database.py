@@ -11,6 +11,7 @@ order. Many commits cost one fsync.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import queue
 import time
@@ -18,10 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pykka
+
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 from pi_workflows.storage import Database, GroupCommit
 
-__all__ = ["MAX_BATCH_UNITS", "MAX_BATCH_WORK_S", "DatabaseActor", "Transact"]
+__all__ = [
+    "MAX_BATCH_UNITS",
+    "MAX_BATCH_WORK_S",
+    "Committed",
+    "DatabaseActor",
+    "Transact",
+    "WatchCommits",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +58,23 @@ class Transact:
     """A safe name for logs (an operation name, never a payload)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WatchCommits:
+    """Tell `watcher` a `Committed` after every group commit that wrote something."""
+
+    watcher: pykka.ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """To a watcher: a group commit made writes durable (live views may have changed)."""
+
+
 class DatabaseActor(ServerActor):
     """Owns: the `Database` (the one writer connection).
 
-    Receives: `Transact`.
-    Sends: nothing but replies.
+    Receives: `Transact`, `WatchCommits`.
+    Sends: replies; `Committed` to its watchers after a group commit that wrote.
     Invariants: no other thread touches the connection. The `Transact`s waiting in the
         mailbox (up to `MAX_BATCH_UNITS`, or `MAX_BATCH_WORK_S` of work) run in mailbox
         order as one group commit; a reply is released only after the COMMIT that made
@@ -70,11 +92,14 @@ class DatabaseActor(ServerActor):
     def __init__(self, db: Database, on_actor_failure: ActorFailureHandler) -> None:
         super().__init__(on_actor_failure)
         self._db = db
+        self._watchers: list[pykka.ActorRef[Any]] = []
 
     def on_receive(self, message: Any) -> Any:
         match message:
             case Transact():
                 self._run_batch(message)
+            case WatchCommits(watcher=watcher):
+                self._watchers.append(watcher)
             case _:
                 raise TypeError(f"database actor got {type(message).__name__}")
         return None
@@ -120,10 +145,18 @@ class DatabaseActor(ServerActor):
                         more = self._take_waiting(MAX_BATCH_UNITS - taken)
                         taken += len(more)
                         pending.extend(more)
+                wrote = group.began_at is not None
                 answered = _commit(group, answered)
             finally:
                 group.close()
             self._release(answered)
+            if wrote:
+                self._tell_watchers()
+
+    def _tell_watchers(self) -> None:
+        for watcher in self._watchers:
+            with contextlib.suppress(pykka.ActorDeadError):  # stopping: nothing to refresh
+                watcher.tell(Committed())
 
     def _release(self, answered: list[tuple[Transact, Reply]]) -> None:
         """Call every reply in order; a failing callback is re-raised after the others."""

@@ -16,7 +16,7 @@ from typing import Any
 import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
-from pi_workflows.actors._database import Transact
+from pi_workflows.actors._database import Committed, Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.storage import Database
 from pi_workflows.wire._listener import Connection
@@ -86,12 +86,15 @@ class _Subscription:
     build: SnapshotBuilder
     revision: int = -1
     reading: bool = False
+    stale: bool = False
+    """A commit came while a read was in flight: read again once it is answered."""
 
 
 class SubscriptionActor(ServerActor):
     """Owns: every live subscription and the last revision each one was sent.
 
-    Receives: `Subscribe`, `Unsubscribe`, `ConnectionClosed`, `Tick`, `SnapshotRead`.
+    Receives: `Subscribe`, `Unsubscribe`, `ConnectionClosed`, `Tick`, `Committed` (from
+        the database actor after a group commit that wrote), `SnapshotRead`.
     Sends: `Transact` to the database actor; events to connections (non-blocking).
     Invariants: one read in flight per subscription; no snapshot is built for a
         connection that has not drained the previous one (drain before next snapshot).
@@ -120,7 +123,8 @@ class SubscriptionActor(ServerActor):
             case ConnectionClosed(connection_id=cid):
                 for key in [key for key in self._subscriptions if key[0] == cid]:
                     del self._subscriptions[key]
-            case Tick():
+            case Tick() | Committed():
+                # A commit refreshes at once; the tick covers a connection that drained.
                 for key in list(self._subscriptions):
                     self._poll(key)
             case SnapshotRead(key=key, reply=reply):
@@ -135,6 +139,7 @@ class SubscriptionActor(ServerActor):
             del self._subscriptions[key]
             return
         if subscription.reading:
+            subscription.stale = True
             return
         if not subscription.connection.is_drained():
             self.snapshots_skipped_undrained += 1
@@ -156,6 +161,14 @@ class SubscriptionActor(ServerActor):
         if subscription is None:
             return  # unsubscribed while the read was in flight
         subscription.reading = False
+        try:
+            self._offer(subscription, reply)
+        finally:
+            if subscription.stale and key in self._subscriptions:
+                subscription.stale = False
+                self._poll(key)  # one read in flight; a commit during it is read next
+
+    def _offer(self, subscription: _Subscription, reply: Reply) -> None:
         if reply.error is not None:
             log.warning(
                 "snapshot read failed",

@@ -24,7 +24,7 @@ from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor
 from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
-from pi_workflows.actors._database import DatabaseActor, Transact
+from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._process_supervisor import (
     ProcessSupervisorActor,
     ResolverPort,
@@ -284,6 +284,7 @@ class WorkflowServer:
         )
         runner_host.tell(ConnectScheduler(self._scheduler))
         self._subscriptions = SubscriptionActor.start(database, fail)
+        database.tell(WatchCommits(self._subscriptions))  # live views refresh on commit
         self._coordinators = CoordinatorEpochActor.start(fail)
         reader = ReaderActor.start(db.path, self.clock, fail)
         # Stop order (reverse of this list, the database last): the runner host stops

@@ -55,6 +55,18 @@ class FakeServer:
     parked: str | None = None
     run_input: Any = None
 
+    def post(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        attempt_id: str | None = None,
+        expect: dict[str, Any] | None = None,
+    ) -> None:
+        """A pipelined message: applied in order like `send`; its answer must match."""
+        result = self.send(kind, payload, attempt_id).get("result") or {}
+        for key, value in (expect or {}).items():
+            assert result.get(key) == value, (kind, key, result)
+
     def send(
         self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
     ) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from pi_workflows.storage import (
     record_process,
 )
 from pi_workflows.supervision import identity_of
-from tests.conftest import Processes, write_workflow
+from tests.conftest import Processes, wait_for_attempt, write_workflow
 from tests.server.runs import wait_fifo
 
 pytestmark = pytest.mark.timeout(90)
@@ -250,6 +250,7 @@ def test_a_cold_runner_left_by_a_sigkilled_server_is_stopped_and_the_run_resumes
     first = _serve(processes, state_dir)
     run_id = _start(state_dir, project, "blockonce")
     wait_fifo(fifo)
+    wait_for_attempt(state_dir, run_id)
     runner = psutil.Process(int(marker.read_text()))
     processes.adopt(runner.pid)
     assert runner.name() == "piw-runner"
@@ -278,6 +279,7 @@ def test_recovery_needs_no_waiting_out_of_the_dead_servers_claims(
     first = _serve(processes, state_dir)
     run_id = _start(state_dir, project, "blockonce")
     wait_fifo(fifo)
+    wait_for_attempt(state_dir, run_id)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
     _serve(processes, state_dir)
