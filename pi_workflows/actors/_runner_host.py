@@ -398,10 +398,6 @@ class RunnerHostActor(ServerActor):
     def _connect(self, message: ConnectScheduler) -> None:
         self._scheduler = message.scheduler
 
-    @property
-    def live_count(self) -> int:
-        return len(self._active)
-
     # --- launch ----------------------------------------------------------------------------
 
     def _transact(

@@ -42,7 +42,6 @@ server passes a call to the process supervisor (`StopRecorded`), the one signall
 
 log = logging.getLogger(__name__)
 
-REAP_TIMEOUT_S = 10.0
 RECOVERY_CLAIM_TTL_MS = 30_000
 RECOVERY_BATCH = 100
 """Runs recovered per transaction."""

@@ -121,11 +121,6 @@ class Router:
             table[operation] = self._snapshot_read
         self._table = table
 
-    @property
-    def operations(self) -> frozenset[str]:
-        """Every operation this server answers."""
-        return frozenset(self._table)
-
     def on_connect(self, connection: Connection) -> None:
         return None
 

@@ -39,7 +39,7 @@ from pi_workflows.actors._runner_host import (
     RunnerHostActor,
     RunnerHostConfig,
 )
-from pi_workflows.actors._scheduler import SchedulerActor, Wake
+from pi_workflows.actors._scheduler import SchedulerActor
 from pi_workflows.actors._subscriptions import SubscriptionActor
 from pi_workflows.actors._ticker import Ticker
 from pi_workflows.errors import PiWorkflowsError
@@ -397,12 +397,6 @@ class WorkflowServer:
             logging.getLogger("pi_workflows").removeHandler(self._log_handler)
             self._log_handler.close()
             self._log_handler = None
-
-    def _wake_scheduler(self) -> None:
-        scheduler = self._scheduler
-        if scheduler is not None:
-            with contextlib.suppress(pykka.ActorDeadError):  # stopping: nothing to launch
-                scheduler.tell(Wake())
 
     def _stop_launching(self) -> None:
         """Stop the scheduler before runs are handed back, so none is launched again.
