@@ -444,7 +444,8 @@ class WorkflowServer:
         assert runners is not None
         server_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         epoch = plan.runner_epoch
-        listener.attach_channel_nowait(server_end, _RunnerChannel(self, epoch), epoch)
+        channel = _RunnerChannel(self, epoch)
+        listener.attach_channel_nowait(server_end, channel, epoch)
         env = dict(os.environ)
         env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
@@ -488,13 +489,20 @@ class WorkflowServer:
                 )
                 self._wake_scheduler()
 
-            database.tell(
-                Transact(
-                    lambda db: runners.on_exit(db, epoch, child.returncode, child.killed),
-                    after,
-                    "runner.exit",
+            def record_exit() -> None:
+                database.tell(
+                    Transact(
+                        lambda db: runners.on_exit(db, epoch, child.returncode, child.killed),
+                        after,
+                        "runner.exit",
+                    )
                 )
-            )
+
+            # The messages the runner wrote before it died go to the database first.
+            if channel.defer_exit(record_exit) and not listener.end_channel_input_nowait(
+                server_end
+            ):
+                channel.release_exit()  # the listener stopped: nothing reads the channel
 
         project = Path(plan.project_path) if plan.project_path else self.state_dir
         supervisor.tell(
@@ -614,17 +622,50 @@ class WorkflowServer:
 
 
 class _RunnerChannel:
-    """Routes one runner's private channel to the database actor."""
+    """Routes one runner's private channel to the database actor.
+
+    **Ordering:** the runner's exit reaches the database actor only after every message
+    the runner wrote before it died (a message sent just before a crash is committed or
+    refused like any other, never lost to the exit). The exit waits for the channel's
+    end of file, which the supervisor's exit report brings about (`exited` in
+    `_spawn_runner` half-closes the channel).
+    """
 
     def __init__(self, server: WorkflowServer, runner_epoch: str) -> None:
         self._server = server
         self._epoch = runner_epoch
+        self._lock = threading.Lock()
+        self._closed = False
+        self._exit: Callable[[], None] | None = None
 
     def on_message(self, channel: Connection, message: dict[str, Any]) -> None:
         self._server._on_runner_message(self._epoch, channel, message)
 
     def on_close(self, channel: Connection) -> None:
-        return None  # the process exit decides the outcome, not the channel
+        # The process exit decides the outcome, not the channel: closing only lets a
+        # reported exit through, after the last message.
+        self.release_exit()
+
+    def defer_exit(self, record_exit: Callable[[], None]) -> bool:
+        """Record the exit now if the channel is closed; else hold it for `on_close`.
+
+        Returns True when it is held (the caller then ends the channel's input).
+        """
+        with self._lock:
+            if not self._closed:
+                self._exit = record_exit
+                return True
+        record_exit()
+        return False
+
+    def release_exit(self) -> None:
+        """The channel delivered its last message: a held exit goes to the database."""
+        with self._lock:
+            self._closed = True
+            held, self._exit = self._exit, None
+        if held is not None:
+            with contextlib.suppress(pykka.ActorDeadError):  # stopping: nothing to record
+                held()
 
 
 class _Router:
