@@ -22,10 +22,10 @@ from pi_workflows.actors._process_supervisor import (
     Spawn,
     StopChild,
 )
-from pi_workflows.actors._ticker import Ticker
 from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 from pi_workflows.wire.canonical import dumps
+from tests.actors.ticks import tick
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,13 +133,9 @@ def test_a_lost_zygote_reports_unknown_fates_and_a_new_one_takes_over(zygote: Zy
 def supervisor(zygote: Zygote) -> Iterator[Any]:
     failures: list[str] = []
     ref = ProcessSupervisorActor.start(lambda name, exc: failures.append(name), zygote)
-    ticker = Ticker(0.02)
-    ticker.register(ref)
-    ticker.start()
     try:
-        yield ref
+        yield ref  # no Ticker: the test sends each Tick by hand
     finally:
-        ticker.stop()
         ref.stop(block=True, timeout=10)
     assert not failures
 
@@ -176,7 +172,11 @@ def test_a_warm_child_ignoring_sigterm_is_killed_with_its_double_forked_grandchi
     assert grandchild.ppid() != identity.pid, "the grandchild was double-forked away"
     assert os.getpgid(grandchild.pid) == identity.pid, "but it stays in the child's group"
     supervisor.tell(StopChild(identity, grace_ticks=5))
-    assert done.wait(30), "the child was never reported"
+    tick(supervisor, 1, 2, 3, 4)
+    assert is_alive(identity) and grandchild.is_running(), "SIGTERM ignored, grace not over"
+    assert not done.is_set()
+    tick(supervisor, 5)  # SIGKILL to the group, through the zygote
+    assert done.wait(30), "the child was never reported"  # a warm exit needs no tick
     (exited,) = exits
     assert exited.identity == identity
     assert exited.returncode == -signal.SIGKILL and exited.killed
