@@ -49,11 +49,20 @@ def main():
 '''
 
 
+QUICK = '''
+"""A test program for the zygote: exits at once, often before its spawn was answered."""
+
+def main():
+    return 0
+'''
+
+
 @pytest.fixture
 def zygote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Zygote]:
     (tmp_path / "piw_probe.py").write_text(PROBE)
+    (tmp_path / "piw_quick.py").write_text(QUICK)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    zygote = Zygote([RESOLVER, "piw_probe"], log_path=tmp_path / "zygote.log")
+    zygote = Zygote([RESOLVER, "piw_probe", "piw_quick"], log_path=tmp_path / "zygote.log")
     try:
         yield zygote
     finally:
@@ -182,3 +191,32 @@ def test_a_warm_child_ignoring_sigterm_is_killed_with_its_double_forked_grandchi
     assert exited.returncode == -signal.SIGKILL and exited.killed
     _gone, alive = psutil.wait_procs([grandchild], timeout=10)
     assert not alive, "the grandchild died with the group"
+
+
+def test_a_warm_child_that_exits_before_its_spawn_returns_is_still_reported(
+    supervisor: Any,
+) -> None:
+    """The zygote's exit report can reach the supervisor's callback before `spawn`
+    returned the child's identity to the supervisor: the exit must not be lost."""
+    count = 30
+    exits: list[ChildExited] = []
+    all_reported = threading.Event()
+
+    def on_exit(exited: ChildExited) -> None:  # on the supervisor's thread
+        exits.append(exited)
+        if len(exits) == count:
+            all_reported.set()
+
+    identities = [
+        wait_reply(
+            lambda deliver: supervisor.tell(
+                Spawn(["unused"], dict(os.environ), deliver, on_exit, preloaded="piw_quick")
+            ),
+            timeout=30,
+        )
+        for _ in range(count)
+    ]
+    assert all_reported.wait(30), f"{count - len(exits)} exits were never reported"
+    assert sorted(exited.identity.pid for exited in exits) == sorted(i.pid for i in identities)
+    assert {exited.returncode for exited in exits} == {0}
+    assert supervisor.proxy().child_count.get(timeout=10) == 0
