@@ -7,6 +7,7 @@ project, 4). pykka stops an actor whose `tell` handler raises and only logs it;
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 import pykka
 
-__all__ = ["ActorFailureHandler", "Reply", "ServerActor", "wait_reply"]
+__all__ = ["ActorFailureHandler", "Reply", "ServerActor", "tell_if_alive", "wait_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,13 @@ class ServerActor(pykka.ThreadingActor):
             exc_info=exception_value,
         )
         self._on_actor_failure(self.name, exception_value)
+
+
+def tell_if_alive(ref: pykka.ActorRef[Any], message: Any) -> None:
+    """`tell`, dropping the message if the actor stopped: a reply that comes back during
+    the server's stop must not fail the actor that delivers it (the database actor)."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)
 
 
 def wait_reply(send: Callable[[Callable[[Reply], None]], None], timeout: float) -> Any:

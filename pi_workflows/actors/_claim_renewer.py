@@ -14,7 +14,7 @@ from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.storage import (
@@ -112,7 +112,7 @@ class ClaimRenewerActor(ServerActor):
             return len(renewed)
 
         def done(reply: Reply) -> None:
-            me.tell(RenewalDone(reply))
+            tell_if_alive(me, RenewalDone(reply))
 
         self._in_flight = True
         self._database.tell(Transact(renew, done, "claims.renew"))

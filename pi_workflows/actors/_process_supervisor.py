@@ -24,6 +24,7 @@ import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, wait_reply
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.server._resolver import RESOLVER_MODULE
 from pi_workflows.supervision import (
     ChildProcess,
     ProcessIdentity,
@@ -130,7 +131,10 @@ class StopRecorded:
 class _ZygoteExit:
     """The zygote reaped one of its children (returncode None: the zygote was lost)."""
 
-    identity: ProcessIdentity
+    spawned: list[ProcessIdentity]
+    """Holds the child's identity once `zygote.spawn` returned it. The report may be sent
+    before that (a child that exits at once), but it is handled after: this actor is the
+    thread inside `spawn` until then."""
     returncode: int | None
 
 
@@ -168,8 +172,9 @@ class ProcessSupervisorActor(ServerActor):
         match message:
             case Spawn():
                 self._spawn(message)
-            case _ZygoteExit(identity=identity, returncode=returncode):
-                self._zygote_exit(identity, returncode)
+            case _ZygoteExit(spawned=spawned, returncode=returncode):
+                if spawned:  # else the spawn failed after all: the child is nobody's
+                    self._zygote_exit(spawned[0], returncode)
             case StopChild(identity=identity, grace_ticks=grace):
                 self._stop_child(identity, grace)
             case KillChild(identity=identity):
@@ -243,7 +248,7 @@ class ProcessSupervisorActor(ServerActor):
 
         def exited(returncode: int | None) -> None:  # on the zygote's reader thread
             with contextlib.suppress(pykka.ActorDeadError):  # stopped: on_stop saw it end
-                actor.tell(_ZygoteExit(holder[0], returncode))
+                actor.tell(_ZygoteExit(holder, returncode))
 
         log_fd = (
             os.open(spawn.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -264,7 +269,7 @@ class ProcessSupervisorActor(ServerActor):
         finally:
             if log_fd >= 0:
                 os.close(log_fd)
-        holder.append(identity)  # the exit report is a message to this actor: it comes later
+        holder.append(identity)  # before this actor handles any exit report of the child
         return identity
 
     def _zygote_exit(self, identity: ProcessIdentity, returncode: int | None) -> None:
@@ -327,7 +332,6 @@ class ProcessSupervisorActor(ServerActor):
                 self._signal(supervised, signal.SIGKILL)
 
 
-RESOLVER_MODULE = "pi_workflows.engine.resolve"
 SPAWN_REPLY_S = 10.0
 
 

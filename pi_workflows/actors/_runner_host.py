@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._process_supervisor import (
     ChildExited,
@@ -59,7 +59,6 @@ __all__ = [
     "ActiveRunner",
     "ConnectScheduler",
     "Drain",
-    "Fence",
     "HandBack",
     "Launch",
     "RunCommand",
@@ -89,6 +88,8 @@ class ChannelAttacher(Protocol):
     """The listener's one method the runner host uses (non-blocking)."""
 
     def attach_channel_nowait(self, sock: socket.socket, handler: Any, name: str) -> None: ...
+
+    def end_channel_input_nowait(self, sock: socket.socket) -> bool: ...
 
 
 class FrameSink(Protocol):
@@ -146,13 +147,6 @@ class ChannelClosed:
     """A runner's channel reached end of file: no frame of it is still to come."""
 
     runner_epoch: str
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """A committed pause or cancel took `run_id` away from its runner: stop it."""
-
-    run_id: str
 
 
 class Responder(Protocol):
@@ -248,6 +242,8 @@ class ActiveRunner:
     """Digests of the content references sent to this runner: all it may `content.read`."""
     in_flight: int = 0
     """Frames sent to the database and not answered yet."""
+    channel_socket: socket.socket | None = field(default=None, repr=False)
+    """The server's end of the runner's channel (owned by the listener's loop)."""
     channel_closed: bool = False
     exited: ChildExited | None = None
     exited_at: int | None = None
@@ -336,7 +332,7 @@ class RunnerChannel:
 class RunnerHostActor(ServerActor):
     """Owns: every live runner epoch (`ActiveRunner`), the drain state.
 
-    Receives: `Launch`, `RunnerFrame`, `RunnerExited`, `RunCommand`, `Fence`, `Tick`,
+    Receives: `Launch`, `RunnerFrame`, `RunnerExited`, `ChannelClosed`, `RunCommand`, `Tick`,
         `Drain`, `HandBack`, `ConnectScheduler`, and its own database replies.
     Sends: `Transact` to the database actor; `Spawn`, `StopChild`, `StopGroup` to the
         process supervisor; frames to runner channels; `Wake` to the scheduler.
@@ -387,7 +383,6 @@ class RunnerHostActor(ServerActor):
             _ExitRecorded: lambda m: self._on_exit_recorded(m.run_id, m.reply),
             RunCommand: lambda m: self._command(m.request, m.context, m.responder),
             _CommandDone: lambda m: self._command_done(m.request, m.responder, m.reply),
-            Fence: lambda m: self._fence(m.run_id),
             Tick: lambda m: self._on_tick(),
             Drain: lambda m: self._drain(m.reply),
             HandBack: lambda m: self._hand_back_all(m.reply),
@@ -404,7 +399,7 @@ class RunnerHostActor(ServerActor):
         self, work: Callable[[Any], Any], done: Callable[[Reply], Any], label: str
     ) -> None:
         me = self.actor_ref
-        self._database.tell(Transact(work, lambda reply: me.tell(done(reply)), label))
+        self._database.tell(Transact(work, lambda reply: tell_if_alive(me, done(reply)), label))
 
     def _launch(self, plan: LaunchPlan) -> None:
         crash_point("server.launch.after_commit")
@@ -423,6 +418,7 @@ class RunnerHostActor(ServerActor):
         self._listener.attach_channel_nowait(
             server_end, RunnerChannel(self.actor_ref, epoch), epoch
         )
+        self._active[epoch].channel_socket = server_end
         env = dict(config.env)
         env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
@@ -435,8 +431,8 @@ class RunnerHostActor(ServerActor):
             Spawn(
                 [sys.executable, "-m", RUNNER_MODULE],
                 env,
-                lambda reply: me.tell(_Spawned(epoch, reply)),
-                lambda exited: me.tell(RunnerExited(epoch, exited)),
+                lambda reply: tell_if_alive(me, _Spawned(epoch, reply)),
+                lambda exited: tell_if_alive(me, RunnerExited(epoch, exited)),
                 cwd=project if project.is_dir() else config.state_dir,
                 log_path=logs / f"{epoch}.log",
                 pass_fds=(runner_end.detach(),),
@@ -513,6 +509,13 @@ class RunnerHostActor(ServerActor):
         self._stop_registered(runner)  # the server reaps what a dead runner registered
         runner.exited = exited
         runner.exited_at = self._config.clock.now_ms()
+        if not runner.channel_closed and (
+            runner.channel_socket is None
+            or not self._listener.end_channel_input_nowait(runner.channel_socket)
+        ):
+            runner.channel_closed = True  # nothing will read the channel again
+        # Otherwise the channel delivers every frame the runner wrote, then its end of
+        # file, even if a descendant still holds the runner's end.
         if runner.finished:
             self._record_exit(runner)
 

@@ -1,8 +1,8 @@
-"""The scheduler: durable admission of queued runs within the worker capacity.
+"""The scheduler: durable admission of queued runs within the runner capacity.
 
 Implements workflow-server.md § Worker scheduling. Requests stay durable in
 `run_queue` while capacity is full; capacity counts pending launches (`starting`)
-and live workers (`running`); workflow and resource-manager admissions alternate
+and live runners (`running`); workflow and resource-manager admissions alternate
 when both wait. Each admitted run goes to the runner-host actor as `Launch`; with no
 runner host (a server that only records runs), nothing is admitted.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.errors import PiWorkflowsError
@@ -131,7 +131,9 @@ class SchedulerActor(ServerActor):
             admit, capacity=self._capacity, last_kind=self._last_kind, owner_id=self._owner_id
         )
         self._planning = True
-        self._database.tell(Transact(work, lambda reply: me.tell(AdmissionPlan(reply)), "plan"))
+        self._database.tell(
+            Transact(work, lambda reply: tell_if_alive(me, AdmissionPlan(reply)), "plan")
+        )
 
 
 def admit(

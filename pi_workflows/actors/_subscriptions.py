@@ -15,7 +15,7 @@ from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Committed, Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.storage import Database
@@ -151,7 +151,7 @@ class SubscriptionActor(ServerActor):
         self._database.tell(
             Transact(
                 lambda db: build(db, since),
-                lambda reply: me.tell(SnapshotRead(key, reply)),
+                lambda reply: tell_if_alive(me, SnapshotRead(key, reply)),
                 "subscription.read",
             )
         )

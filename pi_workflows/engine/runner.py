@@ -133,7 +133,8 @@ def _failure_code(exc: BaseException) -> str:
 
 
 class Channel:
-    """Request/reply over the private channel; every message waits for its reply."""
+    """Request/reply over the private channel: `send` waits for its reply; `post` (pure
+    progress) is answered later, and every answer is checked before the next `send`."""
 
     def __init__(self, sock: socket.socket, envelope: Mapping[str, Any]) -> None:
         self._sock = sock

@@ -153,7 +153,7 @@ def _find(name: str, dirs: list[Path]) -> str | None:
 class DefinitionCache:
     """Reusable resolver answers by (workflow name, project path, agent folder).
 
-    Thread-safe: `answer` runs on the listener's loop, `store` on resolver threads.
+    Thread-safe: `answer` and `store` run on the resolver threads.
     A lookup reads and hashes the definition's files: small, bounded work (the resolver
     refuses reuse for a workflow that imports more than a few MiB of modules).
     """

@@ -621,7 +621,7 @@ def _recover(
 
 SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list"})
 """Reads the server answers from the reader actor's read-only connection (one read
-transaction each), so they never queue behind writes; they need no `RunnerHost`."""
+transaction each), so they never queue behind writes; they read no actor's state."""
 
 READS: dict[str, Operation] = {
     "server.status": _server_status,

@@ -71,8 +71,8 @@ def recover_at_startup(
     )
     with db.write() as tx:
         stale = stale_runner_epochs(tx)
-        for worker in stale:
-            close_stale_runner_epoch(tx, worker)
+        for runner_epoch in stale:
+            close_stale_runner_epoch(tx, runner_epoch)
         forget_recorded_processes(tx)
 
     def owner_is_gone(owner_type: str, owner: str) -> bool:

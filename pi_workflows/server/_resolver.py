@@ -40,7 +40,7 @@ def _count_spawn() -> None:
 
 class ResolverChildren(Protocol):
     """Starts and kills resolver children: the server passes the process supervisor's
-    port (`SupervisedChildren`), so the supervisor is the one signaller."""
+    port (`ResolverPort`), so the supervisor is the one signaller."""
 
     def start(self, cwd: Path | None, child_end: socket.socket) -> ProcessIdentity:
         """Start one resolver with `child_end` as its stdin and stdout (then closed here)."""

@@ -1,8 +1,10 @@
 """`WorkflowServer`: the composition root that owns the lock, the actors and the socket.
 
 Implements workflow-server.md § Process model, § Server lifecycle and § Worker
-scheduling. Start order: lock, database, server epoch, actors, socket, ticker.
-Stop order is the reverse, after in-flight commands have their receipts.
+scheduling. Start order: lock, log, zygote, database, server epoch, process supervisor,
+startup recovery, the other actors, socket, ticker. Stop: refuse new work, wait for
+in-flight receipts, stop admitting, drain runners, then tear down in reverse.
+Nothing here runs runner or client logic: the actors and the router do.
 """
 
 from __future__ import annotations

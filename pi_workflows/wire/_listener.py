@@ -266,6 +266,30 @@ class ClientListener:
         sock.setblocking(False)
         asyncio.run_coroutine_threadsafe(self._attach(sock, handler, name), self._loop)
 
+    def end_channel_input_nowait(self, sock: socket.socket) -> bool:
+        """Make a child channel end after the frames already written to it (any thread).
+
+        For a child known to be dead: its channel still delivers every complete frame
+        the child wrote, and then reaches end of file (its handler's `on_close`), even
+        if another process still holds the child's end. Nothing is read after that.
+
+        Returns:
+            False when the listener has stopped: nothing will read the channel again.
+        """
+
+        def shut_reads() -> None:  # on the loop, the one thread that closes the socket
+            if sock.fileno() >= 0:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RD)
+
+        if not self._thread.is_alive():
+            return False
+        try:
+            self._loop.call_soon_threadsafe(shut_reads)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        return True
+
     async def _attach(self, sock: socket.socket, handler: ChannelHandler, name: str) -> Connection:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         channel = Connection(name, self._loop, writer, _loop_thread_id=threading.get_ident())

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -231,39 +232,72 @@ def test_idle_server_exits_after_its_idle_period(state_dir: Path) -> None:
         instance.stop("teardown")
 
 
-def test_idle_exit_reads_the_injectable_clock(state_dir: Path) -> None:
+def _advance_until_stopped(instance: WorkflowServer, clock: ManualClock) -> None:
+    """Move the manual clock in small steps until the server stops on its own.
+
+    The idle period starts when the server first sees itself idle, which a loaded machine
+    may delay, so one big jump could come too early. Each step is far inside the 15 s
+    lease the renewer keeps extending on this clock.
+    """
+    deadline = time.monotonic() + 30
+    while not instance.wait(0.1):
+        assert time.monotonic() < deadline, "advancing the clock never ended the idle period"
+        clock.advance(250)
+
+
+IDLE_S = 4
+"""The idle period of the manual-clock servers (well inside their 15 s lease)."""
+
+
+def _manual_server(state_dir: Path) -> tuple[WorkflowServer, ManualClock]:
     clock = ManualClock()
     instance = WorkflowServer(
-        state_dir, idle_exit_s=10, tick_s=0.05, execute_runs=False, clock=clock
+        state_dir, idle_exit_s=IDLE_S, tick_s=0.05, execute_runs=False, clock=clock
     )
     instance.start()
+    return instance, clock
+
+
+def test_idle_exit_reads_the_injectable_clock(state_dir: Path) -> None:
+    instance, clock = _manual_server(state_dir)
     try:
-        assert not instance.wait(0.3), "10 s have not passed on the manual clock"
-        clock.advance(10_001)  # within the server's own 15 s lease, so renewal still holds
-        assert instance.wait(20), "advancing the clock, not sleeping, ends the idle period"
+        assert not instance.wait(0.3), "the period has not passed on the manual clock"
+        _advance_until_stopped(instance, clock)
+        assert instance.stop_reason == "idle"
+        assert clock.monotonic_ms() >= IDLE_S * 1000, "the period ended on the manual clock"
+    finally:
+        instance.stop("teardown")
+
+
+# With the manual clock, the idle period cannot end before the test's client connects,
+# however slowly a loaded machine runs the test.
+
+
+def test_a_connected_client_keeps_the_server_awake(state_dir: Path) -> None:
+    instance, clock = _manual_server(state_dir)
+    try:
+        with WorkflowClient(state_dir, autostart=False) as connected:
+            assert connected.call("server.status")["outcome"] == "accepted"
+            clock.advance(IDLE_S * 1000 + 1)  # the idle period passes while connected
+            assert not instance.wait(0.5)
+            assert connected.call("server.status")["outcome"] == "accepted"
+        _advance_until_stopped(instance, clock)  # and starts once it left
         assert instance.stop_reason == "idle"
     finally:
         instance.stop("teardown")
 
 
-def test_a_connected_client_keeps_the_server_awake(state_dir: Path) -> None:
-    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05, execute_runs=False)
-    instance.start()
-    try:
-        with WorkflowClient(state_dir, autostart=False) as connected:
-            assert not instance.wait(1.0)
-            assert connected.call("server.status")["outcome"] == "accepted"
-        assert instance.wait(20)
-    finally:
-        instance.stop("teardown")
-
-
 def test_queued_work_keeps_the_server_awake(state_dir: Path, project: Path) -> None:
-    instance = WorkflowServer(state_dir, idle_exit_s=0.3, tick_s=0.05, execute_runs=False)
-    instance.start()
+    instance, clock = _manual_server(state_dir)
     try:
         with WorkflowClient(state_dir, autostart=False) as connected:
             _start(connected, project)
-        assert not instance.wait(1.5)
+        deadline = time.monotonic() + 30
+        while clock.monotonic_ms() <= 2 * IDLE_S * 1000:  # two idle periods, in small steps
+            assert not instance.wait(0.1), "a queued run keeps the server up"
+            assert time.monotonic() < deadline
+            clock.advance(250)
+        assert not instance.wait(0.3)
+        assert instance.running
     finally:
         instance.stop("teardown")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -98,11 +99,13 @@ def _wait_no_runners(client: WorkflowClient, timeout: float = 30) -> None:
 
 
 def _runner_pids(server: WorkflowServer) -> list[int]:
-    return [
-        child.pid
-        for child in psutil.Process().children(recursive=True)
-        if child.name() == RUNNER_PROCESS_NAME
-    ]
+    pids = []
+    for child in psutil.Process().children(recursive=True):
+        # Another child (a resolver the zygote is reaping) may be gone by now.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name() == RUNNER_PROCESS_NAME:
+                pids.append(child.pid)
+    return pids
 
 
 def test_a_pipeline_runs_to_completion_with_a_shell_and_an_effect(
@@ -226,6 +229,52 @@ def test_cancel_stops_a_live_runner_and_its_group(
         assert gone, "the fenced runner was stopped"
         view = client.call("run.get", run_id=run_id)["receipt"]
     assert view["display"]["status"] == "cancelled"
+
+
+# The first execution hands the runner's end of its channel to a detached process (in a
+# session of its own, so no group kill reaches it), then the runner dies.
+LEAKED_CHANNEL = """
+import os, subprocess
+from pathlib import Path
+from pi_workflows import compute, define_workflow
+
+COUNTER = Path({counter!r})
+HOLDER = Path({holder!r})
+
+def leak(ctx):
+    count = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
+    COUNTER.write_text(str(count))
+    if count == 1:
+        fd = int(os.environ["PI_WORKFLOWS_RUNNER_FD"])
+        holder = subprocess.Popen(["sleep", "300"], pass_fds=(fd,), start_new_session=True)
+        HOLDER.write_text(str(holder.pid))
+        os._exit(1)
+    return {{"runs": count}}
+
+workflow = define_workflow(name="leaky", start_at="leak", nodes={{"leak": compute(leak)}})
+"""
+
+
+def test_a_dead_runner_is_handled_although_another_process_holds_its_channel(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    """The exit waits for the channel's last message, never for every holder of its end."""
+    project = short_tmp / "project"
+    counter, holder_file = short_tmp / "counter", short_tmp / "holder.pid"
+    write_workflow(
+        project, "leaky", LEAKED_CHANNEL.format(counter=str(counter), holder=str(holder_file))
+    )
+    try:
+        with WorkflowClient(running_server.state_dir, autostart=False) as client:
+            run_id = start_run(client, project, "leaky", {})
+            view = wait_for(client, run_id, TERMINAL)
+        assert psutil.Process(int(holder_file.read_text())).is_running(), "it still holds the end"
+        assert view["display"]["status"] == "completed"
+        assert view["generation"] == 2 and counter.read_text() == "2"
+    finally:
+        if holder_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(holder_file.read_text()), signal.SIGKILL)
 
 
 EFFECT_CRASH = """

@@ -22,10 +22,10 @@ from pi_workflows.actors._process_supervisor import (
     Spawn,
     StopChild,
 )
-from pi_workflows.actors._ticker import Ticker
 from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 from pi_workflows.wire.canonical import dumps
+from tests.actors.ticks import tick
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,11 +49,20 @@ def main():
 '''
 
 
+QUICK = '''
+"""A test program for the zygote: exits at once, often before its spawn was answered."""
+
+def main():
+    return 0
+'''
+
+
 @pytest.fixture
 def zygote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Zygote]:
     (tmp_path / "piw_probe.py").write_text(PROBE)
+    (tmp_path / "piw_quick.py").write_text(QUICK)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    zygote = Zygote([RESOLVER, "piw_probe"], log_path=tmp_path / "zygote.log")
+    zygote = Zygote([RESOLVER, "piw_probe", "piw_quick"], log_path=tmp_path / "zygote.log")
     try:
         yield zygote
     finally:
@@ -133,13 +142,9 @@ def test_a_lost_zygote_reports_unknown_fates_and_a_new_one_takes_over(zygote: Zy
 def supervisor(zygote: Zygote) -> Iterator[Any]:
     failures: list[str] = []
     ref = ProcessSupervisorActor.start(lambda name, exc: failures.append(name), zygote)
-    ticker = Ticker(0.02)
-    ticker.register(ref)
-    ticker.start()
     try:
-        yield ref
+        yield ref  # no Ticker: the test sends each Tick by hand
     finally:
-        ticker.stop()
         ref.stop(block=True, timeout=10)
     assert not failures
 
@@ -176,7 +181,11 @@ def test_a_warm_child_ignoring_sigterm_is_killed_with_its_double_forked_grandchi
     assert grandchild.ppid() != identity.pid, "the grandchild was double-forked away"
     assert os.getpgid(grandchild.pid) == identity.pid, "but it stays in the child's group"
     supervisor.tell(StopChild(identity, grace_ticks=5))
-    assert done.wait(30), "the child was never reported"
+    tick(supervisor, 1, 2, 3, 4)
+    assert is_alive(identity) and grandchild.is_running(), "SIGTERM ignored, grace not over"
+    assert not done.is_set()
+    tick(supervisor, 5)  # SIGKILL to the group, through the zygote
+    assert done.wait(30), "the child was never reported"  # a warm exit needs no tick
     (exited,) = exits
     assert exited.identity == identity
     assert exited.returncode == -signal.SIGKILL and exited.killed
@@ -212,3 +221,32 @@ def test_spares_are_forked_ahead_settled_and_stopped_with_the_zygote(zygote: Zyg
     zygote.close()
     _gone, alive = psutil.wait_procs(spares, timeout=10)
     assert not alive, "no spare outlives its zygote"
+
+
+def test_a_warm_child_that_exits_before_its_spawn_returns_is_still_reported(
+    supervisor: Any,
+) -> None:
+    """The zygote's exit report can reach the supervisor's callback before `spawn`
+    returned the child's identity to the supervisor: the exit must not be lost."""
+    count = 30
+    exits: list[ChildExited] = []
+    all_reported = threading.Event()
+
+    def on_exit(exited: ChildExited) -> None:  # on the supervisor's thread
+        exits.append(exited)
+        if len(exits) == count:
+            all_reported.set()
+
+    identities = [
+        wait_reply(
+            lambda deliver: supervisor.tell(
+                Spawn(["unused"], dict(os.environ), deliver, on_exit, preloaded="piw_quick")
+            ),
+            timeout=30,
+        )
+        for _ in range(count)
+    ]
+    assert all_reported.wait(30), f"{count - len(exits)} exits were never reported"
+    assert sorted(exited.identity.pid for exited in exits) == sorted(i.pid for i in identities)
+    assert {exited.returncode for exited in exits} == {0}
+    assert supervisor.proxy().child_count.get(timeout=10) == 0

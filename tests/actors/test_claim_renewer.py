@@ -1,0 +1,144 @@
+"""The claim renewer, ticked by hand: a round every N ticks, one in flight, a lost lease.
+
+A real database actor on a real SQLite file with a manual clock, and no `Ticker`: each
+`Tick` the test sends is the only passing of time, so which tick renews is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor
+from pi_workflows.actors._database import DatabaseActor
+from pi_workflows.storage import (
+    DEFAULT_CLAIM_TTL_MS,
+    Database,
+    LeaseRow,
+    ManualClock,
+    ServerClaim,
+    ServerLeaseRow,
+    acquire_server_epoch,
+    claim_for_launch,
+    get_lease,
+    get_server_lease,
+    open_database,
+)
+from tests.actors.ticks import blocked, handled, on_database, tick
+from tests.storage.storage_helpers import enqueue
+
+pytestmark = pytest.mark.timeout(30)
+
+EVERY = 4
+"""Ticks per renewal round in these tests."""
+SERVER_TTL_MS = 15_000
+OWNER = "server-renewer-test"
+
+
+@dataclass
+class Renewal:
+    """The actors under test and what they reported."""
+
+    clock: ManualClock
+    database: pykka.ActorRef[Any]
+    renewer: pykka.ActorRef[Any]
+    claim: ServerClaim
+    lost: list[str]
+    failures: list[str]
+
+    def tick(self, *sequences: int) -> None:
+        """Send the ticks and wait for every round they started to finish."""
+        tick(self.renewer, *sequences)
+        handled(self.database, self.renewer)  # the round's unit, then its RenewalDone
+
+    def rounds(self) -> int:
+        return int(self.renewer.proxy().rounds.get(timeout=10))
+
+    def server_lease(self) -> ServerLeaseRow:
+        lease: ServerLeaseRow | None = on_database(self.database, get_server_lease)
+        assert lease is not None
+        return lease
+
+    def run_lease(self, run_id: str) -> LeaseRow:
+        lease: LeaseRow | None = on_database(self.database, lambda db: get_lease(db, run_id))
+        assert lease is not None
+        return lease
+
+
+@pytest.fixture
+def renewal(tmp_path: Path) -> Iterator[Renewal]:
+    clock = ManualClock()
+    db = open_database(tmp_path / "state.sqlite", clock=clock)
+    with db.write() as tx:
+        claim = acquire_server_epoch(tx, owner_id=OWNER, pid=None, ttl_ms=SERVER_TTL_MS)
+    enqueue(db, "run-1")
+    with db.write() as tx:  # a live host claim of this server, as a launch takes it
+        claim_for_launch(
+            tx, "run-1", owner_id=OWNER, runner_epoch="run-1-e1", launch_envelope_hash="sha256:x"
+        )
+    failures: list[str] = []
+    lost: list[str] = []
+    database = DatabaseActor.start(db, lambda name, exc: failures.append(name))
+    renewer = ClaimRenewerActor.start(
+        database, claim, EVERY, lost.append, lambda name, exc: failures.append(name)
+    )
+    try:
+        yield Renewal(clock, database, renewer, claim, lost, failures)
+    finally:
+        renewer.stop(block=True, timeout=10)
+        database.stop(block=True, timeout=10)
+    assert not failures
+
+
+def test_a_round_renews_the_lease_and_the_run_claims_every_n_ticks(renewal: Renewal) -> None:
+    granted = renewal.server_lease()
+    claimed = renewal.run_lease("run-1")
+    renewal.clock.advance(1_000)
+    renewal.tick(*range(1, EVERY))
+    assert renewal.rounds() == 0, "no round before the Nth tick"
+    assert renewal.server_lease() == granted and renewal.run_lease("run-1") == claimed
+
+    now = renewal.clock.advance(1_000)
+    renewal.tick(EVERY)
+    assert renewal.rounds() == 1
+    lease = renewal.server_lease()
+    assert (lease.heartbeat_at, lease.expires_at) == (now, now + SERVER_TTL_MS)
+    run = renewal.run_lease("run-1")
+    assert (run.heartbeat_at, run.expires_at) == (now, now + DEFAULT_CLAIM_TTL_MS)
+    assert run.generation == claimed.generation, "renewal never changes the fence"
+
+    renewal.tick(*range(EVERY + 1, 2 * EVERY))
+    assert renewal.rounds() == 1
+    renewal.tick(2 * EVERY)
+    assert renewal.rounds() == 2
+    assert not renewal.lost
+
+
+def test_a_slow_database_gets_one_round_at_a_time(renewal: Renewal) -> None:
+    with blocked(renewal.database):
+        tick(renewal.renewer, EVERY)  # a round is queued behind the blocking unit
+        tick(renewal.renewer, 2 * EVERY, 3 * EVERY)  # due, but one is still in flight
+        assert renewal.rounds() == 0
+    handled(renewal.database, renewal.renewer)
+    assert renewal.rounds() == 1, "the ticks that came while a round was in flight were skipped"
+    renewal.tick(4 * EVERY)
+    assert renewal.rounds() == 2
+
+
+def test_a_lease_taken_by_another_server_stops_this_one(renewal: Renewal) -> None:
+    def take_over(db: Database) -> None:
+        with db.write() as tx:
+            acquire_server_epoch(tx, owner_id="server-other", pid=None, previous_owner_gone=True)
+
+    on_database(renewal.database, take_over)
+    renewal.tick(*range(1, EVERY))
+    assert renewal.lost == [], "nothing is checked between rounds"
+    renewal.tick(EVERY)
+    assert len(renewal.lost) == 1 and renewal.lost[0].startswith("server lease lost")
+    lease = renewal.server_lease()
+    assert (lease.epoch, lease.owner_id) == (renewal.claim.epoch + 1, "server-other")

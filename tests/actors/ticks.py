@@ -1,0 +1,74 @@
+"""Driving actors by hand: `Tick` messages sent by the test, and mailbox barriers.
+
+No `Ticker` runs in these tests, so time passes only when a test sends `Tick(n)`. A
+pykka mailbox is first in, first out, so `handled(ref)` returning means `ref` has
+handled everything told to it before; following a message through the actors it
+causes (`handled(a)`, then `handled(b)`, ...) waits for each hop, with no polling and
+no sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pykka
+
+from pi_workflows.actors._base import wait_reply
+from pi_workflows.actors._database import Transact
+from pi_workflows.actors._ticker import Tick
+from pi_workflows.storage import Database
+
+__all__ = ["WAIT_S", "blocked", "handled", "on_database", "tick", "wait_exited"]
+
+WAIT_S = 10.0
+"""The longest any hop may take on a loaded machine (a bound, never a delay)."""
+
+
+def handled(*refs: pykka.ActorRef[Any]) -> None:
+    """Return once each actor, in turn, handled every message told to it so far."""
+    for ref in refs:
+        ref.proxy().name.get(timeout=WAIT_S)  # a read queued behind those messages
+
+
+def tick(ref: pykka.ActorRef[Any], *sequences: int) -> None:
+    """Send `Tick(n)` for each sequence number and wait until `ref` handled them."""
+    for sequence in sequences:
+        ref.tell(Tick(sequence))
+    handled(ref)
+
+
+def on_database(database: pykka.ActorRef[Any], work: Any) -> Any:
+    """Run `work(db)` on the database actor, after everything queued there; its result."""
+    return wait_reply(lambda deliver: database.tell(Transact(work, deliver, "test")), WAIT_S)
+
+
+@contextmanager
+def blocked(database: pykka.ActorRef[Any]) -> Iterator[None]:
+    """Hold the database actor busy inside the block; what is told to it waits behind."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(_: Database) -> None:
+        entered.set()
+        release.wait(WAIT_S)
+
+    database.tell(Transact(hold, lambda _: None, "test.block"))
+    try:
+        assert entered.wait(WAIT_S), "the database actor never started the blocking unit"
+        yield
+    finally:
+        release.set()
+
+
+def wait_exited(pid: int) -> None:
+    """Block until process `pid` has exited (a pidfd turns readable), without reaping it."""
+    fd = os.pidfd_open(pid)
+    try:
+        readable, _, _ = select.select([fd], [], [], WAIT_S)
+        assert readable, f"process {pid} did not exit"
+    finally:
+        os.close(fd)
