@@ -662,7 +662,7 @@ def test_a_graceful_stop_requeues_the_run_and_stops_its_shell_command(
         run_id = start_run(client, project, "long", {})
         wait_fifo(fifo)
     command = psutil.Process(int(pidfile.read_text().strip()))
-    running_server.stop("test")
+    running_server.stop("test", drain_s=0)  # no drain: the command cannot finish first
     _gone, alive = psutil.wait_procs([command], timeout=30)
     assert not alive, "the stopping server stopped the registered command group"
     database = sqlite3.connect(
