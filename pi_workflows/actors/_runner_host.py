@@ -74,8 +74,6 @@ log = logging.getLogger(__name__)
 
 STARTUP_DEADLINE_MS = 20_000
 """A runner must send `runner.ready` this long after its launch was recorded."""
-CHANNEL_GRACE_MS = 2_000
-"""How long a reaped runner's channel may stay open before its exit is recorded anyway."""
 RUNNER_GRACE_TICKS = 40
 """SIGTERM to SIGKILL grace for a runner group, in ticks (10 s at the default tick)."""
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
@@ -246,7 +244,6 @@ class ActiveRunner:
     """The server's end of the runner's channel (owned by the listener's loop)."""
     channel_closed: bool = False
     exited: ChildExited | None = None
-    exited_at: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -508,7 +505,6 @@ class RunnerHostActor(ServerActor):
             return
         self._stop_registered(runner)  # the server reaps what a dead runner registered
         runner.exited = exited
-        runner.exited_at = self._config.clock.now_ms()
         if not runner.channel_closed and (
             runner.channel_socket is None
             or not self._listener.end_channel_input_nowait(runner.channel_socket)
@@ -607,19 +603,6 @@ class RunnerHostActor(ServerActor):
     def _on_tick(self) -> None:
         now = self._config.clock.now_ms()
         self._check_deadlines(now)
-        self._check_lingering_channels(now)
-
-    def _check_lingering_channels(self, now: int) -> None:
-        """A reaped runner whose channel stays open (a descendant holds its end): after a
-        grace, stop waiting for its end of file; frames already read are applied first."""
-        for runner in list(self._active.values()):
-            exited_at = runner.exited_at
-            if exited_at is None or runner.channel_closed:
-                continue
-            if now - exited_at > CHANNEL_GRACE_MS:
-                runner.channel_closed = True
-                if runner.finished:
-                    self._record_exit(runner)
 
     def _check_deadlines(self, now: int) -> None:
         for runner in self._active.values():
