@@ -204,13 +204,16 @@ class ClientProcess:
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            with contextlib.suppress(json.JSONDecodeError):
-                message = json.loads(line)
-                if message.get("ready"):
-                    self.ready.set()
-                else:
-                    self.answers.put(message)
+        # A killed client's pipe is closed by the controller while this thread may still
+        # be reading it: that is the end of its answers, not an error.
+        with contextlib.suppress(ValueError, OSError):
+            for line in self.popen.stdout:
+                with contextlib.suppress(json.JSONDecodeError):
+                    message = json.loads(line)
+                    if message.get("ready"):
+                        self.ready.set()
+                    else:
+                        self.answers.put(message)
         self.answers.put(None)
 
     def send(self, command: Command) -> bool:
