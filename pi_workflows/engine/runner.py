@@ -512,14 +512,41 @@ def _run_shell(
         if channel is not None and registration is not None:
             channel.send("runner.progress", {**registration, "operation": "process.unregister"})
     code = child.returncode
-    return {
-        "exitCode": code if code >= 0 else None,
-        "signal": -code if code < 0 else None,
-        "timedOut": timed_out,
-        "stdout": out[:max_output].decode("utf-8", "replace"),
-        "stderr": err[:max_output].decode("utf-8", "replace"),
-        "truncated": len(out) > max_output or len(err) > max_output,
-    }
+    return fit_shell_output(
+        {
+            "exitCode": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            "timedOut": timed_out,
+            "stdout": out[:max_output].decode("utf-8", "replace"),
+            "stderr": err[:max_output].decode("utf-8", "replace"),
+            "truncated": len(out) > max_output or len(err) > max_output,
+        }
+    )
+
+
+SHELL_OUTPUT_BUDGET = MAX_OUTPUT_BYTES - 16 * 1024
+"""The largest canonical JSON a shell result may have: it travels whole in
+`effect.settle` and in `node.finished`, each with its envelope, within one frame."""
+
+
+def fit_shell_output(result: dict[str, Any], budget: int = SHELL_OUTPUT_BUDGET) -> dict[str, Any]:
+    """Shorten stdout and stderr (the longer first) until the result's JSON fits `budget`.
+
+    A command that finished has a known result; output that escapes to more JSON than
+    a frame holds (NUL bytes become six characters each) is cut, never the result
+    itself, so the effect settles instead of failing or becoming ambiguous.
+    """
+    size = len(dumps(result))
+    while size > budget:
+        field = "stdout" if len(result["stdout"]) >= len(result["stderr"]) else "stderr"
+        text = result[field]
+        # Cut as many characters as the excess is worth at this text's JSON bytes per
+        # character (escapes make it up to six), plus one: a round or two.
+        per_char = len(dumps(text)) / max(1, len(text))
+        keep = max(0, len(text) - int((size - budget) / per_char) - 1)
+        result = {**result, field: text[:keep], "truncated": True}
+        size = len(dumps(result))
+    return result
 
 
 _GATE_SCRIPT = 'read -r _ <&{fd} || exit 127; exec {fd}<&-; exec "$@"'
