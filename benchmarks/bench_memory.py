@@ -37,15 +37,16 @@ workflow = define_workflow(name="hold", start_at="hold", nodes={{"hold": compute
 
 
 def bare_interpreter_rss() -> float:
+    """A bare interpreter's RSS, read once it says it is up (then it waits on stdin)."""
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        info = psutil.Process(child.pid)
-        while True:  # wait until the interpreter is up (it then blocks on stdin)
-            if info.status() in (psutil.STATUS_SLEEPING, psutil.STATUS_DISK_SLEEP):
-                break
-        return info.memory_full_info().rss / MB
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        return float(psutil.Process(child.pid).memory_full_info().rss) / MB
     finally:
         child.kill()
         child.wait(10)

@@ -31,6 +31,7 @@ MAX_RUNNER_CRASHES = 3
 """Crashed runner epochs after which a run parks with `workerCrashed` instead of requeuing."""
 
 STOPPING_REASON = "serverStopping"
+"""Why a graceful stop requeued a run: at a durable boundary or when the drain ended."""
 
 
 @dataclass(frozen=True, slots=True)

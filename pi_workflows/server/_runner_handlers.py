@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 
 from pi_workflows.server._runner_content import bounded, read_part
+from pi_workflows.server._runner_exits import STOPPING_REASON
 from pi_workflows.server._runner_launch import LaunchPlan, launch_state
 from pi_workflows.storage import (
     Claim,
@@ -75,8 +76,6 @@ from pi_workflows.wire.runner import (
 __all__ = ["Delta", "Handled", "RunnerView", "apply_message", "reply_to"]
 
 log = logging.getLogger(__name__)
-
-DRAIN_REASON = "serverStopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +214,10 @@ def _apply(
 def _hand_back(db: Database, view: RunnerView, message: RunnerMessage, delta: Delta) -> Any:
     """Draining: the last node is durable, so give the run back before the next starts."""
     with db.write() as tx:
-        requeue_run(tx, view.run_id, reason=DRAIN_REASON, claim=view.claim)
+        requeue_run(tx, view.run_id, reason=STOPPING_REASON, claim=view.claim)
     db.after_commit(functools.partial(crash_point, "server.drain.after_hand_back"))
     delta.settled = delta.handed_back = True
-    return reply_to(message, "claimLost", error=("claimLost", DRAIN_REASON))
+    return reply_to(message, "claimLost", error=("claimLost", STOPPING_REASON))
 
 
 def _read_content(

@@ -239,18 +239,8 @@ _declare(
     "runner",
     "A runner message after it was written to the server and before the runner reads its answer.",
 )
-RUNNER_SENT_KINDS: Final = (
-    "runner.ready",
-    "runner.progress",
-    "node.started",
-    "node.finished",
-    "node.failed",
-    "effect.reserve",
-    "effect.settle",
-    "notification.requested",
-    "run.parked",
-    "run.finished",
-)
+RUNNER_SENT_KINDS: Final = RUNNER_MESSAGE_POINTS
+"""The kinds a runner sends that have points: the same kinds the server applies."""
 for _kind in RUNNER_SENT_KINDS:
     _declare(
         f"runner.message.{_kind.replace('.', '_')}.after_send",
