@@ -34,6 +34,7 @@ from pi_workflows.supervision import (
     spawn_child,
 )
 from pi_workflows.supervision._process import wait_for_exits
+from pi_workflows.supervision._subreaper import kill_descendants
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 
 __all__ = [
@@ -181,7 +182,7 @@ class ProcessSupervisorActor(ServerActor):
                 supervised = self._children.get(identity)
                 if supervised is not None:
                     supervised.killed = True
-                    self._signal(supervised, signal.SIGKILL)
+                    self._kill(supervised)
             case StopGroup(identity=identity):
                 signal_group(identity, signal.SIGKILL)
             case StopRecorded(identities=identities, reply=reply, timeout_s=timeout_s):
@@ -198,7 +199,7 @@ class ProcessSupervisorActor(ServerActor):
     def on_stop(self) -> None:
         """Runs in the actor's thread at shutdown: no child outlives the server."""
         for supervised in self._children.values():
-            self._signal(supervised, signal.SIGKILL)
+            self._kill(supervised)
         for supervised in self._children.values():
             if supervised.child is not None:
                 supervised.child.popen.wait(5)
@@ -290,10 +291,23 @@ class ProcessSupervisorActor(ServerActor):
         elif self._zygote is not None:
             self._zygote.signal_group(supervised.identity.pid, sig)
 
+    def _kill(self, supervised: _Supervised) -> None:
+        """SIGKILL a child's whole tree: its `setsid` escapees first, then its group.
+
+        A runner is a child subreaper, so while it lives every process a node started is
+        below it; killed first, none is left for init (a cold runner has no zygote to
+        adopt them after it dies).
+        """
+        kill_descendants(supervised.identity)
+        self._signal(supervised, signal.SIGKILL)
+
     def _stop_child(self, identity: ProcessIdentity, grace_ticks: int) -> None:
         supervised = self._children.get(identity)
         if supervised is None:
             return
+        # The group gets its grace period; what left the group (a `setsid` escapee, a
+        # registered shell command's own group) is killed now, as a registered group is.
+        kill_descendants(identity, outside_group=True)
         self._signal(supervised, signal.SIGTERM)
         if supervised.kill_at_tick is None:
             supervised.kill_at_tick = self._tick + max(1, grace_ticks)
@@ -329,7 +343,7 @@ class ProcessSupervisorActor(ServerActor):
                 continue
             if supervised.kill_at_tick is not None and self._tick >= supervised.kill_at_tick:
                 supervised.killed = True
-                self._signal(supervised, signal.SIGKILL)
+                self._kill(supervised)
 
 
 SPAWN_REPLY_S = 10.0

@@ -34,6 +34,7 @@ from pi_workflows.actors._process_supervisor import (
 )
 from pi_workflows.actors._scheduler import Launch, Wake
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.engine._limits import Limits, limits_env
 from pi_workflows.server._operations import (
     FENCING_COMMANDS,
     OperationContext,
@@ -111,6 +112,8 @@ class RunnerHostConfig:
     clock: Clock
     env: Mapping[str, str] = field(repr=False, default_factory=lambda: dict(os.environ))
     """The base environment of every runner (may hold credentials: never logged)."""
+    default_limits: Limits = field(default_factory=Limits)
+    """The server default `memory_mb` and `processes` of every node that sets none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +423,7 @@ class RunnerHostActor(ServerActor):
         env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
         env[AGENT_DIR_ENV] = str(config.agent_dir)
+        env.update(limits_env(config.default_limits))
         logs = config.state_dir / "logs" / "runners"
         ensure_private_dir(logs)
         me = self.actor_ref

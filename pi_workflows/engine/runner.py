@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import itertools
 import os
@@ -31,11 +32,20 @@ from pi_workflows.engine._definition import (
     ShellNode,
 )
 from pi_workflows.engine._errors import RoutingError, SourceChangedError
+from pi_workflows.engine._limits import (
+    RESOURCE_LIMIT_CODE,
+    Limits,
+    NodeGuard,
+    NodeWatch,
+    ResourceLimitExceeded,
+    default_limits,
+)
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
 from pi_workflows.supervision import crash_point, identity_of, signal_popen_group
 from pi_workflows.supervision._crash import RUNNER_SENT_KINDS
 from pi_workflows.supervision._process import set_process_name
+from pi_workflows.supervision._subreaper import become_subreaper, stop_descendants
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
 from pi_workflows.wire.protocol import (
@@ -129,6 +139,8 @@ def checked_output(output: Any) -> bytes:
 
 def _failure_code(exc: BaseException) -> str:
     """The `node.failed` error code of a node's exception."""
+    if isinstance(exc, ResourceLimitExceeded | MemoryError):
+        return RESOURCE_LIMIT_CODE
     return "outputTooLarge" if isinstance(exc, OutputTooLarge) else "nodeFailed"
 
 
@@ -578,11 +590,14 @@ class Execution:
         state: Mapping[str, Any],
         *,
         answered_checkpoint: str | None = None,
+        guard: NodeGuard | None = None,
     ) -> None:
         """`answered_checkpoint`: the checkpoint attempt a `continue` command goes on after
         (its output in `state` is the answer); any other completed checkpoint that is the
-        last step has no answer yet, so the run waits there again."""
+        last step has no answer yet, so the run waits there again. `guard` applies each
+        node's limits and stops what the node left running (none: in-process tests)."""
         self.channel = channel
+        self.guard = guard
         self.compiled = compiled
         self.run_id = str(envelope["runId"])
         # Outputs and results by full compiled path; each node's context sees them
@@ -690,7 +705,7 @@ class Execution:
             else None,
         )
         try:
-            output = self._execute(node, ctx)
+            output = self._run_node(node, ctx)
             checked_output(output)  # JSON that fits one frame, or the node failed (not the runner)
             outcome = "completed"
         except (ClaimLost, Refused):
@@ -716,7 +731,9 @@ class Execution:
             except RoutingError:
                 self.current = None
             if self.current is None:
-                self._finish("failed", error=("nodeFailed", f"{node.path}: {_text(exc)}"))
+                code = _failure_code(exc)
+                run_code = code if code == RESOURCE_LIMIT_CODE else "nodeFailed"
+                self._finish("failed", error=(run_code, f"{node.path}: {_text(exc)}"))
                 return False
             return True
         try:
@@ -739,6 +756,32 @@ class Execution:
             return False
         self.current = route
         return True
+
+    def _run_node(self, node: CompiledNode, ctx: EngineContext) -> Any:
+        """`_execute` under the node's limits; every process it started is stopped after.
+
+        Raises:
+            ResourceLimitExceeded: the node ran out of memory, or had more processes
+                alive than its limit (they were stopped, so it did not complete).
+        """
+        watch = NodeWatch(Limits())
+        guarded = self.guard.node(node.limits) if self.guard is not None else None
+        try:
+            with guarded or contextlib.nullcontext(watch) as watch:
+                output = self._execute(node, ctx)
+        except (ClaimLost, Refused, EffectAmbiguous):
+            raise
+        except Exception as exc:
+            explained = watch.explain(exc)
+            if explained is exc:
+                raise
+            # The traceback holds the node's frames, and with them what filled its memory.
+            exc.__traceback__ = None
+            raise explained from None
+        exceeded = watch.exceeded()
+        if exceeded is not None:
+            raise exceeded
+        return output
 
     def _execute(self, node: CompiledNode, ctx: EngineContext) -> Any:
         if node.include_transition is not None:
@@ -790,6 +833,11 @@ def main() -> int:
     """Run one generation; the exit code is for logs only (the server decides outcomes)."""
     sys.stdout = sys.stderr  # workflow prints must never reach a protocol stream
     set_process_name(RUNNER_PROCESS_NAME)
+    # Whatever a node starts stays below this process, even after `setsid`, until the
+    # node's end stops it (and the zygote, a subreaper too, if this process dies first).
+    become_subreaper()
+    defaults = _server_default_limits()
+    NodeGuard.before_load(defaults)
     envelope = decode_launch_envelope(os.environ[LAUNCH_ENV].encode("utf-8"))
     sock = socket.socket(fileno=int(os.environ[RUNNER_FD_ENV]))
     sock.setblocking(True)
@@ -817,13 +865,25 @@ def main() -> int:
         if answered is None and command.get("command") == "continue":
             finished = state.get("finished") or []  # the answered checkpoint comes last
             answered = finished[-1].get("attemptId") if finished else None
-        Execution(channel, loaded.compiled, envelope, state, answered_checkpoint=answered).run()
+        guard = NodeGuard((node.limits for node in loaded.compiled.nodes.values()), defaults)
+        Execution(
+            channel, loaded.compiled, envelope, state, answered_checkpoint=answered, guard=guard
+        ).run()
         return 0
     except ClaimLost:
         return EXIT_CLAIM_LOST
     except Refused:
         traceback.print_exc()
         return EXIT_PROTOCOL
+    finally:
+        stop_descendants()  # nothing a node started outlives its runner
+
+
+def _server_default_limits() -> Limits:
+    try:
+        return default_limits()
+    except ValueError:  # the server checked them at start; a hand-made launch may not
+        return Limits()
 
 
 def _exit(code: int) -> NoReturn:

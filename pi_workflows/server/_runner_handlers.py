@@ -411,10 +411,11 @@ def _on_run_finished(
         result = time_out_run(tx, view.run_id, reason=reason, claim=view.claim)
     else:
         reason = body.error.text() if body.error else f"nodeFailed: {body.status}"
+        over_limit = body.error is not None and body.error.code == FailureClass.RESOURCE_LIMIT
         result = fail_run(
             tx,
             view.run_id,
-            failure_class=FailureClass.NODE_FAILED,
+            failure_class=FailureClass.RESOURCE_LIMIT if over_limit else FailureClass.NODE_FAILED,
             reason=reason,
             claim=view.claim,
         )

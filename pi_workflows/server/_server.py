@@ -44,6 +44,8 @@ from pi_workflows.actors._runner_host import (
 from pi_workflows.actors._scheduler import SchedulerActor
 from pi_workflows.actors._subscriptions import SubscriptionActor
 from pi_workflows.actors._ticker import Ticker
+from pi_workflows.engine._limits import Limits
+from pi_workflows.engine._limits import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._logging import configure_server_logging
@@ -124,6 +126,10 @@ class WorkflowServer:
         clock: time source for stored times (tests may pass a manual clock).
         execute_runs: launch runner processes for admitted runs; False only records
             runs (tests of the protocol use it).
+        default_limits: the `memory_mb` and `processes` of every node whose workflow
+            sets none; default `PI_WORKFLOWS_DEFAULT_MEMORY_MB` and
+            `PI_WORKFLOWS_DEFAULT_PROCESSES`, or half the memory (at most 4 GiB) and
+            512. `Limits()` sets no default.
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -138,11 +144,18 @@ class WorkflowServer:
         tick_s: float = 0.25,
         clock: Clock | None = None,
         execute_runs: bool = True,
+        default_limits: Limits | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
         if self.max_workers < 1:
             raise ServerStartError("max_workers must be at least 1")
+        try:
+            self.default_limits = (
+                default_limits if default_limits is not None else limits_from_env()
+            )
+        except ValueError as exc:
+            raise ServerStartError(str(exc)) from None
         self.idle_exit_s = idle_exit_s
         self.tick_s = tick_s
         self.clock: Clock = clock or SystemClock()
@@ -273,7 +286,9 @@ class WorkflowServer:
             self.socket_path, None, __version__, self._on_listener_crash
         )
         agent_dir = self.state_dir.parent
-        config = RunnerHostConfig(self.owner_id, self.state_dir, agent_dir, self.clock)
+        config = RunnerHostConfig(
+            self.owner_id, self.state_dir, agent_dir, self.clock, default_limits=self.default_limits
+        )
         runner_host = RunnerHostActor.start(config, database, supervisor, self._listener, fail)
         self._runner_host = runner_host
         every = max(1, round(RENEW_EVERY_S / self.tick_s))

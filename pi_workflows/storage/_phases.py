@@ -79,6 +79,9 @@ class FailureClass(enum.StrEnum):
     EFFECT_AMBIGUOUS = "effectAmbiguous"
     NODE_FAILED = "nodeFailed"
     PROTOCOL_REJECTED = "protocolRejected"
+    RESOURCE_LIMIT = "resourceLimit"
+    """A node went over its memory or process limit (issue 11); not a crash, not an
+    ordinary node failure."""
 
 
 class ParkReason(enum.StrEnum):
