@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.engine import runner as runner_module
 from tests.conftest import Processes, write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
@@ -162,12 +163,18 @@ def test_escapees_of_a_compute_node_are_gone_when_it_finishes(
     assert_gone(escaped)
 
 
+@pytest.mark.xfail(
+    not hasattr(runner_module, "_capture"),
+    reason="needs issue 11's output part (branch h11-output): a command's exit is its "
+    "process's exit, not the closing of pipes its escapee holds",
+    run=False,
+)
 def test_escapee_of_a_shell_node_is_gone_when_it_finishes(
     running_server: WorkflowServer, short_tmp: Path, escapees: Path
 ) -> None:
     # The command exits after 1 s while its escapee still holds stdout and stderr: its
     # end is its process's exit (issue 11's output part), then the escapee is stopped.
-    project = _project(short_tmp, "shell", escapees, hold="no", timeout=60)
+    project = _project(short_tmp, "shell", escapees, hold="no", timeout=10)
     with WorkflowClient(running_server.state_dir, autostart=False) as client:
         run_id = start_run(client, project, "escape", {})
         view = wait_for(client, run_id, TERMINAL)
