@@ -323,12 +323,13 @@ def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> No
     with client:
         client.call("server.stop", {"drainSeconds": drain_s})
     if pid is not None:
+        limit = timeout if timeout is not None else drain_s + STOP_TIMEOUT_S
         try:
-            psutil.Process(pid).wait(timeout if timeout is not None else drain_s + STOP_TIMEOUT_S)
+            psutil.Process(pid).wait(limit)
         except psutil.NoSuchProcess:
             pass
         except psutil.TimeoutExpired:
-            _fail(f"the server did not stop within {timeout:.0f} s")
+            _fail(f"the server did not stop within {limit:.0f} s")
     click.echo("pi-workflows server stopped")
 
 
@@ -421,7 +422,14 @@ def run_start(
         "projectPath": str((project or Path.cwd()).resolve()),
     }
     with _client(ctx) as client:
-        receipt = client.call("run.start", payload)["receipt"]
+        try:
+            receipt = client.call("run.start", payload)["receipt"]
+        except RequestFailedError as exc:
+            if exc.code != "workflowNotFound":
+                raise
+            # The server never echoes the name (its receipt is stored); the user typed
+            # it, so their own terminal may show it beside the names that exist.
+            _fail(f"{exc.outcome}: workflow {name!r}: {exc}")
     if as_json:
         _print_json(receipt)
     else:
