@@ -3,8 +3,9 @@
 Implements workflow-server.md § Live client protocol. The router runs on the listener's
 event loop and never blocks it: each request is parsed once, then handed to the one
 place that answers it (the database actor, the runner-host actor, the subscription
-actor, or a resolver thread for `run.start`). Every request is answered exactly once,
-and the in-flight count (for a graceful stop's receipts) follows that answer.
+actor; for `run.start` the reader actor's receipt lookup, then a resolver thread).
+Every request is answered exactly once, and the in-flight count (for a graceful stop's
+receipts) follows that answer.
 """
 
 from __future__ import annotations
