@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA, runner_message_from_wire
 
 __all__ = [
+    "MAX_UPLOAD_BYTES",
     "RUNNER_PAYLOADS",
     "ContentRead",
     "EffectReserve",
@@ -34,6 +35,10 @@ __all__ = [
     "RunnerReady",
     "RunnerReply",
 ]
+
+MAX_UPLOAD_BYTES: Final = 32 * 1024 * 1024
+"""The largest value a runner sends by reference (in `content.write` parts): a result
+or output too large for one frame, for example a shell command's escaped output."""
 
 
 @dataclass(frozen=True, slots=True)
