@@ -95,6 +95,9 @@ MAX_OUTPUT_BYTES = MAX_FRAME_BYTES - 64 * 1024
 """The largest node output (canonical JSON): `node.finished` and `run.finished` must fit
 in one runner frame with their envelope."""
 CONTENT_PARK_REASON = "contentUnavailable"
+REFERENCE_FIELDS = {"effect.settle": "result", "node.finished": "output", "run.finished": "output"}
+"""The value of each message kind that goes by reference (`<name>Ref`, written before as
+`content.write` parts) when it is too large for one frame."""
 
 
 class ContentFailed(Exception):  # noqa: N818
@@ -118,18 +121,20 @@ class OutputTooLarge(ValueError):  # noqa: N818 - the failure code, outputTooLar
     """A node output is too large to report in one runner frame; the node fails."""
 
 
-def checked_output(output: Any) -> bytes:
-    """Return the canonical JSON of a node output that fits in one runner frame.
+def checked_output(output: Any, limit: int = MAX_OUTPUT_BYTES) -> bytes:
+    """Return the canonical JSON of a node output of at most `limit` bytes.
+
+    `limit` is MAX_OUTPUT_BYTES (one runner frame) for every node but a shell node,
+    whose result is bounded by its caps and may travel by reference.
 
     Raises:
         NotSerializableError: the output is not plain JSON.
-        OutputTooLarge: more than MAX_OUTPUT_BYTES of canonical JSON.
+        OutputTooLarge: more than `limit` bytes of canonical JSON.
     """
     data = dumps(output)
-    if len(data) > MAX_OUTPUT_BYTES:
+    if len(data) > limit:
         raise OutputTooLarge(
-            f"the node output is {len(data)} bytes of JSON; "
-            f"at most {MAX_OUTPUT_BYTES} fit in one runner frame"
+            f"the node output is {len(data)} bytes of JSON; at most {limit} fit in one runner frame"
         )
     return data
 
@@ -152,6 +157,9 @@ class Channel:
         self.pending_command: dict[str, Any] | None = None
         self._unanswered: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
         """Posted messages whose replies have not been read, by message ID."""
+        self._uploaded: dict[str, dict[str, Any]] = {}
+        """The last value sent by reference, by digest: a shell result is named three
+        times (settle, node finished, run finished) and written once."""
 
     def send(
         self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
@@ -167,7 +175,7 @@ class Channel:
                 with `contentUnavailable`.
             Refused: any other refusal.
         """
-        answer = self._exchange(kind, payload, attempt_id)
+        answer = self._exchange(kind, self._by_reference(kind, payload), attempt_id)
         ref = answer.get("resultRef")
         if ref is None:
             return answer
@@ -250,6 +258,52 @@ class Channel:
         except CanonicalJSONError as exc:
             raise ContentFailed("malformedJson", str(exc)[:200]) from None
 
+    def _by_reference(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """`payload`, or, when its value is too large for one frame, the payload with
+        that value written first as `content.write` parts and named by reference.
+
+        Raises:
+            OutputTooLarge: more than MAX_UPLOAD_BYTES; nothing was sent.
+        """
+        name = REFERENCE_FIELDS.get(kind)
+        if name is None or name not in payload:
+            return payload
+        data = dumps(payload[name])
+        if len(data) <= MAX_OUTPUT_BYTES:
+            return payload
+        rest = {key: value for key, value in payload.items() if key != name}
+        rest[f"{name}Ref"] = self._upload(data)
+        return rest
+
+    def _upload(self, data: bytes) -> dict[str, Any]:
+        """Write `data` in parts of at most 512 KiB; its `uploadRef`."""
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise OutputTooLarge(
+                f"the value is {len(data)} bytes of JSON; at most {MAX_UPLOAD_BYTES} "
+                "go by reference"
+            )
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        known = self._uploaded.get(digest)
+        if known is not None:
+            return known
+        parts: list[str] = []
+        for offset in range(0, len(data), CONTENT_PART_BYTES):
+            part = data[offset : offset + CONTENT_PART_BYTES]
+            reply = self._exchange("content.write", {"data": base64.b64encode(part).decode()})
+            stored = (reply.get("result") or {}).get("digest")
+            expected = "sha256:" + hashlib.sha256(part).hexdigest()
+            if stored != expected:
+                raise Refused(f"content.write: the server stored {stored!r}, not {expected}")
+            parts.append(expected)
+        ref = {
+            "mediaType": CONTENT_MEDIA_TYPE,
+            "byteCount": len(data),
+            "digest": digest,
+            "parts": parts,
+        }
+        self._uploaded = {digest: ref}
+        return ref
+
     def _resolve(self, ref: Mapping[str, Any], what: str) -> Any:
         try:
             return self.read_content(ref)
@@ -277,7 +331,7 @@ class Channel:
         for every answer before an effect, a wait, an interaction or the end of the run.
         `expect` names result fields the reply must carry (a pipelined node's visit).
         """
-        message = self._message(kind, payload, attempt_id)
+        message = self._message(kind, self._by_reference(kind, payload), attempt_id)
         self._write(message)
         self._unanswered[message["messageId"]] = (kind, expect)
 
@@ -854,7 +908,10 @@ class Execution:
         )
         try:
             output = self._execute(node, ctx)
-            checked_output(output)  # JSON that fits one frame, or the node failed (not the runner)
+            # JSON that fits one frame (a shell result: a reference), or the node failed.
+            checked_output(
+                output, SHELL_OUTPUT_BUDGET if node.kind == "shell" else MAX_OUTPUT_BYTES
+            )
             outcome = "completed"
         except (ClaimLost, Refused):
             raise

@@ -109,9 +109,7 @@ def test_a_log_ends_by_itself_when_every_writer_closed_the_pipe(
     assert oct(log.stat().st_mode & 0o777) == "0o600"
 
 
-def test_finish_cuts_off_a_descendant_that_keeps_writing(
-    drain: LogDrain, tmp_path: Path
-) -> None:
+def test_finish_cuts_off_a_descendant_that_keeps_writing(drain: LogDrain, tmp_path: Path) -> None:
     """The child's exit ends its log: an escaped writer gets a closed pipe, not a file."""
     log = tmp_path / "runaway.log"
     token, write_end = drain.open(log)
@@ -139,4 +137,3 @@ def test_a_refused_write_never_blocks_the_child(drain: LogDrain) -> None:
             child.kill()
             child.wait(WAIT_S)
     drain.finish(token)
-
