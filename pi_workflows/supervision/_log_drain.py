@@ -196,7 +196,10 @@ class LogDrain:
             if op == "open" and log is not None:
                 self._logs[fd] = log
                 self._tokens[log.token] = fd
-                self._selector.register(fd, selectors.EVENT_READ)
+                try:
+                    self._selector.register(fd, selectors.EVENT_READ)
+                except (OSError, ValueError):
+                    self._end(fd)  # the writer gets a closed pipe, not a hang
             elif op == "finish" and fd in self._tokens:
                 self._finish(self._tokens[fd])
             elif op == "close":
@@ -232,10 +235,13 @@ class LogDrain:
         if log is None:
             return
         self._tokens.pop(log.token, None)
-        self._selector.unregister(fd)
-        os.close(fd)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
         log.flush(time.monotonic())
-        os.close(log.fd)
+        with contextlib.suppress(OSError):
+            os.close(log.fd)
 
     def _wait(self) -> float | None:
         dirty = [log.flushed_at for log in self._logs.values() if log.dirty]
