@@ -133,8 +133,9 @@ def checked_output(output: Any, limit: int = MAX_OUTPUT_BYTES) -> bytes:
     """
     data = dumps(output)
     if len(data) > limit:
+        where = "fit in one runner frame" if limit == MAX_OUTPUT_BYTES else "go by reference"
         raise OutputTooLarge(
-            f"the node output is {len(data)} bytes of JSON; at most {limit} fit in one runner frame"
+            f"the node output is {len(data)} bytes of JSON; at most {limit} {where}"
         )
     return data
 
@@ -690,7 +691,9 @@ class _ShellClock:
     """The deadlines of one command: its timeout (SIGTERM to the group, SIGKILL after
     `SHELL_GRACE_S`) and, once it exited, how long its pipes are still read."""
 
-    def __init__(self, child: subprocess.Popen[bytes], timeout_s: float | None, *, polled: bool):
+    def __init__(
+        self, child: subprocess.Popen[bytes], timeout_s: float | None, *, polled: bool
+    ) -> None:
         self._child = child
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._kill_at: float | None = None
@@ -742,26 +745,44 @@ def fit_shell_output(result: dict[str, Any], budget: int = SHELL_OUTPUT_BUDGET) 
     A command that finished has a known result; output that escapes to more JSON than
     a reference holds (NUL bytes become six characters each) is cut, never the result
     itself, so the effect settles instead of failing or becoming ambiguous. The bytes
-    cut are added to the stream's `…TruncatedBytes`.
+    cut are added to the stream's `…TruncatedBytes`. The JSON is measured in bounded
+    pieces, never built whole here.
     """
-    size = len(dumps(result))
+    size = _result_json_len(result)
     while size > budget:
-        field_name = "stdout" if len(result["stdout"]) >= len(result["stderr"]) else "stderr"
-        text = result[field_name]
+        lengths = {name: _json_len(result[name]) for name in ("stdout", "stderr")}
+        name = "stdout" if lengths["stdout"] >= lengths["stderr"] else "stderr"
+        text = result[name]
         # Cut as many characters as the excess is worth at this text's JSON bytes per
         # character (escapes make it up to six), plus one: a round or two.
-        per_char = len(dumps(text)) / max(1, len(text))
+        per_char = lengths[name] / max(1, len(text))
         keep = max(0, len(text) - int((size - budget) / per_char) - 1)
         cut = len(text[keep:].encode("utf-8", "replace"))
-        dropped_key = f"{field_name}TruncatedBytes"
+        dropped = f"{name}TruncatedBytes"
         result = {
             **result,
-            field_name: text[:keep],
-            dropped_key: int(result.get(dropped_key, 0)) + cut,
+            name: text[:keep],
+            dropped: int(result.get(dropped, 0)) + cut,
             "truncated": True,
         }
-        size = len(dumps(result))
+        size = _result_json_len(result)
     return result
+
+
+_MEASURE_CHARS = 1024 * 1024
+
+
+def _json_len(text: str) -> int:
+    """`len(dumps(text))`, measured a megabyte of characters at a time (an escape never
+    spans two characters, so the pieces add up)."""
+    pieces = range(0, len(text), _MEASURE_CHARS)
+    return 2 + sum(len(dumps(text[i : i + _MEASURE_CHARS])) - 2 for i in pieces)
+
+
+def _result_json_len(result: dict[str, Any]) -> int:
+    """`len(dumps(result))`: its other fields, plus each stream's string."""
+    rest = len(dumps({**result, "stdout": "", "stderr": ""}))
+    return rest + _json_len(result["stdout"]) - 2 + _json_len(result["stderr"]) - 2
 
 
 _GATE_SCRIPT = 'read -r _ || exit 127; exec "$@" </dev/null'

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.engine import DEFAULT_SHELL_MAX_OUTPUT_BYTES
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from tests.conftest import write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_for
@@ -77,3 +78,46 @@ def test_nul_output_over_a_frame_completes_the_node_by_reference(
     if followed:
         after = json.loads(_stored_output(running_server.state_dir, "after"))
         assert after == {"nuls": 200_000, "truncated": False}
+
+
+OVER_THE_CAP = """
+from pi_workflows import define_workflow, shell
+
+workflow = define_workflow(
+    name="wide",
+    start_at="wide",
+    nodes={"wide": shell(lambda ctx: ["sh", "-c", ctx.input["script"]])},
+)
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "sizes"),
+    [
+        ("head -c 990000 /dev/zero | tr '\\0' x", (990_000, 0)),
+        (
+            "head -c 600000 /dev/zero | tr '\\0' x; head -c 600000 /dev/zero | tr '\\0' y >&2",
+            (600_000, 600_000),
+        ),
+        ("yes | head -c 600000; yes | head -c 600000 >&2", (600_000, 600_000)),  # escapes
+    ],
+    ids=["990k-stdout", "600k-each", "600k-each-of-lines"],
+)
+def test_output_over_the_default_caps_is_cut_to_them_and_completes(
+    running_server: WorkflowServer, short_tmp: Path, script: str, sizes: tuple[int, int]
+) -> None:
+    """Issue 11 item 3: these failed the node with `outputTooLarge`; now each stream
+    keeps the default cap, and the node completes (inline, or by reference for the
+    lines, whose newlines escape to two bytes each)."""
+    project = short_tmp / "project"
+    write_workflow(project, "wide", OVER_THE_CAP)
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "wide", {"script": script})
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    assert view["display"]["status"] == "completed", view
+    result = json.loads(_stored_output(running_server.state_dir, "wide"))
+    for name, size in zip(("stdout", "stderr"), sizes, strict=True):
+        kept = min(size, DEFAULT_SHELL_MAX_OUTPUT_BYTES)
+        assert len(result[name]) == kept
+        assert result[f"{name}TruncatedBytes"] == size - kept
+    assert result["truncated"] is True and result["exitCode"] == 0
