@@ -234,19 +234,32 @@ def test_cancel_stops_a_live_runner_and_its_group(
 # The first execution hands the runner's end of its channel to a detached process (in a
 # session of its own, so no group kill reaches it), then the runner dies.
 LEAKED_CHANNEL = """
-import os, subprocess
+import os, stat, subprocess
 from pathlib import Path
 from pi_workflows import compute, define_workflow
 
 COUNTER = Path({counter!r})
 HOLDER = Path({holder!r})
 
+def sockets():
+    # The runner took its channel's descriptor number out of the environment; its one
+    # socket is that channel.
+    fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    return tuple(fd for fd in fds if _is_socket(fd))
+
+def _is_socket(fd):
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
 def leak(ctx):
     count = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
     COUNTER.write_text(str(count))
     if count == 1:
-        fd = int(os.environ["PI_WORKFLOWS_RUNNER_FD"])
-        holder = subprocess.Popen(["sleep", "300"], pass_fds=(fd,), start_new_session=True)
+        fds = sockets()
+        assert fds, "the runner's channel"
+        holder = subprocess.Popen(["sleep", "300"], pass_fds=fds, start_new_session=True)
         HOLDER.write_text(str(holder.pid))
         os._exit(1)
     return {{"runs": count}}
