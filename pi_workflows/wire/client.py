@@ -107,6 +107,8 @@ class WorkflowClient:
             return
         try:
             self._open()
+        except _RefusedError:
+            raise  # a server answered: starting one would not help
         except (OSError, HostUnavailableError):
             if not self.autostart:
                 raise HostUnavailableError(
@@ -168,6 +170,8 @@ class WorkflowClient:
                 return self._round_trip(request)
             except (OSError, FrameError, _ConnectionLostError) as exc:
                 self.close()
+                if attempt == 2 and isinstance(exc, _ConnectionRefusedError):
+                    raise HostUnavailableError(str(exc)) from None
                 if attempt == 2:
                     raise HostUnavailableError(
                         f"lost the connection to the workflow server ({type(exc).__name__}); "
@@ -214,6 +218,8 @@ class WorkflowClient:
             checked = client_message_from_wire(message)
             if checked["type"] == "response" and checked["requestId"] == request_id:
                 return checked
+            if _is_refusal(checked, self.connection_id):
+                raise _ConnectionRefusedError(_refusal_text(checked))
             # events and stale responses of an abandoned attempt are not ours to settle
 
     def _open(self) -> None:
@@ -233,6 +239,10 @@ class WorkflowClient:
             sock.close()
             raise HostUnavailableError("the server closed the connection before its hello")
         self._check_hello(sock, hello)
+        refusal = reader.peek_buffered()  # a refused connection gets hello + refusal at once
+        if refusal is not None and _is_refusal(refusal, self.connection_id):
+            sock.close()
+            raise _RefusedError(_refusal_text(refusal))
         self._sock = sock
         self._reader = reader
 
@@ -260,6 +270,30 @@ class WorkflowClient:
 
 class _ConnectionLostError(Exception):
     """The server closed the connection before answering."""
+
+
+class _ConnectionRefusedError(_ConnectionLostError):
+    """The server said why it closes this connection (an `unavailable` event)."""
+
+
+class _RefusedError(HostUnavailableError):
+    """The server refused the connection right after its hello (at its connection cap)."""
+
+
+def _is_refusal(message: Mapping[str, Any], connection_id: str | None) -> bool:
+    """The connection-level `unavailable` event: its subscription ID is the connection's."""
+    return (
+        message.get("type") == "event"
+        and message.get("kind") == "unavailable"
+        and message.get("subscriptionId") == connection_id
+    )
+
+
+def _refusal_text(message: Mapping[str, Any]) -> str:
+    payload = message.get("payload")
+    text = payload.get("message") if isinstance(payload, dict) else None
+    code = payload.get("code") if isinstance(payload, dict) else None
+    return f"the workflow server refused the connection ({code}): {str(text)[:300]}"
 
 
 def start_server(state_dir: Path, timeout: float = SERVER_START_TIMEOUT_S) -> None:
