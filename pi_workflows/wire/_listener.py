@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,7 +51,9 @@ __all__ = [
     "ConnectionHandler",
     "ConnectionLimits",
     "ConnectionLimitsError",
+    "offer_event_frames",
     "raise_descriptor_limit",
+    "unavailable_event",
 ]
 
 log = logging.getLogger(__name__)
@@ -758,6 +760,23 @@ class ClientListener:
             except Exception:
                 log.exception("request handler failed", extra={"action": "listener.error"})
                 return
+
+
+def offer_event_frames(offers: Sequence[tuple[Connection, str, bytes]]) -> None:
+    """Offer many subscriptions' framed events in one hand-over to the loop (any thread).
+
+    Each replaces that subscription's unwritten event, as `Connection.offer_event` does.
+    """
+    if not offers:
+        return
+    loop = offers[0][0]._loop
+
+    def queue_all() -> None:
+        for connection, subscription_id, frame in offers:
+            connection._queue_event(subscription_id, frame)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+        loop.call_soon_threadsafe(queue_all)
 
 
 def unavailable_event(connection_id: str, refusal: tuple[str, str]) -> dict[str, Any]:
