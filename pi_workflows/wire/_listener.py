@@ -558,21 +558,26 @@ class ClientListener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in _OUT_OF_DESCRIPTORS and self._refuse_with_reserve(sock):
-                    continue
-                self.rejections.note(
-                    "descriptorLimit" if exc.errno in _OUT_OF_DESCRIPTORS else "acceptError"
-                )
-                self._pause_accepting()
-                return
+                if exc.errno not in _OUT_OF_DESCRIPTORS:
+                    self.rejections.note("acceptError")
+                    self._pause_accepting()
+                    return
+                refused = self._refuse_with_reserve(sock)
+                if refused is None:
+                    return  # nothing was waiting after all
+                if not refused:
+                    self.rejections.note("descriptorLimit")
+                    self._pause_accepting()  # not even the reserve: wait, do not spin
+                    return
+                continue
             self._admit(client)
 
-    def _refuse_with_reserve(self, sock: socket.socket) -> bool:
+    def _refuse_with_reserve(self, sock: socket.socket) -> bool | None:
         """At the descriptor limit: free the reserve, accept one, refuse it, take it back.
 
         Returns:
-            False when there is no reserve to free (another thread took the descriptor),
-            or nothing was waiting after all.
+            True when one connection was refused; None when none was waiting; False
+            when there was no reserve to free (something else took the descriptor).
         """
         if self._reserve is None:
             self._reserve = _open_reserve()
@@ -581,13 +586,13 @@ class ClientListener:
         os.close(self._reserve)
         self._reserve = None
         try:
-            client, _ = sock.accept()
+            client: socket.socket | None = sock.accept()[0]
         except OSError:
-            return False
-        finally:
-            self._reserve = _open_reserve()
-        self._refuse_socket(client, "descriptorLimit")
-        return True
+            client = None
+        if client is not None:
+            self._refuse_socket(client, "descriptorLimit")  # closes it: the slot is free
+        self._reserve = _open_reserve()
+        return None if client is None else True
 
     def _pause_accepting(self) -> None:
         sock = self._sock
