@@ -73,6 +73,8 @@ DEFAULT_FIRST_FRAME_S = 10.0
 FIRST_FRAME_ENV = "PI_WORKFLOWS_FIRST_FRAME_SECONDS"
 REJECTION_SUMMARY_S = 10.0
 """At most one `connection.rejected` summary line per this many seconds."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before a client's connect fails with EAGAIN."""
 ACCEPT_BATCH = 64
 """Connections accepted per readiness event, so a flood cannot starve the loop."""
 ACCEPT_PAUSE_S = 0.1
@@ -844,6 +846,6 @@ def bind_private_socket(path: Path) -> socket.socket:
     finally:
         os.umask(old_umask)
     path.chmod(0o600)
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock

@@ -11,6 +11,7 @@ import itertools
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ __all__ = [
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 SERVER_START_TIMEOUT_S = 15.0
+CONNECT_RETRY_S = 0.005
+"""First pause before connecting again when the server's accept queue is full."""
 
 
 class HostUnavailableError(PiWorkflowsError):
@@ -226,7 +229,7 @@ class WorkflowClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.socket_path))
+            _connect(sock, str(self.socket_path), self.timeout)
             reader = SocketFrameReader(sock)
             hello = reader.read_message()
         except OSError:
@@ -266,6 +269,25 @@ class WorkflowClient:
                 "install matching packages"
             )
         self.connection_id = checked["connectionId"]
+
+
+def _connect(sock: socket.socket, path: str, timeout: float) -> None:
+    """Connect, waiting while the server's accept queue is full.
+
+    A Unix socket with a timeout fails at once with EAGAIN when the listener's backlog
+    is full (a burst of connections); that is a busy server, not a missing one.
+    """
+    deadline = time.monotonic() + timeout
+    pause = CONNECT_RETRY_S
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)  # the client's own thread; nothing else waits on it
+            pause = min(pause * 2, 0.1)
 
 
 class _ConnectionLostError(Exception):
