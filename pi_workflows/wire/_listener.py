@@ -128,8 +128,8 @@ class ConnectionLimits:
         """
         env = os.environ if environ is None else environ
         return cls(
-            max_connections=int(_positive(env, MAX_CONNECTIONS_ENV, DEFAULT_MAX_CONNECTIONS)),
-            first_frame_s=_positive(env, FIRST_FRAME_ENV, DEFAULT_FIRST_FRAME_S),
+            max_connections=int(_positive(env, MAX_CONNECTIONS_ENV, DEFAULT_MAX_CONNECTIONS, int)),
+            first_frame_s=_positive(env, FIRST_FRAME_ENV, DEFAULT_FIRST_FRAME_S, float),
         )
 
     def cap(self, descriptor_limit: int) -> int:
@@ -137,12 +137,14 @@ class ConnectionLimits:
         return max(1, min(self.max_connections, descriptor_limit // 2))
 
 
-def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+def _positive(
+    env: Mapping[str, str], name: str, default: float, parse: Callable[[str], float]
+) -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
-        value = float(raw) if name == FIRST_FRAME_ENV else int(raw)
+        value = parse(raw)
     except ValueError:
         value = 0
     if not value > 0:
