@@ -286,9 +286,23 @@ class Router:
             )
             return
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
-        pending.respond(response(request, "accepted", receipt={"subscriptionId": subscription_id}))
+
+        def answer(installed: Reply) -> None:
+            if installed.value:
+                receipt = {"subscriptionId": subscription_id}
+                pending.respond(response(request, "accepted", receipt=receipt))
+            else:
+                pending.respond(
+                    rejected(
+                        request,
+                        "rejected",
+                        "tooManySubscriptions",
+                        "this connection holds the most subscriptions allowed; unsubscribe one",
+                    )
+                )
+
         self._ports.subscriptions.tell(
-            Subscribe(pending.connection, subscription_id, "runList", build_run_list)
+            Subscribe(pending.connection, subscription_id, "runList", build_run_list, answer)
         )
 
     def _unsubscribe(self, pending: Pending) -> None:
