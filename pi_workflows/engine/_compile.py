@@ -13,7 +13,6 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from pi_workflows.engine._context import EffectHost, EngineContext, NodeContext
 from pi_workflows.engine._definition import (
@@ -32,6 +31,7 @@ from pi_workflows.engine._errors import InputInvalidError, WorkflowDefinitionErr
 from pi_workflows.engine._keys import compiled_node_path
 from pi_workflows.engine._limits import Limits
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, sha256_digest
+from pi_workflows.wire.schema_errors import first_violation
 
 __all__ = [
     "DEFINITION_SNAPSHOT_SCHEMA",
@@ -453,10 +453,9 @@ def validate_input(definition: WorkflowDefinition, value: Any) -> Any:
     """
     schema = definition.input_schema
     if schema is not None:
-        error = best_match(Draft202012Validator(schema).iter_errors(value))
-        if error is not None:
-            where = "input" + "".join(f"[{part!r}]" for part in error.absolute_path)
-            raise InputInvalidError(f"{where}: {error.message}")
+        violation = first_violation(Draft202012Validator(schema).iter_errors(value))
+        if violation is not None:
+            raise InputInvalidError.from_violation(violation)
     if definition.input_fn is not None:
         try:
             normalised = definition.input_fn(value)
@@ -472,8 +471,14 @@ def validate_input(definition: WorkflowDefinition, value: Any) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text if text else type(exc).__name__
+    """The refusal of an `input` callable, safe to store: only its own `InputInvalidError`
+    carries a message (the author's, written for the client); any other exception's text
+    may quote the input (`int('…')`), so only its type is named."""
+    if isinstance(exc, InputInvalidError):
+        text = str(exc).strip()
+        if text:
+            return text
+    return f"the workflow's input check refused it ({type(exc).__name__})"
 
 
 def include_entry_output(

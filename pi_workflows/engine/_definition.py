@@ -22,6 +22,7 @@ from jsonschema.exceptions import SchemaError
 from pi_workflows.engine._errors import WorkflowDefinitionError
 from pi_workflows.engine._limits import Limits, parse_limits
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, format_number, loads
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -61,8 +62,15 @@ DEFAULT_NODE_TIMEOUT = 900.0
 DEFAULT_SHELL_TIMEOUT = 600.0
 """Seconds a shell command may run before SIGTERM, then SIGKILL, to its group."""
 
-DEFAULT_SHELL_MAX_OUTPUT_BYTES = 1_000_000
-"""Bytes kept from each of stdout and stderr of a shell node; the rest is dropped."""
+SHELL_INLINE_BYTES = MAX_FRAME_BYTES - 64 * 1024
+"""The JSON a shell result may have to travel inline in one runner frame (a larger one
+goes by reference): the node-output budget, `MAX_OUTPUT_BYTES` of the runner."""
+
+DEFAULT_SHELL_MAX_OUTPUT_BYTES = (SHELL_INLINE_BYTES - 1024) // 2
+"""Bytes kept from each of stdout and stderr of a shell node; the rest is counted and
+dropped. Derived from the frame budget: both streams full of text that needs no JSON
+escape, plus the result's other fields (under 1 KiB), still fit one frame. Output that
+escapes to more (control bytes, NUL) goes by reference instead; it is never cut more."""
 
 SHELL_EFFECT_TYPE = "shell"
 """The effect type under which runners run a shell node's command as a managed effect."""

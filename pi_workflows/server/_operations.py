@@ -27,6 +27,7 @@ from pi_workflows.storage import (
     InvalidTransitionError,
     LookupOutcome,
     NewRun,
+    ReceiptLookup,
     ReceiptOutcome,
     RevisionConflictError,
     RunNotFoundError,
@@ -72,6 +73,7 @@ __all__ = [
     "display_status",
     "handle_operation",
     "internal_error",
+    "prior_answer",
     "rejected",
     "start_request_fields",
     "start_run",
@@ -317,22 +319,42 @@ def _command(request: RequestMessage) -> CommandRequest:
     )
 
 
+def _stored_answer(request: RequestMessage, found: ReceiptLookup) -> dict[str, Any] | None:
+    """The answer a stored receipt gives this request (adopted or conflict), or None."""
+    if found.outcome is LookupOutcome.ADOPTED:
+        assert found.receipt is not None
+        return _adopted(request, found.receipt)
+    if found.outcome is LookupOutcome.CONFLICT:
+        return rejected(
+            request,
+            "conflict",
+            "idempotencyConflict",
+            "this request ID or idempotency key was already used with another payload",
+        )
+    return None
+
+
+def prior_answer(db: Database, request: RequestMessage) -> dict[str, Any] | None:
+    """The answer of a command already handled under this request's durable identity.
+
+    For `run.start` before the resolver: the fingerprint covers the request payload as
+    sent (name, input, project path), never what resolving it gives, so it is known
+    before any workflow code runs. A retry adopts, another payload under the same key
+    or request ID conflicts, and None means "not handled yet": resolve, then commit,
+    whose own lookup in the write transaction settles a race between two first attempts.
+    Read-only; it runs on the reader actor.
+    """
+    return _stored_answer(request, lookup_receipt(db, _command(request)))
+
+
 def _run_command(
     db: Database, request: RequestMessage, change: Callable[[Tx, CommandRequest], Any]
 ) -> dict[str, Any]:
     command = _command(request)
     with db.write() as tx:
-        found = lookup_receipt(tx, command)
-        if found.outcome is LookupOutcome.ADOPTED:
-            assert found.receipt is not None
-            return _adopted(request, found.receipt)
-        if found.outcome is LookupOutcome.CONFLICT:
-            return rejected(
-                request,
-                "conflict",
-                "idempotencyConflict",
-                "this request ID or idempotency key was already used with another payload",
-            )
+        stored = _stored_answer(request, lookup_receipt(tx, command))
+        if stored is not None:
+            return stored
         try:
             run_id, revision, body = change(tx, command)
         except OperationError as exc:

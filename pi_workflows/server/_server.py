@@ -48,7 +48,7 @@ from pi_workflows.engine._limits import Limits
 from pi_workflows.engine._limits import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._definition_cache import DefinitionCache
-from pi_workflows.server._logging import configure_server_logging
+from pi_workflows.server._logging import configure_server_logging, detach_server_logging
 from pi_workflows.server._operations import OperationContext
 from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
 from pi_workflows.server._resolver import RESOLVER_MODULE
@@ -68,7 +68,7 @@ from pi_workflows.storage import (
 )
 from pi_workflows.supervision import ProcessIdentity, ServerLock, crash_point
 from pi_workflows.supervision._zygote_client import Zygote
-from pi_workflows.wire._listener import ClientListener
+from pi_workflows.wire._listener import ClientListener, ConnectionLimits, raise_descriptor_limit
 
 __all__ = [
     "DEFAULT_IDLE_EXIT_S",
@@ -130,6 +130,8 @@ class WorkflowServer:
             sets none; default `PI_WORKFLOWS_DEFAULT_MEMORY_MB` and
             `PI_WORKFLOWS_DEFAULT_PROCESSES`, or half the memory (at most 4 GiB) and
             512. `Limits()` sets no default.
+        connection_limits: the client connection cap and first-frame deadline; default
+            from `PI_WORKFLOWS_MAX_CONNECTIONS` and `PI_WORKFLOWS_FIRST_FRAME_SECONDS`.
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -145,6 +147,7 @@ class WorkflowServer:
         clock: Clock | None = None,
         execute_runs: bool = True,
         default_limits: Limits | None = None,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
@@ -160,6 +163,9 @@ class WorkflowServer:
         self.tick_s = tick_s
         self.clock: Clock = clock or SystemClock()
         self.execute_runs = execute_runs
+        self.connection_limits = connection_limits or ConnectionLimits.from_env()
+        self.descriptor_limit = 0
+        """The soft RLIMIT_NOFILE in force, after `start` raised it to the hard limit."""
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -219,6 +225,7 @@ class WorkflowServer:
         for folder in (self.state_dir, self.host_dir, self.state_dir / "logs"):
             ensure_private_dir(folder)
         self._lock.acquire()
+        self.descriptor_limit = raise_descriptor_limit()
         try:
             self._log_handler = configure_server_logging(self.state_dir / "logs")
             self._start_zygote()
@@ -283,7 +290,12 @@ class WorkflowServer:
         database = DatabaseActor.start(db, fail)
         self._database = database
         self._listener = ClientListener(
-            self.socket_path, None, __version__, self._on_listener_crash
+            self.socket_path,
+            None,
+            __version__,
+            self._on_listener_crash,
+            limits=self.connection_limits,
+            descriptor_limit=self.descriptor_limit,
         )
         agent_dir = self.state_dir.parent
         config = RunnerHostConfig(
@@ -411,8 +423,7 @@ class WorkflowServer:
             self._zygote.close()
         self._lock.release()
         if self._log_handler is not None:
-            logging.getLogger("pi_workflows").removeHandler(self._log_handler)
-            self._log_handler.close()
+            detach_server_logging(self._log_handler)
             self._log_handler = None
 
     def _stop_launching(self) -> None:

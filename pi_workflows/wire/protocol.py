@@ -167,9 +167,12 @@ RUNNER_MESSAGE_KINDS: Final = (
     "runner.progress",
     "runner.exiting",
     "content.read",
+    "content.write",
 )
 """Kinds a runner may send to the server: the design's list, then `content.read` (a
-bounded part of a value the server sent by reference; the design names no kind for it)."""
+bounded part of a value the server sent by reference; the design names no kind for it)
+and `content.write` (a bounded part of a value too large for one frame that the runner
+sends by reference: a shell command's escaped output, for example)."""
 
 RUNNER_SERVER_KINDS: Final = ("command", "reply")
 """Kinds the server sends to a runner."""

@@ -24,7 +24,6 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.engine import runner as runner_module
 from tests.conftest import Processes, write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
@@ -163,12 +162,6 @@ def test_escapees_of_a_compute_node_are_gone_when_it_finishes(
     assert_gone(escaped)
 
 
-@pytest.mark.xfail(
-    not hasattr(runner_module, "_capture"),
-    reason="needs issue 11's output part (branch h11-output): a command's exit is its "
-    "process's exit, not the closing of pipes its escapee holds",
-    run=False,
-)
 def test_escapee_of_a_shell_node_is_gone_when_it_finishes(
     running_server: WorkflowServer, short_tmp: Path, escapees: Path
 ) -> None:

@@ -237,21 +237,34 @@ def test_cancel_stops_a_live_runner_and_its_group(
 # server's tree (the test's own child, over SCM_RIGHTS), so neither a group kill nor the
 # zygote's orphan stop reaches it; then the runner dies.
 LEAKED_CHANNEL = """
-import os, socket
+import os, socket, stat
 from pathlib import Path
 from pi_workflows import compute, define_workflow
 
 COUNTER = Path({counter!r})
 HOLDER = {holder!r}
 
+def sockets():
+    # The runner took its channel's descriptor number out of the environment; its one
+    # socket is that channel.
+    fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    return tuple(fd for fd in fds if _is_socket(fd))
+
+def _is_socket(fd):
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
 def leak(ctx):
     count = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
     COUNTER.write_text(str(count))
     if count == 1:
-        fd = int(os.environ["PI_WORKFLOWS_RUNNER_FD"])
+        fds = sockets()
+        assert fds, "the runner's channel"
         with socket.socket(socket.AF_UNIX) as holder:
             holder.connect(HOLDER)
-            socket.send_fds(holder, [b"fd"], [fd])
+            socket.send_fds(holder, [b"fd"], list(fds))
             holder.recv(1)  # it holds the end now
         os._exit(1)
     return {{"runs": count}}
@@ -266,7 +279,7 @@ with socket.socket(socket.AF_UNIX) as server:
     server.listen(1)
     print("listening", flush=True)
     peer, _ = server.accept()
-    _, fds, _, _ = socket.recv_fds(peer, 16, 1)
+    _, fds, _, _ = socket.recv_fds(peer, 16, 8)
     peer.sendall(b"k")
     time.sleep(300)
 """
