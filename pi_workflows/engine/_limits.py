@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -126,15 +126,17 @@ def default_limits(environ: Mapping[str, str] | None = None) -> Limits:
     """
     env = os.environ if environ is None else environ
     return Limits(
-        _env_limit(env, MEMORY_ENV, builtin_memory_mb(), MIN_MEMORY_MB, MAX_MEMORY_MB),
-        _env_limit(env, PROCESSES_ENV, DEFAULT_PROCESSES, 1, MAX_PROCESSES),
+        _env_limit(env, MEMORY_ENV, builtin_memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB),
+        _env_limit(env, PROCESSES_ENV, lambda: DEFAULT_PROCESSES, 1, MAX_PROCESSES),
     )
 
 
-def _env_limit(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int | None:
+def _env_limit(
+    env: Mapping[str, str], name: str, default: Callable[[], int], low: int, high: int
+) -> int | None:
     raw = env.get(name, "").strip()
     if not raw:
-        return default
+        return default()  # only then: the machine's memory is read for the built-in one
     try:
         value = int(raw)
     except ValueError:
@@ -221,8 +223,9 @@ class NodeGuard:
             self._ceiling = max(value for value in memory if value is not None)
         self._cap: DescendantCap | None = None
         if any(limits.processes is not None for limits in effective):
-            self._cap = DescendantCap()
-            self._cap.start()  # before the memory limit: the thread's stack is mapped now
+            # Before the memory limit: the thread's stack is mapped now. A zygote spare
+            # has started it already, while idle (`engine._warm.rehearse`).
+            self._cap = DescendantCap.shared()
         _set_data_limit(self._ceiling, hard=True)
 
     @staticmethod

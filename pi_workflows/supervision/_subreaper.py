@@ -372,6 +372,18 @@ class DescendantCap:
         self._breached: int | None = None
         self._thread: threading.Thread | None = None
 
+    _shared: DescendantCap | None = None
+
+    @classmethod
+    def shared(cls) -> DescendantCap:
+        """This process's one cap, started on first use (never in a process that forks
+        children it means to keep single-threaded, such as the zygote)."""
+        if cls._shared is None:
+            cap = cls()
+            cap.start()
+            cls._shared = cap
+        return cls._shared
+
     def start(self) -> None:
         """Start the thread (once; before any low memory limit, as it needs a stack)."""
         if self._thread is None:
