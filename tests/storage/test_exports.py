@@ -66,7 +66,7 @@ PINNED = {
     # startup recovery
     "RecordedProcess", "RecoveredRun", "close_stale_runner_epoch", "forget_recorded_process",
     "forget_recorded_processes", "record_process", "recorded_processes", "recover_stale_run",
-    "stale_runner_epochs", "stale_running_runs", "take_over_claim",
+    "stale_runner_epochs", "stale_running_runs", "take_over_claim", "server_deaths_in_flight",
 }  # fmt: skip
 
 
