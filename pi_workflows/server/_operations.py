@@ -39,6 +39,7 @@ from pi_workflows.storage import (
     get_queue_row,
     get_run,
     get_run_summary,
+    get_server_lease,
     list_ambiguous_effects,
     list_attempts,
     list_runs,
@@ -147,9 +148,10 @@ def _server_status(
     counts = status_counts(db, db.clock.now_ms())
     queue = counts.queue_by_state
     runs = counts.runs_by_status
+    lease = get_server_lease(db)  # the epoch is the stored one: a stall takes the next
     receipt = {
         "state": "running",
-        "epoch": ctx.epoch,
+        "epoch": lease.epoch if lease is not None else ctx.epoch,
         "socket": "available",
         "activeRunners": counts.active_runners,
         "runs": {

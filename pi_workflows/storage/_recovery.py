@@ -31,6 +31,7 @@ __all__ = [
     "forget_recorded_processes",
     "record_process",
     "recorded_processes",
+    "recover_expired_runs",
     "recover_stale_run",
     "server_deaths_in_flight",
     "stale_runner_epochs",
@@ -57,6 +58,23 @@ FROM runner_epochs WHERE status IN ('starting', 'ready') ORDER BY started_at, ru
 """
 _SELECT_STALE_RUNS = """
 SELECT run_id FROM run_queue WHERE state IN ('starting', 'running') ORDER BY updated_at, run_id
+"""
+# Claimed runs whose claim lapsed and that no live runner of this server holds: a live
+# server's own recovery (its claims expired during a stall, its runner exited on
+# `claimLost`), or a run that another server (dead, or fenced after a stall) claimed.
+_SELECT_EXPIRED_RUNS = """
+SELECT q.run_id FROM run_queue q LEFT JOIN leases l ON l.resource = q.run_id
+WHERE q.state IN ('starting', 'running')
+  AND (l.resource IS NULL OR l.expires_at <= :now)
+  AND (l.owner_id IS NOT :owner_id OR NOT EXISTS (
+      SELECT 1 FROM runner_epochs e WHERE e.run_id = q.run_id AND e.status IN ('starting', 'ready')
+  ))
+ORDER BY q.updated_at, q.run_id
+"""
+_SELECT_RUN_LIVE_EPOCHS = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM runner_epochs WHERE run_id = :run_id AND status IN ('starting', 'ready')
 """
 # Orphaned runner epochs (the server died while they were live) since the generation of
 # the run's last finished node attempt, that generation's runner included: the server
@@ -230,6 +248,31 @@ def recover_stale_run(
             return RecoveredRun(run_id, "crashLoop", result.revision)
     result = requeue_run(tx, run_id, reason="serverRecovered", claim=claim)
     return RecoveredRun(run_id, "requeued", result.revision)
+
+
+def recover_expired_runs(tx: Tx, *, owner_id: str, ttl_ms: int) -> list[RecoveredRun]:
+    """A live server's recovery of claimed runs whose claim expired with no runner of its
+    own left to write (a stall outlived the claims, and the runner exited on `claimLost`;
+    or another server claimed the run and is gone): the same as startup recovery does
+    for them. A live runner epoch of another server is closed as `orphaned` first.
+
+    Only expired (or missing) claims are taken over, so a live claim is never touched;
+    cheap when there is nothing to do (the claim renewer calls it every round).
+    """
+    recovered: list[RecoveredRun] = []
+    for row in tx.fetch_all(_SELECT_EXPIRED_RUNS, {"now": tx.now, "owner_id": owner_id}, _RunId):
+        for runner in tx.fetch_all(_SELECT_RUN_LIVE_EPOCHS, {"run_id": row.run_id}, RunnerEpochRow):
+            close_stale_runner_epoch(tx, runner)
+        result = recover_stale_run(
+            tx, row.run_id, owner_id=owner_id, owner_is_gone=_never, ttl_ms=ttl_ms
+        )
+        if result.action != "untouched":
+            recovered.append(result)
+    return recovered
+
+
+def _never(owner_type: str, owner_id: str) -> bool:
+    return False
 
 
 def close_stale_runner_epoch(tx: Tx, runner: RunnerEpochRow) -> None:

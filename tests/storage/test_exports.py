@@ -67,6 +67,7 @@ PINNED = {
     "RecordedProcess", "RecoveredRun", "close_stale_runner_epoch", "forget_recorded_process",
     "forget_recorded_processes", "record_process", "recorded_processes", "recover_stale_run",
     "stale_runner_epochs", "stale_running_runs", "take_over_claim", "server_deaths_in_flight",
+    "recover_expired_runs", "retake_server_epoch", "holds_server_lease",
 }  # fmt: skip
 
 

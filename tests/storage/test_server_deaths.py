@@ -101,4 +101,3 @@ def test_a_finished_node_between_deaths_starts_the_count_again(
     assert server_deaths_in_flight(db, "run-1") == 1
     _live_runner(db, "run-1", clock)
     assert _server_dies_and_restarts(db, "run-1") == "requeued"
-
