@@ -227,7 +227,7 @@ class ClaimRenewerActor(ServerActor):
             tell_if_alive(me, RenewalDone(reply, began_ms, retake))
 
         self._in_flight = True
-        self._database.tell(Transact(work, done, "claims.renew"))
+        self._database.tell(Transact(work, done, "claims.renew", hold_when_full=True))
 
 
 def _renew_run_claims(tx: Tx, claim: ServerClaim) -> int:

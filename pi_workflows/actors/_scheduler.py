@@ -133,7 +133,12 @@ class SchedulerActor(ServerActor):
         )
         self._planning = True
         self._database.tell(
-            Transact(work, lambda reply: tell_if_alive(me, AdmissionPlan(reply)), "plan")
+            Transact(
+                work,
+                lambda reply: tell_if_alive(me, AdmissionPlan(reply)),
+                "plan",
+                hold_when_full=True,  # a full disk delays admission; it is not an error
+            )
         )
 
 

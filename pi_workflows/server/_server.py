@@ -341,6 +341,7 @@ class WorkflowServer:
         self._ticker = Ticker(self.tick_s)
         for ref in (renewer, self._scheduler, self._subscriptions, supervisor, runner_host):
             self._ticker.register(ref)
+        self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
         context = OperationContext(epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir)
         self._listener.route_to(

@@ -89,10 +89,12 @@ from pi_workflows.storage._effects import (
     settle_effect,
 )
 from pi_workflows.storage._errors import (
+    DISK_FULL_MESSAGE,
     ClaimHeldError,
     ClaimLostError,
     ClaimLostReason,
     ContentUnavailableError,
+    DiskFullError,
     EffectConflictError,
     EffectRecoveryError,
     InvalidTransitionError,
@@ -102,6 +104,7 @@ from pi_workflows.storage._errors import (
     RunNotFoundError,
     SchemaMismatchError,
     StorageError,
+    is_disk_full,
 )
 from pi_workflows.storage._execution import (
     AttemptStarted,
@@ -226,6 +229,7 @@ __all__ = [
     "DDL_DIGEST",
     "DEFAULT_BUSY_TIMEOUT_MS",
     "DEFAULT_CLAIM_TTL_MS",
+    "DISK_FULL_MESSAGE",
     "MAX_EVENT_PAYLOAD_BYTES",
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
@@ -243,6 +247,7 @@ __all__ = [
     "ContentRef",
     "ContentUnavailableError",
     "Database",
+    "DiskFullError",
     "EffectConflictError",
     "EffectDecision",
     "EffectRecord",
@@ -342,6 +347,7 @@ __all__ = [
     "get_server_lease",
     "hash_token",
     "holds_server_lease",
+    "is_disk_full",
     "is_transition_allowed",
     "iter_blob_parts",
     "iter_view_content_parts",

@@ -17,7 +17,8 @@ PINNED = {
     # errors
     "StorageError", "SchemaMismatchError", "ClaimLostError", "ClaimLostReason",
     "ClaimHeldError", "RunNotFoundError", "InvalidTransitionError", "RevisionConflictError",
-    "ReceiptConflictError", "ContentUnavailableError",
+    "ReceiptConflictError", "ContentUnavailableError", "DiskFullError", "DISK_FULL_MESSAGE",
+    "is_disk_full",
     # claims and the server epoch
     "Claim", "OwnerType", "WriteResult", "RenewedClaim", "DEFAULT_CLAIM_TTL_MS",
     "MAX_EVENT_PAYLOAD_BYTES", "acquire_claim", "check_claim", "protected_write",
