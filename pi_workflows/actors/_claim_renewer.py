@@ -136,14 +136,9 @@ class ClaimRenewerActor(ServerActor):
     def _on_tick(self, sequence: int) -> None:
         if self._in_flight or self._lost:
             return
-        lapsed_ms = self._clock.monotonic_ms() - self._renewed_ms
-        if lapsed_ms >= self._server_claim.ttl_ms:
+        if self._lapsed():
             # Nothing renewed for a whole lease: this process did not run (SIGSTOP, a
             # suspended machine) or could not write. The lease has expired.
-            log.warning(
-                f"the server lease lapsed: no renewal for {lapsed_ms / 1000:.1f} s",
-                extra={"action": "server.stalled", "epoch": self._server_claim.epoch},
-            )
             self._retake()
         elif sequence % self._every == 0:
             self._start_round(self._renew_work(self._server_claim), retake=False)
@@ -156,11 +151,12 @@ class ClaimRenewerActor(ServerActor):
             self._renewed(done)
         elif isinstance(error, ClaimLostError):
             if error.reason is ClaimLostReason.EXPIRED and not done.retake:
-                # Expired by the wall clock, not by ours: the clock stepped forward.
-                log.warning(
-                    "the server lease expired by the wall clock; taking the next epoch",
-                    extra={"action": "server.clock_jumped", "epoch": self._server_claim.epoch},
-                )
+                if not self._lapsed():
+                    # Expired by the wall clock, not by ours: the clock stepped forward.
+                    log.warning(
+                        "the server lease expired by the wall clock; taking the next epoch",
+                        extra={"action": "server.clock_jumped", "epoch": self._server_claim.epoch},
+                    )
                 self._retake()
             else:
                 self._lose(f"server lease lost ({error.reason})", str(error.reason))
@@ -169,6 +165,18 @@ class ClaimRenewerActor(ServerActor):
                 "claim renewal failed",
                 extra={"action": "claims.renew_failed", "reason": type(error).__name__},
             )
+
+    def _lapsed(self) -> bool:
+        """Whether a whole lease passed, by the monotonic clock, since the last renewal
+        began (logged: the server stalled, or its renewal waited that long)."""
+        lapsed_ms = self._clock.monotonic_ms() - self._renewed_ms
+        if lapsed_ms < self._server_claim.ttl_ms:
+            return False
+        log.warning(
+            f"the server lease lapsed: no renewal for {lapsed_ms / 1000:.1f} s",
+            extra={"action": "server.stalled", "epoch": self._server_claim.epoch},
+        )
+        return True
 
     def _renewed(self, done: RenewalDone) -> None:
         result: RoundResult = done.reply.value

@@ -125,8 +125,11 @@ class DatabaseActor(ServerActor):
                 if self._run_batch(pending, take_more=True) and self._held:
                     self._retry_held()  # something committed: space may be back
             case Tick(sequence=sequence):
-                if self._held and sequence % RETRY_FULL_EVERY_TICKS == 0:
-                    self._retry_held()
+                if self._full is not None and sequence % RETRY_FULL_EVERY_TICKS == 0:
+                    # The WAL may be what fills a small disk: empty it, then try again.
+                    self._db.reclaim_wal()
+                    if self._held:
+                        self._retry_held()
             case WatchCommits(watcher=watcher):
                 self._watchers.append(watcher)
             case _:

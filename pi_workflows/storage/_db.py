@@ -51,6 +51,8 @@ the transaction is durable: crash points "after commit, before reply" hook in he
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 """How long a statement waits for another connection's lock (a backup, `state verify`)."""
 
+_WAL_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+
 # Parameters that must never reach a tracer or a log line (workflow-server.md § Claim rules).
 _SENSITIVE_PARAMS = frozenset({"token_hash"})
 _REDACTED = "<redacted>"
@@ -485,6 +487,22 @@ class Database(_ReadMixin):
             self._after_write.append(action)
         else:
             action()
+
+    def reclaim_wal(self) -> bool:
+        """Copy the WAL into the database and truncate it (`wal_checkpoint(TRUNCATE)`).
+
+        For a full disk: SQLite checkpoints on its own only past 1,000 WAL pages, so on a
+        small disk the WAL can be what fills it, with the same pages many times over.
+        Returns True if the WAL was emptied; False if a reader or the disk prevented it
+        (nothing is lost either way). Never inside a transaction.
+        """
+        if self._conn.in_transaction:
+            return False
+        try:
+            busy = self._conn.execute(_WAL_CHECKPOINT_TRUNCATE).fetchone()[0]
+        except sqlite3.Error:
+            return False
+        return int(busy) == 0
 
     def close(self) -> None:
         """Close the connection (a WAL checkpoint may run; see SQLite's close rules)."""
