@@ -466,6 +466,7 @@ SETTLED_PARK_REASONS = (
     "effectAmbiguous",
     "workerCrashed",
     "contentUnavailable",
+    "serverCrashLoop",
 )
 TERMINAL_STATUSES = ("completed", "failed", "timed_out", "cancelled")
 

@@ -13,6 +13,7 @@ at a limited rate instead of to stderr; and a detached server's stdout and stder
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -22,6 +23,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from pi_workflows.storage import is_disk_full
 
 __all__ = [
     "FOREIGN_LOGGERS",
@@ -83,13 +86,61 @@ class JsonLineFormatter(logging.Formatter):
 
 
 class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
-    """A rotating handler whose every file, rotated ones included, is born 0600."""
+    """A rotating handler whose every file, rotated ones included, is born 0600.
+
+    A line that a full disk refuses is dropped quietly (no traceback on stderr) and
+    counted; the next line that fits is preceded by one `log.dropped` line with the count.
+    """
+
+    _dropped = 0
+    _refused = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the line (and first, once there is space again, the count of dropped ones)."""
+        if self._dropped:
+            self._refused = False
+            super().emit(_dropped_record(self._dropped))
+            if self._refused:
+                self._dropped += 1
+                return
+            self._dropped = 0
+        self._refused = False
+        super().emit(record)
+        if self._refused:
+            self._dropped += 1
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        """A full disk drops the line; any other failure is reported as logging does."""
+        if is_disk_full(sys.exc_info()[1]):
+            self._refused = True
+            # Drop what the stream still buffers, so the line is not half-written later;
+            # the next line reopens the file.
+            stream, self.stream = self.stream, None
+            with contextlib.suppress(OSError, ValueError):
+                if stream is not None:
+                    stream.close()
+            return
+        super().handleError(record)
 
     def _open(self) -> io.TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         return io.TextIOWrapper(
             io.FileIO(fd, "a"), encoding=self.encoding or "utf-8", errors=self.errors
         )
+
+
+def _dropped_record(count: int) -> logging.LogRecord:
+    record = logging.makeLogRecord(
+        {
+            "name": __name__,
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+            "msg": f"{count} log lines were dropped: the disk was full",
+        }
+    )
+    record.action = "log.dropped"
+    record.reason = "diskFull"
+    return record
 
 
 class RateLimitFilter(logging.Filter):

@@ -9,6 +9,7 @@ then is answered. Reads create no receipts. Errors become bounded safe errors.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
+    DISK_FULL_MESSAGE,
     AnswerInvalidError,
     Claim,
     ClaimHeldError,
@@ -39,6 +41,8 @@ from pi_workflows.storage import (
     get_queue_row,
     get_run,
     get_run_summary,
+    get_server_lease,
+    is_disk_full,
     list_ambiguous_effects,
     list_attempts,
     list_runs,
@@ -55,7 +59,14 @@ from pi_workflows.storage import (
     verify,
 )
 from pi_workflows.supervision import crash_point
-from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
+from pi_workflows.wire.protocol import (
+    CLIENT_SCHEMA,
+    DISK_FULL_CODE,
+    RUN_LIST_PAGE_SCHEMA,
+    RequestMessage,
+)
+
+log = logging.getLogger(__name__)
 
 CONTROL_CLAIM_TTL_MS = 30_000
 """Lifetime of the control claim a cancel of an expired running row takes (released at once)."""
@@ -71,6 +82,7 @@ __all__ = [
     "StartRequest",
     "build_run_list",
     "display_status",
+    "failure_response",
     "handle_operation",
     "internal_error",
     "prior_answer",
@@ -106,6 +118,20 @@ def internal_error(request: RequestMessage) -> dict[str, Any]:
     return rejected(
         request, "unavailable", "internalError", "the server failed this request; retry it"
     )
+
+
+def failure_response(request: RequestMessage, error: BaseException) -> dict[str, Any]:
+    """Log a request's failed unit of work and answer it: `diskFull` for a full disk
+    (the database actor logs that once per episode, without a traceback), else
+    `internalError` with the traceback in the log."""
+    if is_disk_full(error):
+        return rejected(request, "unavailable", DISK_FULL_CODE, DISK_FULL_MESSAGE)
+    log.error(
+        "operation failed",
+        extra={"action": "operation.error", "operation": request["operation"]},
+        exc_info=error,
+    )
+    return internal_error(request)
 
 
 class OperationError(PiWorkflowsError):
@@ -147,9 +173,10 @@ def _server_status(
     counts = status_counts(db, db.clock.now_ms())
     queue = counts.queue_by_state
     runs = counts.runs_by_status
+    lease = get_server_lease(db)  # the epoch is the stored one: a stall takes the next
     receipt = {
         "state": "running",
-        "epoch": ctx.epoch,
+        "epoch": lease.epoch if lease is not None else ctx.epoch,
         "socket": "available",
         "activeRunners": counts.active_runners,
         "runs": {

@@ -39,6 +39,7 @@ from pi_workflows.server._operations import (
     OperationError,
     StartRequest,
     build_run_list,
+    failure_response,
     handle_operation,
     internal_error,
     prior_answer,
@@ -175,12 +176,7 @@ class Router:
     def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
         """On the database actor's thread: answer, then wake the scheduler for a command."""
         if result.error is not None:
-            log.error(
-                "operation failed",
-                extra={"action": "operation.error", "operation": pending.request["operation"]},
-                exc_info=result.error,
-            )
-            pending.respond(internal_error(pending.request))
+            pending.respond(failure_response(pending.request, result.error))
             return
         pending.respond(result.value)
         if wake:

@@ -24,7 +24,7 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
-from pi_workflows.actors._claim_renewer import ClaimRenewerActor
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
 from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._process_supervisor import (
@@ -75,6 +75,7 @@ __all__ = [
     "DEFAULT_MAX_WORKERS",
     "IDLE_EXIT_ENV",
     "MAX_WORKERS_ENV",
+    "SERVER_LEASE_ENV",
     "ServerStartError",
     "WorkflowServer",
 ]
@@ -87,6 +88,9 @@ DEFAULT_IDLE_EXIT_S = 600.0
 """An idle server (no client, runner, queued run or unsettled work) exits after this."""
 IDLE_EXIT_ENV = "PI_WORKFLOWS_IDLE_EXIT_SECONDS"
 SERVER_LEASE_TTL_MS = 15_000
+SERVER_LEASE_ENV = "PI_WORKFLOWS_SERVER_LEASE_MS"
+"""A test knob: the server lease lifetime in ms (default 15,000), so a stall test need
+not stop a server for 15 s. Renewal runs five times per lifetime, at most every 2 s."""
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
@@ -99,6 +103,20 @@ ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
 
 class ServerStartError(PiWorkflowsError):
     """The server could not start (bad configuration or state)."""
+
+
+def lease_ttl_from_env(environ: dict[str, str] | None = None) -> int:
+    """`PI_WORKFLOWS_SERVER_LEASE_MS` as a lifetime of at least 500 ms, or 15,000."""
+    raw = (environ if environ is not None else dict(os.environ)).get(SERVER_LEASE_ENV, "")
+    if not raw.strip():
+        return SERVER_LEASE_TTL_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 500:
+        raise ServerStartError(f"{SERVER_LEASE_ENV} must be an integer of at least 500")
+    return value
 
 
 def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
@@ -132,6 +150,8 @@ class WorkflowServer:
             512. `Limits()` sets no default.
         connection_limits: the client connection cap and first-frame deadline; default
             from `PI_WORKFLOWS_MAX_CONNECTIONS` and `PI_WORKFLOWS_FIRST_FRAME_SECONDS`.
+        lease_ttl_ms: the server lease lifetime; default `PI_WORKFLOWS_SERVER_LEASE_MS`
+            or 15,000 (tests of stalls shorten it).
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -148,6 +168,7 @@ class WorkflowServer:
         execute_runs: bool = True,
         default_limits: Limits | None = None,
         connection_limits: ConnectionLimits | None = None,
+        lease_ttl_ms: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
@@ -166,6 +187,7 @@ class WorkflowServer:
         self.connection_limits = connection_limits or ConnectionLimits.from_env()
         self.descriptor_limit = 0
         """The soft RLIMIT_NOFILE in force, after `start` raised it to the hard limit."""
+        self.lease_ttl_ms = lease_ttl_ms if lease_ttl_ms is not None else lease_ttl_from_env()
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -261,7 +283,7 @@ class WorkflowServer:
                 tx,
                 owner_id=self.owner_id,
                 pid=os.getpid(),
-                ttl_ms=SERVER_LEASE_TTL_MS,
+                ttl_ms=self.lease_ttl_ms,
                 previous_owner_gone=True,
             )
         self._server_claim = claim
@@ -303,10 +325,13 @@ class WorkflowServer:
         )
         runner_host = RunnerHostActor.start(config, database, supervisor, self._listener, fail)
         self._runner_host = runner_host
-        every = max(1, round(RENEW_EVERY_S / self.tick_s))
+        renew_s = min(RENEW_EVERY_S, self.lease_ttl_ms / 5000)
+        every = max(1, round(renew_s / self.tick_s))
+        hooks = LeaseHooks(self._lock.still_ours, self._on_new_epoch, os.getpid())
         renewer = ClaimRenewerActor.start(
-            database, self._server_claim, every, self._on_lease_lost, fail
-        )
+            database, self._server_claim, every, self._on_lease_lost, fail,
+            clock=self.clock, hooks=hooks,
+        )  # fmt: skip
         launches = runner_host if self.execute_runs else None
         self._scheduler = SchedulerActor.start(
             database, self.max_workers, launches, fail, self.owner_id
@@ -331,6 +356,7 @@ class WorkflowServer:
         self._ticker = Ticker(self.tick_s)
         for ref in (renewer, self._scheduler, self._subscriptions, supervisor, runner_host):
             self._ticker.register(ref)
+        self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
         context = OperationContext(epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir)
         self._listener.route_to(
@@ -493,6 +519,13 @@ class WorkflowServer:
 
     def _on_lease_lost(self, reason: str) -> None:
         self.stop_async(reason)
+
+    def _on_new_epoch(self, claim: ServerClaim) -> None:
+        """The lease lapsed (a stall) and no other server took it: the next epoch is ours.
+
+        Called on the claim renewer's thread; the stop releases this lease."""
+        self._server_claim = claim
+        self.epoch = claim.epoch
 
     def _on_listener_crash(self, exc: BaseException) -> None:
         self.stop_async(f"client listener failed ({type(exc).__name__})")

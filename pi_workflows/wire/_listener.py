@@ -409,6 +409,8 @@ class ClientListener:
         self._thread = threading.Thread(target=self._run, name="client-listener", daemon=True)
         self._sock: socket.socket | None = None
         self._reserve: int | None = None
+        self._bound: tuple[int, int] | None = None
+        """(device, inode) of the socket file this listener bound."""
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._ids = itertools.count(1)
@@ -546,6 +548,8 @@ class ClientListener:
 
     async def _listen(self) -> None:
         self._sock = bind_private_socket(self._path)
+        bound = self._path.stat()
+        self._bound = (bound.st_dev, bound.st_ino)
         self._reserve = _open_reserve()
         self._loop.add_reader(self._sock.fileno(), self._on_acceptable)
 
@@ -670,7 +674,11 @@ class ClientListener:
         for connection in list(self._connections):
             connection._close_now()
         with contextlib.suppress(FileNotFoundError):
-            self._path.unlink()
+            there = self._path.stat()
+            # Only our own file: a server that lost its lease to another (after a stall)
+            # must not remove the socket its successor bound at the same path.
+            if (there.st_dev, there.st_ino) == self._bound:
+                self._path.unlink()
         self.rejections.flush()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=CLOSE_TIMEOUT_S)

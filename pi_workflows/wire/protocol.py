@@ -31,6 +31,7 @@ __all__ = [
     "CHANNEL_SERVER_KINDS",
     "CLIENT_MESSAGE_TYPES",
     "CLIENT_SCHEMA",
+    "DISK_FULL_CODE",
     "DISPLAY_STATUSES",
     "EVENT_KINDS",
     "LAUNCH_SCHEMA",
@@ -110,6 +111,11 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (
     "unavailable",
 )
 """The closed set of command outcomes (client responses and runner replies)."""
+
+DISK_FULL_CODE: Final = "diskFull"
+"""The error code of a request refused because the disk holding the workflow state is
+full (outcome `unavailable`): nothing was stored, and the same request (same idempotency
+key) may be sent again once space returns."""
 
 CLIENT_MESSAGE_TYPES: Final = ("hello", "request", "response", "event")
 
