@@ -363,9 +363,7 @@ class PiChild:
         assert popen.stdin is not None and popen.stdout is not None
         self._stdin: IO[bytes] = popen.stdin
         self._stdout: IO[bytes] = popen.stdout
-        self.identity: ProcessIdentity = identity_of(popen.pid) or ProcessIdentity(
-            popen.pid, 0, ""
-        )
+        self.identity: ProcessIdentity = identity_of(popen.pid) or ProcessIdentity(popen.pid, 0, "")
         self._ids = itertools.count(1)
         self._write_lock = threading.Lock()
         self._state = threading.Condition()
@@ -638,9 +636,7 @@ class PiChild:
         # after this stop, stop and reap every process re-parented to the runner.
         self._reader.join(timeout=term_grace_s)
         self._stdout.close()
-        self._stopped = StopReport(
-            how, self._popen.returncode, aborted, leftovers, survivors
-        )
+        self._stopped = StopReport(how, self._popen.returncode, aborted, leftovers, survivors)
         return self._stopped
 
     def _abort_and_settle(self, grace_s: float) -> bool:
@@ -708,4 +704,3 @@ def tool_texts(execution: ToolExecution) -> list[str]:
         for part in (content if isinstance(content, list) else [])
         if isinstance(part, dict) and part.get("type") == "text"
     ]
-

@@ -456,4 +456,3 @@ def _handler_class(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
     return Handler
-
