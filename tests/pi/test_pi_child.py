@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -32,6 +35,7 @@ from pi_workflows.wire.protocol import decode_client_message
 from tests.pi.conftest import OUTPUT_SCHEMA, PiHarness
 
 TURN_TIMEOUT = 60.0
+T = TypeVar("T")
 
 
 def group_alive(pgid: int) -> list[int]:
@@ -44,6 +48,23 @@ def group_alive(pgid: int) -> list[int]:
         except (ProcessLookupError, psutil.Error):
             continue
     return alive
+
+
+def sleeps_below(pid: int) -> list[psutil.Process] | None:
+    """pi's descendants once both `sleep`s of the bash tool run, else None."""
+    tools = psutil.Process(pid).children(recursive=True)
+    names = [p.name() for p in tools]
+    return tools if names.count("sleep") == 2 else None
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float) -> T:
+    """Poll `probe` until it returns a value (a condition in /proc has no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while (value := probe()) is None:
+        assert time.monotonic() < deadline, "the condition never held"
+        pause.wait(0.02)
+    return value
 
 
 def proc_environ(pid: int) -> dict[str, str]:
@@ -247,11 +268,9 @@ def test_stop_mid_bash_tool_leaves_no_tool_process(harness: PiHarness) -> None:
         event = child.next_event(TURN_TIMEOUT)
         if event["type"] == "tool_execution_update" and "started" in json.dumps(event):
             break
-    tools = psutil.Process(child.pid).children(recursive=True)
+    # "started" can arrive before the forked sleeps have exec'd: wait until both run.
+    tools = wait_for(lambda: sleeps_below(child.pid), TURN_TIMEOUT)
     identities = [identity_of(p.pid) for p in tools]
-    names = sorted(p.name() for p in tools)
-    # Both sleeps (bash may exec the last command in its own place).
-    assert names.count("sleep") == 2 and set(names) <= {"bash", "sleep"}, names
     tool_groups = {os.getpgid(p.pid) for p in tools}
     assert child.pid not in tool_groups, "pi's bash tool runs in a session of its own"
 
