@@ -1,22 +1,8 @@
 """One headless `pi --mode rpc` child: which binary, its argv and environment, RPC, stop.
 
 Implements the engine-independent part of issue 12 § Headless Pi children, following
-pi-rpc.md (all of it tested against `@mariozechner/pi-coding-agent` 0.73.1):
-
-- Which `pi`: `PI_WORKFLOWS_PI`, else `pi` on PATH; neither gives `PiUnavailable`.
-- The argv isolates the child: `--mode rpc --no-session --offline`, nothing auto-loaded
-  (extensions, skills, prompt templates, themes, context files), `-e` the bridge.
-- The environment is built from scratch: PATH, HOME, Pi's agent dir (for `models.json`,
-  `auth.json`, `settings.json`), `PI_OFFLINE=1`; no proxy variables, nothing else.
-- The child runs in its own session and process group, with cwd at the project.
-- RPC: one JSON object per `\\n`-terminated line each way. Responses carry the command's
-  `id`; events never do. A run is done at `agent_end`; a provider failure still gets
-  `success: true` for the prompt and ends with `stopReason: "error"`.
-- Stop (pi-rpc.md § 7): `abort` if busy, then close stdin, then SIGTERM the group,
-  then SIGKILL it, then end the tool processes left behind (`supervision._pi_group`).
-
-This module never logs: prompts, tool arguments and provider errors pass through it.
-Its exceptions name no prompt, no payload and no path.
+pi-rpc.md (tested against `@mariozechner/pi-coding-agent` 0.73.1). Nothing here logs:
+prompts, tool arguments and provider errors pass through, and no exception names them.
 """
 
 from __future__ import annotations
@@ -348,6 +334,9 @@ _EOF = object()
 class PiChild:
     """A running `pi --mode rpc` child and a synchronous client for its RPC stream.
 
+    The protocol is one JSON object per `\\n`-terminated line each way; responses carry
+    the command's `id`, events never do. A run is done at `agent_end`, and a provider
+    failure still gets `success: true` for the prompt, then `stopReason: "error"`.
     A reader thread parses stdout: responses are filed by command id, events queue up
     for `next_event` / `run_turn`, and `agent_start`/`agent_end` track whether pi is
     busy. `stop` may be called from another thread while `run_turn` waits.
@@ -491,14 +480,15 @@ class PiChild:
         """
         deadline = time.monotonic() + timeout
         with self._state:
-            while command_id not in self._responses:
-                if self._eof:
-                    raise PiExited("pi exited before it answered", self._wait_code())
+            while command_id not in self._responses and not self._eof:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PiTimeout("pi did not answer in time")
                 self._state.wait(left)
-            return self._responses.pop(command_id)
+            response = self._responses.pop(command_id, None)
+        if response is None:  # the exit code is awaited outside the lock
+            raise PiExited("pi exited before it answered", self._wait_code())
+        return response
 
     def command(self, command: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         """Send a command and return its response's `data` (or {}).

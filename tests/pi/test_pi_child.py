@@ -19,7 +19,14 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
-from pi_workflows.engine._pi_child import PiChild, PiOptions, PiRpcError, tool_texts
+from pi_workflows.engine._pi_child import (
+    PiChild,
+    PiExited,
+    PiOptions,
+    PiRpcError,
+    PiTimeout,
+    tool_texts,
+)
 from pi_workflows.supervision import identity_of, is_alive
 from pi_workflows.testing import (
     FAKE_API_KEY,
@@ -325,3 +332,55 @@ def test_an_unconfigured_bridge_still_loads_and_refuses_calls(harness: PiHarness
 
     (call,) = outcome.workflow_calls()
     assert call.is_error is True and "No workflow step is pending" in tool_texts(call)[0]
+
+
+def test_a_run_past_its_time_raises_pi_timeout_and_pi_can_still_be_stopped(
+    harness: PiHarness,
+) -> None:
+    harness.provider.script(Stall())
+    child = harness.spawn()
+
+    with pytest.raises(PiTimeout):
+        child.run_turn("go", 1.0)
+
+    assert child.busy
+    report = child.stop()
+    assert report.aborted and group_alive(child.pid) == []
+
+
+def test_a_stop_from_another_thread_ends_a_waiting_run(harness: PiHarness) -> None:
+    harness.provider.script(Stall())
+    child = harness.spawn()
+    ended: list[str] = []
+
+    def run() -> None:
+        try:
+            ended.append(child.run_turn("go", TURN_TIMEOUT).stop_reason)
+        except PiExited:
+            ended.append("exited")
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    harness.provider.wait_for_requests(1, TURN_TIMEOUT)
+    child.stop()
+    runner.join(TURN_TIMEOUT)
+
+    assert not runner.is_alive() and ended in (["aborted"], ["exited"])
+
+
+def test_a_bridge_that_fails_to_load_makes_pi_exit_before_it_is_ready(
+    harness: PiHarness,
+) -> None:
+    broken = harness.root / "broken-bridge.ts"
+    broken.write_text("export default function (pi: any) { throw new Error('no'); }\n")
+    launch = harness.launch()
+    argv = list(launch.argv)
+    argv[argv.index("-e") + 1] = str(broken)
+    child = PiChild.spawn(type(launch)(tuple(argv), launch.env, launch.cwd, launch.stderr_path))
+    harness.children.append(child)
+
+    with pytest.raises(PiExited) as caught:
+        child.wait_ready(TURN_TIMEOUT)
+
+    assert caught.value.returncode == 1
+    assert "Failed to load extension" in harness.stderr_path.read_text()
