@@ -43,7 +43,7 @@ unit: $(STAMP) node_modules
 
 test: lint unit
 
-bench: $(STAMP)
+bench: $(STAMP) node_modules
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
