@@ -46,6 +46,9 @@ export default function workflowBridge(pi: ExtensionAPI): void {
   pi.registerTool({
     name: TOOL_NAME,
     label: "Workflow",
+    promptSnippet: "workflow: submit the pending workflow step's output, or report its progress",
+    // One call at a time: a submission's outcome decides whether the next call is needed.
+    executionMode: "sequential",
     description:
       "Complete the pending workflow step: call with action \"submit\", the step and attempt ids from the step contract, and your output. " +
       "Use action \"update\" with {type, key, data} to report progress. Complete only after the tool accepts; if it reports a validation error, correct the output and call again.",
