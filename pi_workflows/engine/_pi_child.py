@@ -360,6 +360,7 @@ class PiChild:
         self._events: queue.Queue[Any] = queue.Queue()
         self._busy = False
         self._eof = False
+        self._stop_lock = threading.Lock()
         self._stopped: StopReport | None = None
         self._reader = threading.Thread(target=self._read, name="pi-rpc-reader", daemon=True)
         self._reader.start()
@@ -605,8 +606,12 @@ class PiChild:
            then SIGKILL the group.
         5. SIGTERM, then SIGKILL, every snapshotted descendant still alive.
         """
-        if self._stopped is not None:
+        with self._stop_lock:  # a second caller waits for, and gets, the same report
+            if self._stopped is None:
+                self._stopped = self._stop(abort_grace_s, eof_grace_s, term_grace_s)
             return self._stopped
+
+    def _stop(self, abort_grace_s: float, eof_grace_s: float, term_grace_s: float) -> StopReport:
         descendants = snapshot_descendants(self.pid)
         aborted = False
         if self.busy and self.returncode is None:
@@ -626,8 +631,7 @@ class PiChild:
         # after this stop, stop and reap every process re-parented to the runner.
         self._reader.join(timeout=term_grace_s)
         self._stdout.close()
-        self._stopped = StopReport(how, self._popen.returncode, aborted, leftovers, survivors)
-        return self._stopped
+        return StopReport(how, self._popen.returncode, aborted, leftovers, survivors)
 
     def _abort_and_settle(self, grace_s: float) -> bool:
         deadline = time.monotonic() + grace_s
