@@ -33,11 +33,14 @@ from pi_workflows.supervision import (
     signal_own_child,
     spawn_child,
 )
+from pi_workflows.supervision._log_drain import LogDrain
 from pi_workflows.supervision._process import wait_for_exits
+from pi_workflows.supervision._subreaper import kill_descendants
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 
 __all__ = [
     "LOG_CAP_BYTES",
+    "LOG_TAIL_BYTES",
     "ChildExited",
     "KillChild",
     "ProcessSupervisorActor",
@@ -49,9 +52,10 @@ __all__ = [
 ]
 
 LOG_CAP_BYTES = 8 * 1024 * 1024
-"""A child's output file is emptied when it grows past this (checked every few ticks):
-the files stay bounded however much a workflow prints."""
-LOG_CHECK_TICKS = 8
+"""The most a child's output file holds (plus one marker line), however much or however
+fast the child prints: its stdout and stderr go through a pipe that `LogDrain` copies
+into the file, keeping the first bytes and the last `LOG_TAIL_BYTES`."""
+LOG_TAIL_BYTES = 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,7 @@ class Spawn:
     """Called on the actor thread once the child is reaped; must not block."""
     cwd: Path | None = None
     log_path: Path | None = None
+    """Where the child's stdout and stderr go, bounded to `LOG_CAP_BYTES` (else nowhere)."""
     pass_fds: tuple[int, ...] = ()
     """File descriptors the child inherits; closed in the server once it is spawned."""
     preloaded: str | None = None
@@ -144,7 +149,8 @@ class _Supervised:
     on_exit: Callable[[ChildExited], None] | None
     child: ChildProcess | None
     """The `Popen` handle of a cold-started child; None for a child of the zygote."""
-    log_path: Path | None = None
+    log_token: int | None = None
+    """The child's bounded log in the `LogDrain`, finished once the child is reaped."""
     kill_at_tick: int | None = None
     killed: bool = False
 
@@ -167,6 +173,7 @@ class ProcessSupervisorActor(ServerActor):
         self._zygote = zygote
         self._children: dict[ProcessIdentity, _Supervised] = {}
         self._tick = 0
+        self._logs = LogDrain(LOG_CAP_BYTES, LOG_TAIL_BYTES)
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -181,7 +188,7 @@ class ProcessSupervisorActor(ServerActor):
                 supervised = self._children.get(identity)
                 if supervised is not None:
                     supervised.killed = True
-                    self._signal(supervised, signal.SIGKILL)
+                    self._kill(supervised)
             case StopGroup(identity=identity):
                 signal_group(identity, signal.SIGKILL)
             case StopRecorded(identities=identities, reply=reply, timeout_s=timeout_s):
@@ -189,8 +196,6 @@ class ProcessSupervisorActor(ServerActor):
             case Tick():
                 self._tick += 1
                 self._reap_and_escalate()
-                if self._tick % LOG_CHECK_TICKS == 0:
-                    self._bound_logs()
             case _:
                 raise TypeError(f"process supervisor got {type(message).__name__}")
         return None
@@ -198,12 +203,13 @@ class ProcessSupervisorActor(ServerActor):
     def on_stop(self) -> None:
         """Runs in the actor's thread at shutdown: no child outlives the server."""
         for supervised in self._children.values():
-            self._signal(supervised, signal.SIGKILL)
+            self._kill(supervised)
         for supervised in self._children.values():
             if supervised.child is not None:
                 supervised.child.popen.wait(5)
         warm = [s.identity for s in self._children.values() if s.child is None]
         wait_for_exits(warm, timeout_s=5.0)  # the zygote reaps them; their exits are enough
+        self._logs.close()  # after the exits: what they wrote last is in the logs
 
     @property
     def child_count(self) -> int:
@@ -211,37 +217,50 @@ class ProcessSupervisorActor(ServerActor):
         return len(self._children)
 
     def _spawn(self, spawn: Spawn) -> None:
+        token, output_fd = None, None
+        try:
+            if spawn.log_path is not None:
+                token, output_fd = self._logs.open(spawn.log_path)
+            identity, child = self._start(spawn, output_fd)
+        except OSError as exc:
+            if token is not None:
+                self._logs.finish(token)
+            spawn.reply(Reply(error=exc))
+            return
+        finally:
+            if output_fd is not None:
+                os.close(output_fd)  # the child has its own copy of the pipe's write end
+        self._children[identity] = _Supervised(identity, spawn.on_exit, child, token)
+        spawn.reply(Reply(identity))
+
+    def _start(
+        self, spawn: Spawn, output_fd: int | None
+    ) -> tuple[ProcessIdentity, ChildProcess | None]:
+        """Fork warm through the zygote when it can, else start a cold interpreter.
+
+        Raises:
+            OSError: the cold start failed.
+        """
         if self._zygote is not None and spawn.preloaded is not None:
             try:
-                identity = self._spawn_warm(spawn, self._zygote)
+                identity = self._spawn_warm(spawn, self._zygote, output_fd)
             except ZygoteUnavailable as exc:
                 log.info("cold spawn: %s", exc, extra={"action": "zygote.unavailable"})
             else:
                 for fd in spawn.pass_fds:
                     os.close(fd)
-                self._children[identity] = _Supervised(
-                    identity, spawn.on_exit, None, spawn.log_path
-                )
-                spawn.reply(Reply(identity))
-                return
-        try:
-            child = spawn_child(
-                spawn.argv,
-                env=spawn.env,
-                cwd=spawn.cwd,
-                log_path=spawn.log_path,
-                pass_fds=spawn.pass_fds,
-                stdio_fd=spawn.pass_fds[0] if spawn.stdio and spawn.pass_fds else None,
-            )
-        except OSError as exc:
-            spawn.reply(Reply(error=exc))
-            return
-        self._children[child.identity] = _Supervised(
-            child.identity, spawn.on_exit, child, spawn.log_path
+                return identity, None
+        child = spawn_child(
+            spawn.argv,
+            env=spawn.env,
+            cwd=spawn.cwd,
+            output_fd=output_fd,
+            pass_fds=spawn.pass_fds,
+            stdio_fd=spawn.pass_fds[0] if spawn.stdio and spawn.pass_fds else None,
         )
-        spawn.reply(Reply(child.identity))
+        return child.identity, child
 
-    def _spawn_warm(self, spawn: Spawn, zygote: Zygote) -> ProcessIdentity:
+    def _spawn_warm(self, spawn: Spawn, zygote: Zygote, output_fd: int | None) -> ProcessIdentity:
         assert spawn.preloaded is not None
         actor = self.actor_ref
         holder: list[ProcessIdentity] = []
@@ -250,25 +269,16 @@ class ProcessSupervisorActor(ServerActor):
             with contextlib.suppress(pykka.ActorDeadError):  # stopped: on_stop saw it end
                 actor.tell(_ZygoteExit(holder, returncode))
 
-        log_fd = (
-            os.open(spawn.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            if spawn.log_path is not None
-            else -1
-        )
         fds: list[tuple[str, int]] = []
-        if log_fd >= 0:
-            fds += [("stdout", log_fd), ("stderr", log_fd)]
+        if output_fd is not None:
+            fds += [("stdout", output_fd), ("stderr", output_fd)]
         if spawn.fd_env is not None and spawn.pass_fds:
             fds.append((f"env:{spawn.fd_env}", spawn.pass_fds[0]))
         if spawn.stdio and spawn.pass_fds:
             fds += [("stdin", spawn.pass_fds[0]), ("stdout", spawn.pass_fds[0])]
-        try:
-            identity = zygote.spawn(
-                spawn.preloaded, env=spawn.env, cwd=spawn.cwd, fds=fds, on_exit=exited
-            )
-        finally:
-            if log_fd >= 0:
-                os.close(log_fd)
+        identity = zygote.spawn(
+            spawn.preloaded, env=spawn.env, cwd=spawn.cwd, fds=fds, on_exit=exited
+        )
         holder.append(identity)  # before this actor handles any exit report of the child
         return identity
 
@@ -281,6 +291,7 @@ class ProcessSupervisorActor(ServerActor):
             # identity and report it as killed.
             signal_group(identity, signal.SIGKILL)
             returncode, supervised.killed = -signal.SIGKILL, True
+        self._finish_log(supervised)
         if supervised.on_exit is not None:
             supervised.on_exit(ChildExited(identity, returncode, supervised.killed))
 
@@ -290,10 +301,23 @@ class ProcessSupervisorActor(ServerActor):
         elif self._zygote is not None:
             self._zygote.signal_group(supervised.identity.pid, sig)
 
+    def _kill(self, supervised: _Supervised) -> None:
+        """SIGKILL a child's whole tree: its `setsid` escapees first, then its group.
+
+        A runner is a child subreaper, so while it lives every process a node started is
+        below it; killed first, none is left for init (a cold runner has no zygote to
+        adopt them after it dies).
+        """
+        kill_descendants(supervised.identity)
+        self._signal(supervised, signal.SIGKILL)
+
     def _stop_child(self, identity: ProcessIdentity, grace_ticks: int) -> None:
         supervised = self._children.get(identity)
         if supervised is None:
             return
+        # The group gets its grace period; what left the group (a `setsid` escapee, a
+        # registered shell command's own group) is killed now, as a registered group is.
+        kill_descendants(identity, outside_group=True)
         self._signal(supervised, signal.SIGTERM)
         if supervised.kill_at_tick is None:
             supervised.kill_at_tick = self._tick + max(1, grace_ticks)
@@ -304,15 +328,10 @@ class ProcessSupervisorActor(ServerActor):
             log.warning("a stale process outlived SIGKILL", extra={"action": "server.recovery"})
         return len(stopped)
 
-    def _bound_logs(self) -> None:
-        for supervised in self._children.values():
-            path = supervised.log_path
-            if path is None:
-                continue
-            with contextlib.suppress(OSError):
-                if path.stat().st_size > LOG_CAP_BYTES:
-                    # The child appends (O_APPEND), so it goes on writing at the new end.
-                    os.truncate(path, 0)
+    def _finish_log(self, supervised: _Supervised) -> None:
+        if supervised.log_token is not None:
+            self._logs.finish(supervised.log_token)
+            supervised.log_token = None
 
     def _reap_and_escalate(self) -> None:
         for identity, supervised in list(self._children.items()):
@@ -323,13 +342,14 @@ class ProcessSupervisorActor(ServerActor):
                 signal_own_child(child, signal.SIGKILL)
                 returncode = child.popen.wait(5)
                 del self._children[identity]
+                self._finish_log(supervised)
                 exited = ChildExited(identity, returncode, supervised.killed)
                 if supervised.on_exit is not None:
                     supervised.on_exit(exited)
                 continue
             if supervised.kill_at_tick is not None and self._tick >= supervised.kill_at_tick:
                 supervised.killed = True
-                self._signal(supervised, signal.SIGKILL)
+                self._kill(supervised)
 
 
 SPAWN_REPLY_S = 10.0

@@ -34,11 +34,12 @@ from pi_workflows.actors._process_supervisor import (
 )
 from pi_workflows.actors._scheduler import Launch, Wake
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.engine._limits import Limits, limits_env
 from pi_workflows.server._operations import (
     FENCING_COMMANDS,
     OperationContext,
+    failure_response,
     handle_operation,
-    internal_error,
 )
 from pi_workflows.server._runner_exits import ExitFacts, hand_back, record_exit
 from pi_workflows.server._runner_handlers import Delta, Handled, RunnerView, apply_message, reply_to
@@ -111,6 +112,8 @@ class RunnerHostConfig:
     clock: Clock
     env: Mapping[str, str] = field(repr=False, default_factory=lambda: dict(os.environ))
     """The base environment of every runner (may hold credentials: never logged)."""
+    default_limits: Limits = field(default_factory=Limits)
+    """The server default `memory_mb` and `processes` of every node that sets none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,10 +396,21 @@ class RunnerHostActor(ServerActor):
     # --- launch ----------------------------------------------------------------------------
 
     def _transact(
-        self, work: Callable[[Any], Any], done: Callable[[Reply], Any], label: str
+        self,
+        work: Callable[[Any], Any],
+        done: Callable[[Reply], Any],
+        label: str,
+        *,
+        client: bool = False,
     ) -> None:
+        """Send a unit of work. A runner's messages, spawns and exits wait out a full disk
+        in order (`hold_when_full`); a client's command is refused at once instead."""
         me = self.actor_ref
-        self._database.tell(Transact(work, lambda reply: tell_if_alive(me, done(reply)), label))
+        self._database.tell(
+            Transact(
+                work, lambda reply: tell_if_alive(me, done(reply)), label, hold_when_full=not client
+            )
+        )
 
     def _launch(self, plan: LaunchPlan) -> None:
         crash_point("server.launch.after_commit")
@@ -420,6 +434,7 @@ class RunnerHostActor(ServerActor):
         env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
         env[AGENT_DIR_ENV] = str(config.agent_dir)
+        env.update(limits_env(config.default_limits))
         logs = config.state_dir / "logs" / "runners"
         ensure_private_dir(logs)
         me = self.actor_ref
@@ -563,16 +578,11 @@ class RunnerHostActor(ServerActor):
         claim = runner.plan.claim if runner is not None else None
         work = functools.partial(handle_operation, request=request, ctx=context, claim=claim)
         done = functools.partial(_CommandDone, request, responder)
-        self._transact(work, done, request["operation"])
+        self._transact(work, done, request["operation"], client=True)
 
     def _command_done(self, request: RequestMessage, responder: Responder, reply: Reply) -> None:
         if reply.error is not None:
-            log.error(
-                "operation failed",
-                extra={"action": "operation.error", "operation": request["operation"]},
-                exc_info=reply.error,
-            )
-            responder.respond(internal_error(request))
+            responder.respond(failure_response(request, reply.error))
             return
         answer = reply.value
         if answer["outcome"] == "accepted" and request["operation"] in FENCING_COMMANDS:
@@ -608,6 +618,8 @@ class RunnerHostActor(ServerActor):
         for runner in self._active.values():
             if runner.stop_requested or runner.settled or runner.identity is None:
                 continue
+            if runner.in_flight:
+                continue  # it waits for the server (a full disk holds its write): not late
             if not runner.ready:
                 if now - runner.plan.launched_at > STARTUP_DEADLINE_MS:
                     self._stop_runner(runner)
@@ -653,7 +665,12 @@ class RunnerHostActor(ServerActor):
             self._hand_back(runner)
         # The database keeps order: this answers after every hand-back queued before it.
         self._database.tell(
-            Transact(functools.partial(_count, len(runners)), reply, "runner.hand_back_all")
+            Transact(
+                functools.partial(_count, len(runners)),
+                reply,
+                "runner.hand_back_all",
+                hold_when_full=True,  # behind the hand-backs, even those a full disk holds
+            )
         )
 
     def _wake_scheduler(self) -> None:

@@ -27,6 +27,7 @@ from pi_workflows.storage import (
     QueueRow,
     active_queue_count,
     admissible_runs,
+    holds_server_lease,
 )
 
 __all__ = ["AdmissionPlan", "Launch", "SchedulerActor", "Wake", "plan_admissions"]
@@ -132,7 +133,12 @@ class SchedulerActor(ServerActor):
         )
         self._planning = True
         self._database.tell(
-            Transact(work, lambda reply: tell_if_alive(me, AdmissionPlan(reply)), "plan")
+            Transact(
+                work,
+                lambda reply: tell_if_alive(me, AdmissionPlan(reply)),
+                "plan",
+                hold_when_full=True,  # a full disk delays admission; it is not an error
+            )
         )
 
 
@@ -148,6 +154,8 @@ def admit(
     if free <= 0:
         return []
     waiting = {kind: admissible_runs(db, kind, limit=free) for kind in QueueKind}
+    if any(waiting.values()) and not holds_server_lease(db, owner_id, db.clock.now_ms()):
+        return []  # woken from a stall past the lease, or lost it: claim nothing new
     plans: list[tuple[QueueKind, LaunchPlan]] = []
     for row in plan_admissions(free, waiting, last_kind):
         try:

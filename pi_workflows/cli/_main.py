@@ -7,6 +7,7 @@ JSON document on stdout; errors go to stderr as one sentence that says what to d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -37,6 +38,7 @@ from pi_workflows.server import (
     ServerStartError,
     WorkflowServer,
 )
+from pi_workflows.server._logging import redirect_output
 from pi_workflows.server._router import DEFAULT_DRAIN_S
 from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
 from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
@@ -143,6 +145,7 @@ def server() -> None:
 @click.option("--idle-exit", type=float, default=None, help="Seconds idle before exiting.")
 @click.option("--max-workers", type=int, default=None, help="Execution capacity.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
+@click.option("--detached", is_flag=True, default=False, hidden=True)
 @click.option(
     "--execute/--no-execute",
     default=True,
@@ -151,15 +154,19 @@ def server() -> None:
 @click.pass_context
 def server_run(
     ctx: click.Context,
+    *,
     idle_exit: float | None,
     max_workers: int | None,
     ready_fd: int | None,
+    detached: bool,
     execute: bool,
 ) -> None:
     """Run the server attached to this terminal until stopped.
 
     Example: pi-workflows server run --idle-exit 600
     """
+    if detached:  # started by `server start`: stdout and stderr are logs/server.out
+        redirect_output(_state_dir(ctx) / "logs" / "server.out")
     if idle_exit is None:
         raw = os.environ.get(IDLE_EXIT_ENV, "").strip()
         try:
@@ -189,13 +196,17 @@ def server_run(
     while not instance.wait(1.0):
         pass
     if ready_fd is None:
-        click.echo(f"pi-workflows server stopped: {instance.stop_reason}")
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            click.echo(f"pi-workflows server stopped: {instance.stop_reason}")
 
 
 def _install_signal_handlers(instance: Any) -> None:
     def on_signal(signum: int, frame: object) -> None:
         instance.stop_async(f"signal {signal.Signals(signum).name}")
 
+    # SIGHUP (a closed terminal, or `kill -HUP`) stops gracefully like SIGTERM: there is
+    # no configuration to reload, and a hang-up must not kill runs mid-step.
+    signal.signal(signal.SIGHUP, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGUSR1, pykka.debug.log_thread_tracebacks)
@@ -226,7 +237,7 @@ def server_start(ctx: click.Context, timeout: float) -> None:
     logs = state_dir / "logs"
     ensure_private_dir(logs)
     read_end, write_end = os.pipe()
-    out_fd = os.open(logs / "server.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out_fd = _open_server_out(logs / "server.out")
     try:
         child = subprocess.Popen(
             [
@@ -239,6 +250,7 @@ def server_start(ctx: click.Context, timeout: float) -> None:
                 "run",
                 "--ready-fd",
                 str(write_end),
+                "--detached",
             ],
             stdin=subprocess.DEVNULL,
             stdout=out_fd,
@@ -264,6 +276,18 @@ def server_start(ctx: click.Context, timeout: float) -> None:
         click.echo("pi-workflows server is already running")
         return
     _fail(f"the server exited during start: {_last_line(logs / 'server.out')}")
+
+
+def _open_server_out(path: Path) -> int:
+    """A fresh `server.out`; the previous server's is kept as `server.out.1`.
+
+    The detached server bounds it while it runs (`redirect_output`), so the pair holds
+    at most this start's output and the previous one's, each under OUTPUT_FILE_BYTES.
+    """
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > 0:
+            path.replace(path.with_name(path.name + ".1"))
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
 
 
 def _read_ready(fd: int, timeout: float) -> str:
@@ -323,12 +347,13 @@ def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> No
     with client:
         client.call("server.stop", {"drainSeconds": drain_s})
     if pid is not None:
+        limit = timeout if timeout is not None else drain_s + STOP_TIMEOUT_S
         try:
-            psutil.Process(pid).wait(timeout if timeout is not None else drain_s + STOP_TIMEOUT_S)
+            psutil.Process(pid).wait(limit)
         except psutil.NoSuchProcess:
             pass
         except psutil.TimeoutExpired:
-            _fail(f"the server did not stop within {timeout:.0f} s")
+            _fail(f"the server did not stop within {limit:.0f} s")
     click.echo("pi-workflows server stopped")
 
 
@@ -421,7 +446,14 @@ def run_start(
         "projectPath": str((project or Path.cwd()).resolve()),
     }
     with _client(ctx) as client:
-        receipt = client.call("run.start", payload)["receipt"]
+        try:
+            receipt = client.call("run.start", payload)["receipt"]
+        except RequestFailedError as exc:
+            if exc.code != "workflowNotFound":
+                raise
+            # The server never echoes the name (its receipt is stored); the user typed
+            # it, so their own terminal may show it beside the names that exist.
+            _fail(f"{exc.outcome}: workflow {name!r}: {exc}")
     if as_json:
         _print_json(receipt)
     else:
@@ -434,6 +466,7 @@ SETTLED_PARK_REASONS = (
     "effectAmbiguous",
     "workerCrashed",
     "contentUnavailable",
+    "serverCrashLoop",
 )
 TERMINAL_STATUSES = ("completed", "failed", "timed_out", "cancelled")
 

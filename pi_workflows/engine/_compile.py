@@ -13,7 +13,6 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from pi_workflows.engine._context import EffectHost, EngineContext, NodeContext
 from pi_workflows.engine._definition import (
@@ -30,7 +29,9 @@ from pi_workflows.engine._definition import (
 )
 from pi_workflows.engine._errors import InputInvalidError, WorkflowDefinitionError
 from pi_workflows.engine._keys import compiled_node_path
+from pi_workflows.engine._limits import Limits
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, sha256_digest
+from pi_workflows.wire.schema_errors import first_violation
 
 __all__ = [
     "DEFINITION_SNAPSHOT_SCHEMA",
@@ -100,6 +101,9 @@ class CompiledNode:
     include_transition: Literal["entry", "exit"] | None = None
     mount: CompiledMount | None = None
     exit_name: str | None = None
+    limits: Limits | None = None
+    """The node's own limits over those of its workflow and of each including one (the
+    server default fills what is still unset, in the runner)."""
 
     @property
     def scope(self) -> str:
@@ -156,6 +160,7 @@ def compile_workflow(
         mounts=mounts,
         resolve=resolve,
         chain=(definition,),
+        inherited=definition.limits,
     )
     return CompiledWorkflow(
         definition=definition,
@@ -187,9 +192,11 @@ def _compile_into(
     mounts: dict[str, CompiledMount],
     resolve: IncludeResolver | None,
     chain: tuple[WorkflowDefinition, ...],
+    inherited: Limits | None,
 ) -> None:
     for local_id, node in definition.nodes.items():
         path = compiled_node_path(prefix, local_id)
+        own = getattr(node, "limits", None)
         nodes[path] = CompiledNode(
             path=path,
             kind=node.kind,
@@ -197,6 +204,7 @@ def _compile_into(
             mount_path=prefix,
             local_id=local_id,
             timeout_ms=node.timeout_ms,
+            limits=_limits_over(own, inherited),
         )
     for edge in definition.edges:
         source = _source(prefix, edge.source)
@@ -258,8 +266,10 @@ def _compile_into(
             timeout_ms=_ENTRY_TIMEOUT_MS,
             include_transition="entry",
             mount=mount,
+            limits=inherited,
         )
         outgoing[mount_id] = Edge(source=mount_id, target=mount.start, switch=None)
+        child_limits = _limits_over(child.limits, inherited)
         _compile_into(
             child,
             prefix=mount_path,
@@ -268,6 +278,7 @@ def _compile_into(
             mounts=mounts,
             resolve=resolve,
             chain=(*chain, child),
+            inherited=child_limits,
         )
         for exit_name, exit_path in exits.items():
             nodes[exit_path] = CompiledNode(
@@ -280,9 +291,16 @@ def _compile_into(
                 include_transition="exit",
                 mount=mount,
                 exit_name=exit_name,
+                limits=child_limits,
             )
             source = compiled_node_path(mount_path, child.exits[exit_name].source)
             outgoing[source] = Edge(source=source, target=exit_path, switch=None)
+
+
+def _limits_over(own: Limits | None, inherited: Limits | None) -> Limits | None:
+    if own is None:
+        return inherited
+    return own.over(inherited)
 
 
 def _resolve_child(
@@ -343,7 +361,9 @@ def definition_snapshot(workflow: WorkflowDefinition | CompiledWorkflow) -> dict
         {"schema", "name", "startAt", "maxSteps", "inputSchema": schema | null,
          "exits": {exit: node},
          "nodes": {path: {"kind", "timeoutMs": ms | null, "mountPath": [...],
-                          "localNodeId", + "maxOutputBytes", "idempotent" and "readBack"
+                          "localNodeId", + "limits" ({"memoryMb", "processes"}, the
+                          keys the definitions set, when any), "maxOutputBytes",
+                          "idempotent" and "readBack"
                           (shell, the last two only when set), "summary" and
                           "answerSchema" (checkpoint, when static / given), "notifyKind"
                           (notify), "includeTransition", "mount", "exit" (synthetic)}},
@@ -384,6 +404,8 @@ def _node_snapshot(compiled: CompiledNode) -> dict[str, Any]:
         "mountPath": list(compiled.mount_path),
         "localNodeId": compiled.local_id,
     }
+    if compiled.limits is not None and not compiled.limits.empty:
+        snap["limits"] = compiled.limits.to_wire()
     node = compiled.node
     if isinstance(node, ShellNode):
         snap["maxOutputBytes"] = node.max_output_bytes
@@ -431,10 +453,9 @@ def validate_input(definition: WorkflowDefinition, value: Any) -> Any:
     """
     schema = definition.input_schema
     if schema is not None:
-        error = best_match(Draft202012Validator(schema).iter_errors(value))
-        if error is not None:
-            where = "input" + "".join(f"[{part!r}]" for part in error.absolute_path)
-            raise InputInvalidError(f"{where}: {error.message}")
+        violation = first_violation(Draft202012Validator(schema).iter_errors(value))
+        if violation is not None:
+            raise InputInvalidError.from_violation(violation)
     if definition.input_fn is not None:
         try:
             normalised = definition.input_fn(value)
@@ -450,8 +471,14 @@ def validate_input(definition: WorkflowDefinition, value: Any) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text if text else type(exc).__name__
+    """The refusal of an `input` callable, safe to store: only its own `InputInvalidError`
+    carries a message (the author's, written for the client); any other exception's text
+    may quote the input (`int('…')`), so only its type is named."""
+    if isinstance(exc, InputInvalidError):
+        text = str(exc).strip()
+        if text:
+            return text
+    return f"the workflow's input check refused it ({type(exc).__name__})"
 
 
 def include_entry_output(

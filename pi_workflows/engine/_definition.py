@@ -20,7 +20,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from pi_workflows.engine._errors import WorkflowDefinitionError
+from pi_workflows.engine._limits import Limits, parse_limits
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, format_number, loads
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -60,8 +62,15 @@ DEFAULT_NODE_TIMEOUT = 900.0
 DEFAULT_SHELL_TIMEOUT = 600.0
 """Seconds a shell command may run before SIGTERM, then SIGKILL, to its group."""
 
-DEFAULT_SHELL_MAX_OUTPUT_BYTES = 1_000_000
-"""Bytes kept from each of stdout and stderr of a shell node; the rest is dropped."""
+SHELL_INLINE_BYTES = MAX_FRAME_BYTES - 64 * 1024
+"""The JSON a shell result may have to travel inline in one runner frame (a larger one
+goes by reference): the node-output budget, `MAX_OUTPUT_BYTES` of the runner."""
+
+DEFAULT_SHELL_MAX_OUTPUT_BYTES = (SHELL_INLINE_BYTES - 1024) // 2
+"""Bytes kept from each of stdout and stderr of a shell node; the rest is counted and
+dropped. Derived from the frame budget: both streams full of text that needs no JSON
+escape, plus the result's other fields (under 1 KiB), still fit one frame. Output that
+escapes to more (control bytes, NUL) goes by reference instead; it is never cut more."""
 
 SHELL_EFFECT_TYPE = "shell"
 """The effect type under which runners run a shell node's command as a managed effect."""
@@ -103,6 +112,8 @@ class ComputeNode:
     """`fn(ctx) -> output`; the output must be JSON."""
     timeout_ms: int | None
     """Node deadline in milliseconds, `None` for no deadline."""
+    limits: Limits | None = None
+    """Memory and process limits of this node (see `engine._limits`), or its workflow's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +125,8 @@ class ActionNode:
     """`fn(ctx: ActionContext) -> output`; the output must be JSON."""
     timeout_ms: int | None
     """Node deadline in milliseconds, `None` for no deadline."""
+    limits: Limits | None = None
+    """Memory and process limits of this node (see `engine._limits`), or its workflow's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +146,8 @@ class ShellNode:
     read_back: Callable[[str, Any], Any] | None = None
     """`read_back(key, request) -> result | NOT_APPLIED` proves whether an interrupted
     command took effect; `request` is `{"argv": [...]}`."""
+    limits: Limits | None = None
+    """Memory and process limits of the command (and the runner while it runs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,30 +232,41 @@ def _schema_json(schema: object, what: str) -> bytes | None:
         raise WorkflowDefinitionError(f"{what}: input_schema is not plain JSON: {exc}") from None
 
 
-def compute(fn: Callback, timeout: float | None = None) -> ComputeNode:
+def compute(
+    fn: Callback, timeout: float | None = None, *, limits: Mapping[str, int] | None = None
+) -> ComputeNode:
     """A pure node: `fn(ctx)` returns its JSON output. It may run again after a crash.
 
     Args:
         fn: called with the node context (`ctx.input`, `ctx.outputs`, `ctx.results`).
         timeout: seconds; `None` uses DEFAULT_NODE_TIMEOUT, `math.inf` means no deadline.
+        limits: `{"memory_mb": n, "processes": n}`, either key optional; unset keys
+            come from the workflow's `limits`, then the server default.
     """
     _require_callable(fn, "compute(fn)", "fn")
     return ComputeNode(
-        fn=fn, timeout_ms=_timeout_ms(timeout, what="compute", default=DEFAULT_NODE_TIMEOUT)
+        fn=fn,
+        timeout_ms=_timeout_ms(timeout, what="compute", default=DEFAULT_NODE_TIMEOUT),
+        limits=parse_limits(limits, "compute"),
     )
 
 
-def action(fn: Callback, timeout: float | None = None) -> ActionNode:
+def action(
+    fn: Callback, timeout: float | None = None, *, limits: Mapping[str, int] | None = None
+) -> ActionNode:
     """A side-effecting node: `fn(ctx)` performs effects through `ctx.effect(...)`.
 
     Args:
         fn: called with an action context; `ctx.effect(type, request, apply=..., read_back=...)`
             runs `apply(key, request)` at most once per engine-derived idempotency key.
         timeout: seconds; `None` uses DEFAULT_NODE_TIMEOUT, `math.inf` means no deadline.
+        limits: `{"memory_mb": n, "processes": n}`, as for `compute`.
     """
     _require_callable(fn, "action(fn)", "fn")
     return ActionNode(
-        fn=fn, timeout_ms=_timeout_ms(timeout, what="action", default=DEFAULT_NODE_TIMEOUT)
+        fn=fn,
+        timeout_ms=_timeout_ms(timeout, what="action", default=DEFAULT_NODE_TIMEOUT),
+        limits=parse_limits(limits, "action"),
     )
 
 
@@ -251,6 +277,7 @@ def shell(
     *,
     idempotent: bool = False,
     read_back: Callable[[str, Any], Any] | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> ShellNode:
     """A command node: `argv_fn(ctx)` returns the argv list; the runner runs it as an effect.
 
@@ -271,6 +298,8 @@ def shell(
             when the command took effect, `NOT_APPLIED` when it did not (the command
             then runs), and raises when it cannot tell (ambiguous). `request` is
             `{"argv": [...]}`. Give `idempotent` or `read_back`, not both.
+        limits: `{"memory_mb": n, "processes": n}`, as for `compute`; the command runs
+            under them (its memory limit is inherited, its processes are counted).
     """
     _require_callable(argv_fn, "shell(argv_fn)", "argv_fn")
     if not isinstance(idempotent, bool):
@@ -298,6 +327,7 @@ def shell(
         max_output_bytes=max_output_bytes,
         idempotent=idempotent,
         read_back=read_back,
+        limits=parse_limits(limits, "shell"),
     )
 
 
@@ -503,6 +533,9 @@ class WorkflowDefinition:
     """Run title, or `title(ctx)` with `ctx.input` and `ctx.workflow_name`."""
     source_path: str | None = field(default=None)
     """The file that called `define_workflow` (hashed when this definition is included)."""
+    limits: Limits | None = field(default=None)
+    """Limits of every node that sets none itself (an include's nodes too, unless the
+    included workflow sets its own); unset keys come from the server default."""
 
     @property
     def input_schema(self) -> Any:
@@ -522,6 +555,7 @@ def define_workflow(
     includes: Mapping[str, Include] | None = None,
     exits: Mapping[str, Mapping[str, Any]] | None = None,
     title: str | Callback | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> WorkflowDefinition:
     """Define a workflow; every graph rule is checked here.
 
@@ -541,6 +575,8 @@ def define_workflow(
         exits: exit name → `{"from": terminal_node, "validate": optional fn(output)}`;
             needed only by workflows that others include.
         title: run title, or `title(ctx)` with `ctx.input` and `ctx.workflow_name`.
+        limits: `{"memory_mb": n, "processes": n}` for every node that sets none itself
+            (see `compute`); unset keys come from the server default.
 
     Raises:
         WorkflowDefinitionError: naming the node (or mount, exit, edge) and the fix.
@@ -564,6 +600,7 @@ def define_workflow(
         _require_callable(input, f"workflow {name!r}: input", "input")
     if title is not None and not callable(title) and not (isinstance(title, str) and title.strip()):
         raise fail(None, "title must be non-empty text or a function of a context")
+    workflow_limits = parse_limits(limits, f"workflow {name!r}")
 
     targets = set(node_map) | set(include_map)
     if not isinstance(start_at, str) or start_at not in targets:
@@ -599,6 +636,7 @@ def define_workflow(
         exits=MappingProxyType(exit_map),
         title=title,
         source_path=caller if isinstance(caller, str) else None,
+        limits=workflow_limits,
     )
 
 

@@ -7,7 +7,12 @@ reports, so no failure is ever reported as another.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pi_workflows.errors import PiWorkflowsError
+
+if TYPE_CHECKING:
+    from pi_workflows.wire.schema_errors import Violation
 
 __all__ = [
     "EffectKeyConflictError",
@@ -75,9 +80,24 @@ class WorkflowNotFoundError(WorkflowEngineError, LookupError):
 
 
 class InputInvalidError(WorkflowEngineError, ValueError):
-    """A run input (or an include's mapped input) failed the JSON Schema or `input` callable."""
+    """A run input (or an include's mapped input) failed the JSON Schema or `input` callable.
+
+    Its message is shown to the client and stored in the command's receipt, so it never
+    quotes the input: a schema refusal carries its `violation` (the place and the rule).
+    An `input` callable may raise it to refuse with its own message (which must not
+    quote the value either); any other exception it raises is reported by type only.
+    """
 
     code = "inputInvalid"
+
+    def __init__(self, message: str, *, violation: Violation | None = None) -> None:
+        self.violation = violation
+        super().__init__(message)
+
+    @classmethod
+    def from_violation(cls, violation: Violation) -> InputInvalidError:
+        """The refusal of a schema check: `at /count: must be integer`."""
+        return cls(violation.describe("the whole input"), violation=violation)
 
 
 class SourceChangedError(WorkflowEngineError):

@@ -147,6 +147,17 @@ def _rehearse_load() -> None:
     loads(dumps({"ok": True, "definition": snapshot}))
 
 
+def _rehearse_guard() -> None:
+    # A runner's first node lists its descendants and arms the process cap: the /proc
+    # reads' first run and the cap's thread (a spare only: the zygote stays one thread).
+    from pi_workflows.engine._limits import default_limits  # noqa: PLC0415
+    from pi_workflows.supervision._subreaper import DescendantCap, descendants  # noqa: PLC0415
+
+    default_limits({"PI_WORKFLOWS_DEFAULT_MEMORY_MB": "0"})
+    descendants()
+    DescendantCap.shared()
+
+
 def prewarm() -> None:
     """Fill the caches a runner and a resolver need; never raises."""
     _steps((_warm_protocol, _warm_input_schemas, _rehearse_load))
@@ -161,8 +172,9 @@ def rehearse() -> None:
     the real request runs on pages that are already its own. Never raises; runs no user
     code, writes to no descriptor, and reaches no crash point (a spare reads
     `PI_WORKFLOWS_CRASH` from its request's environment, at its first crash point).
+    It starts the process cap's thread, which waits, idle, until a node arms it.
     """
-    _steps((_warm_protocol, _warm_input_schemas, _rehearse_load))
+    _steps((_warm_protocol, _warm_input_schemas, _rehearse_load, _rehearse_guard))
 
 
 def _steps(steps: tuple[Callable[[], None], ...]) -> None:

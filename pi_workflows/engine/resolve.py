@@ -35,7 +35,9 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "MAX_TITLE_CHARS",
     "RequestError",
+    "input_invalid_message",
     "main",
+    "not_found_message",
     "parse_request",
     "resolve_request",
     "safe_message",
@@ -95,6 +97,27 @@ def parse_request(line: bytes) -> dict[str, Any]:
     return request
 
 
+def not_found_message(available: list[str]) -> str:
+    """The `workflowNotFound` message: it lists the names that exist, never the one asked
+    for (the client chose it; it would be stored in the receipt). The CLI shows the
+    user's own name beside it."""
+    shown = ", ".join(available[:50]) + (", …" if len(available) > 50 else "")
+    return (
+        f"no workflow has this name; available: {shown or '(none)'}. Add "
+        "'<name>.workflow.py' to <project>/.pi/workflows/ or <agent dir>/workflows/."
+    )
+
+
+def input_invalid_message(name: str, refusal: InputInvalidError) -> str:
+    """The `inputInvalid` message: the workflow (found, so not the client's secret), the
+    failing place and the rule; never the value (see `pi_workflows.wire.schema_errors`)."""
+    if refusal.violation is not None:
+        return (
+            f"input of workflow {name!r} is invalid {refusal.violation.describe('the whole input')}"
+        )
+    return f"input of workflow {name!r} is invalid: {refusal}"
+
+
 def _failure(code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "code": code, "message": safe_message(message)}
 
@@ -110,7 +133,7 @@ def resolve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     try:
         source = find_workflow(name, project, agent_dir)
     except WorkflowNotFoundError as exc:
-        return _failure(exc.code, str(exc))
+        return _failure(exc.code, not_found_message(exc.available))
     modules_before = set(sys.modules)
     try:
         loaded = load_workflow(source.path, project=project, agent_dir=agent_dir)
@@ -121,8 +144,9 @@ def resolve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     try:
         normalised = validate_input(definition, request["input"])
     except InputInvalidError as exc:
-        _log_cause(exc)
-        return _failure(exc.code, f"input of workflow {name!r} is invalid: {exc}")
+        # No traceback of the cause: its text may quote the input (the stderr of a
+        # resolver reaches the zygote's log).
+        return _failure(exc.code, input_invalid_message(name, exc))
     return {
         "ok": True,
         "workflow": name,

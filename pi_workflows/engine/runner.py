@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import itertools
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,11 +35,23 @@ from pi_workflows.engine._definition import (
     ShellNode,
 )
 from pi_workflows.engine._errors import RoutingError, SourceChangedError
+from pi_workflows.engine._limits import (
+    MEMORY_ENV,
+    PROCESSES_ENV,
+    RESOURCE_LIMIT_CODE,
+    Limits,
+    NodeGuard,
+    NodeWatch,
+    ResourceLimitExceeded,
+    default_limits,
+)
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._routing import next_node
 from pi_workflows.supervision import crash_point, identity_of, signal_popen_group
-from pi_workflows.supervision._crash import RUNNER_SENT_KINDS
+from pi_workflows.supervision._crash import CRASH_ENV, CRASH_ONCE_ENV, RUNNER_SENT_KINDS
 from pi_workflows.supervision._process import set_process_name
+from pi_workflows.supervision._subreaper import become_subreaper, stop_descendants
+from pi_workflows.supervision.zygote import CONTROL_FD_ENV
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
 from pi_workflows.wire.protocol import (
@@ -44,8 +60,9 @@ from pi_workflows.wire.protocol import (
     encode_runner_message,
     runner_message_from_wire,
 )
+from pi_workflows.wire.runner import MAX_UPLOAD_BYTES
 
-__all__ = ["EFFECT_KEY_ENV", "LAUNCH_ENV", "RUNNER_FD_ENV", "main"]
+__all__ = ["EFFECT_KEY_ENV", "LAUNCH_ENV", "RUNNER_FD_ENV", "RUN_ID_ENV", "main"]
 
 LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
 RUNNER_PROCESS_NAME = "piw-runner"
@@ -53,6 +70,8 @@ RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
 AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
 EFFECT_KEY_ENV = "PI_WORKFLOWS_EFFECT_KEY"
 """The environment variable that gives a shell command its effect's idempotency key."""
+RUN_ID_ENV = "PI_WORKFLOWS_RUN_ID"
+"""The environment variable that gives a shell command the ID of its run."""
 EXIT_CLAIM_LOST = 3
 EXIT_PROTOCOL = 4
 SHELL_EFFECT_TYPE = "shell"
@@ -88,6 +107,9 @@ MAX_OUTPUT_BYTES = MAX_FRAME_BYTES - 64 * 1024
 """The largest node output (canonical JSON): `node.finished` and `run.finished` must fit
 in one runner frame with their envelope."""
 CONTENT_PARK_REASON = "contentUnavailable"
+REFERENCE_FIELDS = {"effect.settle": "result", "node.finished": "output", "run.finished": "output"}
+"""The value of each message kind that goes by reference (`<name>Ref`, written before as
+`content.write` parts) when it is too large for one frame."""
 
 
 class ContentFailed(Exception):  # noqa: N818
@@ -111,24 +133,29 @@ class OutputTooLarge(ValueError):  # noqa: N818 - the failure code, outputTooLar
     """A node output is too large to report in one runner frame; the node fails."""
 
 
-def checked_output(output: Any) -> bytes:
-    """Return the canonical JSON of a node output that fits in one runner frame.
+def checked_output(output: Any, limit: int = MAX_OUTPUT_BYTES) -> bytes:
+    """Return the canonical JSON of a node output of at most `limit` bytes.
+
+    `limit` is MAX_OUTPUT_BYTES (one runner frame) for every node but a shell node,
+    whose result is bounded by its caps and may travel by reference.
 
     Raises:
         NotSerializableError: the output is not plain JSON.
-        OutputTooLarge: more than MAX_OUTPUT_BYTES of canonical JSON.
+        OutputTooLarge: more than `limit` bytes of canonical JSON.
     """
     data = dumps(output)
-    if len(data) > MAX_OUTPUT_BYTES:
+    if len(data) > limit:
+        where = "fit in one runner frame" if limit == MAX_OUTPUT_BYTES else "go by reference"
         raise OutputTooLarge(
-            f"the node output is {len(data)} bytes of JSON; "
-            f"at most {MAX_OUTPUT_BYTES} fit in one runner frame"
+            f"the node output is {len(data)} bytes of JSON; at most {limit} {where}"
         )
     return data
 
 
 def _failure_code(exc: BaseException) -> str:
     """The `node.failed` error code of a node's exception."""
+    if isinstance(exc, ResourceLimitExceeded | MemoryError):
+        return RESOURCE_LIMIT_CODE
     return "outputTooLarge" if isinstance(exc, OutputTooLarge) else "nodeFailed"
 
 
@@ -145,6 +172,9 @@ class Channel:
         self.pending_command: dict[str, Any] | None = None
         self._unanswered: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
         """Posted messages whose replies have not been read, by message ID."""
+        self._uploaded: dict[str, dict[str, Any]] = {}
+        """The last value sent by reference, by digest: a shell result is named three
+        times (settle, node finished, run finished) and written once."""
 
     def send(
         self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
@@ -160,7 +190,7 @@ class Channel:
                 with `contentUnavailable`.
             Refused: any other refusal.
         """
-        answer = self._exchange(kind, payload, attempt_id)
+        answer = self._exchange(kind, self._by_reference(kind, payload), attempt_id)
         ref = answer.get("resultRef")
         if ref is None:
             return answer
@@ -243,6 +273,52 @@ class Channel:
         except CanonicalJSONError as exc:
             raise ContentFailed("malformedJson", str(exc)[:200]) from None
 
+    def _by_reference(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """`payload`, or, when its value is too large for one frame, the payload with
+        that value written first as `content.write` parts and named by reference.
+
+        Raises:
+            OutputTooLarge: more than MAX_UPLOAD_BYTES; nothing was sent.
+        """
+        name = REFERENCE_FIELDS.get(kind)
+        if name is None or name not in payload:
+            return payload
+        data = dumps(payload[name])
+        if len(data) <= MAX_OUTPUT_BYTES:
+            return payload
+        rest = {key: value for key, value in payload.items() if key != name}
+        rest[f"{name}Ref"] = self._upload(data)
+        return rest
+
+    def _upload(self, data: bytes) -> dict[str, Any]:
+        """Write `data` in parts of at most 512 KiB; its `uploadRef`."""
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise OutputTooLarge(
+                f"the value is {len(data)} bytes of JSON; at most {MAX_UPLOAD_BYTES} "
+                "go by reference"
+            )
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        known = self._uploaded.get(digest)
+        if known is not None:
+            return known
+        parts: list[str] = []
+        for offset in range(0, len(data), CONTENT_PART_BYTES):
+            part = data[offset : offset + CONTENT_PART_BYTES]
+            reply = self._exchange("content.write", {"data": base64.b64encode(part).decode()})
+            stored = (reply.get("result") or {}).get("digest")
+            expected = "sha256:" + hashlib.sha256(part).hexdigest()
+            if stored != expected:
+                raise Refused(f"content.write: the server stored {stored!r}, not {expected}")
+            parts.append(expected)
+        ref = {
+            "mediaType": CONTENT_MEDIA_TYPE,
+            "byteCount": len(data),
+            "digest": digest,
+            "parts": parts,
+        }
+        self._uploaded = {digest: ref}
+        return ref
+
     def _resolve(self, ref: Mapping[str, Any], what: str) -> Any:
         try:
             return self.read_content(ref)
@@ -270,7 +346,7 @@ class Channel:
         for every answer before an effect, a wait, an interaction or the end of the run.
         `expect` names result fields the reply must carry (a pipelined node's visit).
         """
-        message = self._message(kind, payload, attempt_id)
+        message = self._message(kind, self._by_reference(kind, payload), attempt_id)
         self._write(message)
         self._unanswered[message["messageId"]] = (kind, expect)
 
@@ -464,15 +540,18 @@ def _run_shell(
     timeout_ms: int | None,
     max_output: int,
     channel: Channel | None = None,
+    *,
     effect_key: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """Run one command in its own group with capped output and SIGTERM→SIGKILL timeout.
 
     The group is registered with the server (`process.register`) while it runs, so a
     runner that is killed or cancelled cannot leave the command running behind it. The
-    command's environment has `PI_WORKFLOWS_EFFECT_KEY` = `effect_key` when given.
+    command's environment is `shell_environment(effect_key, run_id)`. At most
+    `max_output` bytes of each of stdout and stderr are kept as they are read (the rest
+    is counted, never held); the command's exit ends the wait (see `_capture`).
     """
-    env = None if effect_key is None else {**os.environ, EFFECT_KEY_ENV: effect_key}
     # The command waits at a gate until its group is registered, so no instant exists in
     # which the runner could die (or the server stop) and leave an unregistered command
     # running. `sh` holds the gate and then execs the command in place: same PID, same
@@ -480,12 +559,12 @@ def _run_shell(
     gate_r, gate_w = os.pipe()
     try:
         child = subprocess.Popen(
-            ["/bin/sh", "-c", _GATE_SCRIPT.format(fd=gate_r), "piw-gate", *argv],
+            ["/bin/sh", "-c", _GATE_SCRIPT, "piw-gate", *argv],
+            stdin=gate_r,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            pass_fds=(gate_r,),
-            env=env,
+            env=shell_environment(effect_key, run_id),
         )
     except BaseException:
         os.close(gate_w)
@@ -497,60 +576,233 @@ def _run_shell(
         os.write(gate_w, b"go\n")
     finally:
         os.close(gate_w)
-    timed_out = False
+    cap = max(0, min(max_output, SHELL_STREAM_MAX_BYTES))
     try:
-        out, err = child.communicate(timeout=None if timeout_ms is None else timeout_ms / 1000)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        signal_popen_group(child, signal.SIGTERM)
-        try:
-            out, err = child.communicate(timeout=SHELL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            signal_popen_group(child, signal.SIGKILL)
-            out, err = child.communicate()
+        captured = _capture(child, None if timeout_ms is None else timeout_ms / 1000, cap)
     finally:
+        if child.returncode is None:  # the runner is failing: never leave the group behind
+            signal_popen_group(child, signal.SIGKILL)
+            child.wait()
         if channel is not None and registration is not None:
             channel.send("runner.progress", {**registration, "operation": "process.unregister"})
     code = child.returncode
+    out, err = captured.stdout, captured.stderr
     return fit_shell_output(
         {
             "exitCode": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
-            "timedOut": timed_out,
-            "stdout": out[:max_output].decode("utf-8", "replace"),
-            "stderr": err[:max_output].decode("utf-8", "replace"),
-            "truncated": len(out) > max_output or len(err) > max_output,
+            "timedOut": captured.timed_out,
+            "stdout": bytes(out.kept).decode("utf-8", "replace"),
+            "stderr": bytes(err.kept).decode("utf-8", "replace"),
+            "stdoutTruncatedBytes": out.dropped,
+            "stderrTruncatedBytes": err.dropped,
+            "truncated": out.dropped > 0 or err.dropped > 0,
         }
     )
 
 
-SHELL_OUTPUT_BUDGET = MAX_OUTPUT_BYTES - 16 * 1024
-"""The largest canonical JSON a shell result may have: it travels whole in
-`effect.settle` and in `node.finished`, each with its envelope, within one frame."""
+RUNNER_PRIVATE_ENV = frozenset(
+    {LAUNCH_ENV, RUNNER_FD_ENV, AGENT_DIR_ENV, CONTROL_FD_ENV, CRASH_ENV, CRASH_ONCE_ENV}
+)
+"""Variables pi-workflows uses to start and test its own processes: a shell command
+never sees them (the launch envelope names the run, its epoch and the project)."""
+
+
+def shell_environment(effect_key: str | None, run_id: str | None) -> dict[str, str]:
+    """The environment of a shell command: the runner's own, without `RUNNER_PRIVATE_ENV`,
+    with `PI_WORKFLOWS_EFFECT_KEY` and `PI_WORKFLOWS_RUN_ID` when given."""
+    env = {key: value for key, value in os.environ.items() if key not in RUNNER_PRIVATE_ENV}
+    if effect_key is not None:
+        env[EFFECT_KEY_ENV] = effect_key
+    if run_id is not None:
+        env[RUN_ID_ENV] = run_id
+    return env
+
+
+SHELL_DRAIN_S = 0.5
+"""After a command exits, how long its pipes are still read. What it wrote is already in
+them; a background process that keeps them open cannot hold the result any longer."""
+SHELL_POLL_S = 0.05
+"""How often the exit is polled where no pidfd tells it (not Linux)."""
+SHELL_READ_BYTES = 256 * 1024
+
+
+@dataclass
+class _Stream:
+    """One captured pipe: its first `cap` bytes are kept, the rest only counted."""
+
+    cap: int
+    kept: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def take(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.cap - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+
+    @property
+    def dropped(self) -> int:
+        return self.total - len(self.kept)
+
+
+@dataclass
+class _Captured:
+    stdout: _Stream
+    stderr: _Stream
+    timed_out: bool = False
+
+
+def _capture(child: subprocess.Popen[bytes], timeout_s: float | None, cap: int) -> _Captured:
+    """Read the command's stdout and stderr as they come until it has exited and its
+    pipes are drained (end of file, or `SHELL_DRAIN_S` after the exit); time it out.
+
+    The command's exit is the process's exit, not the closing of its pipes: a
+    background process that keeps stdout open neither holds the result nor makes the
+    command time out. Memory stays at `cap` per stream plus one read.
+    """
+    assert child.stdout is not None and child.stderr is not None
+    captured = _Captured(_Stream(cap), _Stream(cap))
+    streams = {child.stdout.fileno(): captured.stdout, child.stderr.fileno(): captured.stderr}
+    selector = selectors.DefaultSelector()
+    exit_fd = _pidfd(child.pid)
+    try:
+        for fd in streams:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        if exit_fd is not None:
+            selector.register(exit_fd, selectors.EVENT_READ)
+        clock = _ShellClock(child, timeout_s, polled=exit_fd is None)
+        while True:
+            reading = any(fd in streams for fd in selector.get_map())
+            wait = clock.advance(captured, reading=reading)
+            if wait is None:
+                return captured
+            for key, _ in selector.select(wait):
+                if key.fd == exit_fd:
+                    selector.unregister(exit_fd)  # exited: the clock's `poll` reaps it
+                elif not _read_into(key.fd, streams[key.fd]):
+                    selector.unregister(key.fd)
+    finally:
+        selector.close()
+        if exit_fd is not None:
+            os.close(exit_fd)
+        child.stdout.close()
+        child.stderr.close()
+
+
+def _read_into(fd: int, stream: _Stream) -> bool:
+    """Read what is there into `stream`; False at end of file."""
+    try:
+        data = os.read(fd, SHELL_READ_BYTES)
+    except BlockingIOError:
+        return True
+    stream.take(data)
+    return bool(data)
+
+
+class _ShellClock:
+    """The deadlines of one command: its timeout (SIGTERM to the group, SIGKILL after
+    `SHELL_GRACE_S`) and, once it exited, how long its pipes are still read."""
+
+    def __init__(
+        self, child: subprocess.Popen[bytes], timeout_s: float | None, *, polled: bool
+    ) -> None:
+        self._child = child
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._kill_at: float | None = None
+        self._drain_until: float | None = None
+        self._polled = polled
+
+    def advance(self, captured: _Captured, *, reading: bool) -> float | None:
+        """Act on what is due; the seconds to wait for the pipes, or None when done."""
+        now = time.monotonic()
+        if self._drain_until is None and self._child.poll() is not None:
+            self._drain_until = now + SHELL_DRAIN_S
+        if self._drain_until is not None and (not reading or now >= self._drain_until):
+            return None
+        if self._deadline is not None and now >= self._deadline:
+            captured.timed_out = True
+            signal_popen_group(self._child, signal.SIGTERM)
+            self._deadline, self._kill_at = None, now + SHELL_GRACE_S
+        if self._kill_at is not None and now >= self._kill_at:
+            signal_popen_group(self._child, signal.SIGKILL)
+            self._kill_at = None
+        wakes = [t for t in (self._deadline, self._kill_at, self._drain_until) if t is not None]
+        if self._drain_until is None and self._polled:
+            wakes.append(now + SHELL_POLL_S)
+        return max(0.0, min(wakes) - now) if wakes else 60.0
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux 5.3+), or None."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
+
+
+SHELL_OUTPUT_BUDGET = MAX_UPLOAD_BYTES - 64 * 1024
+"""The largest canonical JSON a shell result may have. A result larger than one runner
+frame travels by reference (`content.write`), so the budget is what a reference holds."""
+SHELL_STREAM_MAX_BYTES = SHELL_OUTPUT_BUDGET // 2
+"""No stream keeps more than this, whatever `max_output_bytes` says: more could never be
+reported."""
 
 
 def fit_shell_output(result: dict[str, Any], budget: int = SHELL_OUTPUT_BUDGET) -> dict[str, Any]:
     """Shorten stdout and stderr (the longer first) until the result's JSON fits `budget`.
 
     A command that finished has a known result; output that escapes to more JSON than
-    a frame holds (NUL bytes become six characters each) is cut, never the result
-    itself, so the effect settles instead of failing or becoming ambiguous.
+    a reference holds (NUL bytes become six characters each) is cut, never the result
+    itself, so the effect settles instead of failing or becoming ambiguous. The bytes
+    cut are added to the stream's `…TruncatedBytes`. The JSON is measured in bounded
+    pieces, never built whole here.
     """
-    size = len(dumps(result))
+    size = _result_json_len(result)
     while size > budget:
-        field = "stdout" if len(result["stdout"]) >= len(result["stderr"]) else "stderr"
-        text = result[field]
+        lengths = {name: _json_len(result[name]) for name in ("stdout", "stderr")}
+        name = "stdout" if lengths["stdout"] >= lengths["stderr"] else "stderr"
+        text = result[name]
         # Cut as many characters as the excess is worth at this text's JSON bytes per
         # character (escapes make it up to six), plus one: a round or two.
-        per_char = len(dumps(text)) / max(1, len(text))
+        per_char = lengths[name] / max(1, len(text))
         keep = max(0, len(text) - int((size - budget) / per_char) - 1)
-        result = {**result, field: text[:keep], "truncated": True}
-        size = len(dumps(result))
+        cut = len(text[keep:].encode("utf-8", "replace"))
+        dropped = f"{name}TruncatedBytes"
+        result = {
+            **result,
+            name: text[:keep],
+            dropped: int(result.get(dropped, 0)) + cut,
+            "truncated": True,
+        }
+        size = _result_json_len(result)
     return result
 
 
-_GATE_SCRIPT = 'read -r _ <&{fd} || exit 127; exec {fd}<&-; exec "$@"'
-"""Wait for the runner's go (sent once the group is registered), then become the command."""
+_MEASURE_CHARS = 1024 * 1024
+
+
+def _json_len(text: str) -> int:
+    """`len(dumps(text))`, measured a megabyte of characters at a time (an escape never
+    spans two characters, so the pieces add up)."""
+    pieces = range(0, len(text), _MEASURE_CHARS)
+    return 2 + sum(len(dumps(text[i : i + _MEASURE_CHARS])) - 2 for i in pieces)
+
+
+def _result_json_len(result: dict[str, Any]) -> int:
+    """`len(dumps(result))`: its other fields, plus each stream's string."""
+    rest = len(dumps({**result, "stdout": "", "stderr": ""}))
+    return rest + _json_len(result["stdout"]) - 2 + _json_len(result["stderr"]) - 2
+
+
+_GATE_SCRIPT = 'read -r _ || exit 127; exec "$@" </dev/null'
+"""Wait for the runner's go on stdin (sent once the group is registered), then become the
+command, its stdin /dev/null. (The gate is stdin, not a numbered descriptor: `dash`
+takes only one digit in a redirection.)"""
 
 
 def _register(channel: Channel | None, pid: int) -> dict[str, Any] | None:
@@ -578,11 +830,14 @@ class Execution:
         state: Mapping[str, Any],
         *,
         answered_checkpoint: str | None = None,
+        guard: NodeGuard | None = None,
     ) -> None:
         """`answered_checkpoint`: the checkpoint attempt a `continue` command goes on after
         (its output in `state` is the answer); any other completed checkpoint that is the
-        last step has no answer yet, so the run waits there again."""
+        last step has no answer yet, so the run waits there again. `guard` applies each
+        node's limits and stops what the node left running (none: in-process tests)."""
         self.channel = channel
+        self.guard = guard
         self.compiled = compiled
         self.run_id = str(envelope["runId"])
         # Outputs and results by full compiled path; each node's context sees them
@@ -690,8 +945,11 @@ class Execution:
             else None,
         )
         try:
-            output = self._execute(node, ctx)
-            checked_output(output)  # JSON that fits one frame, or the node failed (not the runner)
+            output = self._run_node(node, ctx)
+            # JSON that fits one frame (a shell result: a reference), or the node failed.
+            checked_output(
+                output, SHELL_OUTPUT_BUDGET if node.kind == "shell" else MAX_OUTPUT_BYTES
+            )
             outcome = "completed"
         except (ClaimLost, Refused):
             raise
@@ -716,7 +974,9 @@ class Execution:
             except RoutingError:
                 self.current = None
             if self.current is None:
-                self._finish("failed", error=("nodeFailed", f"{node.path}: {_text(exc)}"))
+                code = _failure_code(exc)
+                run_code = code if code == RESOURCE_LIMIT_CODE else "nodeFailed"
+                self._finish("failed", error=(run_code, f"{node.path}: {_text(exc)}"))
                 return False
             return True
         try:
@@ -740,6 +1000,32 @@ class Execution:
         self.current = route
         return True
 
+    def _run_node(self, node: CompiledNode, ctx: EngineContext) -> Any:
+        """`_execute` under the node's limits; every process it started is stopped after.
+
+        Raises:
+            ResourceLimitExceeded: the node ran out of memory, or had more processes
+                alive than its limit (they were stopped, so it did not complete).
+        """
+        watch = NodeWatch(Limits())
+        guarded = self.guard.node(node.limits) if self.guard is not None else None
+        try:
+            with guarded or contextlib.nullcontext(watch) as watch:
+                output = self._execute(node, ctx)
+        except (ClaimLost, Refused, EffectAmbiguous):
+            raise
+        except Exception as exc:
+            explained = watch.explain(exc)
+            if explained is exc:
+                raise
+            # The traceback holds the node's frames, and with them what filled its memory.
+            exc.__traceback__ = None
+            raise explained from None
+        exceeded = watch.exceeded()
+        if exceeded is not None:
+            raise exceeded
+        return output
+
     def _execute(self, node: CompiledNode, ctx: EngineContext) -> Any:
         if node.include_transition is not None:
             # An include entry maps the parent's context to the child's input; an exit
@@ -755,7 +1041,12 @@ class Execution:
                 SHELL_EFFECT_TYPE,
                 {"argv": argv},
                 apply=lambda key, request: _run_shell(
-                    request["argv"], timeout_ms, cap, self.channel, effect_key=key
+                    request["argv"],
+                    timeout_ms,
+                    cap,
+                    self.channel,
+                    effect_key=key,
+                    run_id=self.run_id,
                 ),
                 read_back=spec.read_back,
                 idempotent=spec.idempotent,
@@ -790,12 +1081,20 @@ def main() -> int:
     """Run one generation; the exit code is for logs only (the server decides outcomes)."""
     sys.stdout = sys.stderr  # workflow prints must never reach a protocol stream
     set_process_name(RUNNER_PROCESS_NAME)
-    envelope = decode_launch_envelope(os.environ[LAUNCH_ENV].encode("utf-8"))
-    sock = socket.socket(fileno=int(os.environ[RUNNER_FD_ENV]))
+    # Whatever a node starts stays below this process, even after `setsid`, until the
+    # node's end stops it (and the zygote, a subreaper too, if this process dies first).
+    become_subreaper()
+    defaults = _server_default_limits()
+    NodeGuard.before_load(defaults)
+    # Taken out of the environment once read: workflow code, and any process it starts,
+    # never sees the launch envelope, the channel's descriptor or the agent folder.
+    envelope = decode_launch_envelope(os.environ.pop(LAUNCH_ENV).encode("utf-8"))
+    sock = socket.socket(fileno=int(os.environ.pop(RUNNER_FD_ENV)))
     sock.setblocking(True)
     channel = Channel(sock, envelope)
     project = Path(envelope["projectPath"]) if envelope["projectPath"] else None
-    agent_dir = Path(os.environ[AGENT_DIR_ENV]) if os.environ.get(AGENT_DIR_ENV) else None
+    agent_value = os.environ.pop(AGENT_DIR_ENV, "")
+    agent_dir = Path(agent_value) if agent_value else None
     try:
         try:
             loaded = load_verified(envelope["workflowSource"], project=project, agent_dir=agent_dir)
@@ -817,13 +1116,29 @@ def main() -> int:
         if answered is None and command.get("command") == "continue":
             finished = state.get("finished") or []  # the answered checkpoint comes last
             answered = finished[-1].get("attemptId") if finished else None
-        Execution(channel, loaded.compiled, envelope, state, answered_checkpoint=answered).run()
+        guard = NodeGuard((node.limits for node in loaded.compiled.nodes.values()), defaults)
+        Execution(
+            channel, loaded.compiled, envelope, state, answered_checkpoint=answered, guard=guard
+        ).run()
         return 0
     except ClaimLost:
         return EXIT_CLAIM_LOST
     except Refused:
         traceback.print_exc()
         return EXIT_PROTOCOL
+    finally:
+        stop_descendants()  # nothing a node started outlives its runner
+
+
+def _server_default_limits() -> Limits:
+    """The server's default limits, taken out of the environment like the launch's."""
+    try:
+        limits = default_limits()
+    except ValueError:  # the server checked them at start; a hand-made launch may not
+        limits = Limits()
+    for name in (MEMORY_ENV, PROCESSES_ENV):
+        os.environ.pop(name, None)
+    return limits
 
 
 def _exit(code: int) -> NoReturn:

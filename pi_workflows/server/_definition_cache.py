@@ -15,7 +15,7 @@ later `run.start` of the same name, project and agent folder is then answered he
    on every lookup (no stat signature or mtime is trusted; the files are small).
 3. **The input.** The input goes through the same canonical JSON round trip the
    resolver request does, is checked against the root's JSON Schema with the same
-   validator and error wording as `validate_input`, and hashed with `sha256_digest`.
+   validator and safe error wording as `validate_input`, and hashed with `sha256_digest`.
 
 The answer is the resolver's own answer with this request's input, input hash and name:
 byte-for-byte what the resolver would produce for unchanged files (tests compare both).
@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from pi_workflows.engine._discovery import WORKFLOW_SUFFIX, command_name, search_dirs
-from pi_workflows.engine.resolve import safe_message
+from pi_workflows.engine._errors import InputInvalidError
+from pi_workflows.engine.resolve import input_invalid_message, safe_message
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
+from pi_workflows.wire.schema_errors import first_violation
 
 __all__ = ["CACHE_ENV", "DEFAULT_CAPACITY", "CacheStats", "CachedDefinition", "DefinitionCache"]
 
@@ -104,11 +105,11 @@ class CachedDefinition:
         except CanonicalJSONError:
             return None
         if self.validator is not None:
-            error = best_match(self.validator.iter_errors(value))
-            if error is not None:
-                where = "input" + "".join(f"[{part!r}]" for part in error.absolute_path)
-                message = f"input of workflow {name!r} is invalid: {where}: {error.message}"
-                return {"ok": False, "code": "inputInvalid", "message": safe_message(message)}
+            violation = first_violation(self.validator.iter_errors(value))
+            if violation is not None:
+                refusal = InputInvalidError.from_violation(violation)
+                message = safe_message(input_invalid_message(name, refusal))
+                return {"ok": False, "code": refusal.code, "message": message}
         answer = dict(self.answer)  # nested values are shared: nobody mutates an answer
         answer["workflow"] = name
         answer["input"] = value

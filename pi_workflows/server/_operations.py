@@ -9,6 +9,7 @@ then is answered. Reads create no receipts. Errors become bounded safe errors.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
+    DISK_FULL_MESSAGE,
     AnswerInvalidError,
     Claim,
     ClaimHeldError,
@@ -27,6 +29,7 @@ from pi_workflows.storage import (
     InvalidTransitionError,
     LookupOutcome,
     NewRun,
+    ReceiptLookup,
     ReceiptOutcome,
     RevisionConflictError,
     RunNotFoundError,
@@ -38,6 +41,8 @@ from pi_workflows.storage import (
     get_queue_row,
     get_run,
     get_run_summary,
+    get_server_lease,
+    is_disk_full,
     list_ambiguous_effects,
     list_attempts,
     list_runs,
@@ -54,7 +59,14 @@ from pi_workflows.storage import (
     verify,
 )
 from pi_workflows.supervision import crash_point
-from pi_workflows.wire.protocol import CLIENT_SCHEMA, RUN_LIST_PAGE_SCHEMA, RequestMessage
+from pi_workflows.wire.protocol import (
+    CLIENT_SCHEMA,
+    DISK_FULL_CODE,
+    RUN_LIST_PAGE_SCHEMA,
+    RequestMessage,
+)
+
+log = logging.getLogger(__name__)
 
 CONTROL_CLAIM_TTL_MS = 30_000
 """Lifetime of the control claim a cancel of an expired running row takes (released at once)."""
@@ -70,8 +82,10 @@ __all__ = [
     "StartRequest",
     "build_run_list",
     "display_status",
+    "failure_response",
     "handle_operation",
     "internal_error",
+    "prior_answer",
     "rejected",
     "start_request_fields",
     "start_run",
@@ -104,6 +118,20 @@ def internal_error(request: RequestMessage) -> dict[str, Any]:
     return rejected(
         request, "unavailable", "internalError", "the server failed this request; retry it"
     )
+
+
+def failure_response(request: RequestMessage, error: BaseException) -> dict[str, Any]:
+    """Log a request's failed unit of work and answer it: `diskFull` for a full disk
+    (the database actor logs that once per episode, without a traceback), else
+    `internalError` with the traceback in the log."""
+    if is_disk_full(error):
+        return rejected(request, "unavailable", DISK_FULL_CODE, DISK_FULL_MESSAGE)
+    log.error(
+        "operation failed",
+        extra={"action": "operation.error", "operation": request["operation"]},
+        exc_info=error,
+    )
+    return internal_error(request)
 
 
 class OperationError(PiWorkflowsError):
@@ -145,9 +173,10 @@ def _server_status(
     counts = status_counts(db, db.clock.now_ms())
     queue = counts.queue_by_state
     runs = counts.runs_by_status
+    lease = get_server_lease(db)  # the epoch is the stored one: a stall takes the next
     receipt = {
         "state": "running",
-        "epoch": ctx.epoch,
+        "epoch": lease.epoch if lease is not None else ctx.epoch,
         "socket": "available",
         "activeRunners": counts.active_runners,
         "runs": {
@@ -317,22 +346,42 @@ def _command(request: RequestMessage) -> CommandRequest:
     )
 
 
+def _stored_answer(request: RequestMessage, found: ReceiptLookup) -> dict[str, Any] | None:
+    """The answer a stored receipt gives this request (adopted or conflict), or None."""
+    if found.outcome is LookupOutcome.ADOPTED:
+        assert found.receipt is not None
+        return _adopted(request, found.receipt)
+    if found.outcome is LookupOutcome.CONFLICT:
+        return rejected(
+            request,
+            "conflict",
+            "idempotencyConflict",
+            "this request ID or idempotency key was already used with another payload",
+        )
+    return None
+
+
+def prior_answer(db: Database, request: RequestMessage) -> dict[str, Any] | None:
+    """The answer of a command already handled under this request's durable identity.
+
+    For `run.start` before the resolver: the fingerprint covers the request payload as
+    sent (name, input, project path), never what resolving it gives, so it is known
+    before any workflow code runs. A retry adopts, another payload under the same key
+    or request ID conflicts, and None means "not handled yet": resolve, then commit,
+    whose own lookup in the write transaction settles a race between two first attempts.
+    Read-only; it runs on the reader actor.
+    """
+    return _stored_answer(request, lookup_receipt(db, _command(request)))
+
+
 def _run_command(
     db: Database, request: RequestMessage, change: Callable[[Tx, CommandRequest], Any]
 ) -> dict[str, Any]:
     command = _command(request)
     with db.write() as tx:
-        found = lookup_receipt(tx, command)
-        if found.outcome is LookupOutcome.ADOPTED:
-            assert found.receipt is not None
-            return _adopted(request, found.receipt)
-        if found.outcome is LookupOutcome.CONFLICT:
-            return rejected(
-                request,
-                "conflict",
-                "idempotencyConflict",
-                "this request ID or idempotency key was already used with another payload",
-            )
+        stored = _stored_answer(request, lookup_receipt(tx, command))
+        if stored is not None:
+            return stored
         try:
             run_id, revision, body = change(tx, command)
         except OperationError as exc:

@@ -12,6 +12,9 @@ inside recovery (a crash point sits there) is recovered by the next start:
    (a new generation) and requeue it from its last durable boundary; a paused one parks.
    Effect state is read by the next runner before anything repeats: an applied receipt
    is adopted, an applying effect is proven by read-back or parks the run `ambiguous`.
+   A run the server died under `MAX_RUNNER_CRASHES` times with no node finishing in
+   between parks with `serverCrashLoop`: it may be what kills the server, and the next
+   server must stay up.
 4. Later parts (origin sessions, interactive requests, channels, retention) plug in at
    `LATER_STEPS`.
 """
@@ -22,6 +25,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pi_workflows.server._runner_exits import MAX_RUNNER_CRASHES
 from pi_workflows.storage import (
     Database,
     OwnerType,
@@ -81,6 +85,7 @@ def recover_at_startup(
         return owner_type in (OwnerType.HOST, OwnerType.CONTROL) and owner != owner_id
 
     requeued = parked = 0
+    crash_looped: list[str] = []
     stale_runs = stale_running_runs(db)
     for start in range(0, len(stale_runs), RECOVERY_BATCH):
         # Each run is recovered whole; a batch shares one commit (one fsync), so a
@@ -93,10 +98,18 @@ def recover_at_startup(
                     owner_id=owner_id,
                     owner_is_gone=owner_is_gone,
                     ttl_ms=RECOVERY_CLAIM_TTL_MS,
+                    crash_limit=MAX_RUNNER_CRASHES,
                 )
                 requeued += recovered.action == "requeued"
-                parked += recovered.action == "parked"
+                parked += recovered.action in ("parked", "crashLoop")
+                if recovered.action == "crashLoop":
+                    crash_looped.append(run_id)
         crash_point("server.recovery.after_first_run")
+    for run_id in crash_looped:
+        log.warning(
+            "the server died under this run again and again; parked for review",
+            extra={"action": "run.server_crash_loop", "run_id": run_id},
+        )
     for step in LATER_STEPS:
         step(db)
     report = RecoveryReport(stopped, len(stale), requeued, parked)

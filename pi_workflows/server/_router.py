@@ -3,8 +3,9 @@
 Implements workflow-server.md § Live client protocol. The router runs on the listener's
 event loop and never blocks it: each request is parsed once, then handed to the one
 place that answers it (the database actor, the runner-host actor, the subscription
-actor, or a resolver thread for `run.start`). Every request is answered exactly once,
-and the in-flight count (for a graceful stop's receipts) follows that answer.
+actor; for `run.start` the reader actor's receipt lookup, then a resolver thread).
+Every request is answered exactly once, and the in-flight count (for a graceful stop's
+receipts) follows that answer.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from pi_workflows.server._operations import (
     OperationError,
     StartRequest,
     build_run_list,
+    failure_response,
     handle_operation,
     internal_error,
+    prior_answer,
     rejected,
     response,
     start_request_fields,
@@ -173,12 +176,7 @@ class Router:
     def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
         """On the database actor's thread: answer, then wake the scheduler for a command."""
         if result.error is not None:
-            log.error(
-                "operation failed",
-                extra={"action": "operation.error", "operation": pending.request["operation"]},
-                exc_info=result.error,
-            )
-            pending.respond(internal_error(pending.request))
+            pending.respond(failure_response(pending.request, result.error))
             return
         pending.respond(result.value)
         if wake:
@@ -207,14 +205,44 @@ class Router:
         self._ports.stop("stop requested", float(drain))
 
     def _start_run(self, pending: Pending) -> None:
-        """Resolve the source in a child (off every actor), then commit through the database."""
+        """Look up the receipt, then resolve the source in a child (off every actor), then
+        commit through the database.
+
+        The receipt lookup comes first so that a retry of a handled start (adopted) or a
+        reuse of its key with another payload (conflict) is answered from the reader
+        actor's snapshot and runs no workflow code; the resolver cache is never asked.
+        """
         request = pending.request
         try:
             start = start_request_fields(request)
         except OperationError as exc:
             pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
             return
-        self._ports.resolvers.submit(self._resolve_and_commit, pending, start)
+        lookup = functools.partial(prior_answer, request=request)
+        then = functools.partial(self._after_receipt_lookup, pending, start)
+        self._ports.reader.tell(Read(lookup, then, "run.start.receipt"))
+
+    def _after_receipt_lookup(self, pending: Pending, start: StartRequest, found: Reply) -> None:
+        """On the reader's thread: answer from the stored receipt, or go on to resolve.
+
+        A failed lookup is not an answer: the commit's own lookup, in its write
+        transaction, still decides adopt or conflict. Never raises (a raising reply
+        would stop the reader actor).
+        """
+        try:
+            if found.error is None and found.value is not None:
+                pending.respond(found.value)
+                return
+            if found.error is not None:
+                log.warning(
+                    "receipt lookup failed; resolving",
+                    extra={"action": "operation.error", "operation": "run.start"},
+                )
+            self._ports.resolvers.submit(self._resolve_and_commit, pending, start)
+        except Exception:  # the executor is shut down: the server is stopping
+            log.exception("run.start not resolved", extra={"action": "operation.error"})
+            with contextlib.suppress(Exception):
+                pending.respond(internal_error(pending.request))
 
     def _resolve_and_commit(self, pending: Pending, start: StartRequest) -> None:
         """On a resolver thread: the cached answer, or the resolver child's; then the commit.
@@ -254,9 +282,23 @@ class Router:
             )
             return
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
-        pending.respond(response(request, "accepted", receipt={"subscriptionId": subscription_id}))
+
+        def answer(installed: Reply) -> None:
+            if installed.value:
+                receipt = {"subscriptionId": subscription_id}
+                pending.respond(response(request, "accepted", receipt=receipt))
+            else:
+                pending.respond(
+                    rejected(
+                        request,
+                        "rejected",
+                        "tooManySubscriptions",
+                        "this connection holds the most subscriptions allowed; unsubscribe one",
+                    )
+                )
+
         self._ports.subscriptions.tell(
-            Subscribe(pending.connection, subscription_id, "runList", build_run_list)
+            Subscribe(pending.connection, subscription_id, "runList", build_run_list, answer)
         )
 
     def _unsubscribe(self, pending: Pending) -> None:

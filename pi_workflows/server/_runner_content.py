@@ -4,19 +4,45 @@ Implements workflow-server.md § Process supervision ("Before the server sends a
 it measures the encoded response"): a reply's `result` or a command's `payload.state`
 over `INLINE_FRAME_LIMIT` is stored in the blob store in the same transaction, and the
 frame carries a `contentRef` the runner reads back in 512 KiB parts with `content.read`.
+
+The other way, a runner whose result or output is too large for one frame (a finished
+shell command's escaped output) sends it first as `content.write` parts, each stored as
+a blob, and then names it with an `uploadRef`: `resolve_upload` reads the parts back
+and checks them before the value is used as if it had come inline, so a finished
+command's outcome is always recorded.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
 from collections.abc import Collection
 from typing import Any
 
-from pi_workflows.storage import ContentUnavailableError, Database, Tx, put_blob, read_blob_part
-from pi_workflows.wire.canonical import dumps
+from pi_workflows.storage import (
+    CONTENT_PART_BYTES,
+    ContentUnavailableError,
+    Database,
+    Tx,
+    put_blob,
+    read_blob,
+    read_blob_part,
+)
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
+from pi_workflows.wire.runner import MAX_UPLOAD_BYTES, UploadRef
 
-__all__ = ["CONTENT_MEDIA_TYPE", "INLINE_FRAME_LIMIT", "ContentPart", "bounded", "read_part"]
+__all__ = [
+    "CONTENT_MEDIA_TYPE",
+    "INLINE_FRAME_LIMIT",
+    "ContentPart",
+    "UploadRejectedError",
+    "bounded",
+    "read_part",
+    "resolve_upload",
+    "write_part",
+]
 
 INLINE_FRAME_LIMIT = MAX_FRAME_BYTES - 64 * 1024
 """The largest encoded reply or command sent whole; a larger one carries its result (or
@@ -77,3 +103,65 @@ def read_part(
     except ValueError as exc:  # a length outside 1..512 KiB
         return "rejected", None, ("contentUnavailable", str(exc))
     return "accepted", {"offset": offset, "data": base64.b64encode(part).decode("ascii")}, None
+
+
+class UploadRejectedError(ValueError):
+    """An `uploadRef` names parts this runner did not write, or they do not add up to
+    its byte count, digest and JSON. The message names the check, never the content."""
+
+
+def write_part(tx: Tx, data: str) -> str:
+    """Store one `content.write` part (base64) as a blob and return its digest.
+
+    Each part is content-addressed and idempotent: a retried write stores nothing new.
+    Parts that no value ever names stay as unreferenced transfer content.
+
+    Raises:
+        UploadRejectedError: the part is not base64, or not 1..512 KiB.
+    """
+    try:
+        part = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise UploadRejectedError("the part is not base64") from None
+    if not 0 < len(part) <= CONTENT_PART_BYTES:
+        raise UploadRejectedError(f"a part is 1..{CONTENT_PART_BYTES} bytes, not {len(part)}")
+    return put_blob(tx, part)
+
+
+def resolve_upload(tx: Tx, offered: Collection[str], ref: UploadRef) -> tuple[Any, bytes]:
+    """The JSON value an `uploadRef` names, and its canonical bytes, read from its parts.
+
+    Memory: the value's bytes (at most `MAX_UPLOAD_BYTES`) and the parsed value.
+
+    Raises:
+        UploadRejectedError: a part this runner did not write (`offered`), a part that is
+            missing or of the wrong length, a byte count or digest that does not match,
+            or bytes that are not canonical JSON.
+    """
+    if not 0 < ref.byte_count <= MAX_UPLOAD_BYTES:
+        raise UploadRejectedError(f"{ref.byte_count} bytes is not 1..{MAX_UPLOAD_BYTES}")
+    expected = -(-ref.byte_count // CONTENT_PART_BYTES)
+    if len(ref.parts) != expected:
+        raise UploadRejectedError(f"{len(ref.parts)} parts for {ref.byte_count} bytes")
+    hasher = hashlib.sha256()
+    chunks: list[bytes] = []
+    for index, digest in enumerate(ref.parts):
+        if digest not in offered:
+            raise UploadRejectedError(f"part {index} was not written by this runner")
+        try:
+            part = read_blob(tx, digest)
+        except ContentUnavailableError as exc:
+            raise UploadRejectedError(f"part {index}: {exc.reason}") from None
+        last = index == expected - 1
+        size = ref.byte_count - CONTENT_PART_BYTES * index if last else CONTENT_PART_BYTES
+        if len(part) != size:
+            raise UploadRejectedError(f"part {index} has {len(part)} bytes, not {size}")
+        hasher.update(part)
+        chunks.append(part)
+    if "sha256:" + hasher.hexdigest() != ref.digest:
+        raise UploadRejectedError("the parts do not match the digest")
+    data = b"".join(chunks)
+    try:
+        return loads(data), data
+    except CanonicalJSONError:
+        raise UploadRejectedError("the value is not canonical JSON") from None

@@ -17,7 +17,14 @@ from typing import Any
 
 import psutil
 
-from pi_workflows.server._runner_content import bounded, read_part
+from pi_workflows.server._runner_content import (
+    CONTENT_MEDIA_TYPE,
+    UploadRejectedError,
+    bounded,
+    read_part,
+    resolve_upload,
+    write_part,
+)
 from pi_workflows.server._runner_exits import STOPPING_REASON
 from pi_workflows.server._runner_launch import LaunchPlan, launch_state
 from pi_workflows.storage import (
@@ -43,6 +50,7 @@ from pi_workflows.storage import (
     open_checkpoint_decision,
     park_run,
     protected_write,
+    put_blob,
     read_resume_state,
     record_process,
     record_runner_reply,
@@ -59,6 +67,7 @@ from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.runner import (
     ContentRead,
+    ContentWrite,
     EffectReserve,
     EffectSettle,
     NodeFailed,
@@ -71,6 +80,7 @@ from pi_workflows.wire.runner import (
     RunnerProgress,
     RunnerReply,
     RunParked,
+    UploadRef,
 )
 
 __all__ = ["Delta", "Handled", "RunnerView", "apply_message", "reply_to"]
@@ -153,6 +163,8 @@ def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Han
     delta = Delta()
     if isinstance(message.body, ContentRead):
         return Handled([_read_content(db, view, message, message.body)], delta)  # no receipt
+    if isinstance(message.body, ContentWrite):
+        return Handled([_write_content(db, message, message.body, delta)], delta)  # no receipt
     fingerprint = sha256_digest(message.to_wire())
     stored = lookup_runner_reply(db, view.runner_epoch, message.message_id, fingerprint)
     if stored is not None:
@@ -183,6 +195,9 @@ def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Han
         return Handled([reply_to(message, "conflict", error=("effectConflict", str(exc)))], delta)
     except (InvalidTransitionError, RunNotFoundError, ClaimHeldError) as exc:
         error = ("protocolRejected", str(exc))
+        return Handled([reply_to(message, "rejected", error=error)], Delta())
+    except UploadRejectedError as exc:
+        error = ("contentRejected", str(exc))
         return Handled([reply_to(message, "rejected", error=error)], Delta())
     point = f"server.runner_message.{message.kind.replace('.', '_')}.after_commit"
     db.after_commit(functools.partial(crash_point, point))  # durable first, then the point
@@ -225,6 +240,31 @@ def _read_content(
 ) -> dict[str, Any]:
     outcome, result, error = read_part(db, view.offered, read.digest, read.offset, read.length)
     return reply_to(message, outcome, result=result, error=error)
+
+
+def _write_content(
+    db: Database, message: RunnerMessage, write: ContentWrite, delta: Delta
+) -> dict[str, Any]:
+    """Store one part of a value the runner sends by reference; it may name it later."""
+    try:
+        with db.write() as tx:
+            digest = write_part(tx, write.data)
+    except UploadRejectedError as exc:
+        return reply_to(message, "rejected", error=("contentRejected", str(exc)))
+    delta.offered.add(digest)  # this runner's own part: it may name it (and read it)
+    return reply_to(message, "accepted", result={"digest": digest})
+
+
+def _uploaded(tx: Tx, view: RunnerView, inline: Any, ref: UploadRef | None) -> Any:
+    """The value a runner sent inline, or by the reference of its `content.write` parts.
+
+    Raises:
+        UploadRejectedError: the reference does not check out (see `resolve_upload`).
+    """
+    if ref is None:
+        return inline
+    value, _data = resolve_upload(tx, view.offered, ref)
+    return value
 
 
 # --- handlers: (tx, view, message, delta, extra frames) -> (revision, result) ------------
@@ -286,7 +326,7 @@ def _on_node_finished(
         tx,
         view.claim,
         attempt_id=message.attempt_id,
-        output=body.output,
+        output=_uploaded(tx, view, body.output, body.output_ref),
         next_node_path=route,
         payload={"nodePath": body.node_path, **({"route": route} if route else {})},
     )
@@ -352,7 +392,7 @@ def _on_effect_settle(
             view.claim,
             idempotency_key=key,
             outcome="applied" if body.outcome == "succeeded" else "rejected",
-            result=body.result,
+            result=_uploaded(tx, view, body.result, body.result_ref),
             error=body.error.text(10_000) if body.error else None,
             executor_epoch=view.runner_epoch,
             proven_by_read_back=body.read_back == "applied",
@@ -405,21 +445,35 @@ def _on_run_finished(
     body = message.body
     assert isinstance(body, RunFinished)
     if body.status == "completed":
-        result = complete_run(tx, view.run_id, claim=view.claim, payload={"output": body.output})
+        payload = _run_output(tx, view, body)
+        result = complete_run(tx, view.run_id, claim=view.claim, payload=payload)
     elif body.status == "timed_out":
         reason = body.error.message[:4000] if body.error else "timed out"
         result = time_out_run(tx, view.run_id, reason=reason, claim=view.claim)
     else:
         reason = body.error.text() if body.error else f"nodeFailed: {body.status}"
+        over_limit = body.error is not None and body.error.code == FailureClass.RESOURCE_LIMIT
         result = fail_run(
             tx,
             view.run_id,
-            failure_class=FailureClass.NODE_FAILED,
+            failure_class=FailureClass.RESOURCE_LIMIT if over_limit else FailureClass.NODE_FAILED,
             reason=reason,
             claim=view.claim,
         )
     delta.settled = True
     return result.revision, None
+
+
+def _run_output(tx: Tx, view: RunnerView, body: RunFinished) -> dict[str, Any]:
+    """The `run_completed` event's payload: the output inline, or (too large for one
+    frame, so too large for an event row) a reference to its blob."""
+    if body.output_ref is None:
+        return {"output": body.output}
+    _value, data = resolve_upload(tx, view.offered, body.output_ref)
+    digest = put_blob(tx, data)
+    return {
+        "outputRef": {"mediaType": CONTENT_MEDIA_TYPE, "byteCount": len(data), "digest": digest}
+    }
 
 
 def _on_exiting(

@@ -24,7 +24,7 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
-from pi_workflows.actors._claim_renewer import ClaimRenewerActor
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
 from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._process_supervisor import (
@@ -44,9 +44,11 @@ from pi_workflows.actors._runner_host import (
 from pi_workflows.actors._scheduler import SchedulerActor
 from pi_workflows.actors._subscriptions import SubscriptionActor
 from pi_workflows.actors._ticker import Ticker
+from pi_workflows.engine._limits import Limits
+from pi_workflows.engine._limits import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._definition_cache import DefinitionCache
-from pi_workflows.server._logging import configure_server_logging
+from pi_workflows.server._logging import configure_server_logging, detach_server_logging
 from pi_workflows.server._operations import OperationContext
 from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
 from pi_workflows.server._resolver import RESOLVER_MODULE
@@ -66,13 +68,14 @@ from pi_workflows.storage import (
 )
 from pi_workflows.supervision import ProcessIdentity, ServerLock, crash_point
 from pi_workflows.supervision._zygote_client import Zygote
-from pi_workflows.wire._listener import ClientListener
+from pi_workflows.wire._listener import ClientListener, ConnectionLimits, raise_descriptor_limit
 
 __all__ = [
     "DEFAULT_IDLE_EXIT_S",
     "DEFAULT_MAX_WORKERS",
     "IDLE_EXIT_ENV",
     "MAX_WORKERS_ENV",
+    "SERVER_LEASE_ENV",
     "ServerStartError",
     "WorkflowServer",
 ]
@@ -85,6 +88,9 @@ DEFAULT_IDLE_EXIT_S = 600.0
 """An idle server (no client, runner, queued run or unsettled work) exits after this."""
 IDLE_EXIT_ENV = "PI_WORKFLOWS_IDLE_EXIT_SECONDS"
 SERVER_LEASE_TTL_MS = 15_000
+SERVER_LEASE_ENV = "PI_WORKFLOWS_SERVER_LEASE_MS"
+"""A test knob: the server lease lifetime in ms (default 15,000), so a stall test need
+not stop a server for 15 s. Renewal runs five times per lifetime, at most every 2 s."""
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
@@ -97,6 +103,20 @@ ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
 
 class ServerStartError(PiWorkflowsError):
     """The server could not start (bad configuration or state)."""
+
+
+def lease_ttl_from_env(environ: dict[str, str] | None = None) -> int:
+    """`PI_WORKFLOWS_SERVER_LEASE_MS` as a lifetime of at least 500 ms, or 15,000."""
+    raw = (environ if environ is not None else dict(os.environ)).get(SERVER_LEASE_ENV, "")
+    if not raw.strip():
+        return SERVER_LEASE_TTL_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 500:
+        raise ServerStartError(f"{SERVER_LEASE_ENV} must be an integer of at least 500")
+    return value
 
 
 def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
@@ -124,6 +144,14 @@ class WorkflowServer:
         clock: time source for stored times (tests may pass a manual clock).
         execute_runs: launch runner processes for admitted runs; False only records
             runs (tests of the protocol use it).
+        default_limits: the `memory_mb` and `processes` of every node whose workflow
+            sets none; default `PI_WORKFLOWS_DEFAULT_MEMORY_MB` and
+            `PI_WORKFLOWS_DEFAULT_PROCESSES`, or half the memory (at most 4 GiB) and
+            512. `Limits()` sets no default.
+        connection_limits: the client connection cap and first-frame deadline; default
+            from `PI_WORKFLOWS_MAX_CONNECTIONS` and `PI_WORKFLOWS_FIRST_FRAME_SECONDS`.
+        lease_ttl_ms: the server lease lifetime; default `PI_WORKFLOWS_SERVER_LEASE_MS`
+            or 15,000 (tests of stalls shorten it).
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -138,15 +166,28 @@ class WorkflowServer:
         tick_s: float = 0.25,
         clock: Clock | None = None,
         execute_runs: bool = True,
+        default_limits: Limits | None = None,
+        connection_limits: ConnectionLimits | None = None,
+        lease_ttl_ms: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
         if self.max_workers < 1:
             raise ServerStartError("max_workers must be at least 1")
+        try:
+            self.default_limits = (
+                default_limits if default_limits is not None else limits_from_env()
+            )
+        except ValueError as exc:
+            raise ServerStartError(str(exc)) from None
         self.idle_exit_s = idle_exit_s
         self.tick_s = tick_s
         self.clock: Clock = clock or SystemClock()
         self.execute_runs = execute_runs
+        self.connection_limits = connection_limits or ConnectionLimits.from_env()
+        self.descriptor_limit = 0
+        """The soft RLIMIT_NOFILE in force, after `start` raised it to the hard limit."""
+        self.lease_ttl_ms = lease_ttl_ms if lease_ttl_ms is not None else lease_ttl_from_env()
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -206,6 +247,7 @@ class WorkflowServer:
         for folder in (self.state_dir, self.host_dir, self.state_dir / "logs"):
             ensure_private_dir(folder)
         self._lock.acquire()
+        self.descriptor_limit = raise_descriptor_limit()
         try:
             self._log_handler = configure_server_logging(self.state_dir / "logs")
             self._start_zygote()
@@ -241,7 +283,7 @@ class WorkflowServer:
                 tx,
                 owner_id=self.owner_id,
                 pid=os.getpid(),
-                ttl_ms=SERVER_LEASE_TTL_MS,
+                ttl_ms=self.lease_ttl_ms,
                 previous_owner_gone=True,
             )
         self._server_claim = claim
@@ -270,16 +312,26 @@ class WorkflowServer:
         database = DatabaseActor.start(db, fail)
         self._database = database
         self._listener = ClientListener(
-            self.socket_path, None, __version__, self._on_listener_crash
+            self.socket_path,
+            None,
+            __version__,
+            self._on_listener_crash,
+            limits=self.connection_limits,
+            descriptor_limit=self.descriptor_limit,
         )
         agent_dir = self.state_dir.parent
-        config = RunnerHostConfig(self.owner_id, self.state_dir, agent_dir, self.clock)
+        config = RunnerHostConfig(
+            self.owner_id, self.state_dir, agent_dir, self.clock, default_limits=self.default_limits
+        )
         runner_host = RunnerHostActor.start(config, database, supervisor, self._listener, fail)
         self._runner_host = runner_host
-        every = max(1, round(RENEW_EVERY_S / self.tick_s))
+        renew_s = min(RENEW_EVERY_S, self.lease_ttl_ms / 5000)
+        every = max(1, round(renew_s / self.tick_s))
+        hooks = LeaseHooks(self._lock.still_ours, self._on_new_epoch, os.getpid())
         renewer = ClaimRenewerActor.start(
-            database, self._server_claim, every, self._on_lease_lost, fail
-        )
+            database, self._server_claim, every, self._on_lease_lost, fail,
+            clock=self.clock, hooks=hooks,
+        )  # fmt: skip
         launches = runner_host if self.execute_runs else None
         self._scheduler = SchedulerActor.start(
             database, self.max_workers, launches, fail, self.owner_id
@@ -304,6 +356,7 @@ class WorkflowServer:
         self._ticker = Ticker(self.tick_s)
         for ref in (renewer, self._scheduler, self._subscriptions, supervisor, runner_host):
             self._ticker.register(ref)
+        self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
         context = OperationContext(epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir)
         self._listener.route_to(
@@ -396,8 +449,7 @@ class WorkflowServer:
             self._zygote.close()
         self._lock.release()
         if self._log_handler is not None:
-            logging.getLogger("pi_workflows").removeHandler(self._log_handler)
-            self._log_handler.close()
+            detach_server_logging(self._log_handler)
             self._log_handler = None
 
     def _stop_launching(self) -> None:
@@ -467,6 +519,13 @@ class WorkflowServer:
 
     def _on_lease_lost(self, reason: str) -> None:
         self.stop_async(reason)
+
+    def _on_new_epoch(self, claim: ServerClaim) -> None:
+        """The lease lapsed (a stall) and no other server took it: the next epoch is ours.
+
+        Called on the claim renewer's thread; the stop releases this lease."""
+        self._server_claim = claim
+        self.epoch = claim.epoch
 
     def _on_listener_crash(self, exc: BaseException) -> None:
         self.stop_async(f"client listener failed ({type(exc).__name__})")

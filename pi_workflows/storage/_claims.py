@@ -46,6 +46,7 @@ __all__ = [
     "get_server_lease",
     "grant_claim",
     "hash_token",
+    "holds_server_lease",
     "protected_write",
     "read_head",
     "release_claim",
@@ -53,6 +54,7 @@ __all__ = [
     "renew_claim",
     "renew_owner_claims",
     "renew_server_epoch",
+    "retake_server_epoch",
 ]
 
 DEFAULT_CLAIM_TTL_MS = 30_000
@@ -516,6 +518,36 @@ def renew_server_epoch(tx: Tx, claim: ServerClaim) -> int:
     return expires_at
 
 
+def retake_server_epoch(tx: Tx, claim: ServerClaim, *, pid: int | None) -> ServerClaim:
+    """After a stall: take the next epoch if the lease row is still this server's.
+
+    An expired lease cannot renew itself, but a server that stalled past its expiry (a
+    suspended laptop, SIGSTOP, a wall-clock step) may start a new epoch when no other
+    server took the row in the meantime: the same epoch, owner and token, not released.
+    The owner ID stays, so this process's run claims stay its own; the epoch and the
+    token are new, as at a start. The caller proves the global lock is still its own.
+
+    Raises:
+        ClaimLostError: the row names another epoch, owner or token, or was released: a
+            real competitor took over (or this server is stopping), so it must exit.
+    """
+    _check_server_claim(tx, claim, require_live=False)
+    epoch = claim.epoch + 1
+    token, token_hash = _new_token()
+    tx.execute(
+        q.UPSERT_SERVER_LEASE,
+        {
+            "epoch": epoch,
+            "owner_id": claim.owner_id,
+            "token_hash": token_hash,
+            "pid": pid,
+            "now": tx.now,
+            "expires_at": tx.now + claim.ttl_ms,
+        },
+    )
+    return ServerClaim(epoch, claim.owner_id, token, claim.ttl_ms)
+
+
 def release_server_epoch(tx: Tx, claim: ServerClaim) -> None:
     """Release this server's lease at shutdown; the epoch number is kept.
 
@@ -524,6 +556,20 @@ def release_server_epoch(tx: Tx, claim: ServerClaim) -> None:
     """
     _check_server_claim(tx, claim, require_live=False)
     tx.execute(q.UPDATE_SERVER_LEASE_RELEASE, {"epoch": claim.epoch, "now": tx.now})
+
+
+_SELECT_HOLDS_SERVER_LEASE = """
+SELECT 1 FROM server_lease WHERE singleton = 1 AND owner_id = :owner_id
+  AND released_at IS NULL AND expires_at > :now
+"""
+
+
+def holds_server_lease(reader: Reader, owner_id: str, now: int) -> bool:
+    """Whether `owner_id` holds the live server lease at `now` (checked before a server
+    claims new work: a server that woke from a stall past its lease, or lost it to a
+    competitor, admits nothing until its renewer took the next epoch)."""
+    found = reader.fetch_value(_SELECT_HOLDS_SERVER_LEASE, {"owner_id": owner_id, "now": now})
+    return found is not None
 
 
 def get_server_lease(reader: Reader) -> ServerLeaseRow | None:

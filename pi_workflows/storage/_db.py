@@ -51,6 +51,8 @@ the transaction is durable: crash points "after commit, before reply" hook in he
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 """How long a statement waits for another connection's lock (a backup, `state verify`)."""
 
+_WAL_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+
 # Parameters that must never reach a tracer or a log line (workflow-server.md § Claim rules).
 _SENSITIVE_PARAMS = frozenset({"token_hash"})
 _REDACTED = "<redacted>"
@@ -193,7 +195,9 @@ class _Write:
         self._tx = Tx(db._conn, db.clock.now_ms(), db.tracer)
         return self._tx
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object
+    ) -> None:
         db, tx = self._db, self._tx
         assert tx is not None
         tx._active = False
@@ -213,14 +217,14 @@ class _Write:
                 for action in actions:
                     action()
                 return
-        except BaseException:
-            self._undo()
+        except BaseException as failed:
+            self._undo(failed)
             raise
         finally:
             db._in_write = False
-        self._undo()
+        self._undo(exc)
 
-    def _undo(self) -> None:
+    def _undo(self, cause: BaseException | None) -> None:
         db, group = self._db, self._db._group
         if group is None:
             db._after_write = []
@@ -237,6 +241,7 @@ class _Write:
         # SQLite rolled back the group's whole transaction (an I/O error, a full disk):
         # the writes of every unit since it began are gone with it.
         group.lost = True
+        group.lost_by = cause
 
 
 def _rollback(db: Database) -> None:
@@ -248,13 +253,14 @@ def _rollback(db: Database) -> None:
 
 class GroupLostError(sqlite3.OperationalError):
     """A group commit's transaction ended without its COMMIT: none of its units' writes
-    are stored. Raised to (replied to) each unit that ran inside that transaction."""
+    are stored. Raised to (replied to) each unit that ran inside that transaction, from
+    the error under which SQLite rolled it back (`is_disk_full` follows that cause)."""
 
 
 class _Group:
     """The state of one open group commit. Internal."""
 
-    __slots__ = ("actions", "began_at", "lifecycle", "lost", "units")
+    __slots__ = ("actions", "began_at", "lifecycle", "lost", "lost_by", "units")
 
     def __init__(self) -> None:
         self.units = 0
@@ -268,6 +274,8 @@ class _Group:
         """`after_commit` actions, in registration order."""
         self.lost = False
         """SQLite rolled the transaction back under a unit: nothing since `began_at` is kept."""
+        self.lost_by: BaseException | None = None
+        """The error under which it did (a full disk, an I/O error): `GroupLostError`'s cause."""
 
 
 class GroupCommit:
@@ -315,6 +323,18 @@ class GroupCommit:
         finally:
             group.units += 1
 
+    def abandon(self, cause: BaseException) -> None:
+        """Give the whole transaction up (a unit hit a full disk): roll it back now, so
+        `lost` is true and `commit` raises `GroupLostError` from `cause`. A no-op when
+        nothing wrote yet."""
+        group = self._group
+        if group.began_at is None or group.lost:
+            return
+        group.actions = []
+        _rollback(self._db)
+        group.lost = True
+        group.lost_by = cause
+
     def commit(self) -> None:
         """Make every unit's writes durable with one `COMMIT`, then run `after_commit` actions.
 
@@ -330,7 +350,9 @@ class GroupCommit:
         """
         db, group = self._db, self._group
         if group.lost:
-            raise GroupLostError("the group's transaction was rolled back; nothing was stored")
+            raise GroupLostError(
+                "the group's transaction was rolled back; nothing was stored"
+            ) from group.lost_by
         if group.began_at is None:
             actions, group.actions = group.actions, []
             for action in actions:
@@ -465,6 +487,22 @@ class Database(_ReadMixin):
             self._after_write.append(action)
         else:
             action()
+
+    def reclaim_wal(self) -> bool:
+        """Copy the WAL into the database and truncate it (`wal_checkpoint(TRUNCATE)`).
+
+        For a full disk: SQLite checkpoints on its own only past 1,000 WAL pages, so on a
+        small disk the WAL can be what fills it, with the same pages many times over.
+        Returns True if the WAL was emptied; False if a reader or the disk prevented it
+        (nothing is lost either way). Never inside a transaction.
+        """
+        if self._conn.in_transaction:
+            return False
+        try:
+            busy = self._conn.execute(_WAL_CHECKPOINT_TRUNCATE).fetchone()[0]
+        except sqlite3.Error:
+            return False
+        return int(busy) == 0
 
     def close(self) -> None:
         """Close the connection (a WAL checkpoint may run; see SQLite's close rules)."""

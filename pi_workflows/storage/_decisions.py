@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import SchemaError
 
 from pi_workflows.storage import _queries as q
 from pi_workflows.storage._content import put_json_blob, read_json_blob
@@ -27,6 +27,7 @@ from pi_workflows.storage._errors import (
 from pi_workflows.storage._lifecycle import NewRun, complete_run, enqueue_run
 from pi_workflows.storage._reads import get_run
 from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.schema_errors import first_violation
 
 __all__ = [
     "AnswerInvalidError",
@@ -212,26 +213,21 @@ def _check_answer(schema: Any | None, answer: Any) -> None:
     if schema is None:
         return
     try:
-        error = best_match(Draft202012Validator(schema).iter_errors(answer))
+        violation = first_violation(Draft202012Validator(schema).iter_errors(answer))
     except SchemaError as exc:  # the resolver checked it; a snapshot is never edited
-        raise AnswerInvalidError(
+        raise AnswerInvalidError(  # the schema's own text (the author's), not the answer
             "definitionUnavailable", f"the checkpoint's answerSchema is invalid: {exc.message}"
         ) from None
-    if error is None:
+    if violation is None:
         return
-    path = "".join(f"/{_pointer_token(part)}" for part in error.absolute_path)
-    where = path or "/ (the whole answer)"
+    # The place and the rule only: the answer may be private, and this message is
+    # stored in the receipt and printed by the CLI.
     raise AnswerInvalidError(
         "answerInvalid",
-        f"the answer does not match the checkpoint's answerSchema at {where}: {error.message}"[
-            :1000
-        ],
-        path,
+        "the answer does not match the checkpoint's answerSchema "
+        + violation.describe("the whole answer")[:900],
+        violation.pointer,
     )
-
-
-def _pointer_token(part: str | int) -> str:
-    return str(part).replace("~", "~0").replace("/", "~1")
 
 
 def read_continuation(

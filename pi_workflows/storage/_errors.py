@@ -8,15 +8,19 @@ attribute ever carries a claim token or token hash.
 from __future__ import annotations
 
 import enum
+import errno
+import sqlite3
 from pathlib import Path
 
 from pi_workflows.errors import PiWorkflowsError
 
 __all__ = [
+    "DISK_FULL_MESSAGE",
     "ClaimHeldError",
     "ClaimLostError",
     "ClaimLostReason",
     "ContentUnavailableError",
+    "DiskFullError",
     "EffectConflictError",
     "EffectRecoveryError",
     "InvalidTransitionError",
@@ -26,6 +30,7 @@ __all__ = [
     "RunnerMessageConflictError",
     "SchemaMismatchError",
     "StorageError",
+    "is_disk_full",
 ]
 
 
@@ -184,3 +189,45 @@ class ContentUnavailableError(StorageError):
         self.digest = digest
         self.reason = reason
         super().__init__(f"content {digest} is unavailable: {reason}")
+
+
+DISK_FULL_MESSAGE = (
+    "the disk that holds the workflow state is full: free space on it, then send this "
+    "request again; the server retries the writes of runs it accepted by itself"
+)
+"""The sentence a `diskFull` refusal carries (no path: the operator knows the folder)."""
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_SQLITE_FULL = 13
+"""SQLITE_FULL; SQLite reports ENOSPC from a write of its files with this code."""
+
+
+class DiskFullError(StorageError):
+    """A write failed because the disk (or the user's quota) is full; nothing was stored.
+
+    Retryable once space returns: a client command may be sent again with the same
+    idempotency key, and the server holds and retries its own writes.
+    """
+
+    retryable = True
+    code = "diskFull"
+
+    def __init__(self) -> None:
+        super().__init__(DISK_FULL_MESSAGE)
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an error it was raised from, is a full disk: SQLITE_FULL, or an
+    `OSError` with ENOSPC or EDQUOT (blob, log and other file writes)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError):
+            return True
+        code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+        if code == _SQLITE_FULL:
+            return True
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -354,11 +354,12 @@ def park_run(
 
     A running attempt becomes `interrupted` (a pure node may run again); a waiting
     attempt stays. The claim is released; the runner must stop. Reasons include the
-    `ParkReason` codes `workflowSourceChanged`, `runnerNoProgress` and
-    `effectAmbiguous`; the scheduler never admits a parked run, so each waits for an
-    explicit `resume_run` (or a cancel). `detail` (bounded text, no payloads) goes into
-    the event only. After a runner exits, use the host claim if it is still live, or a
-    new control claim from `acquire_claim` once it expired.
+    `ParkReason` codes `workflowSourceChanged`, `runnerNoProgress`, `effectAmbiguous`
+    and `serverCrashLoop` (startup recovery, under its control claim); the scheduler
+    never admits a parked run, so each waits for an explicit `resume_run` (or a cancel).
+    `detail` (bounded text, no payloads) goes into the event only. After a runner exits,
+    use the host claim if it is still live, or a new control claim from `acquire_claim`
+    once it expired.
 
     Raises:
         ClaimLostError: the claim is not the live claim.

@@ -79,6 +79,9 @@ class FailureClass(enum.StrEnum):
     EFFECT_AMBIGUOUS = "effectAmbiguous"
     NODE_FAILED = "nodeFailed"
     PROTOCOL_REJECTED = "protocolRejected"
+    RESOURCE_LIMIT = "resourceLimit"
+    """A node went over its memory or process limit (issue 11); not a crash, not an
+    ordinary node failure."""
 
 
 class ParkReason(enum.StrEnum):
@@ -97,6 +100,9 @@ class ParkReason(enum.StrEnum):
     """The workflow source no longer matches the run's saved source identity."""
     EFFECT_AMBIGUOUS = "effectAmbiguous"
     """A managed effect may have applied without a receipt; the operator must inspect it."""
+    SERVER_CRASH_LOOP = "serverCrashLoop"
+    """The server died while the run was in flight, again and again, with no node finishing
+    in between (startup recovery counts it): the run may be what kills the server."""
 
 
 class RunnerOutcome(enum.StrEnum):

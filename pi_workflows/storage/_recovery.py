@@ -20,7 +20,7 @@ from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import ClaimHeldError, InvalidTransitionError
 from pi_workflows.storage._execution import record_runner_exit
 from pi_workflows.storage._lifecycle import TransitionResult, park_run, requeue_run
-from pi_workflows.storage._phases import RunnerOutcome, RunPhase, phase_of
+from pi_workflows.storage._phases import ParkReason, RunnerOutcome, RunPhase, phase_of
 from pi_workflows.storage._rows import RunnerEpochRow
 
 __all__ = [
@@ -31,7 +31,9 @@ __all__ = [
     "forget_recorded_processes",
     "record_process",
     "recorded_processes",
+    "recover_expired_runs",
     "recover_stale_run",
+    "server_deaths_in_flight",
     "stale_runner_epochs",
     "stale_running_runs",
     "take_over_claim",
@@ -57,6 +59,33 @@ FROM runner_epochs WHERE status IN ('starting', 'ready') ORDER BY started_at, ru
 _SELECT_STALE_RUNS = """
 SELECT run_id FROM run_queue WHERE state IN ('starting', 'running') ORDER BY updated_at, run_id
 """
+# Claimed runs whose claim lapsed and that no live runner of this server holds: a live
+# server's own recovery (its claims expired during a stall, its runner exited on
+# `claimLost`), or a run that another server (dead, or fenced after a stall) claimed.
+_SELECT_EXPIRED_RUNS = """
+SELECT q.run_id FROM run_queue q LEFT JOIN leases l ON l.resource = q.run_id
+WHERE q.state IN ('starting', 'running')
+  AND (l.resource IS NULL OR l.expires_at <= :now)
+  AND (l.owner_id IS NOT :owner_id OR NOT EXISTS (
+      SELECT 1 FROM runner_epochs e WHERE e.run_id = q.run_id AND e.status IN ('starting', 'ready')
+  ))
+ORDER BY q.updated_at, q.run_id
+"""
+_SELECT_RUN_LIVE_EPOCHS = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM runner_epochs WHERE run_id = :run_id AND status IN ('starting', 'ready')
+"""
+# Orphaned runner epochs (the server died while they were live) since the generation of
+# the run's last finished node attempt, that generation's runner included: the server
+# deaths with no node finishing in between. Uses `runner_epochs_by_run`.
+_COUNT_SERVER_DEATHS = """
+SELECT count(*) FROM runner_epochs
+WHERE run_id = :run_id AND status = 'orphaned' AND generation >= coalesce((
+    SELECT max(generation) FROM node_attempts
+    WHERE run_id = :run_id AND status IN ('completed', 'failed', 'timed_out')
+), 0)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +106,8 @@ class RecoveredRun:
 
     run_id: str
     action: str
-    """`requeued`, `parked` or `untouched` (already settled or held by a live claim)."""
+    """`requeued`, `parked`, `crashLoop` (parked `serverCrashLoop`) or `untouched`
+    (already settled, or held by a live claim)."""
     revision: int | None = None
 
 
@@ -134,6 +164,17 @@ def stale_running_runs(reader: Reader) -> list[str]:
     return [row.run_id for row in reader.fetch_all(_SELECT_STALE_RUNS, {}, _RunId)]
 
 
+def server_deaths_in_flight(reader: Reader, run_id: str) -> int:
+    """How many times the server died while this run had a live runner, since a node of
+    the run last finished (the runner that finished it counts, if it was orphaned too).
+
+    A death is a runner epoch that startup recovery closed as `orphaned`: it was live
+    when its server epoch ended without a clean stop (a clean stop hands every run back
+    and closes its runner epochs first).
+    """
+    return int(reader.fetch_value(_COUNT_SERVER_DEATHS, {"run_id": run_id}))
+
+
 def take_over_claim(
     tx: Tx,
     run_id: str,
@@ -172,6 +213,7 @@ def recover_stale_run(
     owner_id: str,
     owner_is_gone: Callable[[str, str], bool],
     ttl_ms: int,
+    crash_limit: int | None = None,
 ) -> RecoveredRun:
     """Make one run a dead server held claimable again, from its last durable boundary.
 
@@ -179,7 +221,10 @@ def recover_stale_run(
     is interrupted (a pure node may run again; an effect's stored state decides on the
     next runner: an applied receipt is adopted, an applying effect is proven by read-back
     or becomes `ambiguous` and parks the run). Claim loss is a handoff: no terminal event.
-    A paused run is parked instead of requeued.
+    A paused run is parked instead of requeued. With `crash_limit`, a run the server died
+    under that many times (`server_deaths_in_flight`; its runner epochs are closed first)
+    parks with `serverCrashLoop` instead, so a run that kills the server cannot kill
+    every next one; `resume_run` or a cancel is the operator's.
     """
     head = read_head(tx, run_id)
     phase = phase_of(head.status, head.queue_state)
@@ -195,8 +240,39 @@ def recover_stale_run(
     if head.paused:
         result = park_run(tx, claim, reason="serverRecovered")
         return RecoveredRun(run_id, "parked", result.revision)
+    if crash_limit is not None:
+        deaths = server_deaths_in_flight(tx, run_id)
+        if deaths >= crash_limit:
+            detail = f"the server died {deaths} times while this run was in flight"
+            result = park_run(tx, claim, reason=ParkReason.SERVER_CRASH_LOOP, detail=detail)
+            return RecoveredRun(run_id, "crashLoop", result.revision)
     result = requeue_run(tx, run_id, reason="serverRecovered", claim=claim)
     return RecoveredRun(run_id, "requeued", result.revision)
+
+
+def recover_expired_runs(tx: Tx, *, owner_id: str, ttl_ms: int) -> list[RecoveredRun]:
+    """A live server's recovery of claimed runs whose claim expired with no runner of its
+    own left to write (a stall outlived the claims, and the runner exited on `claimLost`;
+    or another server claimed the run and is gone): the same as startup recovery does
+    for them. A live runner epoch of another server is closed as `orphaned` first.
+
+    Only expired (or missing) claims are taken over, so a live claim is never touched;
+    cheap when there is nothing to do (the claim renewer calls it every round).
+    """
+    recovered: list[RecoveredRun] = []
+    for row in tx.fetch_all(_SELECT_EXPIRED_RUNS, {"now": tx.now, "owner_id": owner_id}, _RunId):
+        for runner in tx.fetch_all(_SELECT_RUN_LIVE_EPOCHS, {"run_id": row.run_id}, RunnerEpochRow):
+            close_stale_runner_epoch(tx, runner)
+        result = recover_stale_run(
+            tx, row.run_id, owner_id=owner_id, owner_is_gone=_never, ttl_ms=ttl_ms
+        )
+        if result.action != "untouched":
+            recovered.append(result)
+    return recovered
+
+
+def _never(owner_type: str, owner_id: str) -> bool:
+    return False
 
 
 def close_stale_runner_epoch(tx: Tx, runner: RunnerEpochRow) -> None:

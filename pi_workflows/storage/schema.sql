@@ -60,7 +60,7 @@ CREATE TABLE runs (
     finished_at INTEGER,
     failure_class TEXT CHECK (failure_class IN (
         'claimLost', 'workerCrashed', 'runnerNoProgress', 'workerTimedOut', 'hostUnavailable',
-        'sourceChanged', 'effectAmbiguous', 'nodeFailed', 'protocolRejected'
+        'sourceChanged', 'effectAmbiguous', 'nodeFailed', 'protocolRejected', 'resourceLimit'
     )),
     failure_reason TEXT
 ) STRICT;

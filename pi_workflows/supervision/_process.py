@@ -105,22 +105,18 @@ def spawn_child(
     *,
     env: Mapping[str, str],
     cwd: Path | None = None,
-    log_path: Path | None = None,
+    output_fd: int | None = None,
     pass_fds: Sequence[int] = (),
     stdio_fd: int | None = None,
 ) -> ChildProcess:
     """Start `argv` in a new session (its own process group) and record its identity.
 
-    stdout and stderr go to `log_path` (created 0600) or to /dev/null: child output
-    may hold private content and stays in the user-only state folder. `pass_fds` (the
-    child's end of a private channel) are inherited and then closed here.
+    stdout and stderr go to `output_fd` (the caller's, left open: a bounded log's pipe)
+    or to /dev/null: child output may hold private content and stays in the user-only
+    state folder. `pass_fds` (the child's end of a private channel) are inherited and
+    then closed here.
     """
-    if log_path is not None:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        output: int = fd
-    else:
-        fd = -1
-        output = subprocess.DEVNULL
+    output = output_fd if output_fd is not None else subprocess.DEVNULL
     try:
         popen = subprocess.Popen(
             list(argv),
@@ -134,8 +130,6 @@ def spawn_child(
             pass_fds=tuple(pass_fds),
         )
     finally:
-        if fd >= 0:
-            os.close(fd)
         for inherited in pass_fds:
             os.close(inherited)
     identity = identity_of(popen.pid) or ProcessIdentity(popen.pid, 0, boot_id())

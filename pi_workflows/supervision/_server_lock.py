@@ -69,6 +69,21 @@ class ServerLock:
         """True while this object holds the lock."""
         return self._fd >= 0
 
+    def still_ours(self) -> bool:
+        """True while the lock file at `path` is the one this object holds the lock on.
+
+        The kernel keeps the `flock` for a stopped process, so no other server can take
+        this file; only a file removed or replaced under the server lets a second server
+        lock another. A stalled server asks this before it takes a new epoch.
+        """
+        if self._fd < 0:
+            return False
+        try:
+            held, there = os.fstat(self._fd), self.path.stat()
+        except OSError:
+            return False
+        return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
 
 HOLDER_PID_WAIT_S = 1.0
 

@@ -23,9 +23,13 @@ Events (zygote to server)::
     {"op": "spawnFailed", "id": N, "error": text}
     {"op": "exited", "pid": P, "returncode": rc}   # rc < 0: the signal that ended it
 
-End of file on the channel (the server stopped or died) ends the zygote: it kills the
-groups of the children it still has (they cannot reach their server any more), reaps
-them, and exits. A successor server's recovery stops whatever a crash left behind.
+The zygote is a child subreaper (`supervision._subreaper`): when a child dies, whatever
+it left running (a `setsid` escapee of a node, a shell command's background job) is
+re-parented to the zygote, which SIGKILLs and reaps all of it before it reads the next
+request. End of file on the channel (the server stopped or died) ends the zygote: it
+kills the groups of the children it still has (they cannot reach their server any more),
+reaps them, stops everything they left behind the same way, and exits. A successor
+server's recovery stops whatever a crash left behind.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from pi_workflows.supervision._process import ProcessIdentity, identity_of, set_process_name
+from pi_workflows.supervision._subreaper import become_subreaper, stop_descendants
 
 __all__ = ["CONTROL_FD_ENV", "MAX_PACKET", "SPARES_ENV", "main"]
 
@@ -55,6 +60,10 @@ MAX_FDS = 8
 SPARES_ENV = "PI_WORKFLOWS_ZYGOTE_SPARES"
 """`0` forks every child on request instead of keeping one spare per module."""
 _STDIO = {"stdin": 0, "stdout": 1, "stderr": 2}
+ORPHAN_STOP_TIMEOUT_S = 2.0
+"""The longest the zygote's loop waits for a dead child's orphans to die (SIGKILL takes
+microseconds; only a process stuck in the kernel takes longer, and is met again at the
+next exit)."""
 
 
 @dataclass(slots=True)
@@ -217,13 +226,14 @@ class _Zygote:
             os.killpg(pid, signum)
 
     def _reap(self) -> None:
-        while self._children or self._spares:
+        ended = False
+        while True:  # adopted orphans are reaped here too, known children or not
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
             if info is None:
-                return
+                break
             pid = info.si_pid
             # Stop stray members of the group while the zombie leader still reserves its
             # ID, then reap.
@@ -233,11 +243,25 @@ class _Zygote:
             if pid in self._children:
                 self._children.discard(pid)
                 self._send({"op": "exited", "pid": pid, "returncode": _returncode(status)})
+                ended = True
                 continue
             for name, spare in list(self._spares.items()):
                 if spare.pid == pid:  # a spare died unused: nobody knew it
                     del self._spares[name]
                     _close_spare(spare)
+        if ended:
+            self._stop_orphans()
+
+    def _stop_orphans(self) -> None:
+        """Stop and reap whatever a dead child left behind, `setsid` or not.
+
+        The zygote is a child subreaper, so a runner's (or resolver's) orphans, and the
+        orphans of theirs that died before, are re-parented here at the moment it dies,
+        before its exit is reported. Every child that is neither a known child nor a
+        spare is one of them; the subtrees of the living children are left alone.
+        """
+        known = self._children | {spare.pid for spare in self._spares.values()}
+        stop_descendants(spare=known, timeout_s=ORPHAN_STOP_TIMEOUT_S)
 
     def _stop_all(self) -> None:
         # The server is gone (or closed us): its runners cannot reach it any more, so
@@ -254,6 +278,7 @@ class _Zygote:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
             self._children.discard(pid)
+        stop_descendants()  # what they left behind: re-parented here as they died
 
     def _send(self, event: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):  # the server is gone: end of file ends us next
@@ -401,6 +426,9 @@ def main() -> int:
     """Serve spawn requests on the inherited control socket until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
     set_process_name("piw-zygote")
+    # Orphans of its children (a runner's `setsid` escapees among them) come here, not
+    # to init, so the zygote can stop them when their runner is gone.
+    become_subreaper()
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
     control.setblocking(True)
     try:

@@ -4,19 +4,29 @@ Implements client-protocol.md § Transports and § Subscriptions and reconnectio
 One asyncio loop in its own thread owns every connection, so no actor ever blocks
 on a socket. Bad input closes only the offending connection; a slow reader holds
 at most one pending event per subscription and never delays anyone else.
+
+Hostile clients (issue 11): the listener accepts by itself instead of through
+`asyncio.start_unix_server`, so that it can hold a connection cap, a first-frame
+deadline and one reserved descriptor. A connection it turns away gets a `hello` and
+one `unavailable` event naming why, then is closed; rejections are logged as one
+summary line per interval, not one line each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import itertools
 import logging
 import os
+import resource
 import socket
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,14 +40,131 @@ from pi_workflows.wire.protocol import (
     client_message_from_wire,
 )
 
-__all__ = ["ChannelHandler", "ClientListener", "Connection", "ConnectionHandler"]
+__all__ = [
+    "DEFAULT_FIRST_FRAME_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "FIRST_FRAME_ENV",
+    "MAX_CONNECTIONS_ENV",
+    "ChannelHandler",
+    "ClientListener",
+    "Connection",
+    "ConnectionHandler",
+    "ConnectionLimits",
+    "ConnectionLimitsError",
+    "offer_event_frames",
+    "raise_descriptor_limit",
+    "unavailable_event",
+]
 
 log = logging.getLogger(__name__)
+loop_log = logging.getLogger(f"{__name__}.loop")
+"""asyncio's own errors on the listener loop (rate-limited by the server's log setup)."""
 
 MAX_IN_FLIGHT_REQUESTS = 64
 """Requests one connection may have unanswered; beyond it the server stops reading it."""
 
 CLOSE_TIMEOUT_S = 5.0
+
+DEFAULT_MAX_CONNECTIONS = 512
+"""Open client connections at most; also at most half the descriptor limit."""
+MAX_CONNECTIONS_ENV = "PI_WORKFLOWS_MAX_CONNECTIONS"
+DEFAULT_FIRST_FRAME_S = 10.0
+"""Seconds a new connection has to send its first complete frame."""
+FIRST_FRAME_ENV = "PI_WORKFLOWS_FIRST_FRAME_SECONDS"
+REJECTION_SUMMARY_S = 10.0
+"""At most one `connection.rejected` summary line per this many seconds."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before a client's connect fails with EAGAIN."""
+ACCEPT_BATCH = 64
+"""Connections accepted per readiness event, so a flood cannot starve the loop."""
+ACCEPT_PAUSE_S = 0.1
+"""Pause in accepting when not even the reserved descriptor could be reopened."""
+UNLIMITED_DESCRIPTORS = 1_048_576
+"""Soft limit asked for when the hard limit is unlimited (Linux refuses more)."""
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+REFUSED_AT_CAP = (
+    "tooManyConnections",
+    "the workflow server is at its connection limit; close unused clients and retry",
+)
+EVICTED_AT_CAP = (
+    "tooManyConnections",
+    "the workflow server is at its connection limit and closed this connection, "
+    "which had sent no request; retry",
+)
+FIRST_FRAME_LATE = (
+    "firstFrameTimeout",
+    "the connection sent no request within the first-frame deadline; reconnect to retry",
+)
+
+
+class ConnectionLimitsError(PiWorkflowsError):
+    """A connection limit setting is not a positive number."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How many client connections the listener keeps, and how long a silent one lives.
+
+    The cap in force is `min(max_connections, descriptor limit // 2)`: the other half
+    of the descriptors is for the database, logs, runners and their channels.
+    """
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    first_frame_s: float = DEFAULT_FIRST_FRAME_S
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ConnectionLimitsError("max_connections must be at least 1")
+        if not self.first_frame_s > 0:
+            raise ConnectionLimitsError("the first-frame deadline must be positive")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ConnectionLimits:
+        """`PI_WORKFLOWS_MAX_CONNECTIONS` and `PI_WORKFLOWS_FIRST_FRAME_SECONDS`, or defaults.
+
+        Raises:
+            ConnectionLimitsError: a variable is set but not a positive number.
+        """
+        env = os.environ if environ is None else environ
+        return cls(
+            max_connections=int(_positive(env, MAX_CONNECTIONS_ENV, DEFAULT_MAX_CONNECTIONS, int)),
+            first_frame_s=_positive(env, FIRST_FRAME_ENV, DEFAULT_FIRST_FRAME_S, float),
+        )
+
+    def cap(self, descriptor_limit: int) -> int:
+        """The connection cap in force under a soft descriptor limit."""
+        return max(1, min(self.max_connections, descriptor_limit // 2))
+
+
+def _positive(
+    env: Mapping[str, str], name: str, default: float, parse: Callable[[str], float]
+) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = 0
+    if not value > 0:
+        raise ConnectionLimitsError(f"{name} must be a positive number, not {raw!r}")
+    return value
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; return the soft limit in force.
+
+    The server holds one descriptor per connection, runner channel and log; the soft
+    limit (often 1024) is the one that runs out, and only the hard limit is a policy.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = UNLIMITED_DESCRIPTORS if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return UNLIMITED_DESCRIPTORS if soft == resource.RLIM_INFINITY else soft
 
 
 class ConnectionHandler(Protocol):
@@ -154,6 +281,24 @@ class Connection:
             self._wake.set()
             self._writer.close()
 
+    def _refuse_now(self, refusal: tuple[str, str]) -> None:
+        """Write what is queued (the hello), one `unavailable` event, then close (on the loop).
+
+        Pending events are dropped. A peer that does not read cannot keep the
+        descriptor: with bytes still unsent, the transport is aborted, not drained.
+        """
+        if self.closed:
+            return
+        while self._outbox:
+            self._writer.write(self._outbox.popleft())
+        self._writer.write(encode_frame(unavailable_event(self.connection_id, refusal)))
+        self.closed = True
+        self._wake.set()
+        if self._writer.transport.get_write_buffer_size() > 0:
+            self._writer.transport.abort()
+        else:
+            self._writer.close()
+
     async def _write_loop(self) -> None:
         while not self.closed:
             await self._wake.wait()
@@ -176,8 +321,64 @@ class Connection:
                     break
 
 
+@dataclass(eq=False, slots=True)
+class _Slot:
+    """One admitted connection's place under the cap; released once."""
+
+    held: bool = True
+
+
+class _Rejections:
+    """Counts turned-away connections by reason and logs one summary per interval.
+
+    A flood of bad clients writes one line per REJECTION_SUMMARY_S, not one per
+    connection, so it cannot push the useful history out of the rotated log.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._since = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+        self.total = 0
+        """Every rejection since start (tests and status read it)."""
+
+    def note(self, reason: str) -> None:
+        self._counts[reason] += 1
+        self.total += 1
+        if self._timer is None:
+            self._since = time.monotonic()
+            self._timer = self._loop.call_later(REJECTION_SUMMARY_S, self.flush)
+
+    def flush(self) -> None:
+        """Log the summary of what was counted since the last one (on the loop)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._counts:
+            return
+        count = sum(self._counts.values())
+        reasons = ",".join(f"{name}={n}" for name, n in sorted(self._counts.items()))
+        elapsed = time.monotonic() - self._since
+        log.warning(
+            "%d client connections rejected in %.0f s (%s)",
+            count,
+            elapsed,
+            reasons,
+            extra={"action": "connection.rejected", "count": count, "reason": reasons},
+        )
+        self._counts.clear()
+
+
 class ClientListener:
     """Accepts client connections on a Unix socket, in a thread of its own.
+
+    **Limits:** at most `limits.cap(descriptor limit)` open client connections; one
+    that sends no complete frame within `limits.first_frame_s` is closed. At the cap,
+    a new connection replaces the oldest one that has sent nothing yet, or else is
+    turned away. One descriptor is kept in reserve so that even at the process's
+    descriptor limit an over-limit connection is accepted and closed with an error,
+    and the listening socket never spins on EMFILE.
 
     **Blocking:** `start` returns once the socket accepts; `stop` waits at most
     CLOSE_TIMEOUT_S for connections to close.
@@ -189,19 +390,36 @@ class ClientListener:
         handler: ConnectionHandler | None,
         package_version: str,
         on_crash: Callable[[BaseException], None],
+        *,
+        limits: ConnectionLimits | None = None,
+        descriptor_limit: int | None = None,
     ) -> None:
         self._path = socket_path
         self._handler = handler
         self._version = package_version
         self._on_crash = on_crash
+        self.limits = limits or ConnectionLimits()
+        if descriptor_limit is None:
+            descriptor_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            if descriptor_limit == resource.RLIM_INFINITY:
+                descriptor_limit = UNLIMITED_DESCRIPTORS
+        self.max_connections = self.limits.cap(descriptor_limit)
+        """The connection cap in force."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="client-listener", daemon=True)
-        self._server: asyncio.base_events.Server | None = None
+        self._sock: socket.socket | None = None
+        self._reserve: int | None = None
+        self._bound: tuple[int, int] | None = None
+        """(device, inode) of the socket file this listener bound."""
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._ids = itertools.count(1)
         self._connections: set[Connection] = set()
+        self._admitted = 0
+        self._silent: dict[Connection, _Slot] = {}
+        """Connections that have not sent a complete frame yet, oldest first."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self.rejections = _Rejections(self._loop)
 
     def route_to(self, handler: ConnectionHandler) -> None:
         """Set the connection handler (before `start`, when it is built after the listener)."""
@@ -235,6 +453,7 @@ class ClientListener:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._loop.set_exception_handler(_log_loop_error)
         try:
             self._loop.run_until_complete(self._listen())
         except BaseException as exc:  # noqa: BLE001 - reported to the starter
@@ -248,6 +467,7 @@ class ClientListener:
             log.exception("client listener stopped", extra={"action": "listener.crash"})
             self._on_crash(exc)
         finally:
+            self._close_sockets()
             self._loop.close()
 
     def attach_channel(self, sock: socket.socket, handler: ChannelHandler, name: str) -> Connection:
@@ -327,23 +547,157 @@ class ClientListener:
                 log.exception("channel close handler failed", extra={"action": "listener.error"})
 
     async def _listen(self) -> None:
-        sock = bind_private_socket(self._path)
-        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        self._sock = bind_private_socket(self._path)
+        bound = self._path.stat()
+        self._bound = (bound.st_dev, bound.st_ino)
+        self._reserve = _open_reserve()
+        self._loop.add_reader(self._sock.fileno(), self._on_acceptable)
+
+    # --- accepting -----------------------------------------------------------------------
+
+    def _on_acceptable(self) -> None:
+        """Accept what is waiting (a bounded batch); never raise, never spin."""
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(ACCEPT_BATCH):
+            try:
+                client, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_DESCRIPTORS:
+                    self.rejections.note("acceptError")
+                    self._pause_accepting()
+                    return
+                refused = self._refuse_with_reserve(sock)
+                if refused is None:
+                    return  # nothing was waiting after all
+                if not refused:
+                    self.rejections.note("descriptorLimit")
+                    self._pause_accepting()  # not even the reserve: wait, do not spin
+                    return
+                continue
+            self._admit(client)
+
+    def _refuse_with_reserve(self, sock: socket.socket) -> bool | None:
+        """At the descriptor limit: free the reserve, accept one, refuse it, take it back.
+
+        Returns:
+            True when one connection was refused; None when none was waiting; False
+            when there was no reserve to free (something else took the descriptor).
+        """
+        if self._reserve is None:
+            self._reserve = _open_reserve()
+            if self._reserve is None:
+                return False
+        os.close(self._reserve)
+        self._reserve = None
+        try:
+            client: socket.socket | None = sock.accept()[0]
+        except OSError:
+            client = None
+        if client is not None:
+            self._refuse_socket(client, "descriptorLimit")  # closes it: the slot is free
+        self._reserve = _open_reserve()
+        return None if client is None else True
+
+    def _pause_accepting(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        self._loop.remove_reader(sock.fileno())
+        self._loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if self._sock is not None:
+            self._loop.add_reader(self._sock.fileno(), self._on_acceptable)
+
+    def _admit(self, client: socket.socket) -> None:
+        if self._admitted >= self.max_connections and not self._evict_oldest_silent():
+            self._refuse_socket(client, "connectionLimit")
+            return
+        self._admitted += 1
+        slot = _Slot()
+        task = self._loop.create_task(self._serve_socket(client, slot))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _evict_oldest_silent(self) -> bool:
+        """Close the oldest connection that has sent nothing, to admit a new one."""
+        if not self._silent:
+            return False
+        connection = next(iter(self._silent))
+        self._release(self._silent.pop(connection))
+        connection._refuse_now(EVICTED_AT_CAP)
+        self.rejections.note("evictedSilent")
+        return True
+
+    def _release(self, slot: _Slot) -> None:
+        if slot.held:
+            slot.held = False
+            self._admitted -= 1
+
+    def _refuse_socket(self, client: socket.socket, reason: str) -> None:
+        """Send a hello and one `unavailable` event to a connection never admitted; close it."""
+        connection_id = f"connection-{next(self._ids)}"
+        refusal = REFUSED_AT_CAP
+        frames = encode_frame(self._hello(connection_id)) + encode_frame(
+            unavailable_event(connection_id, refusal)
+        )
+        try:
+            client.setblocking(False)
+            client.send(frames)  # one small write into an empty buffer; never waits
+        except OSError:
+            pass
+        finally:
+            client.close()
+        self.rejections.note(reason)
+
+    async def _serve_socket(self, client: socket.socket, slot: _Slot) -> None:
+        try:
+            try:
+                reader, writer = await asyncio.open_unix_connection(sock=client)
+            except OSError:
+                client.close()
+                return
+            await self._serve(reader, writer, slot)
+        finally:
+            self._release(slot)
+
+    # --- stopping ------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._sock is not None:
+            self._loop.remove_reader(self._sock.fileno())
+        self._close_sockets()
         for connection in list(self._connections):
             connection._close_now()
         with contextlib.suppress(FileNotFoundError):
-            self._path.unlink()
+            there = self._path.stat()
+            # Only our own file: a server that lost its lease to another (after a stall)
+            # must not remove the socket its successor bound at the same path.
+            if (there.st_dev, there.st_ino) == self._bound:
+                self._path.unlink()
+        self.rejections.flush()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=CLOSE_TIMEOUT_S)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _close_sockets(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+
+    # --- one connection ------------------------------------------------------------------
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: _Slot
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
         connection = Connection(
             f"connection-{next(self._ids)}",
             self._loop,
@@ -351,66 +705,140 @@ class ClientListener:
             _loop_thread_id=threading.get_ident(),
         )
         self._connections.add(connection)
+        self._silent[connection] = slot
         writer_task = self._loop.create_task(connection._write_loop())
         try:
-            connection._outbox.append(encode_frame(self._hello(connection)))
+            connection._outbox.append(encode_frame(self._hello(connection.connection_id)))
             connection._wake.set()
             self._require_handler().on_connect(connection)
             await self._read_requests(connection, AsyncFrameReader(reader))
         except (ConnectionError, OSError):
             pass  # the peer went away; nothing to answer
         finally:
+            self._silent.pop(connection, None)
             connection._close_now()
             writer_task.cancel()
             with contextlib.suppress(BaseException):
                 await writer_task
             self._connections.discard(connection)
-            self._tasks.discard(task)
             try:
                 self._require_handler().on_disconnect(connection)
             except Exception:
                 log.exception("disconnect handler failed", extra={"action": "listener.error"})
 
-    def _hello(self, connection: Connection) -> dict[str, Any]:
+    def _hello(self, connection_id: str) -> dict[str, Any]:
         return {
             "schema": CLIENT_SCHEMA,
             "type": "hello",
-            "connectionId": connection.connection_id,
+            "connectionId": connection_id,
             "packageVersion": self._version,
         }
 
+    async def _first_message(
+        self, connection: Connection, frames: AsyncFrameReader
+    ) -> dict[str, Any] | None:
+        """The first frame, within the deadline; a late connection is refused and closed."""
+        try:
+            async with asyncio.timeout(self.limits.first_frame_s):
+                return await frames.read_message()
+        except TimeoutError:
+            if not connection.closed:  # an evicted connection was counted already
+                connection._refuse_now(FIRST_FRAME_LATE)
+                self.rejections.note("firstFrameTimeout")
+            return None
+        finally:
+            self._silent.pop(connection, None)
+
     async def _read_requests(self, connection: Connection, frames: AsyncFrameReader) -> None:
+        first = True
         while not connection.closed:
             await connection._slots.acquire()  # backpressure: stop reading a flooding peer
             try:
-                message = await frames.read_message()
+                if first:
+                    first = False
+                    message = await self._first_message(connection, frames)
+                else:
+                    message = await frames.read_message()
             except (FrameError, PiWorkflowsError) as exc:
-                log.info(
-                    "closing connection after bad framing",
-                    extra={"action": "connection.rejected", "reason": type(exc).__name__},
-                )
+                self.rejections.note(type(exc).__name__)
                 return
             if message is None:
                 return
             try:
                 checked = client_message_from_wire(message)
             except ProtocolViolation as exc:
-                log.info(
-                    "closing connection after a protocol violation",
-                    extra={"action": "connection.rejected", "reason": exc.keyword or "schema"},
-                )
+                self.rejections.note(f"schema.{exc.keyword or 'invalid'}")
                 return
             if checked["type"] != "request":
-                log.info(
-                    "closing connection: clients may only send requests",
-                    extra={"action": "connection.rejected", "reason": "type"},
-                )
+                self.rejections.note("notARequest")
                 return
             try:
                 self._require_handler().on_request(connection, checked)
             except Exception:
                 log.exception("request handler failed", extra={"action": "listener.error"})
                 return
+
+
+def offer_event_frames(offers: Sequence[tuple[Connection, str, bytes]]) -> None:
+    """Offer many subscriptions' framed events in one hand-over to the loop (any thread).
+
+    Each replaces that subscription's unwritten event, as `Connection.offer_event` does.
+    """
+    if not offers:
+        return
+    loop = offers[0][0]._loop
+
+    def queue_all() -> None:
+        for connection, subscription_id, frame in offers:
+            connection._queue_event(subscription_id, frame)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+        loop.call_soon_threadsafe(queue_all)
+
+
+def unavailable_event(connection_id: str, refusal: tuple[str, str]) -> dict[str, Any]:
+    """The connection-level `unavailable` event: why the server is closing this connection.
+
+    It is scoped to the connection (its `subscriptionId` is the connection ID from the
+    hello), so a client tells it apart from a subscription's events.
+    """
+    code, message = refusal
+    return {
+        "schema": CLIENT_SCHEMA,
+        "type": "event",
+        "subscriptionId": connection_id,
+        "kind": "unavailable",
+        "revision": 0,
+        "payload": {"code": code, "message": message},
+    }
+
+
+def _open_reserve() -> int | None:
+    """One spare descriptor, closed only to accept and refuse at the descriptor limit."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's exception handler: one safe line to the rotated log, never a traceback.
+
+    Only the text before any repr (a callback's arguments could hold client bytes) and
+    the exception's class are kept.
+    """
+    message = str(context.get("message", "asyncio error"))
+    for mark in "(<{[:":
+        message = message.split(mark, 1)[0]
+    exc = context.get("exception")
+    loop_log.error(
+        "listener loop: %s",
+        message.strip()[:120] or "asyncio error",
+        extra={
+            "action": "listener.loop_error",
+            "reason": type(exc).__name__ if isinstance(exc, BaseException) else None,
+        },
+    )
 
 
 def bind_private_socket(path: Path) -> socket.socket:
@@ -428,6 +856,6 @@ def bind_private_socket(path: Path) -> socket.socket:
     finally:
         os.umask(old_umask)
     path.chmod(0o600)
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock

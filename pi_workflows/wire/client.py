@@ -11,6 +11,7 @@ import itertools
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ __all__ = [
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 SERVER_START_TIMEOUT_S = 15.0
+CONNECT_RETRY_S = 0.005
+"""First pause before connecting again when the server's accept queue is full."""
 
 
 class HostUnavailableError(PiWorkflowsError):
@@ -107,6 +110,8 @@ class WorkflowClient:
             return
         try:
             self._open()
+        except _RefusedError:
+            raise  # a server answered: starting one would not help
         except (OSError, HostUnavailableError):
             if not self.autostart:
                 raise HostUnavailableError(
@@ -168,6 +173,8 @@ class WorkflowClient:
                 return self._round_trip(request)
             except (OSError, FrameError, _ConnectionLostError) as exc:
                 self.close()
+                if attempt == 2 and isinstance(exc, _ConnectionRefusedError):
+                    raise HostUnavailableError(str(exc)) from None
                 if attempt == 2:
                     raise HostUnavailableError(
                         f"lost the connection to the workflow server ({type(exc).__name__}); "
@@ -214,13 +221,15 @@ class WorkflowClient:
             checked = client_message_from_wire(message)
             if checked["type"] == "response" and checked["requestId"] == request_id:
                 return checked
+            if _is_refusal(checked, self.connection_id):
+                raise _ConnectionRefusedError(_refusal_text(checked))
             # events and stale responses of an abandoned attempt are not ours to settle
 
     def _open(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.socket_path))
+            _connect(sock, str(self.socket_path), self.timeout)
             reader = SocketFrameReader(sock)
             hello = reader.read_message()
         except OSError:
@@ -233,6 +242,10 @@ class WorkflowClient:
             sock.close()
             raise HostUnavailableError("the server closed the connection before its hello")
         self._check_hello(sock, hello)
+        refusal = reader.peek_buffered()  # a refused connection gets hello + refusal at once
+        if refusal is not None and _is_refusal(refusal, self.connection_id):
+            sock.close()
+            raise _RefusedError(_refusal_text(refusal))
         self._sock = sock
         self._reader = reader
 
@@ -258,8 +271,51 @@ class WorkflowClient:
         self.connection_id = checked["connectionId"]
 
 
+def _connect(sock: socket.socket, path: str, timeout: float) -> None:
+    """Connect, waiting while the server's accept queue is full.
+
+    A Unix socket with a timeout fails at once with EAGAIN when the listener's backlog
+    is full (a burst of connections); that is a busy server, not a missing one.
+    """
+    deadline = time.monotonic() + timeout
+    pause = CONNECT_RETRY_S
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)  # the client's own thread; nothing else waits on it
+            pause = min(pause * 2, 0.1)
+
+
 class _ConnectionLostError(Exception):
     """The server closed the connection before answering."""
+
+
+class _ConnectionRefusedError(_ConnectionLostError):
+    """The server said why it closes this connection (an `unavailable` event)."""
+
+
+class _RefusedError(HostUnavailableError):
+    """The server refused the connection right after its hello (at its connection cap)."""
+
+
+def _is_refusal(message: Mapping[str, Any], connection_id: str | None) -> bool:
+    """The connection-level `unavailable` event: its subscription ID is the connection's."""
+    return (
+        message.get("type") == "event"
+        and message.get("kind") == "unavailable"
+        and message.get("subscriptionId") == connection_id
+    )
+
+
+def _refusal_text(message: Mapping[str, Any]) -> str:
+    payload = message.get("payload")
+    text = payload.get("message") if isinstance(payload, dict) else None
+    code = payload.get("code") if isinstance(payload, dict) else None
+    return f"the workflow server refused the connection ({code}): {str(text)[:300]}"
 
 
 def start_server(state_dir: Path, timeout: float = SERVER_START_TIMEOUT_S) -> None:

@@ -194,6 +194,10 @@ class SocketFrameReader:
             self._ready.extend(self._decoder.feed(data))
         return self._ready.popleft()
 
+    def peek_buffered(self) -> dict[str, Any] | None:
+        """The next message already received, without reading the socket (None if none)."""
+        return self._ready[0] if self._ready else None
+
 
 class AsyncFrameReader:
     """Reads frames from an asyncio stream."""

@@ -31,6 +31,7 @@ __all__ = [
     "CHANNEL_SERVER_KINDS",
     "CLIENT_MESSAGE_TYPES",
     "CLIENT_SCHEMA",
+    "DISK_FULL_CODE",
     "DISPLAY_STATUSES",
     "EVENT_KINDS",
     "LAUNCH_SCHEMA",
@@ -111,6 +112,11 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (
 )
 """The closed set of command outcomes (client responses and runner replies)."""
 
+DISK_FULL_CODE: Final = "diskFull"
+"""The error code of a request refused because the disk holding the workflow state is
+full (outcome `unavailable`): nothing was stored, and the same request (same idempotency
+key) may be sent again once space returns."""
+
 CLIENT_MESSAGE_TYPES: Final = ("hello", "request", "response", "event")
 
 EventKind: TypeAlias = Literal[
@@ -167,9 +173,12 @@ RUNNER_MESSAGE_KINDS: Final = (
     "runner.progress",
     "runner.exiting",
     "content.read",
+    "content.write",
 )
 """Kinds a runner may send to the server: the design's list, then `content.read` (a
-bounded part of a value the server sent by reference; the design names no kind for it)."""
+bounded part of a value the server sent by reference; the design names no kind for it)
+and `content.write` (a bounded part of a value too large for one frame that the runner
+sends by reference: a shell command's escaped output, for example)."""
 
 RUNNER_SERVER_KINDS: Final = ("command", "reply")
 """Kinds the server sends to a runner."""

@@ -9,14 +9,16 @@ raw dicts. `RUNNER_PAYLOADS` is the one codec table from message kind to payload
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, TypeAlias
 
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA, runner_message_from_wire
 
 __all__ = [
+    "MAX_UPLOAD_BYTES",
     "RUNNER_PAYLOADS",
     "ContentRead",
+    "ContentWrite",
     "EffectReserve",
     "EffectSettle",
     "NodeFailed",
@@ -33,7 +35,12 @@ __all__ = [
     "RunnerProgress",
     "RunnerReady",
     "RunnerReply",
+    "UploadRef",
 ]
+
+MAX_UPLOAD_BYTES: Final = 32 * 1024 * 1024
+"""The largest value a runner sends by reference (in `content.write` parts): a result
+or output too large for one frame, for example a shell command's escaped output."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,28 @@ class RunnerError:
     def text(self, limit: int = 4000) -> str:
         """`code: message`, bounded, as stored in attempt and run rows."""
         return f"{self.code}: {self.message}"[:limit]
+
+
+@dataclass(frozen=True, slots=True)
+class UploadRef:
+    """A value a runner sent before as `content.write` parts, named by its digest."""
+
+    media_type: str
+    byte_count: int
+    digest: str
+    parts: tuple[str, ...]
+    """The digests of the parts, in order."""
+
+    @classmethod
+    def from_wire(cls, value: Mapping[str, Any] | None) -> UploadRef | None:
+        if value is None:
+            return None
+        return cls(
+            str(value["mediaType"]),
+            int(value["byteCount"]),
+            str(value["digest"]),
+            tuple(str(part) for part in value["parts"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +112,17 @@ class NodeFinished:
     node_path: str
     output: Any
     route: str | None
+    output_ref: UploadRef | None = None
+    """Set instead of `output` when the output was too large for one frame."""
 
     @classmethod
     def from_wire(cls, p: Mapping[str, Any]) -> NodeFinished:
-        return cls(str(p["nodePath"]), p["output"], p.get("route"))
+        return cls(
+            str(p["nodePath"]),
+            p.get("output"),
+            p.get("route"),
+            UploadRef.from_wire(p.get("outputRef")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +153,17 @@ class RunFinished:
     status: str
     output: Any
     error: RunnerError | None
+    output_ref: UploadRef | None = None
+    """Set instead of `output` when the output was too large for one frame."""
 
     @classmethod
     def from_wire(cls, p: Mapping[str, Any]) -> RunFinished:
         error = p.get("error")
         return cls(
-            str(p["status"]), p.get("output"), RunnerError.from_wire(error) if error else None
+            str(p["status"]),
+            p.get("output"),
+            RunnerError.from_wire(error) if error else None,
+            UploadRef.from_wire(p.get("outputRef")),
         )
 
 
@@ -166,6 +207,8 @@ class EffectSettle:
     error: RunnerError | None
     read_back: str | None
     """`applied` or `notApplied` when a read-back decided this settlement."""
+    result_ref: UploadRef | None = None
+    """Set instead of `result` when the result was too large for one frame."""
 
     @classmethod
     def from_wire(cls, p: Mapping[str, Any]) -> EffectSettle:
@@ -176,6 +219,7 @@ class EffectSettle:
             p.get("result"),
             RunnerError.from_wire(error) if error else None,
             p.get("readBack"),
+            UploadRef.from_wire(p.get("resultRef")),
         )
 
 
@@ -214,6 +258,17 @@ class ContentRead:
         return cls(str(p["digest"]), int(p["offset"]), int(p["length"]))
 
 
+@dataclass(frozen=True, slots=True)
+class ContentWrite:
+    kind: ClassVar[str] = "content.write"
+    data: str = field(repr=False)
+    """One part, at most 512 KiB, in base64 (checked by the schema)."""
+
+    @classmethod
+    def from_wire(cls, p: Mapping[str, Any]) -> ContentWrite:
+        return cls(str(p["data"]))
+
+
 RunnerPayload: TypeAlias = (
     RunnerReady
     | NodeStarted
@@ -227,6 +282,7 @@ RunnerPayload: TypeAlias = (
     | RunnerProgress
     | RunnerExiting
     | ContentRead
+    | ContentWrite
 )
 
 RUNNER_PAYLOADS: Final[dict[str, Any]] = {
@@ -244,6 +300,7 @@ RUNNER_PAYLOADS: Final[dict[str, Any]] = {
         RunnerProgress,
         RunnerExiting,
         ContentRead,
+        ContentWrite,
     )
 }
 """The one codec table: runner message kind → its typed payload. A kind the schema

@@ -4,7 +4,8 @@ Units waiting in the mailbox run as one transaction (each unit's `write()` a sav
 with one COMMIT, and their replies are released only after it, in mailbox order. A
 failing unit rolls back only its own writes; a failing COMMIT fails every unit in it.
 A crash between the COMMIT and the replies (a real SIGKILL at the crash point) leaves
-state that recovery and retrying clients and runners adopt.
+state that recovery and retrying clients and runners adopt. A full disk (SQLITE_FULL
+through `max_page_count`) holds the server's own units in order and refuses a client's.
 """
 
 from __future__ import annotations
@@ -24,16 +25,19 @@ import pykka
 import pytest
 
 from pi_workflows.actors._base import Reply
-from pi_workflows.actors._database import DatabaseActor, Transact
+from pi_workflows.actors._database import RETRY_FULL_EVERY_TICKS, DatabaseActor, Transact
+from pi_workflows.actors._ticker import Tick
 from pi_workflows.server._operations import OperationContext, handle_operation
 from pi_workflows.server._recovery import recover_at_startup
 from pi_workflows.storage import (
     ClaimLostError,
     CommandRequest,
     Database,
+    DiskFullError,
     GroupLostError,
     LookupOutcome,
     Tx,
+    is_disk_full,
     lookup_receipt,
     lookup_runner_reply,
     open_database,
@@ -319,7 +323,8 @@ def test_after_commit_actions_run_after_the_commit_and_not_after_a_rollback(
 CRASH_CHILD = r"""
 import json, sys, threading
 from pathlib import Path
-from pi_workflows.actors._database import DatabaseActor, Transact
+from pi_workflows.actors._database import RETRY_FULL_EVERY_TICKS, DatabaseActor, Transact
+from pi_workflows.actors._ticker import Tick
 from pi_workflows.server._operations import OperationContext, handle_operation
 from pi_workflows.server._runner_handlers import RunnerView, apply_message
 from pi_workflows.server._runner_launch import prepare_launch
@@ -455,3 +460,56 @@ def _lookup(tx: Tx) -> Any:
             payload={"runId": "queued-1"},
         ),
     )
+
+
+def _cap_pages(extra: int | None) -> Callable[[Database], None]:
+    """A unit that caps the database at its size plus `extra` pages (None: no cap):
+    SQLite then refuses a write that needs more with SQLITE_FULL, as on a full disk."""
+
+    def cap(db: Database) -> None:
+        limit = 4_294_967_294
+        if extra is not None:
+            limit = int(db.fetch_value("PRAGMA page_count", {})) + extra
+        db.connection.execute(f"PRAGMA max_page_count = {limit}")
+
+    return cap
+
+
+def test_a_full_disk_holds_the_servers_own_units_in_order_and_refuses_client_units(
+    actor: pykka.ActorRef[Any], traced: Database
+) -> None:
+    recorder = Recorder()
+    actor.tell(Transact(_cap_pages(0), recorder.reply("cap")))
+    release = hold(actor)
+    actor.tell(Transact(store(b"a" * 200_000), recorder.reply("held a"), hold_when_full=True))
+    actor.tell(Transact(store(b"b" * 200_000), recorder.reply("client b")))
+    actor.tell(Transact(store(b"c"), recorder.reply("held c"), hold_when_full=True))
+    release.set()
+    replies = recorder.wait(2)
+    assert is_disk_full(replies["client b"].error), "a client's unit is refused at once"
+    actor.tell(Tick(RETRY_FULL_EVERY_TICKS))  # still full: the held units stay held
+    actor.tell(Transact(lambda db: None, recorder.reply("barrier")))
+    recorder.wait(3)
+    assert [name for name, _ in recorder.replies] == ["cap", "client b", "barrier"]
+    assert blob_count(traced.path, b"c") == 0, "c fits, but waits behind a: order is kept"
+
+    actor.tell(Transact(_cap_pages(None), recorder.reply("space returns")))
+    actor.tell(Tick(RETRY_FULL_EVERY_TICKS))
+    replies = recorder.wait(6)
+    names = [name for name, _ in recorder.replies]
+    assert names[-2:] == ["held a", "held c"], names
+    assert replies["held a"].error is None and replies["held c"].error is None
+    assert blob_count(traced.path, b"a" * 200_000) == blob_count(traced.path, b"c") == 1
+    assert blob_count(traced.path, b"b" * 200_000) == 0
+
+
+def test_a_unit_held_for_space_gets_a_disk_full_error_when_the_actor_stops(
+    actor: pykka.ActorRef[Any], traced: Database
+) -> None:
+    recorder = Recorder()
+    actor.tell(Transact(_cap_pages(0), recorder.reply("cap")))
+    actor.tell(Transact(store(b"a" * 200_000), recorder.reply("held"), hold_when_full=True))
+    actor.tell(Transact(lambda db: None, recorder.reply("barrier")))
+    recorder.wait(2)
+    actor.stop(block=True, timeout=WAIT_S)
+    assert isinstance(recorder.wait(3)["held"].error, DiskFullError)

@@ -1,16 +1,18 @@
 """The process supervisor: own process groups, SIGTERM then SIGKILL in ticks, reaping.
 
 No `Ticker` runs: the test sends each `Tick` by hand, so the tick at which a child is
-reaped, escalated to SIGKILL or has its output file bounded is exact. These children are
-cold-started (no zygote), so the supervisor notices their exit on its next tick.
+reaped or escalated to SIGKILL is exact. These children are cold-started (no zygote),
+so the supervisor notices their exit on its next tick.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 
 from pi_workflows.actors._base import wait_reply
 from pi_workflows.actors._process_supervisor import (
-    LOG_CHECK_TICKS,
+    LOG_CAP_BYTES,
     ChildExited,
     ProcessSupervisorActor,
     Spawn,
@@ -29,6 +31,7 @@ from pi_workflows.actors._process_supervisor import (
 )
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive, signal_group
+from pi_workflows.supervision._log_drain import MARKER_MAX_BYTES
 from tests.actors.ticks import WAIT_S, handled, wait_exited
 
 pytestmark = pytest.mark.timeout(30)
@@ -184,30 +187,44 @@ def test_signal_group_never_hits_a_process_with_another_identity() -> None:
             sleeper.wait(10)
 
 
-def test_a_childs_output_file_is_bounded_every_few_ticks(
-    supervisor: Supervised, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_childs_log_stays_within_its_cap_while_it_prints_and_keeps_its_last_lines(
+    supervisor: Supervised, tmp_path: Path
 ) -> None:
-    import pi_workflows.actors._process_supervisor as module  # noqa: PLC0415
-
-    monkeypatch.setattr(module, "LOG_CAP_BYTES", 64 * 1024)
     log = tmp_path / "child.log"
     report, write_end = _report_pipe()
+    flood = 3 * LOG_CAP_BYTES  # 24 MiB: more than the cap, in a few seconds at most
     code = (
-        "import os, sys, time\n"
-        "for _ in range(64):\n"
-        "    sys.stdout.write('x' * 16384)\n"
-        "    sys.stdout.flush()\n"
+        "import os, sys\n"
+        "sys.stdout.write('first line\\n'); sys.stdout.flush()\n"
+        f"for _ in range({flood // 65536}):\n"
+        "    os.write(1, b'x' * 65536)\n"
         "os.write(int(sys.argv[1]), b'1')\n"
-        "time.sleep(60)\n"
+        "sys.stdin.read(1)\n"  # /dev/null: end of file at once
+        "sys.stderr.write('last line\\n')\n"
     )
     identity = supervisor.spawn(code, str(write_end), log_path=log, pass_fds=(write_end,))
     with report:
-        assert report.read(1) == "1", "the child wrote 1 MiB"
-    supervisor.tick(LOG_CHECK_TICKS - 1)
-    assert log.stat().st_size == 64 * 16384, "checked only every LOG_CHECK_TICKS ticks"
-    supervisor.tick()
-    assert log.stat().st_size <= module.LOG_CAP_BYTES
-    supervisor.stop(identity, grace_ticks=5)
+        assert report.read(1) == "1", "the child wrote everything"
+    bound = LOG_CAP_BYTES + MARKER_MAX_BYTES
+    assert log.stat().st_size <= bound, "bounded as it was written, with no tick at all"
     wait_exited(identity.pid)
-    supervisor.tick()
+    supervisor.tick()  # reaped: the log gets what is left in the pipe, then its tail
     assert [exited.identity for exited in supervisor.exits] == [identity]
+    data = _wait_for_tail(log, b"last line\n")
+    assert len(data) <= bound
+    assert data.startswith(b"first line\n")
+    dropped = re.search(rb"\[pi-workflows: (\d+) bytes of output were dropped", data)
+    assert dropped is not None
+    assert data.count(b"[pi-workflows: ") == 1, "one marker line"
+    kept = data.count(b"x")
+    assert kept + int(dropped.group(1)) == flood, "every byte is kept or counted"
+
+
+def _wait_for_tail(log: Path, tail: bytes) -> bytes:
+    """The log once it ends with `tail` (the drain thread writes it just after the reap)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        data = log.read_bytes()
+        if data.endswith(tail) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.02)

@@ -20,6 +20,7 @@ from pi_workflows.storage import (
     ManualClock,
     QueueKind,
     QueueRow,
+    acquire_server_epoch,
     cancel_run,
     enqueue_run,
     get_queue_row,
@@ -134,10 +135,16 @@ class Admission:
         on_database(self.database, cancel)
 
 
+OWNER = "server-scheduler-test"
+LEASE_MS = 15_000
+
+
 @contextmanager
 def _admission(path: Path, capacity: int, *, launcher: bool = True) -> Iterator[Admission]:
     clock = ManualClock()
     db = open_database(path, clock=clock)
+    with db.write() as tx:  # a server admits only while it holds the live server lease
+        acquire_server_epoch(tx, owner_id=OWNER, pid=None, ttl_ms=LEASE_MS)
     failures: list[str] = []
     database = DatabaseActor.start(db, lambda name, exc: failures.append(name))
     launches = _Launches.start()
@@ -147,7 +154,7 @@ def _admission(path: Path, capacity: int, *, launcher: bool = True) -> Iterator[
         capacity,
         launches if launcher else None,
         lambda name, exc: failures.append(name),
-        "server-scheduler-test",
+        OWNER,
     )
     try:
         yield admission
@@ -227,3 +234,23 @@ def test_without_a_launcher_a_tick_claims_nothing(tmp_path: Path) -> None:
         admission.tick(1, 2)
         assert admission.asked == []
         assert _queue_state(admission, "run-1") == "queued"
+
+
+def test_a_server_whose_lease_lapsed_admits_nothing_until_it_holds_one_again(
+    admission: Admission,
+) -> None:
+    _enqueue(admission, "run-1")
+    admission.clock.advance(LEASE_MS)  # a stall: the lease expired, no renewal yet
+    admission.tick(1)
+    assert admission.asked == []
+    assert _queue_state(admission, "run-1") == "queued"
+
+    def take_next_epoch(db: Database) -> None:  # what the claim renewer does on waking
+        with db.write() as tx:
+            acquire_server_epoch(
+                tx, owner_id=OWNER, pid=None, ttl_ms=LEASE_MS, previous_owner_gone=True
+            )
+
+    on_database(admission.database, take_next_epoch)
+    admission.tick(2)
+    assert admission.asked == ["run-1"]

@@ -95,7 +95,9 @@ class Views:
         self.flush()
 
     def flush(self) -> None:
-        handled(self.database, self.actor)  # the reads, then their delivery
+        # What was told to the actor (it may ask for a read), the read, then its delivery:
+        # a read still in flight would coalesce the next subscriber's into it.
+        handled(self.actor, self.database, self.actor)
         self.written()
 
     def written(self) -> None:

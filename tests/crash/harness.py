@@ -423,9 +423,16 @@ class Lab:
     def expect_runner_crash(self, server: Server) -> None:
         """A runner of the armed server reached its point and died there; the server lives."""
         assert server.marker is not None and server.marker.exists(), f"{server.point} not hit"
-        logs = (self.state_dir / "logs" / "runners").glob("*.log")
         line = f"crash point {server.point} hit"
-        assert any(line in log.read_text(errors="replace") for log in logs)
+
+        def logged() -> bool:  # the server's log drain copies a runner's output just after
+            logs = (self.state_dir / "logs" / "runners").glob("*.log")
+            return any(line in log.read_text(errors="replace") for log in logs)
+
+        deadline = time.monotonic() + DEATH_S
+        while not logged() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert logged(), f"no runner log has {line!r}"
         assert server.alive(), "a runner point must not kill the server"
 
     def kill_server(self, server: Server) -> None:

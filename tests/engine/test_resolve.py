@@ -21,9 +21,13 @@ GREETER = """
     os.write(1, b"raw fd noise\\n")
     from pi_workflows import compute, define_workflow
 
+    from pi_workflows.engine import InputInvalidError
+
     def check(value):
         if value["name"] == "nobody":
-            raise ValueError("nobody is not a name")
+            raise ValueError(f"{value['name']} is not a name")  # quotes the value
+        if value["name"] == "nobody-else":
+            raise InputInvalidError("names are letters only")
         return {"name": value["name"].strip()}
 
     workflow = define_workflow(
@@ -101,10 +105,13 @@ def test_builtin(roots: Roots) -> None:
     assert response["sourceIdentity"]["root"]["kind"] == "builtin"
 
 
-def test_unknown_workflow(roots: Roots) -> None:
-    response = resolve(roots, "nope", {})
+def test_unknown_workflow_lists_what_exists_and_never_echoes_the_name(roots: Roots) -> None:
+    roots.write("project", "greeter", GREETER)
+    response = resolve(roots, "nope-MARKER-7f3a", {})
     assert response["code"] == "workflowNotFound"
-    assert "'nope'" in response["message"]
+    assert "MARKER" not in response["message"], "the client's name is not echoed"
+    assert "no workflow has this name; available: " in response["message"]
+    assert "greeter" in response["message"]
 
 
 def test_definition_that_raises_on_import(roots: Roots) -> None:
@@ -135,17 +142,21 @@ def test_invalid_graph_is_a_definition_error(roots: Roots) -> None:
 @pytest.mark.parametrize(
     ("value", "phrase"),
     [
-        ({}, "'name' is a required property"),
-        ({"name": 5}, "input['name']: 5 is not of type 'string'"),
-        ({"name": "nobody"}, "nobody is not a name"),
+        ({}, "input of workflow 'greeter' is invalid at /name: is required"),
+        ({"name": 5}, "input of workflow 'greeter' is invalid at /name: must be string"),
+        ({"name": "nobody"}, "the workflow's input check refused it (ValueError)"),
+        ({"name": "nobody-else"}, "invalid: names are letters only"),
     ],
-    ids=["schema-required", "schema-type", "callable"],
+    ids=["schema-required", "schema-type", "callable-raises", "callable-refuses"],
 )
-def test_invalid_input(roots: Roots, value: Any, phrase: str) -> None:
+def test_invalid_input_names_the_place_and_the_rule_never_the_value(
+    roots: Roots, value: Any, phrase: str
+) -> None:
     roots.write("project", "greeter", GREETER)
     response = resolve(roots, "greeter", value)
     assert response["code"] == "inputInvalid"
     assert phrase in response["message"]
+    assert "nobody" not in response["message"]
 
 
 @pytest.mark.parametrize(

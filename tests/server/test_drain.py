@@ -59,9 +59,7 @@ workflow = define_workflow(name="think", start_at="think", nodes={{"think": comp
 def _deploy(project: Path, tmp: Path, seconds: int) -> tuple[Path, Path]:
     log, fifo = tmp / "deploys.log", tmp / "deploy.fifo"
     os.mkfifo(fifo)
-    write_workflow(
-        project, "deploy", DEPLOY.format(log=str(log), fifo=str(fifo), seconds=seconds)
-    )
+    write_workflow(project, "deploy", DEPLOY.format(log=str(log), fifo=str(fifo), seconds=seconds))
     return log, fifo
 
 
@@ -109,12 +107,8 @@ def test_a_stop_during_a_shell_step_lets_it_finish_and_the_next_server_goes_on(
         run_id,
     )
     assert attempts == [("deploy", "completed")]
-    assert _rows(state_dir, "SELECT state FROM effects WHERE run_id = ?", run_id) == [
-        ("applied",)
-    ]
-    assert _rows(state_dir, "SELECT state FROM run_queue WHERE run_id = ?", run_id) == [
-        ("queued",)
-    ]
+    assert _rows(state_dir, "SELECT state FROM effects WHERE run_id = ?", run_id) == [("applied",)]
+    assert _rows(state_dir, "SELECT state FROM run_queue WHERE run_id = ?", run_id) == [("queued",)]
     view = _finish_on_a_new_server(state_dir, run_id)
     assert view["display"]["status"] == "completed", view
     assert log.read_text().splitlines() == ["run"], "the command ran exactly once"
@@ -155,9 +149,7 @@ def test_a_stop_does_not_wait_for_a_pure_node(state_dir: Path, short_tmp: Path) 
     wait_fifo(fifo)
     # A drain longer than this test's timeout: the stop must not wait for the node.
     server.stop("test", drain_s=3600)
-    assert _rows(state_dir, "SELECT state FROM run_queue WHERE run_id = ?", run_id) == [
-        ("queued",)
-    ]
+    assert _rows(state_dir, "SELECT state FROM run_queue WHERE run_id = ?", run_id) == [("queued",)]
     assert _rows(
         state_dir,
         "SELECT status FROM node_attempts WHERE run_id = ? AND node_path = 'think'",

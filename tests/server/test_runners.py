@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -231,27 +233,55 @@ def test_cancel_stops_a_live_runner_and_its_group(
     assert view["display"]["status"] == "cancelled"
 
 
-# The first execution hands the runner's end of its channel to a detached process (in a
-# session of its own, so no group kill reaches it), then the runner dies.
+# The first execution hands the runner's end of its channel to a process outside the
+# server's tree (the test's own child, over SCM_RIGHTS), so neither a group kill nor the
+# zygote's orphan stop reaches it; then the runner dies.
 LEAKED_CHANNEL = """
-import os, subprocess
+import os, socket, stat
 from pathlib import Path
 from pi_workflows import compute, define_workflow
 
 COUNTER = Path({counter!r})
-HOLDER = Path({holder!r})
+HOLDER = {holder!r}
+
+def sockets():
+    # The runner took its channel's descriptor number out of the environment; its one
+    # socket is that channel.
+    fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    return tuple(fd for fd in fds if _is_socket(fd))
+
+def _is_socket(fd):
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 def leak(ctx):
     count = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
     COUNTER.write_text(str(count))
     if count == 1:
-        fd = int(os.environ["PI_WORKFLOWS_RUNNER_FD"])
-        holder = subprocess.Popen(["sleep", "300"], pass_fds=(fd,), start_new_session=True)
-        HOLDER.write_text(str(holder.pid))
+        fds = sockets()
+        assert fds, "the runner's channel"
+        with socket.socket(socket.AF_UNIX) as holder:
+            holder.connect(HOLDER)
+            socket.send_fds(holder, [b"fd"], list(fds))
+            holder.recv(1)  # it holds the end now
         os._exit(1)
     return {{"runs": count}}
 
 workflow = define_workflow(name="leaky", start_at="leak", nodes={{"leak": compute(leak)}})
+"""
+
+HOLDER = """
+import socket, sys, time
+with socket.socket(socket.AF_UNIX) as server:
+    server.bind(sys.argv[1])
+    server.listen(1)
+    print("listening", flush=True)
+    peer, _ = server.accept()
+    _, fds, _, _ = socket.recv_fds(peer, 16, 8)
+    peer.sendall(b"k")
+    time.sleep(300)
 """
 
 
@@ -260,21 +290,24 @@ def test_a_dead_runner_is_handled_although_another_process_holds_its_channel(
 ) -> None:
     """The exit waits for the channel's last message, never for every holder of its end."""
     project = short_tmp / "project"
-    counter, holder_file = short_tmp / "counter", short_tmp / "holder.pid"
+    counter, address = short_tmp / "counter", short_tmp / "holder.sock"
     write_workflow(
-        project, "leaky", LEAKED_CHANNEL.format(counter=str(counter), holder=str(holder_file))
+        project, "leaky", LEAKED_CHANNEL.format(counter=str(counter), holder=str(address))
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(address)], stdout=subprocess.PIPE, text=True
     )
     try:
+        assert holder.stdout is not None and holder.stdout.readline() == "listening\n"
         with WorkflowClient(running_server.state_dir, autostart=False) as client:
             run_id = start_run(client, project, "leaky", {})
             view = wait_for(client, run_id, TERMINAL)
-        assert psutil.Process(int(holder_file.read_text())).is_running(), "it still holds the end"
+        assert holder.poll() is None, "it still holds the end"
         assert view["display"]["status"] == "completed"
         assert view["generation"] == 2 and counter.read_text() == "2"
     finally:
-        if holder_file.exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(holder_file.read_text()), signal.SIGKILL)
+        holder.kill()
+        holder.wait(10)
 
 
 EFFECT_CRASH = """
@@ -489,7 +522,7 @@ from pi_workflows import compute, define_workflow
 
 def stubborn(ctx):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # A grandchild that double-forks away from the runner but stays in its group.
+    # A grandchild whose parent exits at once, but which stays in the runner's group.
     subprocess.run(["sh", "-c", "sleep 300 & echo $! > {grandchild}"], check=True)
     with open({fifo!r}, "w") as pipe:
         pipe.write("ready")
@@ -514,7 +547,8 @@ def test_a_runner_ignoring_sigterm_is_killed_with_its_whole_group(
         wait_fifo(fifo)
         (pid,) = _runner_pids(running_server)
         grandchild = psutil.Process(int(grandchild_file.read_text().strip()))
-        assert grandchild.ppid() != pid and os.getpgid(grandchild.pid) == pid
+        # Its parent `sh` exited: the runner, a subreaper, adopted it; it stays in the group.
+        assert grandchild.ppid() == pid and os.getpgid(grandchild.pid) == pid
         runner = psutil.Process(pid)
         client.call("run.cancel", run_id=run_id)
         _gone, alive = psutil.wait_procs([runner, grandchild], timeout=30)

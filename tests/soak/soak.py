@@ -17,8 +17,8 @@ command can be re-sent with the same key). The controller (this process) keeps a
 whose effect appends its key to a ledger file with a read-back that proves it from the
 ledger, the same without a read-back, a short shell node, a checkpoint the controller
 answers, and a workflow that fails by design. It also pauses, resumes and cancels random
-runs, and resumes runs parked `runnerNoProgress`, `workerCrashed` or `paused` (the
-operator's job).
+runs, and resumes runs parked `runnerNoProgress`, `workerCrashed`, `serverCrashLoop` or
+`paused` (the operator's job).
 
 **Kills.** After a random pause (`--min-gap`..`--max-gap` seconds of load), one SIGKILL
 goes to a random target:
@@ -100,7 +100,9 @@ recorded ones by identity, and a fenced runner gets up to 10 s of SIGTERM grace.
 SERVER_READY_TIMEOUT_S = 60.0
 CLIENT_READY_TIMEOUT_S = 30.0
 RUNNER_WAIT_S = 3.0
-RESUMABLE_PARKS = frozenset({"runnerNoProgress", "workerCrashed", "paused", "serverRecovered"})
+RESUMABLE_PARKS = frozenset(
+    {"runnerNoProgress", "workerCrashed", "paused", "serverRecovered", "serverCrashLoop"}
+)
 TERMINAL = frozenset({"completed", "failed", "timed_out", "cancelled"})
 OLD_RECEIPT_SAMPLE = 10
 PROGRESS_EVERY = 50

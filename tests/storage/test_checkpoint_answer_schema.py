@@ -57,7 +57,8 @@ def test_an_answer_outside_the_schema_writes_nothing(db: Database) -> None:
         answer_checkpoint(tx, run_id, answer={"ok": "yes"}, idempotency_key="k1")
     assert caught.value.code == "answerInvalid"
     assert caught.value.path == "/ok"
-    assert "at /ok: 'yes' is not of type 'boolean'" in str(caught.value)
+    assert "at /ok: must be boolean" in str(caught.value)
+    assert "yes" not in str(caught.value), "the refused answer is never quoted"
     assert len(list_runs(db)) == 1
     with db.write() as tx:
         answered = answer_checkpoint(tx, run_id, answer={"ok": True}, idempotency_key="k2")

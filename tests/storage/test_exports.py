@@ -17,7 +17,8 @@ PINNED = {
     # errors
     "StorageError", "SchemaMismatchError", "ClaimLostError", "ClaimLostReason",
     "ClaimHeldError", "RunNotFoundError", "InvalidTransitionError", "RevisionConflictError",
-    "ReceiptConflictError", "ContentUnavailableError",
+    "ReceiptConflictError", "ContentUnavailableError", "DiskFullError", "DISK_FULL_MESSAGE",
+    "is_disk_full",
     # claims and the server epoch
     "Claim", "OwnerType", "WriteResult", "RenewedClaim", "DEFAULT_CLAIM_TTL_MS",
     "MAX_EVENT_PAYLOAD_BYTES", "acquire_claim", "check_claim", "protected_write",
@@ -66,7 +67,8 @@ PINNED = {
     # startup recovery
     "RecordedProcess", "RecoveredRun", "close_stale_runner_epoch", "forget_recorded_process",
     "forget_recorded_processes", "record_process", "recorded_processes", "recover_stale_run",
-    "stale_runner_epochs", "stale_running_runs", "take_over_claim",
+    "stale_runner_epochs", "stale_running_runs", "take_over_claim", "server_deaths_in_flight",
+    "recover_expired_runs", "retake_server_epoch", "holds_server_lease",
 }  # fmt: skip
 
 

@@ -53,7 +53,7 @@ DESIGN_RUNNER_KINDS = [
 ]
 # Runner kinds this implementation adds to the design's list: the design says the runner
 # reads a referenced result in bounded parts, but names no message kind for the read.
-ADDED_RUNNER_KINDS = ["content.read"]
+ADDED_RUNNER_KINDS = ["content.read", "content.write"]
 DESIGN_RUNNER_COMMANDS = ["start", "resume", "continue", "restart"]
 DESIGN_CHANNEL_KINDS = [
     "channel.ready",
