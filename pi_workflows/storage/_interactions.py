@@ -34,6 +34,8 @@ __all__ = [
     "record_unproductive_turn",
     "request_interaction",
     "settle_submission",
+    "submission_receipt",
+    "submission_value",
     "validating_submissions",
 ]
 
