@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pi_workflows._version import __version__
 from pi_workflows.engine import (
     action,
+    agent,
     checkpoint,
     compute,
     define_workflow,
@@ -57,6 +58,7 @@ __all__ = [
     "WorkflowServer",
     "__version__",
     "action",
+    "agent",
     "checkpoint",
     "compute",
     "define_workflow",

@@ -18,6 +18,7 @@ from pi_workflows.engine._context import EffectHost, EngineContext, NodeContext
 from pi_workflows.engine._definition import (
     DEFAULT_NODE_TIMEOUT,
     EXIT_NODE_PREFIX,
+    AgentNode,
     CheckpointNode,
     Edge,
     Include,
@@ -91,7 +92,7 @@ class CompiledNode:
 
     path: str
     """Compiled id (`mount/child/node`); key of `CompiledWorkflow.nodes`."""
-    kind: Literal["compute", "action", "shell", "checkpoint", "notify"]
+    kind: Literal["compute", "action", "shell", "checkpoint", "notify", "agent"]
     node: Node | None
     mount_path: tuple[str, ...]
     """The include scope whose state the node's context sees (`()` for the root)."""
@@ -420,12 +421,30 @@ def _node_snapshot(compiled: CompiledNode) -> dict[str, Any]:
             snap["answerSchema"] = node.input_schema
     elif isinstance(node, NotifyNode):
         snap["notifyKind"] = node.notify_kind
+    elif isinstance(node, AgentNode):
+        snap.update(_agent_snapshot(node))
     if compiled.include_transition is not None:
         assert compiled.mount is not None
         snap["includeTransition"] = compiled.include_transition
         snap["mount"] = compiled.mount.path
         if compiled.exit_name is not None:
             snap["exit"] = compiled.exit_name
+    return snap
+
+
+def _agent_snapshot(node: AgentNode) -> dict[str, Any]:
+    # The prompt is private (never in the snapshot); the schema is the tool's contract.
+    snap: dict[str, Any] = {"validate": node.validate is not None}
+    if node.output_schema_json is not None:
+        snap["outputSchema"] = node.output_schema
+    for key, value in (
+        ("tools", node.tools),
+        ("model", node.model),
+        ("provider", node.provider),
+        ("thinking", node.thinking),
+    ):
+        if value is not None:
+            snap[key] = list(value) if isinstance(value, tuple) else value
     return snap
 
 

@@ -25,6 +25,7 @@ from pi_workflows.wire.canonical import CanonicalJSONError, dumps, format_number
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
 __all__ = [
+    "DEFAULT_AGENT_TIMEOUT",
     "DEFAULT_MAX_STEPS",
     "DEFAULT_NODE_TIMEOUT",
     "DEFAULT_SHELL_MAX_OUTPUT_BYTES",
@@ -34,6 +35,7 @@ __all__ = [
     "SHELL_EFFECT_TYPE",
     "WORKFLOW_NAME_PATTERN",
     "ActionNode",
+    "AgentNode",
     "CheckpointNode",
     "ComputeNode",
     "Edge",
@@ -45,6 +47,7 @@ __all__ = [
     "Switch",
     "WorkflowDefinition",
     "action",
+    "agent",
     "checkpoint",
     "compute",
     "define_workflow",
@@ -181,8 +184,42 @@ class NotifyNode:
     """Node deadline in milliseconds, `None` for no deadline."""
 
 
-Node: TypeAlias = ComputeNode | ActionNode | ShellNode | CheckpointNode | NotifyNode
-_NODE_TYPES = (ComputeNode, ActionNode, ShellNode, CheckpointNode, NotifyNode)
+DEFAULT_AGENT_TIMEOUT = 1800.0
+"""Seconds an agent node may run when `timeout=None` (30 minutes)."""
+
+_THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh")
+_TOOL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentNode:
+    """A step a Pi model does: its result is the output it submits through the
+    `workflow` tool, checked by `output_schema` and/or `validate` in a validation child."""
+
+    kind: ClassVar[Literal["agent"]] = "agent"
+    prompt: str | Callback
+    """Static text, or `prompt(ctx) -> str` (non-empty after stripping)."""
+    output_schema_json: bytes | None
+    """Canonical JSON of the output's JSON Schema (Draft 2020-12), or `None`."""
+    validate: Callable[[Any, Any], Any] | None
+    """`validate(output, ctx) -> value`: raise to reject (the message goes to the model);
+    the returned value becomes the step output."""
+    tools: tuple[str, ...] | None
+    """Pi's built-in tools the model may use beside `workflow` (`None`: none)."""
+    model: str | None
+    provider: str | None
+    thinking: str | None
+    timeout_ms: int | None
+    """Node deadline in milliseconds, `None` for no deadline."""
+
+    @property
+    def output_schema(self) -> Any:
+        """A fresh copy of the output's JSON Schema, or `None`."""
+        return None if self.output_schema_json is None else loads(self.output_schema_json)
+
+
+Node: TypeAlias = ComputeNode | ActionNode | ShellNode | CheckpointNode | NotifyNode | AgentNode
+_NODE_TYPES = (ComputeNode, ActionNode, ShellNode, CheckpointNode, NotifyNode, AgentNode)
 
 
 def _timeout_ms(value: object, *, what: str, default: float) -> int | None:
@@ -213,23 +250,23 @@ def _require_callable(value: object, what: str, param: str) -> None:
         )
 
 
-def _schema_json(schema: object, what: str) -> bytes | None:
+def _schema_json(schema: object, what: str, param: str = "input_schema") -> bytes | None:
     if schema is None:
         return None
     if not isinstance(schema, dict | bool):
         raise WorkflowDefinitionError(
-            f"{what}: input_schema must be a JSON Schema (a dict), got {type(schema).__name__}"
+            f"{what}: {param} must be a JSON Schema (a dict), got {type(schema).__name__}"
         )
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise WorkflowDefinitionError(
-            f"{what}: input_schema is not a valid Draft 2020-12 JSON Schema: {exc.message}"
+            f"{what}: {param} is not a valid Draft 2020-12 JSON Schema: {exc.message}"
         ) from None
     try:
         return dumps(schema)
     except CanonicalJSONError as exc:
-        raise WorkflowDefinitionError(f"{what}: input_schema is not plain JSON: {exc}") from None
+        raise WorkflowDefinitionError(f"{what}: {param} is not plain JSON: {exc}") from None
 
 
 def compute(
@@ -376,6 +413,82 @@ def notify(
         message_fn=message_fn,
         notify_kind=kind,
         timeout_ms=_timeout_ms(timeout, what="notify", default=DEFAULT_NODE_TIMEOUT),
+    )
+
+
+def _optional_name(value: object, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > 256:
+        raise WorkflowDefinitionError(
+            f"agent: {what} must be a non-empty name (at most 256 characters) or None"
+        )
+    return value
+
+
+def _agent_tools(tools: object) -> tuple[str, ...] | None:
+    if tools is None:
+        return None
+    if isinstance(tools, str) or not isinstance(tools, list | tuple):
+        raise WorkflowDefinitionError(
+            "agent: tools must be a list of Pi tool names (e.g. ['read', 'bash']) or None"
+        )
+    names = tuple(tools)
+    for name in names:
+        if not isinstance(name, str) or not _TOOL_NAME.match(name) or name == "workflow":
+            raise WorkflowDefinitionError(
+                f"agent: tool {name!r} is not a Pi tool name (lowercase; `workflow` is "
+                "always given)"
+            )
+    if len(set(names)) != len(names):
+        raise WorkflowDefinitionError("agent: tools lists a name twice")
+    return names
+
+
+def agent(
+    *,
+    prompt: str | Callback,
+    output_schema: Mapping[str, Any] | None = None,
+    validate: Callable[[Any, Any], Any] | None = None,
+    tools: list[str] | tuple[str, ...] | None = None,
+    model: str | None = None,
+    provider: str | None = None,
+    thinking: str | None = None,
+    timeout: float | None = None,
+) -> AgentNode:
+    """An agent step: a Pi model does the work and submits the step's output.
+
+    Args:
+        prompt: the task text, or `prompt(ctx) -> str`.
+        output_schema: JSON Schema (Draft 2020-12) of the output; it is also the
+            `workflow` tool's parameter schema.
+        validate: `validate(output, ctx) -> value`; raise to reject with a message the
+            model sees. Both checks run in a validation child, never in the server.
+        tools: Pi's built-in tools the model may use beside `workflow`.
+        model, provider: passed to pi as `--model` / `--provider` (else pi's settings).
+        thinking: pi's thinking level (`off` … `xhigh`).
+        timeout: seconds; `None` uses DEFAULT_AGENT_TIMEOUT, `math.inf` means no deadline.
+    """
+    if not callable(prompt) and not (isinstance(prompt, str) and prompt.strip()):
+        raise WorkflowDefinitionError(
+            "agent: prompt must be non-empty text or a function of the context"
+        )
+    if validate is not None:
+        _require_callable(validate, "agent", "validate")
+    if thinking is not None and thinking not in _THINKING_LEVELS:
+        raise WorkflowDefinitionError(
+            f"agent: thinking must be one of {', '.join(_THINKING_LEVELS)} or None, "
+            f"got {thinking!r}"
+        )
+    return AgentNode(
+        prompt=prompt,
+        output_schema_json=_schema_json(output_schema, "agent", "output_schema"),
+        validate=validate,
+        tools=_agent_tools(tools),
+        model=_optional_name(model, "model"),
+        provider=_optional_name(provider, "provider"),
+        thinking=thinking,
+        timeout_ms=_timeout_ms(timeout, what="agent", default=DEFAULT_AGENT_TIMEOUT),
     )
 
 
@@ -652,8 +765,8 @@ def _parse_nodes(nodes: Mapping[str, Node], fail: _Fail) -> dict[str, Node]:
         if not isinstance(node, _NODE_TYPES):
             raise fail(
                 node_id,
-                f"is a {type(node).__name__}, not a node; wrap it with compute(fn), "
-                "action(fn), shell(argv_fn), checkpoint(...) or notify(message_fn)",
+                f"is a {type(node).__name__}, not a node; wrap it with compute(fn), action(fn), "
+                "shell(argv_fn), checkpoint(...), notify(message_fn) or agent(prompt=...)",
             )
         node_map[node_id] = node
     return node_map

@@ -29,6 +29,7 @@ from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow, ScopedS
 from pi_workflows.engine._context import NOT_APPLIED, EffectCall, EngineContext
 from pi_workflows.engine._definition import (
     ActionNode,
+    AgentNode,
     CheckpointNode,
     ComputeNode,
     NotifyNode,
@@ -46,13 +47,14 @@ from pi_workflows.engine._limits import (
     default_limits,
 )
 from pi_workflows.engine._loader import load_verified
+from pi_workflows.engine._pi_child import PiLaunch, PiOptions, PiUnavailable
 from pi_workflows.engine._routing import next_node
 from pi_workflows.supervision import crash_point, identity_of, signal_popen_group
 from pi_workflows.supervision._crash import CRASH_ENV, CRASH_ONCE_ENV, RUNNER_SENT_KINDS
 from pi_workflows.supervision._process import set_process_name
 from pi_workflows.supervision._subreaper import become_subreaper, stop_descendants
 from pi_workflows.supervision.zygote import CONTROL_FD_ENV
-from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
 from pi_workflows.wire.protocol import (
     LAUNCH_SCHEMA,
@@ -156,7 +158,15 @@ def _failure_code(exc: BaseException) -> str:
     """The `node.failed` error code of a node's exception."""
     if isinstance(exc, ResourceLimitExceeded | MemoryError):
         return RESOURCE_LIMIT_CODE
+    if isinstance(exc, PiUnavailable | AgentStepUnsupported):
+        return exc.code
     return "outputTooLarge" if isinstance(exc, OutputTooLarge) else "nodeFailed"
+
+
+class AgentStepUnsupported(RuntimeError):  # noqa: N818 - the failure code
+    """An agent step past its request: the Pi turn loop is not wired yet (issue 12)."""
+
+    code = "agentUnsupported"
 
 
 class Channel:
@@ -920,6 +930,7 @@ class Execution:
     def _step(self, node: CompiledNode) -> bool:
         """Run one node; False when the run stopped here (parked or finished)."""
         attempt_id = f"attempt-{uuid.uuid4().hex}"
+        self.attempt_id = attempt_id
         started: dict[str, Any] = {
             "nodePath": node.path,
             "nodeKind": node.kind,
@@ -1064,7 +1075,49 @@ class Execution:
         if isinstance(spec, CheckpointNode):
             summary = spec.summary(ctx) if callable(spec.summary) else spec.summary
             return {"summary": summary}
+        if isinstance(spec, AgentNode):
+            return self._run_agent(node, spec, ctx)
         raise TypeError(f"node kind {node.kind} cannot run")
+
+    def _run_agent(self, node: CompiledNode, spec: AgentNode, ctx: EngineContext) -> Any:
+        """A headless agent step: find pi, then propose the attempt's request.
+
+        pi is resolved first, so a missing binary fails the step (`piUnavailable`) before
+        any request exists. A resumed runner whose request already has an accepted
+        submission adopts that output and never asks again.
+        """
+        options = PiOptions(spec.provider, spec.model, spec.thinking, spec.tools)
+        from pi_workflows.pi import bridge_extension_path  # noqa: PLC0415 - agent steps only
+
+        PiLaunch.build(
+            environ=os.environ, bridge=bridge_extension_path(), cwd=Path.cwd(), options=options
+        )
+        prompt = spec.prompt(ctx) if callable(spec.prompt) else spec.prompt
+        contract = {
+            "step": node.path,
+            "attempt": self.attempt_id,
+            "outputSchema": spec.output_schema,
+            "validate": spec.validate is not None,
+        }
+        request_id = f"request-{self.attempt_id}"
+        reply = self.channel.send(
+            "interaction.requested",
+            {
+                "interactionId": request_id,
+                "interactionKind": "agent",
+                "contractHash": sha256_digest(contract),
+                "request": contract,
+            },
+            self.attempt_id,
+        )
+        result = reply.get("result") or {}
+        if "acceptedSubmissionId" in result:
+            return result.get("value")
+        del prompt  # the turn loop sends it; never logged
+        raise AgentStepUnsupported(
+            "agent steps cannot run pi turns yet: the bridge transport and "
+            "interaction.submit are not built (issue 12)"
+        )
 
     def _finish(
         self, status: str, *, output: Any = None, error: tuple[str, str] | None = None

@@ -63,6 +63,12 @@ from pi_workflows.storage import (
     time_out_run,
     wait_run,
 )
+from pi_workflows.storage._claims import WriteResult, read_head
+from pi_workflows.storage._interactions import (
+    read_submission,
+    request_interaction,
+    submission_value,
+)
 from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.runner import (
@@ -70,6 +76,7 @@ from pi_workflows.wire.runner import (
     ContentWrite,
     EffectReserve,
     EffectSettle,
+    InteractionRequested,
     NodeFailed,
     NodeFinished,
     NodeStarted,
@@ -414,6 +421,34 @@ def _on_notification(
     return written.revision, None
 
 
+def _on_interaction_requested(
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+) -> tuple[int, Any]:
+    """Commit the attempt's request (headless: the attempt stays running); a repeat, or a
+    resumed runner, gets the stored request and any accepted output to adopt."""
+    body = message.body
+    assert isinstance(body, InteractionRequested) and message.attempt_id is not None
+    if body.interaction_kind != "agent" or body.target_session_id is not None:
+        raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
+    written = request_interaction(
+        tx,
+        view.claim,
+        attempt_id=message.attempt_id,
+        request_id=body.interaction_id,
+        kind="agent",
+        contract=body.request,
+    )
+    if isinstance(written, WriteResult):
+        return written.revision, {"requestId": body.interaction_id, "status": "pending"}
+    result: dict[str, Any] = {"requestId": written.request_id, "status": written.status}
+    if written.accepted_submission_id is not None:
+        accepted = read_submission(tx, written.accepted_submission_id)
+        assert accepted is not None
+        result["acceptedSubmissionId"] = accepted.submission_id
+        result["value"] = submission_value(tx, accepted)
+    return read_head(tx, view.run_id).revision, result
+
+
 def _on_run_parked(
     tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
 ) -> tuple[int, Any]:
@@ -534,6 +569,7 @@ _HANDLERS: dict[str, Handler] = {
     "effect.reserve": _on_effect_reserve,
     "effect.settle": _on_effect_settle,
     "notification.requested": _on_notification,
+    "interaction.requested": _on_interaction_requested,
     "run.parked": _on_run_parked,
     "run.finished": _on_run_finished,
     "runner.exiting": _on_exiting,

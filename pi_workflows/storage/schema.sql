@@ -312,6 +312,8 @@ CREATE TABLE interactive_requests (
     status TEXT NOT NULL CHECK (status IN ('pending', 'settled', 'cancelled')),
     accepted_submission_id TEXT,
     unproductive_turn_ends INTEGER NOT NULL DEFAULT 0 CHECK (unproductive_turn_ends >= 0),
+    -- The last unproductive turn's reason (a provider error, bounded) for the run view.
+    last_turn_error TEXT CHECK (last_turn_error IS NULL OR length(last_turn_error) <= 2048),
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     settled_at INTEGER,

@@ -179,6 +179,26 @@ class NotificationRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class InteractionRequested:
+    kind: ClassVar[str] = "interaction.requested"
+    interaction_id: str
+    interaction_kind: str
+    contract_hash: str
+    request: Mapping[str, Any]
+    target_session_id: str | None = None
+
+    @classmethod
+    def from_wire(cls, p: Mapping[str, Any]) -> InteractionRequested:
+        return cls(
+            str(p["interactionId"]),
+            str(p["interactionKind"]),
+            str(p["contractHash"]),
+            p["request"],
+            p.get("targetSessionId"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class EffectReserve:
     kind: ClassVar[str] = "effect.reserve"
     effect_type: str
@@ -277,6 +297,7 @@ RunnerPayload: TypeAlias = (
     | RunParked
     | RunFinished
     | NotificationRequested
+    | InteractionRequested
     | EffectReserve
     | EffectSettle
     | RunnerProgress
@@ -295,6 +316,7 @@ RUNNER_PAYLOADS: Final[dict[str, Any]] = {
         RunParked,
         RunFinished,
         NotificationRequested,
+        InteractionRequested,
         EffectReserve,
         EffectSettle,
         RunnerProgress,
@@ -304,7 +326,7 @@ RUNNER_PAYLOADS: Final[dict[str, Any]] = {
     )
 }
 """The one codec table: runner message kind → its typed payload. A kind the schema
-allows but the server does not handle yet (`node.update`, `interaction.*`,
+allows but the server does not handle yet (`node.update`, `interaction.accepted`/`rejected`,
 `presentation.requested`) has no entry and is answered `rejected`."""
 
 

@@ -10,6 +10,7 @@ import pi_workflows.engine as engine
 
 AUTHORING = {
     "action",
+    "agent",
     "checkpoint",
     "compute",
     "define_workflow",

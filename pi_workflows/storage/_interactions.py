@@ -1,0 +1,348 @@
+"""Interactive requests and their submissions (workflow-server.md § Interactive requests).
+
+A runner proposes a request for its unfinished agent attempt under its live claim. A
+submission names the request; the server resolves the run and attempt from it, checks
+the binding and kind before any receipt lookup, and records a provisional `validating`
+candidate. A validation child settles it `accepted` or `rejected`. Repeated idempotency
+keys adopt the stored submission; the same key with another payload is a conflict.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from pi_workflows.storage._claims import Claim, WriteResult, protected_write
+from pi_workflows.storage._content import put_json_blob, read_json_blob
+from pi_workflows.storage._db import Reader, Tx
+from pi_workflows.storage._errors import InvalidTransitionError
+from pi_workflows.wire.canonical import dumps
+
+__all__ = [
+    "MAX_TURN_ERROR_CHARS",
+    "UNPRODUCTIVE_TURN_LIMIT",
+    "InteractionRequestRow",
+    "SubmissionOutcome",
+    "SubmissionRow",
+    "SubmitResult",
+    "TurnOutcome",
+    "read_request",
+    "read_request_for_attempt",
+    "read_submission",
+    "record_submission",
+    "record_unproductive_turn",
+    "request_interaction",
+    "settle_submission",
+    "submission_receipt",
+    "submission_value",
+    "validating_submissions",
+]
+
+UNPRODUCTIVE_TURN_LIMIT = 2
+"""Unproductive turns that get a reminder; the next one fails the attempt."""
+
+MAX_TURN_ERROR_CHARS = 2048
+"""The bound of a kept provider error (the schema checks it too)."""
+
+EVENT_INTERACTION_REQUESTED = "interaction_requested"
+EVENT_UNPRODUCTIVE_TURN = "interaction_unproductive_turn"
+
+
+class SubmissionOutcome(enum.StrEnum):
+    VALIDATING = "validating"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class InteractionRequestRow:
+    request_id: str
+    run_id: str
+    attempt_id: str
+    target_session_id: str | None
+    kind: str
+    contract_hash: str
+    revision: int
+    status: str
+    accepted_submission_id: str | None
+    unproductive_turn_ends: int
+    last_turn_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionRow:
+    submission_id: str
+    request_id: str
+    idempotency_key: str
+    request_revision: int
+    payload_hash: str
+    outcome: str
+    receipt_hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    """What a submission resolved to: a new candidate, an adopted one, or a refusal."""
+
+    status: str
+    """`new` (validate it), `adopted` (an earlier one with this key), or a refusal code:
+    `notFound`, `conflict`, `rejected` (not pending, wrong kind, paused, busy)."""
+    submission: SubmissionRow | None
+    request: InteractionRequestRow | None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """After one unproductive turn: remind the model, or fail the attempt."""
+
+    count: int
+    fail: bool
+
+
+_SELECT_REQUEST = """
+SELECT request_id, run_id, attempt_id, target_session_id, kind, contract_hash, revision,
+       status, accepted_submission_id, unproductive_turn_ends, last_turn_error
+FROM interactive_requests WHERE {where}
+"""
+_SELECT_SUBMISSION = """
+SELECT submission_id, request_id, idempotency_key, request_revision, payload_hash, outcome,
+       receipt_hash
+FROM interactive_submissions WHERE {where}
+"""
+
+
+def read_request(reader: Reader, request_id: str) -> InteractionRequestRow | None:
+    return reader.fetch_one(
+        _SELECT_REQUEST.format(where="request_id = :id"), {"id": request_id}, InteractionRequestRow
+    )
+
+
+def read_request_for_attempt(reader: Reader, attempt_id: str) -> InteractionRequestRow | None:
+    return reader.fetch_one(
+        _SELECT_REQUEST.format(where="attempt_id = :id"), {"id": attempt_id}, InteractionRequestRow
+    )
+
+
+def read_submission(reader: Reader, submission_id: str) -> SubmissionRow | None:
+    return reader.fetch_one(
+        _SELECT_SUBMISSION.format(where="submission_id = :id"),
+        {"id": submission_id},
+        SubmissionRow,
+    )
+
+
+def validating_submissions(reader: Reader) -> list[SubmissionRow]:
+    """Provisional candidates left by a crash (recovery step 9 validates them again)."""
+    return reader.fetch_all(
+        _SELECT_SUBMISSION.format(where="outcome = 'validating' ORDER BY submitted_at"),
+        {},
+        SubmissionRow,
+    )
+
+
+def request_interaction(
+    tx: Tx,
+    claim: Claim,
+    *,
+    attempt_id: str,
+    request_id: str,
+    kind: str,
+    contract: Any,
+    target_session_id: str | None = None,
+    expected_revision: int | None = None,
+) -> WriteResult | InteractionRequestRow:
+    """Commit the request of the run's unfinished attempt (one per attempt).
+
+    A repeat for the same attempt returns the stored row instead (a resumed runner
+    adopts the request and any accepted submission).
+
+    Raises:
+        ClaimLostError: the claim is not the live claim.
+        InvalidTransitionError: `attempt_id` is not the run's unfinished attempt.
+    """
+    existing = read_request_for_attempt(tx, attempt_id)
+    if existing is not None:
+        return existing
+    unfinished = tx.fetch_value(
+        "SELECT attempt_id FROM node_attempts WHERE run_id = :run_id "
+        "AND status IN ('running', 'waiting')",
+        {"run_id": claim.run_id},
+    )
+    if unfinished != attempt_id:
+        raise InvalidTransitionError(claim.run_id, "attempt not unfinished", "request interaction")
+
+    def insert(tx: Tx) -> None:
+        tx.execute(
+            "INSERT INTO interactive_requests (request_id, run_id, attempt_id, "
+            "target_session_id, kind, contract_hash, status, created_at, updated_at) "
+            "VALUES (:request_id, :run_id, :attempt_id, :target, :kind, :contract_hash, "
+            "'pending', :now, :now)",
+            {
+                "request_id": request_id,
+                "run_id": claim.run_id,
+                "attempt_id": attempt_id,
+                "target": target_session_id,
+                "kind": kind,
+                "contract_hash": put_json_blob(tx, contract),
+                "now": tx.now,
+            },
+        )
+
+    return protected_write(
+        tx,
+        claim,
+        event_type=EVENT_INTERACTION_REQUESTED,
+        payload={"attemptId": attempt_id, "requestId": request_id, "kind": kind},
+        change=insert,
+        expected_revision=expected_revision,
+    )
+
+
+def _refuse(status: str, message: str, request: InteractionRequestRow | None) -> SubmitResult:
+    return SubmitResult(status, None, request, message)
+
+
+def record_submission(
+    tx: Tx,
+    *,
+    request_id: str,
+    submission_id: str,
+    idempotency_key: str,
+    value: Any,
+    kind: str = "agent",
+) -> SubmitResult:
+    """Resolve the request, check binding and kind, then adopt or record a candidate."""
+    request = read_request(tx, request_id)
+    if request is None:
+        return _refuse("notFound", "no such interactive request", None)
+    mode = tx.fetch_value(
+        "SELECT execution_mode FROM run_bindings WHERE run_id = :run_id",
+        {"run_id": request.run_id},
+    )
+    if mode != "headless" or request.target_session_id is not None:
+        return _refuse("rejected", "the request is not bound to a headless run", request)
+    if request.kind != kind:
+        return _refuse("rejected", f"the request takes no {kind} submission", request)
+    payload_hash = put_json_blob(tx, value)
+    earlier = tx.fetch_one(
+        _SELECT_SUBMISSION.format(where="request_id = :r AND idempotency_key = :k"),
+        {"r": request_id, "k": idempotency_key},
+        SubmissionRow,
+    )
+    if earlier is not None:
+        if earlier.payload_hash != payload_hash:
+            return _refuse("conflict", "the idempotency key was used with another output", request)
+        return SubmitResult("adopted", earlier, request)
+    if request.status != "pending":
+        return _refuse("rejected", f"the request is {request.status}", request)
+    paused = tx.fetch_value("SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id})
+    if paused:
+        return _refuse("rejected", "the run is paused", request)
+    busy = tx.fetch_value(
+        "SELECT 1 FROM interactive_submissions WHERE request_id = :r AND outcome = 'validating'",
+        {"r": request_id},
+    )
+    if busy:
+        return _refuse("rejected", "another submission is being validated", request)
+    tx.execute(
+        "INSERT INTO interactive_submissions (submission_id, request_id, idempotency_key, "
+        "request_revision, payload_hash, outcome, submitted_at) VALUES (:s, :r, :k, :rev, "
+        ":p, 'validating', :now)",
+        {
+            "s": submission_id,
+            "r": request_id,
+            "k": idempotency_key,
+            "rev": request.revision,
+            "p": payload_hash,
+            "now": tx.now,
+        },
+    )
+    row = read_submission(tx, submission_id)
+    assert row is not None
+    return SubmitResult("new", row, request)
+
+
+def settle_submission(
+    tx: Tx, *, submission_id: str, accepted: bool, error: dict[str, str] | None = None
+) -> SubmissionRow:
+    """Settle a validating candidate; acceptance settles its request in the same step.
+
+    A repeat for an already settled submission returns it unchanged.
+    """
+    row = read_submission(tx, submission_id)
+    if row is None:
+        raise InvalidTransitionError(submission_id, "unknown", "settle submission")
+    if row.outcome != SubmissionOutcome.VALIDATING:
+        return row
+    outcome = SubmissionOutcome.ACCEPTED if accepted else SubmissionOutcome.REJECTED
+    receipt: dict[str, Any] = {"submissionId": submission_id, "outcome": outcome.value}
+    if error is not None:
+        receipt["error"] = error
+    tx.execute(
+        "UPDATE interactive_submissions SET outcome = :o, receipt_hash = :h, settled_at = :now "
+        "WHERE submission_id = :s",
+        {"o": outcome.value, "h": put_json_blob(tx, receipt), "now": tx.now, "s": submission_id},
+    )
+    if accepted:
+        tx.execute(
+            "UPDATE interactive_requests SET status = 'settled', accepted_submission_id = :s, "
+            "settled_at = :now, updated_at = :now WHERE request_id = :r AND status = 'pending'",
+            {"s": submission_id, "now": tx.now, "r": row.request_id},
+        )
+    settled = read_submission(tx, submission_id)
+    assert settled is not None
+    return settled
+
+
+def submission_receipt(reader: Reader, row: SubmissionRow) -> dict[str, Any] | None:
+    """The stored receipt of a settled submission (None while it validates)."""
+    if row.receipt_hash is None:
+        return None
+    value = read_json_blob(reader, row.receipt_hash)
+    assert isinstance(value, dict)
+    return value
+
+
+def submission_value(reader: Reader, row: SubmissionRow) -> Any:
+    return read_json_blob(reader, row.payload_hash)
+
+
+def record_unproductive_turn(
+    tx: Tx,
+    claim: Claim,
+    *,
+    request_id: str,
+    error: str | None = None,
+    expected_revision: int | None = None,
+) -> TurnOutcome:
+    """Count one turn that ended with the request pending and no accepted or validating
+    submission; 1 and 2 get a reminder, above 2 the attempt fails (the caller fails it)."""
+    request = read_request(tx, request_id)
+    if request is None or request.run_id != claim.run_id:
+        raise InvalidTransitionError(request_id, "unknown", "count unproductive turn")
+    count = request.unproductive_turn_ends + 1
+    kept = None if error is None else error[:MAX_TURN_ERROR_CHARS]
+
+    def bump(tx: Tx) -> None:
+        tx.execute(
+            "UPDATE interactive_requests SET unproductive_turn_ends = :c, last_turn_error = :e, "
+            "updated_at = :now WHERE request_id = :r",
+            {"c": count, "e": kept, "now": tx.now, "r": request_id},
+        )
+
+    protected_write(
+        tx,
+        claim,
+        event_type=EVENT_UNPRODUCTIVE_TURN,
+        payload={"requestId": request_id, "count": count, "providerError": error is not None},
+        change=bump,
+        expected_revision=expected_revision,
+    )
+    return TurnOutcome(count, count > UNPRODUCTIVE_TURN_LIMIT)
+
+
+def contract_digest(contract: Any) -> bytes:
+    """Canonical bytes of a contract (the runner hashes the same bytes)."""
+    return dumps(contract)

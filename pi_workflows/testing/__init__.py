@@ -1,0 +1,39 @@
+"""Test and demonstration helpers that ship with the package.
+
+`FakeProvider` is a scripted model provider on 127.0.0.1 for the real `pi` binary;
+`make demo`, the benchmarks and the tests run agent steps against it.
+"""
+
+from pi_workflows.testing._fake_provider import (
+    FAKE_API_KEY,
+    FAKE_MODEL,
+    FAKE_PROVIDER,
+    FakeProvider,
+    ProviderError,
+    RecordedRequest,
+    ScriptedTurn,
+    Stall,
+    ToolCall,
+    Turn,
+    bash_turn,
+    text_turn,
+    workflow_submit_turn,
+    workflow_update_turn,
+)
+
+__all__ = [
+    "FAKE_API_KEY",
+    "FAKE_MODEL",
+    "FAKE_PROVIDER",
+    "FakeProvider",
+    "ProviderError",
+    "RecordedRequest",
+    "ScriptedTurn",
+    "Stall",
+    "ToolCall",
+    "Turn",
+    "bash_turn",
+    "text_turn",
+    "workflow_submit_turn",
+    "workflow_update_turn",
+]

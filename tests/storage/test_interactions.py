@@ -1,0 +1,115 @@
+"""Interactive requests and submissions: binding and kind first, adoption, settlement."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pi_workflows.storage import Claim, ClaimLostError, Database, start_node_attempt
+from pi_workflows.storage._interactions import (
+    read_request,
+    record_submission,
+    record_unproductive_turn,
+    request_interaction,
+    settle_submission,
+    submission_receipt,
+    validating_submissions,
+)
+from tests.storage.storage_helpers import raw_edit, running
+
+CONTRACT = {"outputSchema": {"type": "object"}}
+
+
+def _agent_request(db: Database, claim: Claim) -> None:
+    with db.write() as tx:
+        start_node_attempt(tx, claim, attempt_id="a1", node_path="ask", node_type="agent")
+        request_interaction(
+            tx, claim, attempt_id="a1", request_id="req-1", kind="agent", contract=CONTRACT
+        )
+
+
+def _submit(db: Database, key: str, value: object, sid: str) -> str:
+    with db.write() as tx:
+        return record_submission(
+            tx, request_id="req-1", submission_id=sid, idempotency_key=key, value=value
+        ).status
+
+
+def test_new_submission_validates_then_accepting_settles_the_request(db: Database) -> None:
+    claim = running(db)
+    _agent_request(db, claim)
+    assert _submit(db, "k1", {"x": 1}, "s1") == "new"
+    assert [s.submission_id for s in validating_submissions(db)] == ["s1"]
+    assert _submit(db, "k2", {"x": 2}, "s2") == "rejected"  # one validating at a time
+    with db.write() as tx:
+        row = settle_submission(tx, submission_id="s1", accepted=True)
+    assert row.outcome == "accepted"
+    request = read_request(db, "req-1")
+    assert request is not None
+    assert (request.status, request.accepted_submission_id) == ("settled", "s1")
+    assert _submit(db, "k1", {"x": 1}, "s9") == "adopted"
+    assert _submit(db, "k1", {"x": 3}, "s9") == "conflict"
+    assert _submit(db, "k3", {"x": 1}, "s3") == "rejected"  # settled: nothing accepted twice
+
+
+def test_a_rejection_keeps_the_request_pending_for_a_corrected_retry(db: Database) -> None:
+    claim = running(db)
+    _agent_request(db, claim)
+    assert _submit(db, "k1", {"x": "bad"}, "s1") == "new"
+    error = {"code": "invalidOutput", "message": "x must be an integer"}
+    with db.write() as tx:
+        row = settle_submission(tx, submission_id="s1", accepted=False, error=error)
+    assert submission_receipt(db, row) == {
+        "submissionId": "s1",
+        "outcome": "rejected",
+        "error": error,
+    }
+    assert _submit(db, "k1", {"x": "bad"}, "s1b") == "adopted"
+    assert _submit(db, "k2", {"x": 1}, "s2") == "new"
+
+
+def test_binding_and_kind_are_checked_before_receipt_lookup(db: Database) -> None:
+    claim = running(db)
+    _agent_request(db, claim)
+    assert _submit(db, "k1", {"x": 1}, "s1") == "new"
+    with db.write() as tx:
+        wrong_kind = record_submission(
+            tx,
+            request_id="req-1",
+            submission_id="s1",
+            idempotency_key="k1",
+            value={"x": 1},
+            kind="checkpoint",
+        )
+        missing = record_submission(
+            tx, request_id="nope", submission_id="s1", idempotency_key="k1", value={"x": 1}
+        )
+    assert (wrong_kind.status, missing.status) == ("rejected", "notFound")
+    raw_edit(db, "UPDATE interactive_requests SET target_session_id = 'sess-1'")
+    assert _submit(db, "k1", {"x": 1}, "s1") == "rejected"
+
+
+def test_unproductive_turns_remind_twice_then_fail_and_keep_the_error(db: Database) -> None:
+    claim = running(db)
+    _agent_request(db, claim)
+    outcomes = []
+    for error in (None, "500 boom", None):
+        with db.write() as tx:
+            outcomes.append(record_unproductive_turn(tx, claim, request_id="req-1", error=error))
+    assert [(o.count, o.fail) for o in outcomes] == [(1, False), (2, False), (3, True)]
+    with db.write() as tx:
+        record_unproductive_turn(tx, claim, request_id="req-1", error="x" * 5000)
+    request = read_request(db, "req-1")
+    assert request is not None and request.last_turn_error == "x" * 2048
+
+
+def test_a_stale_claim_cannot_request(db: Database) -> None:
+    claim = running(db)
+    with db.write() as tx:
+        start_node_attempt(tx, claim, attempt_id="a1", node_path="ask", node_type="agent")
+    stale = replace(claim, token="not-the-token")
+    with pytest.raises(ClaimLostError), db.write() as tx:
+        request_interaction(
+            tx, stale, attempt_id="a1", request_id="req-1", kind="agent", contract=CONTRACT
+        )
