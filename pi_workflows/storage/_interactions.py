@@ -1,10 +1,8 @@
 """Interactive requests and their submissions (workflow-server.md § Interactive requests).
 
-A runner proposes a request for its unfinished agent attempt under its live claim. A
-submission names the request; the server resolves the run and attempt from it, checks
-the binding and kind before any receipt lookup, and records a provisional `validating`
-candidate. A validation child settles it `accepted` or `rejected`. Repeated idempotency
-keys adopt the stored submission; the same key with another payload is a conflict.
+A runner proposes a request for its agent attempt under its live claim. A submission is
+checked for binding and kind before any receipt lookup, then recorded `validating` until a
+validation child settles it; a repeated key adopts it, another payload is a conflict.
 """
 
 from __future__ import annotations
