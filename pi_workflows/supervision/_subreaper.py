@@ -306,6 +306,10 @@ def _await_exits(processes: list[Descendant], until: float) -> None:
             os.close(pidfd)
 
 
+REPARENT_POLL_S = 0.002
+"""The pause between two listings while only zombies are left."""
+
+
 def stop_descendants(
     *, spare: Collection[int] = (), reap: bool = True, timeout_s: float = STOP_TIMEOUT_S
 ) -> StopReport:
@@ -337,11 +341,17 @@ def stop_descendants(
             # it is re-parented here and reaped in a later round.
             mine = [found for found in tree if found.zombie and found.parent == me]
             reaped += sum(1 for found in mine if _reap(found.identity.pid))
-        if not live:
+        # Until a round finds no zombie at all, list again: a dead parent's children are
+        # re-parented here as it exits, and a listing that read this process's children
+        # before that and the parent's state after it saw neither them nor their parent's.
+        if not live and not (reap and any(found.zombie for found in tree)):
             return StopReport(len(killed), reaped, 0)
         if time.monotonic() >= until:
             return StopReport(len(killed), reaped, len(live))
-        _await_exits(live, until)
+        if live:
+            _await_exits(live, until)
+        else:
+            time.sleep(REPARENT_POLL_S)
 
 
 # --- the process limit -------------------------------------------------------------------

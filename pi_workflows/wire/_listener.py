@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.wire.framing import AsyncFrameReader, FrameError, encode_frame
+from pi_workflows.wire.framing import AsyncFrameReader, FrameDecoder, FrameError, encode_frame
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
     ProtocolViolation,
@@ -208,6 +208,8 @@ class Connection:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _writing: bool = False
     _loop_thread_id: int = 0
+    _reading: asyncio.BaseTransport | None = None
+    """A child channel's reading half, on a descriptor of its own (`_ChannelReading`)."""
     closed: bool = False
 
     def respond(self, response: Mapping[str, Any]) -> None:
@@ -254,8 +256,8 @@ class Connection:
         self._flush_or_wake()
 
     def _queue_frame(self, frame: bytes) -> None:
-        if self.closed:
-            return
+        if self.closed or self._writer.transport.is_closing():
+            return  # closed, or a child channel's writing half failed: the child is gone
         self._outbox.append(frame)
         self._flush_or_wake()
 
@@ -280,6 +282,8 @@ class Connection:
             self.closed = True
             self._wake.set()
             self._writer.close()
+            if self._reading is not None:
+                self._reading.close()
 
     def _refuse_now(self, refusal: tuple[str, str]) -> None:
         """Write what is queued (the hello), one `unavailable` event, then close (on the loop).
@@ -319,6 +323,76 @@ class Connection:
                     self._writing = False
                 if frame is None:
                     break
+
+
+class _ChannelReading(asyncio.Protocol):
+    """A child channel's reading half: each frame goes to the handler as it is read.
+
+    A child's frames are its proposals (a runner's last one may be a `node.finished`),
+    so none may be lost because the child died. Frames are handed over in
+    `data_received`, never left in a buffer that a later read error (ECONNRESET: the
+    child died with a reply unread) would discard, and this half has a descriptor of
+    its own, so a failed write of a reply never closes it. `ended` is set once, at end
+    of file, a read error, bad framing or the channel's close.
+    """
+
+    def __init__(
+        self, channel: Connection, handler: ChannelHandler, ended: asyncio.Future[None]
+    ) -> None:
+        self._channel = channel
+        self._handler = handler
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.BaseTransport | None = None
+        self.ended = ended
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for message in self._decoder.iter_feed(data):
+                if self._channel.closed:
+                    return
+                self._handler.on_message(self._channel, message)
+        except (FrameError, PiWorkflowsError) as exc:
+            self._reject(exc)
+
+    def eof_received(self) -> bool:
+        try:
+            self._decoder.finish()
+        except FrameError as exc:
+            self._reject(exc)
+        return False  # the transport closes: connection_lost ends the reading
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    def _reject(self, exc: Exception) -> None:
+        log.warning(
+            "closing a child channel after bad framing",
+            extra={"action": "channel.rejected", "reason": type(exc).__name__},
+        )
+        if self._transport is not None:
+            self._transport.close()
+
+
+class _WritingHalf(asyncio.StreamReaderProtocol):
+    """A child channel's writing half: it never reads (`_ChannelReading` does)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()  # before the transport first watches for input
+
+
+async def _open_writing_half(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket
+) -> asyncio.StreamWriter:
+    unread = asyncio.StreamReader(loop=loop)  # only carries a write error to `drain`
+    protocol = _WritingHalf(unread, loop=loop)
+    transport, _ = await loop.create_unix_connection(lambda: protocol, sock=sock)
+    return asyncio.StreamWriter(transport, protocol, unread, loop)
 
 
 @dataclass(eq=False, slots=True)
@@ -511,31 +585,24 @@ class ClientListener:
         return True
 
     async def _attach(self, sock: socket.socket, handler: ChannelHandler, name: str) -> Connection:
-        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        # One descriptor per direction: asyncio closes a transport whose write fails, and
+        # the reply to a pipelined frame may go to a child that has just written its next
+        # frame and died (EPIPE). That frame is still in the socket, and must be read.
+        writer = await _open_writing_half(self._loop, sock.dup())
         channel = Connection(name, self._loop, writer, _loop_thread_id=threading.get_ident())
-        task = self._loop.create_task(self._serve_channel(channel, reader, handler))
+        reading = _ChannelReading(channel, handler, self._loop.create_future())
+        channel._reading, _ = await self._loop.create_unix_connection(lambda: reading, sock=sock)
+        task = self._loop.create_task(self._serve_channel(channel, reading, handler))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return channel
 
     async def _serve_channel(
-        self, channel: Connection, reader: asyncio.StreamReader, handler: ChannelHandler
+        self, channel: Connection, reading: _ChannelReading, handler: ChannelHandler
     ) -> None:
         writer_task = self._loop.create_task(channel._write_loop())
-        frames = AsyncFrameReader(reader)
         try:
-            while not channel.closed:
-                message = await frames.read_message()
-                if message is None:
-                    break
-                handler.on_message(channel, message)
-        except (FrameError, PiWorkflowsError) as exc:
-            log.warning(
-                "closing a child channel after bad framing",
-                extra={"action": "channel.rejected", "reason": type(exc).__name__},
-            )
-        except (ConnectionError, OSError):
-            pass
+            await reading.ended
         finally:
             channel._close_now()
             writer_task.cancel()
