@@ -207,6 +207,23 @@ def _wait(processes: Processes, state_dir: Path, run_id: str) -> dict[str, Any]:
     return view
 
 
+def _freeze_and_kill(processes: Processes, root: psutil.Process, spare: psutil.Process) -> None:
+    """SIGSTOP `root` and every descendant outside `spare`'s subtree, then SIGKILL them:
+    none of them can react to another's death."""
+    kept = {spare.pid} | {child.pid for child in spare.children(recursive=True)}
+    frozen: dict[int, psutil.Process] = {}
+    for _ in range(3):  # a process forked before its parent was stopped is met next pass
+        for process in [root, *root.children(recursive=True)]:
+            if process.pid not in kept and process.pid not in frozen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.suspend()
+                    frozen[process.pid] = process
+                    processes.adopt(process.pid)
+    for process in frozen.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
 def test_a_shell_group_left_by_a_sigkilled_server_is_stopped_by_recovery_and_is_ambiguous(
     processes: Processes, state_dir: Path, short_tmp: Path
 ) -> None:
@@ -223,9 +240,12 @@ def test_a_shell_group_left_by_a_sigkilled_server_is_stopped_by_recovery_and_is_
     wait_fifo(fifo)
     command = psutil.Process(int(pidfile.read_text().strip()))
     processes.adopt(command.pid)
-    os.kill(first.pid, signal.SIGKILL)
+    # The whole supervising tree dies at once (a machine-wide kill, the OOM killer): a
+    # zygote or runner that lived on would stop the shell itself (they are subreapers),
+    # so only startup recovery is left to stop it.
+    _freeze_and_kill(processes, psutil.Process(first.pid), spare=command)
     first.wait(10)
-    assert command.is_running(), "a shell in its own session outlives the dead server"
+    assert command.is_running(), "a shell in its own session outlives its dead supervisors"
     _serve(processes, state_dir)
     _gone, alive = psutil.wait_procs([command], timeout=30)
     assert not alive, "recovery stopped the recorded shell group by its exact identity"
