@@ -70,6 +70,7 @@ from pi_workflows.storage._interactions import (
     submission_value,
 )
 from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
+from pi_workflows.supervision._crash import RUNNER_MESSAGE_POINTS
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.runner import (
     ContentRead,
@@ -206,8 +207,9 @@ def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Han
     except UploadRejectedError as exc:
         error = ("contentRejected", str(exc))
         return Handled([reply_to(message, "rejected", error=error)], Delta())
-    point = f"server.runner_message.{message.kind.replace('.', '_')}.after_commit"
-    db.after_commit(functools.partial(crash_point, point))  # durable first, then the point
+    if message.kind in RUNNER_MESSAGE_POINTS:  # a kind without a declared point has none
+        point = f"server.runner_message.{message.kind.replace('.', '_')}.after_commit"
+        db.after_commit(functools.partial(crash_point, point))  # durable first, then the point
     return Handled(frames, delta)
 
 
