@@ -96,6 +96,18 @@ def _runner_epochs(state_dir: Path, run_id: str) -> list[str]:
     return [row[0] for row in rows]
 
 
+def _settled_runner_epochs(state_dir: Path, run_id: str, timeout_s: float = 30) -> list[str]:
+    """The run's runner epochs once none is live: a runner's exit is recorded after the
+    run's last commit (its channel's end of file), so a finished run can show it `ready`."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while True:
+        statuses = _runner_epochs(state_dir, run_id)
+        if not {"starting", "ready"} & set(statuses) or time.monotonic() >= deadline:
+            return statuses
+        pause.wait(0.05)
+
+
 def _assert_disk_full_refusal(answer: Mapping[str, Any], state_dir: Path) -> None:
     assert answer["outcome"] == "unavailable"
     assert answer["error"] == {"code": "diskFull", "message": DISK_FULL_MESSAGE}
@@ -162,9 +174,9 @@ def test_sqlite_full_refuses_commands_with_disk_full_and_the_run_waits_for_space
         _set_max_pages(server, None)  # space returns
         done = _wait_completed(client, run_id)
         assert done["display"]["status"] == "completed"
-        assert done["generation"] == 1 and _runner_epochs(state_dir, run_id) == ["exited"], (
-            "one runner did it all: nothing crashed, nothing was resumed"
-        )
+        assert done["generation"] == 1 and _settled_runner_epochs(state_dir, run_id) == [
+            "exited"
+        ], "one runner did it all: nothing crashed, nothing was resumed"
         returned = _wait_for_log(state_dir, "db.disk_space_returned")
         assert returned["reason"] == "diskFull"
         again = client.request(
@@ -264,7 +276,7 @@ def test_a_full_tmpfs_refuses_commands_with_disk_full_and_the_run_continues_once
         filler.unlink()  # space returns
         done = _wait_completed(client, run_id)
         assert done["display"]["status"] == "completed" and done["generation"] == 1
-        assert _runner_epochs(state_dir, run_id) == ["exited"]
+        assert _settled_runner_epochs(state_dir, run_id) == ["exited"]
         returned = _wait_for_log(state_dir, "db.disk_space_returned")
         assert returned["reason"] == "diskFull" and str(state_dir) not in json.dumps(returned)
         assert client.call("state.verify")["receipt"]["consistent"]
