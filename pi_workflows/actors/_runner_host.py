@@ -57,6 +57,7 @@ __all__ = [
     "RUNNER_GRACE_TICKS",
     "RUNNER_MODULE",
     "STARTUP_DEADLINE_MS",
+    "STATE_DIR_ENV",
     "ActiveRunner",
     "ConnectScheduler",
     "Drain",
@@ -80,6 +81,9 @@ RUNNER_GRACE_TICKS = 40
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
 LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
 AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
+STATE_DIR_ENV = "PI_WORKFLOWS_STATE_DIR"
+"""The server's state folder, for a runner's private per-step files (pi's bridge config
+and stderr log); popped by the runner like the agent folder."""
 RUNNER_MODULE = "pi_workflows.engine.runner"
 
 
@@ -434,6 +438,7 @@ class RunnerHostActor(ServerActor):
         env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
         env[AGENT_DIR_ENV] = str(config.agent_dir)
+        env[STATE_DIR_ENV] = str(config.state_dir)
         env.update(limits_env(config.default_limits))
         logs = config.state_dir / "logs" / "runners"
         ensure_private_dir(logs)

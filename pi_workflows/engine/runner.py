@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import jsonschema
+
+from pi_workflows._paths import ensure_private_dir
 from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow, ScopedState
 from pi_workflows.engine._context import NOT_APPLIED, EffectCall, EngineContext
 from pi_workflows.engine._definition import (
@@ -47,7 +50,7 @@ from pi_workflows.engine._limits import (
     default_limits,
 )
 from pi_workflows.engine._loader import load_verified
-from pi_workflows.engine._pi_child import PiLaunch, PiOptions, PiUnavailable
+from pi_workflows.engine._pi_child import PiChild, PiLaunch, PiOptions, PiUnavailable, TurnOutcome
 from pi_workflows.engine._routing import next_node
 from pi_workflows.supervision import crash_point, identity_of, signal_popen_group
 from pi_workflows.supervision._crash import CRASH_ENV, CRASH_ONCE_ENV, RUNNER_SENT_KINDS
@@ -70,6 +73,7 @@ LAUNCH_ENV = "PI_WORKFLOWS_LAUNCH"
 RUNNER_PROCESS_NAME = "piw-runner"
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
 AGENT_DIR_ENV = "PI_WORKFLOWS_AGENT_DIR"
+STATE_DIR_ENV = "PI_WORKFLOWS_STATE_DIR"
 EFFECT_KEY_ENV = "PI_WORKFLOWS_EFFECT_KEY"
 """The environment variable that gives a shell command its effect's idempotency key."""
 RUN_ID_ENV = "PI_WORKFLOWS_RUN_ID"
@@ -158,15 +162,110 @@ def _failure_code(exc: BaseException) -> str:
     """The `node.failed` error code of a node's exception."""
     if isinstance(exc, ResourceLimitExceeded | MemoryError):
         return RESOURCE_LIMIT_CODE
-    if isinstance(exc, PiUnavailable | AgentStepUnsupported):
+    if isinstance(exc, PiUnavailable | AgentUnproductive):
         return exc.code
     return "outputTooLarge" if isinstance(exc, OutputTooLarge) else "nodeFailed"
 
 
-class AgentStepUnsupported(RuntimeError):  # noqa: N818 - the failure code
-    """An agent step past its request: the Pi turn loop is not wired yet (issue 12)."""
+class AgentUnproductive(RuntimeError):  # noqa: N818 - the failure code
+    """An agent step's model ended more than `MAX_REMINDERS` + 1 turns without a valid
+    submission (the message names no output: jsonschema errors quote the instance)."""
 
-    code = "agentUnsupported"
+    code = "agentUnproductive"
+
+
+MAX_REMINDERS = 2
+"""Unproductive turns 1 and 2 get a reminder through the same pi child; the third fails."""
+PI_READY_TIMEOUT_S = 60.0
+"""How long a fresh pi child gets to load the bridge and answer `get_state`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What one turn handed in: an accepted value, or why it was not accepted."""
+
+    accepted: bool
+    value: Any = None
+    reason: str | None = None
+    """For the model's reminder only (it may quote the output); never logged."""
+    public: str | None = None
+    """For the step's failure message: names no output."""
+
+
+def accepted_submission(outcome: TurnOutcome, spec: AgentNode, ctx: EngineContext) -> Submitted:
+    """The turn's last `workflow` submit that the bridge took and the output passes.
+
+    TODO(issue 12, validation child): `output_schema` and `validate` run here in the
+    runner until `interaction.submit` schedules the validation child; then the server's
+    acceptance is the truth and the runner reads the accepted value back.
+    """
+    calls = [
+        call
+        for call in outcome.workflow_calls()
+        if isinstance(call.args, dict) and call.args.get("action") == "submit" and not call.is_error
+    ]
+    if not calls:
+        if outcome.provider_error:
+            return Submitted(False, reason="the model provider failed", public="provider error")
+        return Submitted(False, public="no submit")
+    output = calls[-1].args.get("output")
+    schema = spec.output_schema
+    if schema is not None:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(output))
+        if error is not None:
+            return Submitted(
+                False, reason=error.message, public="output did not match output_schema"
+            )
+    if spec.validate is not None:
+        try:
+            output = spec.validate(output, ctx)
+        except Exception as exc:  # noqa: BLE001 - a rejection, for the model
+            return Submitted(False, reason=str(exc)[:MAX_ERROR_TEXT], public="validate rejected")
+    return Submitted(True, output)
+
+
+_CONTRACT_SEPARATOR = "\n\n---\n"
+
+
+def step_prompt(prompt: str, workflow: str, step: str, attempt: str, spec: AgentNode) -> str:
+    """The step's prompt with the step contract appended (workflow-model.md § 8.1)."""
+    schema = spec.output_schema
+    expected = (
+        dumps(schema).decode("utf-8") if schema is not None else "a JSON object with your result"
+    )
+    return (
+        f"{prompt}{_CONTRACT_SEPARATOR}"
+        f"Workflow step contract (workflow: {workflow}, step: {step}, attempt: {attempt})\n"
+        "You may report progress with the `workflow` tool: "
+        f'{{"action":"update","step":"{step}","attempt":"{attempt}",'
+        '"update":{"type":...,"key":...,"data":{...}}}.\n'
+        "Complete this step by calling the `workflow` tool exactly once with "
+        f'{{"action":"submit","step":"{step}","attempt":"{attempt}","output":<your result>}}.\n'
+        f"Expected output (JSON Schema): {expected}\n"
+        "The step is complete only after the tool accepts. If it reports a validation "
+        "error, correct the output and call it again."
+    )
+
+
+def reminder_prompt(step: str, attempt: str, reason: str | None) -> str:
+    """The prompt for a turn that ended without a valid submission (same attempt)."""
+    why = f" The last submission was not accepted: {reason}." if reason else ""
+    return (
+        f"Workflow step {step} (attempt {attempt}) is still waiting for its output.{why} "
+        "Call the `workflow` tool with "
+        f'{{"action":"submit","step":"{step}","attempt":"{attempt}","output":<your result>}}.'
+    )
+
+
+def _left(deadline: float | None, cap: float | None) -> float:
+    """Seconds until `deadline`, at most `cap` (no deadline and no cap: a day)."""
+    left = cap if cap is not None else 86_400.0
+    if deadline is not None:
+        left = min(left, deadline - time.monotonic())
+    if left <= 0:
+        raise TimeoutError("the agent step's timeout passed")
+    return left
 
 
 class Channel:
@@ -612,7 +711,15 @@ def _run_shell(
 
 
 RUNNER_PRIVATE_ENV = frozenset(
-    {LAUNCH_ENV, RUNNER_FD_ENV, AGENT_DIR_ENV, CONTROL_FD_ENV, CRASH_ENV, CRASH_ONCE_ENV}
+    {
+        LAUNCH_ENV,
+        RUNNER_FD_ENV,
+        AGENT_DIR_ENV,
+        STATE_DIR_ENV,
+        CONTROL_FD_ENV,
+        CRASH_ENV,
+        CRASH_ONCE_ENV,
+    }
 )
 """Variables pi-workflows uses to start and test its own processes: a shell command
 never sees them (the launch envelope names the run, its epoch and the project)."""
@@ -841,6 +948,8 @@ class Execution:
         *,
         answered_checkpoint: str | None = None,
         guard: NodeGuard | None = None,
+        state_dir: Path | None = None,
+        pi_agent_dir: Path | None = None,
     ) -> None:
         """`answered_checkpoint`: the checkpoint attempt a `continue` command goes on after
         (its output in `state` is the answer); any other completed checkpoint that is the
@@ -848,6 +957,10 @@ class Execution:
         node's limits and stops what the node left running (none: in-process tests)."""
         self.channel = channel
         self.guard = guard
+        self.state_dir = state_dir
+        """The server's state folder: agent steps keep pi's private files under it."""
+        self.pi_agent_dir = pi_agent_dir
+        """Pi's agent folder (`models.json`, `auth.json`, `settings.json`)."""
         self.compiled = compiled
         self.run_id = str(envelope["runId"])
         # Outputs and results by full compiled path; each node's context sees them
@@ -1080,17 +1193,43 @@ class Execution:
         raise TypeError(f"node kind {node.kind} cannot run")
 
     def _run_agent(self, node: CompiledNode, spec: AgentNode, ctx: EngineContext) -> Any:
-        """A headless agent step: find pi, then propose the attempt's request.
+        """A headless agent step: find pi, propose the attempt's request, drive one pi child.
 
         pi is resolved first, so a missing binary fails the step (`piUnavailable`) before
         any request exists. A resumed runner whose request already has an accepted
-        submission adopts that output and never asks again.
+        submission adopts that output and never asks again. Otherwise one `pi --mode
+        rpc` child, registered with the server before its first prompt, runs the step's
+        turns; it and everything it started are stopped before the step ends.
         """
-        options = PiOptions(spec.provider, spec.model, spec.thinking, spec.tools)
-        from pi_workflows.pi import bridge_extension_path  # noqa: PLC0415 - agent steps only
+        # `tools=None` on the node means no built-in tool beside `workflow`.
+        options = PiOptions(
+            spec.provider, spec.model, spec.thinking, spec.tools if spec.tools is not None else ()
+        )
+        from pi_workflows.pi import (  # noqa: PLC0415 - agent steps only
+            BridgeConfig,
+            bridge_extension_path,
+            write_bridge_config,
+        )
 
-        PiLaunch.build(
-            environ=os.environ, bridge=bridge_extension_path(), cwd=Path.cwd(), options=options
+        request_id = f"request-{self.attempt_id}"
+        folder = self._agent_folder()
+        config = BridgeConfig(
+            run_id=self.run_id,
+            interaction_id=request_id,
+            step=node.path,
+            attempt=self.attempt_id,
+            client_id=f"bridge-{self.attempt_id}",
+            output_schema=spec.output_schema,
+        )
+        launch = PiLaunch.build(
+            environ=os.environ,
+            bridge=bridge_extension_path(),
+            cwd=Path.cwd(),
+            options=options,
+            agent_dir=self.pi_agent_dir,
+            tmpdir=folder / "tmp",
+            extra_env=write_bridge_config(folder / "bridge.json", config),
+            stderr_path=folder / "pi.stderr.log",
         )
         prompt = spec.prompt(ctx) if callable(spec.prompt) else spec.prompt
         contract = {
@@ -1099,7 +1238,6 @@ class Execution:
             "outputSchema": spec.output_schema,
             "validate": spec.validate is not None,
         }
-        request_id = f"request-{self.attempt_id}"
         reply = self.channel.send(
             "interaction.requested",
             {
@@ -1113,11 +1251,73 @@ class Execution:
         result = reply.get("result") or {}
         if "acceptedSubmissionId" in result:
             return result.get("value")
-        del prompt  # the turn loop sends it; never logged
-        raise AgentStepUnsupported(
-            "agent steps cannot run pi turns yet: the bridge transport and "
-            "interaction.submit are not built (issue 12)"
-        )
+        message = step_prompt(str(prompt), self.compiled.name, node.path, self.attempt_id, spec)
+        deadline = None if spec.timeout_ms is None else time.monotonic() + spec.timeout_ms / 1000
+        return self._drive_pi(node.path, launch, message, spec=spec, ctx=ctx, deadline=deadline)
+
+    def _agent_folder(self) -> Path:
+        """A private (0700) folder for this attempt's bridge config, pi's TMPDIR and log."""
+        root = self.state_dir / "pi" if self.state_dir is not None else Path.cwd() / ".piw-pi"
+        folder = root / self.run_id / self.attempt_id
+        ensure_private_dir(folder / "tmp")
+        return folder
+
+    def _drive_pi(
+        self,
+        launch_step: str,
+        launch: PiLaunch,
+        message: str,
+        *,
+        spec: AgentNode,
+        ctx: EngineContext,
+        deadline: float | None,
+    ) -> Any:
+        """Spawn pi, register it, run turns until a valid submission; always stop its tree."""
+        child = PiChild.spawn(launch)
+        registration: dict[str, Any] | None = None
+        try:
+            # Registered before the first prompt: pi runs no model turn until then, and
+            # exits on stdin EOF if this runner dies first.
+            registration = _register(self.channel, child.pid)
+            child.wait_ready(_left(deadline, PI_READY_TIMEOUT_S))
+            return self._turns(
+                child, message, spec=spec, ctx=ctx, deadline=deadline, step=launch_step
+            )
+        finally:
+            child.stop()
+            # A tool that daemonised (`setsid cmd &`) was re-parented to this runner, a
+            # child subreaper, out of pi's sight: stop and reap it too.
+            stop_descendants()
+            if registration is not None:
+                self.channel.send(
+                    "runner.progress", {**registration, "operation": "process.unregister"}
+                )
+
+    def _turns(
+        self,
+        child: PiChild,
+        message: str,
+        *,
+        spec: AgentNode,
+        ctx: EngineContext,
+        deadline: float | None,
+        step: str,
+    ) -> Any:
+        """Run turns through one child: a valid submission ends the step; a turn without
+        one gets a reminder at 1 and 2, and fails the attempt above 2."""
+        unproductive = 0
+        while True:
+            outcome = child.run_turn(message, _left(deadline, None))
+            submitted = accepted_submission(outcome, spec, ctx)
+            if submitted.accepted:
+                return submitted.value
+            unproductive += 1
+            if unproductive > MAX_REMINDERS:
+                raise AgentUnproductive(
+                    f"the agent ended {unproductive} turns without a valid workflow "
+                    f"submit (last: {submitted.public})"
+                )
+            message = reminder_prompt(step, self.attempt_id, submitted.reason)
 
     def _finish(
         self, status: str, *, output: Any = None, error: tuple[str, str] | None = None
@@ -1148,6 +1348,8 @@ def main() -> int:
     project = Path(envelope["projectPath"]) if envelope["projectPath"] else None
     agent_value = os.environ.pop(AGENT_DIR_ENV, "")
     agent_dir = Path(agent_value) if agent_value else None
+    state_value = os.environ.pop(STATE_DIR_ENV, "")
+    state_dir = Path(state_value) if state_value else None
     try:
         try:
             loaded = load_verified(envelope["workflowSource"], project=project, agent_dir=agent_dir)
@@ -1171,7 +1373,14 @@ def main() -> int:
             answered = finished[-1].get("attemptId") if finished else None
         guard = NodeGuard((node.limits for node in loaded.compiled.nodes.values()), defaults)
         Execution(
-            channel, loaded.compiled, envelope, state, answered_checkpoint=answered, guard=guard
+            channel,
+            loaded.compiled,
+            envelope,
+            state,
+            answered_checkpoint=answered,
+            guard=guard,
+            state_dir=state_dir,
+            pi_agent_dir=agent_dir,
         ).run()
         return 0
     except ClaimLost:

@@ -162,6 +162,7 @@ RUNNER_MESSAGE_POINTS: Final = (
     "effect.reserve",
     "effect.settle",
     "notification.requested",
+    "interaction.requested",
     "run.parked",
     "run.finished",
 )

@@ -23,7 +23,7 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +37,7 @@ __all__ = [
     "FakeProvider",
     "ProviderError",
     "RecordedRequest",
+    "ScriptedReply",
     "ScriptedTurn",
     "Stall",
     "ToolCall",
@@ -106,6 +107,9 @@ class Stall:
 
 
 ScriptedTurn: TypeAlias = Turn | ProviderError | Stall
+ScriptedReply: TypeAlias = ScriptedTurn | Callable[[Mapping[str, Any]], ScriptedTurn]
+"""A turn, or a function of the request body that returns one: for a turn that must
+name what only the prompt says (a step's generated attempt ID)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +169,7 @@ class FakeProvider:
         if host not in ("127.0.0.1", "localhost"):
             raise ValueError("the fake provider listens on loopback only")
         self._lock = threading.Condition()
-        self._queue: deque[ScriptedTurn] = deque()
+        self._queue: deque[ScriptedReply] = deque()
         self._requests: list[RecordedRequest] = []
         self._ids = itertools.count(1)
         self._stopping = False
@@ -253,13 +257,13 @@ class FakeProvider:
 
     # -- the script ------------------------------------------------------------------
 
-    def script(self, *turns: ScriptedTurn) -> None:
+    def script(self, *turns: ScriptedReply) -> None:
         """Replace the queue of turns and forget the requests recorded so far."""
         with self._lock:
             self._queue = deque(turns)
             self._requests = []
 
-    def add(self, *turns: ScriptedTurn) -> None:
+    def add(self, *turns: ScriptedReply) -> None:
         """Append turns to the queue (for a test that scripts as it goes)."""
         with self._lock:
             self._queue.extend(turns)
@@ -304,10 +308,13 @@ class FakeProvider:
             self._requests.append(request)
             self._lock.notify_all()
 
-    def _take_turn(self) -> ScriptedTurn:
+    def _take_turn(self, body: Mapping[str, Any]) -> ScriptedTurn:
         with self._lock:
-            if self._queue:
-                return self._queue.popleft()
+            reply = self._queue.popleft() if self._queue else None
+        if callable(reply):
+            return reply(body)
+        if reply is not None:
+            return reply
         return ProviderError(500, "fake provider: the test scripted no turn for this request")
 
     def _next_id(self, prefix: str) -> str:
@@ -405,7 +412,7 @@ def _handler_class(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 provider._record(RecordedRequest("POST", path, dict(self.headers), body, None))
                 self._json(404, {"error": {"message": "no such route", "type": "invalid_request"}})
                 return
-            turn = provider._take_turn()
+            turn = provider._take_turn(body)
             provider._record(RecordedRequest("POST", path, dict(self.headers), body, turn))
             if isinstance(turn, ProviderError):
                 self._json(turn.status, {"error": {"message": turn.message, "type": "api_error"}})

@@ -6,13 +6,19 @@ request exists, the run view says why, and `$result.outcome` routes the failure.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.testing import FakeProvider, ScriptedTurn, bash_turn, workflow_submit_turn
 from tests.conftest import write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_for
 
@@ -100,3 +106,118 @@ def test_a_proposed_request_is_committed_and_the_server_stays_up(
             "SELECT count(*) FROM interactive_requests WHERE run_id = ?", (run_id,)
         ).fetchone()[0]
     assert requests == 1
+
+
+# --- the real pi, against the fake provider ---------------------------------------------
+
+SUBMITTING_AGENT = """
+from pi_workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={
+        "ask": agent(
+            prompt=lambda ctx: "Summarise the work",
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            tools=["bash"],
+            provider="fake",
+            model="fake-model",
+            timeout=120,
+        ),
+    },
+    edges=[],
+)
+"""
+
+ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
+SLEEPS = ("sleep 3001", "sleep 3002")
+
+
+def _attempt_of(body: Mapping[str, Any]) -> str:
+    text = json.dumps(body.get("messages"))
+    found = ATTEMPT_IN_PROMPT.search(text)
+    assert found is not None, "the prompt carries the step contract"
+    return found.group(1)
+
+
+def _tree_of_pi(project: Path) -> list[tuple[psutil.Process, str]]:
+    """The pi child serving `project`, every process below it, and the SLEEPS; each with
+    its command line."""
+    found: list[tuple[psutil.Process, str]] = []
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if process.info["cwd"] == str(project) and cmdline not in SLEEPS:  # pi (it retitles)
+            found.append((process, cmdline))
+            with contextlib.suppress(psutil.Error):
+                found.extend((child, "") for child in process.children(recursive=True))
+        elif cmdline in SLEEPS:
+            found.append((process, cmdline))
+    return found
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Alive and not a zombie; `is_running` also checks the start time (no PID reuse)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture
+def server_with_pi(
+    state_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pi_binary: Path,
+    provider: FakeProvider,
+    pi_slot: None,
+) -> Iterator[WorkflowServer]:
+    # The server's agent folder (the state dir's parent) is the one its pi children get.
+    provider.write_agent_dir(state_dir.parent)
+    monkeypatch.setenv("PI_WORKFLOWS_PI", str(pi_binary))
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")
+
+
+def test_a_submitting_model_completes_the_run_and_no_process_of_pis_tree_is_left(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "ask", SUBMITTING_AGENT)
+    seen: list[tuple[psutil.Process, str]] = []
+
+    def submit(body: Mapping[str, Any]) -> ScriptedTurn:
+        # The bash call's sleeps are running (one in a session of its own): note them.
+        seen.extend(_tree_of_pi(project))
+        return workflow_submit_turn("ask", _attempt_of(body), {"summary": "done"})
+
+    provider.script(
+        lambda body: bash_turn(f"{SLEEPS[0]} & setsid {SLEEPS[1]} & echo {_attempt_of(body)}"),
+        submit,
+    )
+    with WorkflowClient(server_with_pi.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "ask")
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    logs = [
+        log.read_text()[-2000:] for log in Path(server_with_pi.state_dir).rglob("pi.stderr.log")
+    ]
+    assert view["display"]["status"] == "completed", (view, logs)
+    (database,) = Path(server_with_pi.state_dir).rglob("*.sqlite")
+    with sqlite3.connect(database) as conn:
+        (output,) = conn.execute(
+            "SELECT b.content FROM node_attempts a JOIN blobs b ON b.digest = a.output_hash"
+            " WHERE a.run_id = ? AND a.node_path = 'ask'",
+            (run_id,),
+        ).fetchone()
+    assert json.loads(output) == {"summary": "done"}
+    commands = [cmdline for _, cmdline in seen]
+    assert len(commands) > len(SLEEPS), f"pi was seen running: {commands}"
+    assert sorted(c for c in commands if c in SLEEPS) == sorted(SLEEPS), commands
+    left = [process.pid for process, _ in seen if _alive(process)]
+    assert left == [], f"processes of pi's tree outlived the step: {left}"
