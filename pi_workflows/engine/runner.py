@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import jsonschema
-
 from pi_workflows._paths import ensure_private_dir
 from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow, ScopedState
 from pi_workflows.engine._context import NOT_APPLIED, EffectCall, EngineContext
@@ -58,6 +56,7 @@ from pi_workflows.supervision._process import set_process_name
 from pi_workflows.supervision._subreaper import become_subreaper, stop_descendants
 from pi_workflows.supervision.zygote import CONTROL_FD_ENV
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
+from pi_workflows.wire.client import socket_path_for
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
 from pi_workflows.wire.protocol import (
     LAUNCH_SCHEMA,
@@ -168,74 +167,86 @@ def _failure_code(exc: BaseException) -> str:
 
 
 class AgentUnproductive(RuntimeError):  # noqa: N818 - the failure code
-    """An agent step's model ended more than `MAX_REMINDERS` + 1 turns without a valid
-    submission (the message names no output: jsonschema errors quote the instance)."""
+    """An agent step's model ended more than `MAX_REMINDERS` + 1 turns without an accepted
+    submission, as the server counted them (the message names no output)."""
 
     code = "agentUnproductive"
 
 
 MAX_REMINDERS = 2
-"""Unproductive turns 1 and 2 get a reminder through the same pi child; the third fails."""
+"""Unproductive turns 1 and 2 get a reminder through the same pi child; the third fails
+(the server counts them: `record_unproductive_turn`)."""
 PI_READY_TIMEOUT_S = 60.0
 """How long a fresh pi child gets to load the bridge and answer `get_state`."""
+TURN_ERROR_CHARS = 2048
+"""The bound of a provider error sent for the run view (the server's bound too)."""
+ACCEPTED_OUTCOMES = frozenset({"accepted", "adopted"})
+_NO_VALUE: Any = object()
+"""No accepted submission is stored (an accepted output may itself be null)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Submitted:
-    """What one turn handed in: an accepted value, or why it was not accepted."""
+def bridge_accepted(outcome: TurnOutcome) -> bool:
+    """Whether the turn's `workflow` tool reported a submission the server accepted.
 
-    accepted: bool
-    value: Any = None
-    reason: str | None = None
-    """For the model's reminder only (it may quote the output); never logged."""
-    public: str | None = None
-    """For the step's failure message: names no output."""
-
-
-def accepted_submission(outcome: TurnOutcome, spec: AgentNode, ctx: EngineContext) -> Submitted:
-    """The turn's last `workflow` submit that the bridge took and the output passes.
-
-    TODO(issue 12, validation child): `output_schema` and `validate` run here in the
-    runner until `interaction.submit` schedules the validation child; then the server's
-    acceptance is the truth and the runner reads the accepted value back.
+    The bridge waits for the server's durable outcome and ends the turn on acceptance
+    (`terminate: true`, `details.outcome` accepted or adopted). This only tells the runner
+    to read the accepted value back: the server's stored value is the node's output.
     """
-    calls = [
-        call
-        for call in outcome.workflow_calls()
-        if isinstance(call.args, dict) and call.args.get("action") == "submit" and not call.is_error
-    ]
-    if not calls:
-        if outcome.provider_error:
-            return Submitted(False, reason="the model provider failed", public="provider error")
-        return Submitted(False, public="no submit")
-    output = calls[-1].args.get("output")
-    schema = spec.output_schema
-    if schema is not None:
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(output))
-        if error is not None:
-            return Submitted(
-                False, reason=error.message, public="output did not match output_schema"
-            )
-    if spec.validate is not None:
-        try:
-            output = spec.validate(output, ctx)
-        except Exception as exc:  # noqa: BLE001 - a rejection, for the model
-            return Submitted(False, reason=str(exc)[:MAX_ERROR_TEXT], public="validate rejected")
-    return Submitted(True, output)
+    for call in outcome.workflow_calls():
+        args, result = call.args, call.result
+        if not (isinstance(args, dict) and args.get("action") == "submit") or call.is_error:
+            continue
+        details = result.get("details") if isinstance(result, dict) else None
+        if isinstance(details, dict) and details.get("outcome") in ACCEPTED_OUTCOMES:
+            return True
+    return False
+
+
+def turn_ended(request_id: str, outcome: TurnOutcome) -> dict[str, Any]:
+    """The `interaction.turnEnded` progress report of a turn with no accepted submission."""
+    report: dict[str, Any] = {
+        "operation": "interaction.turnEnded",
+        "interactionId": request_id,
+        "stopReason": outcome.stop_reason
+        if outcome.stop_reason in ("stop", "toolUse", "length", "error", "aborted")
+        else "unknown",
+    }
+    if outcome.provider_error:
+        message = outcome.error_message or "the model provider failed"
+        report["error"] = message[:TURN_ERROR_CHARS]
+    return report
+
+
+def _last_rejection(outcome: TurnOutcome) -> str | None:
+    """Why the turn's last submit was refused, for the model's reminder only."""
+    for call in reversed(outcome.workflow_calls()):
+        if isinstance(call.args, dict) and call.args.get("action") == "submit" and call.is_error:
+            content = call.result.get("content") if isinstance(call.result, dict) else None
+            texts = [c.get("text", "") for c in content or [] if isinstance(c, dict)]
+            return " ".join(texts)[:MAX_ERROR_TEXT] or None
+    return None
 
 
 _CONTRACT_SEPARATOR = "\n\n---\n"
 
+RESUMED_NOTE = (
+    "This workflow step is being presented again (reason: resumed): its runner restarted, "
+    "and nothing of an earlier attempt's work on it was kept. Start it afresh."
+)
 
-def step_prompt(prompt: str, workflow: str, step: str, attempt: str, spec: AgentNode) -> str:
-    """The step's prompt with the step contract appended (workflow-model.md § 8.1)."""
+
+def step_prompt(
+    prompt: str, workflow: str, step: str, attempt: str, spec: AgentNode, *, resumed: bool = False
+) -> str:
+    """The step's prompt with the step contract appended (workflow-model.md § 8.1); a
+    resumed step says that it is presented again."""
     schema = spec.output_schema
     expected = (
         dumps(schema).decode("utf-8") if schema is not None else "a JSON object with your result"
     )
+    note = f"{RESUMED_NOTE}\n" if resumed else ""
     return (
-        f"{prompt}{_CONTRACT_SEPARATOR}"
+        f"{prompt}{_CONTRACT_SEPARATOR}{note}"
         f"Workflow step contract (workflow: {workflow}, step: {step}, attempt: {attempt})\n"
         "You may report progress with the `workflow` tool: "
         f'{{"action":"update","step":"{step}","attempt":"{attempt}",'
@@ -249,10 +260,11 @@ def step_prompt(prompt: str, workflow: str, step: str, attempt: str, spec: Agent
 
 
 def reminder_prompt(step: str, attempt: str, reason: str | None) -> str:
-    """The prompt for a turn that ended without a valid submission (same attempt)."""
+    """The prompt for a turn that ended without an accepted submission (same attempt)."""
     why = f" The last submission was not accepted: {reason}." if reason else ""
     return (
-        f"Workflow step {step} (attempt {attempt}) is still waiting for its output.{why} "
+        f"Workflow step {step} (attempt {attempt}) is still waiting for its output "
+        f"(reason: reminder).{why} "
         "Call the `workflow` tool with "
         f'{{"action":"submit","step":"{step}","attempt":"{attempt}","output":<your result>}}.'
     )
@@ -994,6 +1006,16 @@ class Execution:
         unfinished = state.get("unfinished")
         if unfinished is not None:
             self.current = unfinished["nodePath"]
+        # The node an earlier runner was in the middle of (it died, or its attempt was
+        # interrupted): an agent step there is presented again with reason `resumed`.
+        last_seen = (state.get("finished") or [None])[-1]
+        self.resumed_path: str | None = (
+            unfinished["nodePath"]
+            if unfinished is not None
+            else last_seen["nodePath"]
+            if last_seen is not None and last_seen["status"] == "interrupted"
+            else None
+        )
         # A runner that died after its checkpoint completed and before the run waited
         # there: the answer does not exist yet, so wait again instead of going on.
         self.unanswered_checkpoint: str | None = None
@@ -1220,6 +1242,8 @@ class Execution:
             attempt=self.attempt_id,
             client_id=f"bridge-{self.attempt_id}",
             output_schema=spec.output_schema,
+            # The bridge submits to the server itself, over its client socket.
+            socket_path=None if self.state_dir is None else str(socket_path_for(self.state_dir)),
         )
         launch = PiLaunch.build(
             environ=os.environ,
@@ -1238,22 +1262,25 @@ class Execution:
             "outputSchema": spec.output_schema,
             "validate": spec.validate is not None,
         }
-        reply = self.channel.send(
-            "interaction.requested",
-            {
-                "interactionId": request_id,
-                "interactionKind": "agent",
-                "contractHash": sha256_digest(contract),
-                "request": contract,
-            },
-            self.attempt_id,
-        )
+        requested = {
+            "interactionId": request_id,
+            "interactionKind": "agent",
+            "contractHash": sha256_digest(contract),
+            "request": contract,
+        }
+        reply = self.channel.send("interaction.requested", requested, self.attempt_id)
         result = reply.get("result") or {}
         if "acceptedSubmissionId" in result:
             return result.get("value")
-        message = step_prompt(str(prompt), self.compiled.name, node.path, self.attempt_id, spec)
+        # Presented again: the request existed already, or this runner resumes the
+        # node after an interrupted attempt (a runner crash mid-step).
+        resumed = bool(result.get("existing")) or node.path == self.resumed_path
+        self.resumed_path = None
+        message = step_prompt(
+            str(prompt), self.compiled.name, node.path, self.attempt_id, spec, resumed=resumed
+        )
         deadline = None if spec.timeout_ms is None else time.monotonic() + spec.timeout_ms / 1000
-        return self._drive_pi(node.path, launch, message, spec=spec, ctx=ctx, deadline=deadline)
+        return self._drive_pi(node.path, launch, message, requested=requested, deadline=deadline)
 
     def _agent_folder(self) -> Path:
         """A private (0700) folder for this attempt's bridge config, pi's TMPDIR and log."""
@@ -1268,11 +1295,11 @@ class Execution:
         launch: PiLaunch,
         message: str,
         *,
-        spec: AgentNode,
-        ctx: EngineContext,
+        requested: Mapping[str, Any],
         deadline: float | None,
     ) -> Any:
-        """Spawn pi, register it, run turns until a valid submission; always stop its tree."""
+        """Spawn pi, register it, run turns until an accepted submission; always stop its
+        tree."""
         child = PiChild.spawn(launch)
         registration: dict[str, Any] | None = None
         try:
@@ -1281,7 +1308,7 @@ class Execution:
             registration = _register(self.channel, child.pid)
             child.wait_ready(_left(deadline, PI_READY_TIMEOUT_S))
             return self._turns(
-                child, message, spec=spec, ctx=ctx, deadline=deadline, step=launch_step
+                child, message, requested=requested, deadline=deadline, step=launch_step
             )
         finally:
             child.stop()
@@ -1298,26 +1325,50 @@ class Execution:
         child: PiChild,
         message: str,
         *,
-        spec: AgentNode,
-        ctx: EngineContext,
+        requested: Mapping[str, Any],
         deadline: float | None,
         step: str,
     ) -> Any:
-        """Run turns through one child: a valid submission ends the step; a turn without
-        one gets a reminder at 1 and 2, and fails the attempt above 2."""
-        unproductive = 0
+        """Run turns through one child until the server holds an accepted submission.
+
+        The bridge submits to the server and waits for its durable outcome; the runner
+        never validates. A turn whose submit was accepted ends the step with the value
+        the server stored (read back with a repeat of `interaction.requested`). Any
+        other turn is reported to the server, which counts it durably (a resumed
+        runner goes on counting) and answers: remind (1 and 2, the same child gets a
+        reminder), or fail (above 2: `agentUnproductive`).
+        """
+        request_id = str(requested["interactionId"])
         while True:
             outcome = child.run_turn(message, _left(deadline, None))
-            submitted = accepted_submission(outcome, spec, ctx)
-            if submitted.accepted:
-                return submitted.value
-            unproductive += 1
-            if unproductive > MAX_REMINDERS:
+            if bridge_accepted(outcome):
+                value = self._accepted_value(requested)
+                if value is not _NO_VALUE:
+                    return value
+            answer = self.channel.send("runner.progress", turn_ended(request_id, outcome))
+            verdict = answer.get("result") or {}
+            action = verdict.get("action")
+            if action == "accepted":  # settled meanwhile: the server's value is the truth
+                value = self._accepted_value(requested)
+                if value is not _NO_VALUE:
+                    return value
+            if action == "fail":
+                last = "provider error" if outcome.provider_error else "no accepted submit"
                 raise AgentUnproductive(
-                    f"the agent ended {unproductive} turns without a valid workflow "
-                    f"submit (last: {submitted.public})"
+                    f"the agent ended {verdict.get('count')} turns without an accepted "
+                    f"workflow submission (last: {last})"
                 )
-            message = reminder_prompt(step, self.attempt_id, submitted.reason)
+            reason = (
+                "the model provider failed" if outcome.provider_error else _last_rejection(outcome)
+            )
+            message = reminder_prompt(step, self.attempt_id, reason)
+
+    def _accepted_value(self, requested: Mapping[str, Any]) -> Any:
+        """The accepted output the server stored for this attempt's request (a repeat of
+        `interaction.requested` is idempotent), or `_NO_VALUE` if there is none."""
+        reply = self.channel.send("interaction.requested", dict(requested), self.attempt_id)
+        result = reply.get("result") or {}
+        return result.get("value") if "acceptedSubmissionId" in result else _NO_VALUE
 
     def _finish(
         self, status: str, *, output: Any = None, error: tuple[str, str] | None = None

@@ -53,7 +53,9 @@ class BridgeConfig:
     output_schema: Any = None
     """The node's `output_schema` (JSON Schema): the tool's `output` parameter."""
     socket_path: str | None = None
-    """The server's socket (the bridge's transport is a stub until it is wired)."""
+    """The server's client socket (`<state dir>/host/host.sock`), where the bridge sends
+    `interaction.submit`/`update` and waits for the held response. None: every call of
+    the tool fails, saying the bridge has no server."""
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -65,7 +65,9 @@ from pi_workflows.storage import (
 )
 from pi_workflows.storage._claims import WriteResult, read_head
 from pi_workflows.storage._interactions import (
+    read_request,
     read_submission,
+    record_unproductive_turn,
     request_interaction,
     submission_value,
 )
@@ -88,6 +90,7 @@ from pi_workflows.wire.runner import (
     RunnerProgress,
     RunnerReply,
     RunParked,
+    TurnEnded,
     UploadRef,
 )
 
@@ -442,7 +445,13 @@ def _on_interaction_requested(
     )
     if isinstance(written, WriteResult):
         return written.revision, {"requestId": body.interaction_id, "status": "pending"}
-    result: dict[str, Any] = {"requestId": written.request_id, "status": written.status}
+    # `existing`: the request was there before this message (a repeat, or a resumed
+    # runner), so the step is presented again (reason `resumed`).
+    result: dict[str, Any] = {
+        "requestId": written.request_id,
+        "status": written.status,
+        "existing": True,
+    }
     if written.accepted_submission_id is not None:
         accepted = read_submission(tx, written.accepted_submission_id)
         assert accepted is not None
@@ -525,6 +534,8 @@ def _on_progress(
     tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
 ) -> tuple[int, Any]:
     body = message.body
+    if isinstance(body, TurnEnded):
+        return _on_turn_ended(tx, view, body)
     assert isinstance(body, RunnerProgress)
     run = get_run(tx, view.run_id)
     revision = run.revision if run is not None else 0
@@ -553,6 +564,32 @@ def _on_progress(
     )
     delta.registered = identity
     return revision, None
+
+
+def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]:
+    """Count an agent turn that ended without an accepted submission, under the live
+    claim: `remind` at 1 and 2, `fail` above (the runner fails the attempt). A settled
+    request is not counted (`accepted`: the runner reads the value back), nor is a turn
+    while a submission still validates (`validating`)."""
+    renew_claim(tx, view.claim)
+    request = read_request(tx, body.interaction_id)
+    if request is None or request.run_id != view.run_id:
+        raise InvalidTransitionError(view.run_id, "unknown request", "count unproductive turn")
+    head = read_head(tx, view.run_id).revision
+    if request.status != "pending" or request.accepted_submission_id is not None:
+        return head, {"action": "accepted"}
+    validating = tx.fetch_value(
+        "SELECT 1 FROM interactive_submissions WHERE request_id = :r AND outcome = 'validating'",
+        {"r": request.request_id},
+    )
+    if validating:
+        return head, {"action": "validating", "count": request.unproductive_turn_ends}
+    error = body.error if body.stop_reason == "error" else None
+    counted = record_unproductive_turn(
+        tx, view.claim, request_id=request.request_id, error=error or None
+    )
+    action = "fail" if counted.fail else "remind"
+    return read_head(tx, view.run_id).revision, {"action": action, "count": counted.count}
 
 
 def _parent_of(pid: int) -> int | None:

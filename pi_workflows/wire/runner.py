@@ -35,6 +35,7 @@ __all__ = [
     "RunnerProgress",
     "RunnerReady",
     "RunnerReply",
+    "TurnEnded",
     "UploadRef",
 ]
 
@@ -252,8 +253,33 @@ class RunnerProgress:
     start_identity: str
 
     @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> RunnerProgress:
+    def from_wire(cls, p: Mapping[str, Any]) -> RunnerProgress | TurnEnded:
+        if p["operation"] == TurnEnded.operation:
+            return TurnEnded.from_wire(p)
         return cls(str(p["operation"]), int(p["pid"]), str(p["startIdentity"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """`runner.progress` operation `interaction.turnEnded`: an agent step's pi run ended
+    (`agent_end`) and its workflow tool reported no accepted submission. The server counts
+    it under the live claim (workflow-server.md, the unproductive-turn rule) and answers
+    `remind` or `fail` (or `accepted` when the request is settled after all)."""
+
+    kind: ClassVar[str] = "runner.progress"
+    operation: ClassVar[str] = "interaction.turnEnded"
+    interaction_id: str
+    stop_reason: str
+    """pi's last `stopReason`: stop, toolUse, length, error, aborted (unknown: none)."""
+    error: str | None = field(default=None, repr=False)
+    """For `error`: the provider's message, bounded (kept for the run view)."""
+
+    @classmethod
+    def from_wire(cls, p: Mapping[str, Any]) -> TurnEnded:
+        error = p.get("error")
+        return cls(
+            str(p["interactionId"]), str(p["stopReason"]), None if error is None else str(error)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +327,7 @@ RunnerPayload: TypeAlias = (
     | EffectReserve
     | EffectSettle
     | RunnerProgress
+    | TurnEnded
     | RunnerExiting
     | ContentRead
     | ContentWrite

@@ -12,7 +12,7 @@ import { test } from "node:test";
 
 import { dumps } from "../../pi_workflows/pi/bridge/canonical.ts";
 import { CLIENT_SCHEMA, decodeClientMessage, type ResponseMessage } from "../../pi_workflows/pi/bridge/protocol.ts";
-import { StubTransport } from "../../pi_workflows/pi/bridge/transport.ts";
+import { SocketTransport, UnconfiguredTransport, selectTransport } from "../../pi_workflows/pi/bridge/transport.ts";
 import {
   BRIDGE_CONFIG_ENV,
   BRIDGE_CONFIG_SCHEMA,
@@ -107,15 +107,20 @@ test("acceptance ends the turn; rejection is thrown with the stored actionable e
   assert.throws(() => toolResult(config, "submit", response("unavailable", "server stopping")), /did not take the submit \(unavailable\)/);
 });
 
-test("the stub transport answers accepted through the real codec and returns the frame it checked", async () => {
-  const frame = requestFrame(buildRequest(config, "call_1", { action: "submit", step: "plan", attempt: "attempt-1", output: [1, 2] }));
-  const { response: answer, requestFrame: sent } = await new StubTransport().exchange(frame);
-  assert.equal(answer.outcome, "accepted");
-  assert.equal(answer.requestId, (decodeClientMessage(frame) as { requestId: string }).requestId);
-  assert.equal(sent, new TextDecoder().decode(frame));
+test("without a server socket every call fails, saying so, and an abort wins", async () => {
+  const request = buildRequest(config, "call_1", { action: "submit", step: "plan", attempt: "attempt-1", output: [1, 2] });
+  assert.ok(selectTransport(config) instanceof UnconfiguredTransport);
+  assert.ok(selectTransport({ socketPath: "/nonexistent/host.sock" }) instanceof SocketTransport);
+  await assert.rejects(selectTransport(config).exchange(request), /no server socket configured/);
   const aborted = new AbortController();
   aborted.abort();
-  await assert.rejects(new StubTransport().exchange(frame, aborted.signal), /aborted/);
+  await assert.rejects(new UnconfiguredTransport().exchange(request, aborted.signal), /aborted/);
+});
+
+test("a socket that never answers is retried a bounded number of times, then named unreachable", async () => {
+  const request = buildRequest(config, "call_1", { action: "submit", step: "plan", attempt: "attempt-1", output: 1 });
+  const transport = new SocketTransport(join(tmpdir(), `piw-no-server-${process.pid}.sock`), { attempts: 3, firstDelayMs: 1, maxDelayMs: 2 });
+  await assert.rejects(transport.exchange(request), /could not be reached after 3 attempts: connection failed \(ENOENT\)/);
 });
 
 test("the configuration file is canonical JSON; a bad one is refused without its content", () => {

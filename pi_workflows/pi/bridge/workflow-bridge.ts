@@ -23,7 +23,6 @@ import {
   buildRequest,
   checkCall,
   loadBridgeConfig,
-  requestFrame,
   toolParameters,
   toolResult,
   type BridgeConfig,
@@ -57,10 +56,11 @@ export default function workflowBridge(pi: ExtensionAPI): void {
       if (configError !== null) throw new Error(`The workflow bridge is misconfigured: ${configError}.`);
       const step = checkCall(config, params);
       const action = params.action as "submit" | "update";
-      const frame = requestFrame(buildRequest(step, toolCallId, params));
-      const { response, requestFrame: sent } = await transport!.exchange(frame, signal);
-      const result = toolResult(step, action, response);
-      return sent === undefined ? result : { ...result, details: { ...result.details, requestFrame: sent } };
+      // Built (and so checked: canonical, schema-valid) once; each transport attempt
+      // sends it with a fresh request ID and the same durable identity.
+      const request = buildRequest(step, toolCallId, params);
+      const response = await transport!.exchange(request, signal);
+      return toolResult(step, action, response);
     },
   });
 }

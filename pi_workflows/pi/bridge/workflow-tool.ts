@@ -29,7 +29,7 @@ export interface BridgeConfig {
   clientId: string;
   /** The node's `output_schema`; null accepts any JSON value. */
   outputSchema: JsonValue;
-  /** The server's socket; null until the transport is wired (see transport.ts). */
+  /** The server's Unix socket (written by the runner); null: every call fails. */
   socketPath: string | null;
 }
 
