@@ -50,7 +50,7 @@ def test_new_submission_validates_then_accepting_settles_the_request(db: Databas
     assert (request.status, request.accepted_submission_id) == ("settled", "s1")
     assert _submit(db, "k1", {"x": 1}, "s9") == "adopted"
     assert _submit(db, "k1", {"x": 3}, "s9") == "conflict"
-    assert _submit(db, "k3", {"x": 1}, "s3") == "rejected"  # settled: nothing accepted twice
+    assert _submit(db, "k3", {"x": 1}, "s3") == "claimLost"  # settled: nothing accepted twice
 
 
 def test_a_rejection_keeps_the_request_pending_for_a_corrected_retry(db: Database) -> None:
