@@ -18,7 +18,14 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.testing import FakeProvider, ScriptedTurn, bash_turn, workflow_submit_turn
+from pi_workflows.testing import (
+    FakeProvider,
+    ProviderError,
+    ScriptedTurn,
+    bash_turn,
+    text_turn,
+    workflow_submit_turn,
+)
 from tests.conftest import write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_for
 
@@ -221,3 +228,204 @@ def test_a_submitting_model_completes_the_run_and_no_process_of_pis_tree_is_left
     assert sorted(c for c in commands if c in SLEEPS) == sorted(SLEEPS), commands
     left = [process.pid for process, _ in seen if _alive(process)]
     assert left == [], f"processes of pi's tree outlived the step: {left}"
+
+
+def _database(server: WorkflowServer) -> Path:
+    (database,) = Path(server.state_dir).rglob("*.sqlite")
+    return database
+
+
+def _submissions(server: WorkflowServer, run_id: str) -> list[str]:
+    with sqlite3.connect(_database(server)) as conn:
+        rows = conn.execute(
+            "SELECT s.outcome FROM interactive_submissions s JOIN interactive_requests r"
+            " ON r.request_id = s.request_id WHERE r.run_id = ? ORDER BY s.submitted_at",
+            (run_id,),
+        ).fetchall()
+    return [outcome for (outcome,) in rows]
+
+
+def _requests(server: WorkflowServer, run_id: str) -> list[tuple[str, int, str | None]]:
+    """(status, unproductive turn ends, last turn error) of each request of the run."""
+    with sqlite3.connect(_database(server)) as conn:
+        return conn.execute(
+            "SELECT status, unproductive_turn_ends, last_turn_error FROM interactive_requests"
+            " WHERE run_id = ? ORDER BY created_at",
+            (run_id,),
+        ).fetchall()
+
+
+def _attempts(server: WorkflowServer, run_id: str, node: str) -> list[tuple[str, str | None]]:
+    with sqlite3.connect(_database(server)) as conn:
+        return conn.execute(
+            "SELECT status, error FROM node_attempts WHERE run_id = ? AND node_path = ?"
+            " ORDER BY started_at",
+            (run_id, node),
+        ).fetchall()
+
+
+def _node_output(server: WorkflowServer, run_id: str, node: str) -> Any:
+    with sqlite3.connect(_database(server)) as conn:
+        (output,) = conn.execute(
+            "SELECT b.content FROM node_attempts a JOIN blobs b ON b.digest = a.output_hash"
+            " WHERE a.run_id = ? AND a.node_path = ? AND a.status = 'completed'",
+            (run_id, node),
+        ).fetchone()
+    return json.loads(output)
+
+
+def _run(server: WorkflowServer, project: Path, source: str) -> tuple[str, dict[str, Any]]:
+    write_workflow(project, "ask", source)
+    with WorkflowClient(server.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "ask")
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    return run_id, view
+
+
+def _logs(server: WorkflowServer) -> list[str]:
+    return [log.read_text()[-2000:] for log in Path(server.state_dir).rglob("pi.stderr.log")]
+
+
+def _tool_messages(request: Any) -> str:
+    return json.dumps([m for m in request.messages() if m["role"] == "tool"])
+
+
+def _user_messages(request: Any) -> str:
+    return json.dumps([m for m in request.messages() if m["role"] == "user"])
+
+
+VALIDATED_AGENT = """
+from pi_workflows import agent, define_workflow
+
+
+def check(output, ctx):
+    if output["summary"] != "good":
+        raise ValueError("summary must be the word good")
+    return {**output, "checked": True}
+
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={
+        "ask": agent(
+            prompt="Summarise the work",
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            validate=check,
+            provider="fake",
+            model="fake-model",
+            timeout=120,
+        ),
+    },
+    edges=[],
+)
+"""
+
+
+def test_an_invalid_output_gets_the_validation_error_and_the_corrected_call_is_accepted(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    provider.script(
+        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"summary": "bad"}),
+        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"summary": "good"}),
+    )
+    run_id, view = _run(server_with_pi, short_tmp / "project", VALIDATED_AGENT)
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    # The node's output is the value the server accepted: what `validate` returned.
+    assert _node_output(server_with_pi, run_id, "ask") == {"summary": "good", "checked": True}
+    assert _submissions(server_with_pi, run_id) == ["rejected", "accepted"]
+    first, second = provider.chat_requests()
+    assert "summary must be the word good" in _tool_messages(second), "the model saw why"
+    assert "summary must be the word good" not in _tool_messages(first)
+    assert _requests(server_with_pi, run_id) == [("settled", 0, None)]
+
+
+def test_a_valid_submit_completes_the_run_with_exactly_one_accepted_submission(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    provider.script(
+        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"summary": "good"})
+    )
+    run_id, view = _run(server_with_pi, short_tmp / "project", VALIDATED_AGENT)
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    assert _node_output(server_with_pi, run_id, "ask") == {"summary": "good", "checked": True}
+    assert _submissions(server_with_pi, run_id) == ["accepted"]
+    assert len(provider.chat_requests()) == 1, "acceptance ends the turn (terminate)"
+
+
+ROUTED_AGENT = """
+from pi_workflows import agent, compute, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={
+        "ask": agent(prompt="Summarise the work", output_schema={"type": "object"},
+                     provider="fake", model="fake-model", timeout=120),
+        "fallback": compute(lambda ctx: {"routed": "failed"}),
+    },
+    edges=[{"from": "ask", "switch": {"on": "$result.outcome",
+                                      "cases": {"failed": "fallback"}}}],
+)
+"""
+
+
+def test_turns_without_a_submit_get_reminders_and_the_third_fails_the_attempt_and_routes(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    provider.script(text_turn("thinking"), text_turn("still thinking"), text_turn("done?"))
+    run_id, view = _run(server_with_pi, short_tmp / "project", ROUTED_AGENT)
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    assert _node_output(server_with_pi, run_id, "fallback") == {"routed": "failed"}
+    ((status, error),) = _attempts(server_with_pi, run_id, "ask")
+    assert status == "failed" and error is not None and "agentUnproductive" in error, error
+    first, second, third = provider.chat_requests()
+    assert "reason: reminder" not in _user_messages(first)
+    assert "reason: reminder" in _user_messages(second), "the same child got a reminder"
+    assert _user_messages(third).count("reason: reminder") == 2
+    ((request_status, count, last_error),) = _requests(server_with_pi, run_id)
+    assert (count, last_error) == (3, None), "counted by the server"
+    assert request_status != "settled"
+    assert provider.remaining() == 0
+
+
+def test_a_provider_error_counts_as_an_unproductive_turn_and_its_message_is_kept(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    provider.script(
+        text_turn("thinking"),
+        text_turn("still thinking"),
+        ProviderError(500, "scripted upstream failure 7f2a"),
+    )
+    run_id, view = _run(server_with_pi, short_tmp / "project", ROUTED_AGENT)
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    ((status, error),) = _attempts(server_with_pi, run_id, "ask")
+    assert status == "failed" and "agentUnproductive" in (error or ""), error
+    assert "provider error" in (error or "")
+    ((request_status, count, last_error),) = _requests(server_with_pi, run_id)
+    assert request_status != "settled" and count == 3
+    assert last_error is not None and "scripted upstream failure 7f2a" in last_error
+    assert len(last_error) <= 2048
+
+
+def test_a_provider_error_gets_a_reminder_and_the_step_still_completes(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    provider.script(
+        ProviderError(500, "scripted upstream failure 91bc"),
+        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"summary": "good"}),
+    )
+    run_id, view = _run(server_with_pi, short_tmp / "project", VALIDATED_AGENT)
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    assert _node_output(server_with_pi, run_id, "ask") == {"summary": "good", "checked": True}
+    ((status, count, last_error),) = _requests(server_with_pi, run_id)
+    assert (status, count) == ("settled", 1)
+    assert last_error is not None and "scripted upstream failure 91bc" in last_error
+    _, second = provider.chat_requests()
+    assert "the model provider failed" in _user_messages(second)
