@@ -1006,16 +1006,6 @@ class Execution:
         unfinished = state.get("unfinished")
         if unfinished is not None:
             self.current = unfinished["nodePath"]
-        # The node an earlier runner was in the middle of (it died, or its attempt was
-        # interrupted): an agent step there is presented again with reason `resumed`.
-        last_seen = (state.get("finished") or [None])[-1]
-        self.resumed_path: str | None = (
-            unfinished["nodePath"]
-            if unfinished is not None
-            else last_seen["nodePath"]
-            if last_seen is not None and last_seen["status"] == "interrupted"
-            else None
-        )
         # A runner that died after its checkpoint completed and before the run waited
         # there: the answer does not exist yet, so wait again instead of going on.
         self.unanswered_checkpoint: str | None = None
@@ -1272,10 +1262,9 @@ class Execution:
         result = reply.get("result") or {}
         if "acceptedSubmissionId" in result:
             return result.get("value")
-        # Presented again: the request existed already, or this runner resumes the
-        # node after an interrupted attempt (a runner crash mid-step).
-        resumed = bool(result.get("existing")) or node.path == self.resumed_path
-        self.resumed_path = None
+        # Presented again: the request existed already, or the server found the request
+        # of this visit's interrupted attempt (a runner died mid-step).
+        resumed = bool(result.get("existing") or result.get("resumed"))
         message = step_prompt(
             str(prompt), self.compiled.name, node.path, self.attempt_id, spec, resumed=resumed
         )

@@ -444,7 +444,10 @@ def _on_interaction_requested(
         contract=body.request,
     )
     if isinstance(written, WriteResult):
-        return written.revision, {"requestId": body.interaction_id, "status": "pending"}
+        reply: dict[str, Any] = {"requestId": body.interaction_id, "status": "pending"}
+        if _carry_over(tx, view.run_id, message.attempt_id, body.interaction_id):
+            reply["resumed"] = True
+        return written.revision, reply
     # `existing`: the request was there before this message (a repeat, or a resumed
     # runner), so the step is presented again (reason `resumed`).
     result: dict[str, Any] = {
@@ -458,6 +461,39 @@ def _on_interaction_requested(
         result["acceptedSubmissionId"] = accepted.submission_id
         result["value"] = submission_value(tx, accepted)
     return read_head(tx, view.run_id).revision, result
+
+
+_EARLIER_REQUEST = """
+SELECT r.unproductive_turn_ends, r.last_turn_error FROM interactive_requests r
+JOIN node_attempts a ON a.attempt_id = r.attempt_id
+JOIN node_attempts cur ON cur.attempt_id = :attempt
+WHERE r.run_id = :run AND r.attempt_id != :attempt AND a.status = 'interrupted'
+  AND a.node_path = cur.node_path AND a.visit = cur.visit
+ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _EarlierRequest:
+    unproductive_turn_ends: int
+    last_turn_error: str | None
+
+
+def _carry_over(tx: Tx, run_id: str, attempt_id: str, request_id: str) -> bool:
+    """A new request for the same node visit as an interrupted attempt's (a runner died
+    mid-step): it continues that request's unproductive-turn count (durable, so a resumed
+    runner goes on counting). True: the step is presented again (reason `resumed`)."""
+    earlier = tx.fetch_one(
+        _EARLIER_REQUEST, {"run": run_id, "attempt": attempt_id}, _EarlierRequest
+    )
+    if earlier is None:
+        return False
+    tx.execute(
+        "UPDATE interactive_requests SET unproductive_turn_ends = :c, last_turn_error = :e "
+        "WHERE request_id = :r",
+        {"c": earlier.unproductive_turn_ends, "e": earlier.last_turn_error, "r": request_id},
+    )
+    return True
 
 
 def _on_run_parked(

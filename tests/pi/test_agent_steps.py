@@ -18,10 +18,12 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.engine.runner import RUNNER_PROCESS_NAME
 from pi_workflows.testing import (
     FakeProvider,
     ProviderError,
     ScriptedTurn,
+    Stall,
     bash_turn,
     text_turn,
     workflow_submit_turn,
@@ -429,3 +431,65 @@ def test_a_provider_error_gets_a_reminder_and_the_step_still_completes(
     assert last_error is not None and "scripted upstream failure 91bc" in last_error
     _, second = provider.chat_requests()
     assert "the model provider failed" in _user_messages(second)
+
+
+def test_a_runner_killed_mid_step_presents_the_step_again_with_reason_resumed(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "ask", VALIDATED_AGENT)
+    provider.script(
+        Stall("working on it"),
+        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"summary": "good"}),
+    )
+    with WorkflowClient(server_with_pi.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "ask")
+        provider.wait_for_requests(1, timeout=60)  # pi streams the first turn
+        _kill_the_runner()
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    first, second = provider.chat_requests()
+    assert "reason: resumed" not in _user_messages(first)
+    assert "reason: resumed" in _user_messages(second), "the step is presented again"
+    assert _attempt_of(first.body) != _attempt_of(second.body)
+    assert _node_output(server_with_pi, run_id, "ask") == {"summary": "good", "checked": True}
+    assert _submissions(server_with_pi, run_id) == ["accepted"]
+
+
+def _kill_the_runner() -> None:
+    (runner,) = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if _named(child, RUNNER_PROCESS_NAME)
+    ]
+    runner.kill()
+
+
+def test_a_resumed_runner_goes_on_counting_unproductive_turns(
+    server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "ask", ROUTED_AGENT)
+    provider.script(text_turn("thinking"), Stall("still"), text_turn("hmm"), text_turn("done?"))
+    with WorkflowClient(server_with_pi.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "ask")
+        provider.wait_for_requests(2, timeout=60)  # the reminder's turn streams
+        _kill_the_runner()
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+
+    assert view["display"]["status"] == "completed", (view, _logs(server_with_pi))
+    assert _node_output(server_with_pi, run_id, "fallback") == {"routed": "failed"}
+    statuses = [status for status, _ in _attempts(server_with_pi, run_id, "ask")]
+    assert statuses == ["interrupted", "failed"], statuses
+    # 1 before the kill, then 2 and 3 in the resumed child: the third fails the attempt.
+    assert len(provider.chat_requests()) == 4
+    assert [count for _, count, _ in _requests(server_with_pi, run_id)] == [1, 3]
+    assert "reason: resumed" in _user_messages(provider.chat_requests()[2])
+
+
+def _named(process: psutil.Process, name: str) -> bool:
+    try:
+        return bool(process.name() == name)
+    except psutil.Error:
+        return False
