@@ -90,7 +90,13 @@ def server_with_a_pending_request(
     fifo = short_tmp / "pi-started"
     os.mkfifo(fifo)
     fake_pi = short_tmp / "fake-pi"
-    fake_pi.write_text(f"#!/bin/sh\necho started > {fifo}\nexec sleep 100\n")
+    release = short_tmp / "release"
+    # It exits once the test is done (the runner then fails the step), so the server
+    # stops at once instead of waiting out pi's ready timeout.
+    fake_pi.write_text(
+        f"#!/bin/sh\necho started > {fifo}\n"
+        f"while [ ! -e {release} ]; do sleep 0.05; done\n"
+    )
     fake_pi.chmod(0o700)
     monkeypatch.setenv("PI_WORKFLOWS_PI", str(fake_pi))
     instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
@@ -98,6 +104,7 @@ def server_with_a_pending_request(
     try:
         yield instance, fifo
     finally:
+        release.touch()
         instance.stop("test teardown")
 
 
