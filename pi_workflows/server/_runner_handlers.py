@@ -605,8 +605,8 @@ def _on_progress(
 def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]:
     """Count an agent turn that ended without an accepted submission, under the live
     claim: `remind` at 1 and 2, `fail` above (the runner fails the attempt). A settled
-    request is not counted (`accepted`: the runner reads the value back), nor is a turn
-    while a submission still validates (`validating`)."""
+    request is not counted (`accepted`: the runner reads the value back), nor is an
+    aborted turn or one that ended while a submission still validates (`remind`)."""
     renew_claim(tx, view.claim)
     request = read_request(tx, body.interaction_id)
     if request is None or request.run_id != view.run_id:
@@ -618,8 +618,10 @@ def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]
         "SELECT 1 FROM interactive_submissions WHERE request_id = :r AND outcome = 'validating'",
         {"r": request.request_id},
     )
-    if validating:
-        return head, {"action": "validating", "count": request.unproductive_turn_ends}
+    if validating or body.stop_reason == "aborted":
+        # Not unproductive: a submission is still being validated, or the turn was
+        # aborted (the design counts no aborted turn); the runner prompts again.
+        return head, {"action": "remind", "count": request.unproductive_turn_ends}
     error = body.error if body.stop_reason == "error" else None
     counted = record_unproductive_turn(
         tx, view.claim, request_id=request.request_id, error=error or None
