@@ -85,9 +85,10 @@ workflow = define_workflow(
     }},
 )
 """
-# The step contract the runner appends to the prompt names the attempt.
-ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-zA-Z_-]+)\)")
-DIRECT_ATTEMPT = "attempt-direct"
+# The step contract the runner appends to the prompt names the attempt (whatever its
+# wording, an attempt ID is `attempt-` and 32 hex digits).
+ATTEMPT_IN_PROMPT = re.compile(r"\b(attempt-[0-9a-f]{32})\b")
+DIRECT_ATTEMPT = "attempt-" + "d" * 32
 
 
 # --- the fake model: submit a valid output for the attempt the prompt names ----------

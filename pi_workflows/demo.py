@@ -98,7 +98,7 @@ workflow = define_workflow(
 '''
 
 REPO = Path(__file__).resolve().parents[1]
-ATTEMPT_IN_PROMPT = re.compile(r"step: summarise, attempt: (attempt-[0-9a-zA-Z_-]+)\)")
+ATTEMPT_IN_PROMPT = re.compile(r"\b(attempt-[0-9a-f]{32})\b")  # named by the step contract
 NOTES = {"summary": "Release 1.2.0 fixes three bugs and adds run status.", "version": "1.2.0"}
 
 
