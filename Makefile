@@ -31,7 +31,7 @@ node_modules: $(NODE_STAMP)
 node-test: node_modules
 	node --import jiti/register --test tests/node/*.test.ts
 
-demo: $(STAMP)
+demo: $(STAMP) node_modules
 	$(PY) -m pi_workflows.demo
 
 lint: $(STAMP)
