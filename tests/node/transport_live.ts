@@ -18,7 +18,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 
 import { decodeClientMessage, type RequestMessage } from "../../pi_workflows/pi/bridge/protocol.ts";
-import { SocketTransport } from "../../pi_workflows/pi/bridge/transport.ts";
+import { AbortedError, SocketTransport } from "../../pi_workflows/pi/bridge/transport.ts";
 import { BRIDGE_CONFIG_SCHEMA, buildRequest, toolResult, type BridgeConfig } from "../../pi_workflows/pi/bridge/workflow-tool.ts";
 
 function required(name: string): string {
@@ -138,6 +138,19 @@ test("an invalid output is held until the validation child rejects it, with the 
   assert.equal(response.error?.code, "submissionRejected");
   assert.match(response.error?.message ?? "", /summary/, "the error names what is missing");
   assert.throws(() => toolResult(config, "submit", response), /Output rejected for step/);
+});
+
+test("an abort ends the wait for a held response; the command itself goes on", async () => {
+  const transport = new SocketTransport(config.socketPath!, quickRetry);
+  const controller = new AbortController();
+  // The workflow's validate takes 1.5 s, so the response is still held when the abort
+  // lands; a wait that ignored the signal would resolve with the acceptance instead.
+  const timer = setTimeout(() => controller.abort(), 300);
+  try {
+    await assert.rejects(transport.exchange(submit("call_valid", { summary: "done" }), controller.signal), AbortedError);
+  } finally {
+    clearTimeout(timer);
+  }
 });
 
 test("a connection lost after the commit is retried with a new request id and the same key, and adopts", async () => {

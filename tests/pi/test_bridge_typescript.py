@@ -63,7 +63,14 @@ def test_the_node_test_runner_passes_the_fixture_corpus_and_the_tool_tests() -> 
 TRANSPORT_TEST = REPO / "tests" / "node" / "transport_live.ts"
 
 PENDING_AGENT = """
+import time
+
 from pi_workflows import agent, define_workflow
+
+
+def slow(output, ctx):
+    time.sleep(1.5)  # the bridge's abort lands while the response is held
+
 
 workflow = define_workflow(
     name="ask",
@@ -73,6 +80,7 @@ workflow = define_workflow(
             prompt="Summarise",
             output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
                            "required": ["summary"]},
+            validate=slow,
             timeout=110,
         ),
     },
@@ -113,8 +121,9 @@ def test_the_socket_transport_speaks_to_the_real_server(
     server_with_a_pending_request: tuple[WorkflowServer, Path], short_tmp: Path
 ) -> None:
     """hello and a round trip; a held submit rejected by the validation child with its
-    error; a connection lost after the commit retried with a new request ID and the same
-    key, adopting the acceptance; exactly one accepted submission stored."""
+    error; an abort ends the wait for a held response; a connection lost after the commit
+    retried with a new request ID and the same key, adopting the acceptance; exactly one
+    accepted submission stored."""
     require_node_tools()
     server, fifo = server_with_a_pending_request
     project = short_tmp / "project"
@@ -149,7 +158,7 @@ def test_the_socket_transport_speaks_to_the_real_server(
     failed = [line for line in result.stdout.splitlines() if line.startswith("not ok")]
     assert result.returncode == 0 and not failed, result.stdout[-4000:] + result.stderr[-2000:]
     summary = dict(re.findall(r"^# (pass|fail) (\d+)$", result.stdout, re.M))
-    assert summary == {"pass": "4", "fail": "0"}, result.stdout[-2000:]
+    assert summary == {"pass": "5", "fail": "0"}, result.stdout[-2000:]
     with sqlite3.connect(database) as conn:
         outcomes = conn.execute(
             "SELECT outcome FROM interactive_submissions WHERE request_id = ?"
