@@ -1339,8 +1339,9 @@ class Execution:
             action = verdict.get("action")
             if action == "accepted":  # settled meanwhile: the server's value is the truth
                 value = self._accepted_value(requested)
-                if value is not _NO_VALUE:
-                    return value
+                if value is _NO_VALUE:
+                    raise RuntimeError("the step's request settled without an accepted output")
+                return value
             if action == "fail":
                 last = "provider error" if outcome.provider_error else "no accepted submit"
                 raise AgentUnproductive(

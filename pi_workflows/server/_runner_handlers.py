@@ -612,8 +612,10 @@ def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]
     if request is None or request.run_id != view.run_id:
         raise InvalidTransitionError(view.run_id, "unknown request", "count unproductive turn")
     head = read_head(tx, view.run_id).revision
-    if request.status != "pending" or request.accepted_submission_id is not None:
+    if request.accepted_submission_id is not None:
         return head, {"action": "accepted"}
+    if request.status != "pending":
+        raise InvalidTransitionError(view.run_id, f"request {request.status}", "end turn")
     validating = tx.fetch_value(
         "SELECT 1 FROM interactive_submissions WHERE request_id = :r AND outcome = 'validating'",
         {"r": request.request_id},

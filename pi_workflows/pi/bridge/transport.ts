@@ -135,9 +135,10 @@ export class SocketTransport implements ServerTransport {
       if (signal?.aborted) throw new AbortedError();
       // A new request ID per transport attempt: a late answer to an abandoned attempt
       // can never settle this one; the idempotency key and payload stay the same.
-      const frame = encodeClientMessage({ ...request, requestId: `bridge-${randomUUID()}` });
+      const requestId = `bridge-${randomUUID()}`;
+      const frame = encodeClientMessage({ ...request, requestId });
       try {
-        const response = await this.attempt(frame, signal);
+        const response = await this.attempt(frame, requestId, signal);
         if (response.outcome !== "unavailable") return response;
         last = `the server was unavailable (${response.error?.code ?? "unavailable"})`;
       } catch (error) {
@@ -153,8 +154,7 @@ export class SocketTransport implements ServerTransport {
   }
 
   /** One connection: hello, the request frame, then wait for the matching response. */
-  private attempt(frame: Uint8Array, signal: AbortSignal | undefined): Promise<ResponseMessage> {
-    const requestId = (decodeClientMessage(frame) as RequestMessage).requestId;
+  private attempt(frame: Uint8Array, requestId: string, signal: AbortSignal | undefined): Promise<ResponseMessage> {
     return new Promise((resolve, reject) => {
       const socket: Socket = createConnection({ path: this.socketPath });
       const splitter = new FrameSplitter();
