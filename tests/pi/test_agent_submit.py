@@ -3,8 +3,10 @@
 The first test sends the submission from Python, as the bridge would, while the real pi
 is in the middle of the step's model turn (the fake provider holds the stream open).
 The second drives the whole path through pi's `workflow` tool and the bridge's socket
-transport (branch h12-bridge): an invalid output comes back to the model as the tool
-result, the corrected call is accepted, and the run completes with the server's value.
+transport (branch h12-bridge): an output `validate` refuses comes back to the model as
+the tool result, the corrected call is accepted, and the run completes with the
+server's value. (pi itself checks the tool's parameters, the output schema, before the
+bridge sees a call: a schema error is tested in tests/server/test_interaction_submit.py.)
 """
 
 from __future__ import annotations
@@ -128,13 +130,15 @@ def test_the_model_corrects_a_rejected_output_and_the_run_completes_with_the_ser
         return workflow_submit_turn("ask", _attempt_of(body), {"n": 4})
 
     provider.script(
-        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"n": "four"}), corrected
+        # Schema-valid (pi checks the tool's parameters itself), but `validate` refuses it.
+        lambda body: workflow_submit_turn("ask", _attempt_of(body), {"n": -4}),
+        corrected,
     )
     with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
         run_id = start_run(client, project, "ask")
         view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
     assert view["display"]["status"] == "completed", view
-    assert seen and "is not of type 'integer'" in seen[0], "the model saw the schema error"
+    assert seen and "n must not be negative" in seen[0], "the model saw the validate error"
     (database,) = Path(state_dir).rglob("*.sqlite")
     with contextlib.closing(sqlite3.connect(database)) as conn:
         outcomes = conn.execute(
