@@ -76,6 +76,9 @@ class Held(Protocol):
     @property
     def connection_id(self) -> str: ...
 
+    @property
+    def closed(self) -> bool: ...
+
     def respond(self, answer: Mapping[str, Any]) -> None: ...
 
 
@@ -308,16 +311,22 @@ class ValidationsActor(ServerActor):
             self._start(step.job)
         child = self._children.get(step.wait_for)
         assert child is not None  # a waited-on candidate always comes with its job
+        if held.closed:  # it hung up meanwhile: release it, the child goes on
+            self._release(held)
+            return
         child.waiters.append(_Waiter(held, step.adopted))
 
     def _forget_connection(self, connection_id: str) -> None:
         for child in self._children.values():
             gone = [w for w in child.waiters if w.held.connection_id == connection_id]
             child.waiters = [w for w in child.waiters if w.held.connection_id != connection_id]
-            for waiter in gone:  # the write is dropped; the in-flight count is released
-                waiter.held.respond(
-                    rejected(waiter.held.request, "unavailable", "connectionClosed", "closed")
-                )
+            for waiter in gone:
+                self._release(waiter.held)
+
+    @staticmethod
+    def _release(held: Held) -> None:
+        """Stop waiting for a gone client: the write is dropped, the in-flight count freed."""
+        held.respond(rejected(held.request, "unavailable", "connectionClosed", "closed"))
 
     # --- children --------------------------------------------------------------------------
 
