@@ -32,6 +32,7 @@ import pykka
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._process_supervisor import ChildExited, KillChild, Spawn
+from pi_workflows.actors._reader import Read
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.engine.validate import VALIDATOR_FD_ENV
 from pi_workflows.server._interactions import (
@@ -199,8 +200,9 @@ class ValidationsActor(ServerActor):
 
     Receives: `Submit`, `ConnectionGone`, `ResumeValidations`, `Tick`, and its own
         replies (database units, spawn, report, channel end, exit).
-    Sends: `Transact` (`submit_interaction`, `settle_validation`, `validations_to_resume`)
-        to the database; `Spawn` and `KillChild` to the process supervisor; responses.
+    Sends: `Transact` (`submit_interaction`, `settle_validation`) to the database; `Read`
+        (`validations_to_resume`) to the reader; `Spawn` and `KillChild` to the process
+        supervisor; responses.
     Invariants: a held response is answered only after its submission's outcome
         committed; a candidate settles once; a child that overruns is killed.
     On failure: reported to the server, which stops; candidates stay `validating` and
@@ -212,14 +214,17 @@ class ValidationsActor(ServerActor):
     def __init__(
         self,
         config: ValidationsConfig,
+        on_actor_failure: ActorFailureHandler,
+        *,
         database: pykka.ActorRef[Any],
+        reader: pykka.ActorRef[Any],
         supervisor: pykka.ActorRef[Any],
         listener: ChannelListener,
-        on_actor_failure: ActorFailureHandler,
     ) -> None:
         super().__init__(on_actor_failure)
         self._config = config
         self._database = database
+        self._reader = reader
         self._supervisor = supervisor
         self._listener = listener
         self._children: dict[str, _Child] = {}
@@ -255,8 +260,11 @@ class ValidationsActor(ServerActor):
         self._transact(work, functools.partial(_Submitted, held), "interaction.submit")
 
     def _resume(self) -> None:
+        me = self.actor_ref
         work = functools.partial(validations_to_resume, agent_dir=self._config.agent_dir)
-        self._transact(work, _Resumed, "interaction.resume")
+        self._reader.tell(
+            Read(work, lambda reply: tell_if_alive(me, _Resumed(reply)), "interaction.resume")
+        )
 
     def _on_resumed(self, reply: Reply) -> None:
         if reply.error is not None:

@@ -349,7 +349,12 @@ class WorkflowServer:
         self._coordinators = CoordinatorEpochActor.start(fail)
         reader = ReaderActor.start(db.path, self.clock, fail)
         validations = ValidationsActor.start(
-            ValidationsConfig(self.state_dir, agent_dir), database, supervisor, self._listener, fail
+            ValidationsConfig(self.state_dir, agent_dir),
+            fail,
+            database=database,
+            reader=reader,
+            supervisor=supervisor,
+            listener=self._listener,
         )
         validations.tell(ResumeValidations())  # recovery step 9, now that children can start
         # Stop order (reverse of this list, the database last): the runner host stops
