@@ -52,12 +52,14 @@ from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = [
     "DEFAULT_VALIDATE_TIMEOUT_S",
+    "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
     "ConnectionGone",
     "ResumeValidations",
     "Submit",
     "ValidationsActor",
     "ValidationsConfig",
+    "validate_timeout_from_env",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,27 @@ log = logging.getLogger(__name__)
 VALIDATOR_MODULE = "pi_workflows.engine.validate"
 DEFAULT_VALIDATE_TIMEOUT_S = 60.0
 """How long a validation child may take before it is killed and the candidate rejected."""
+VALIDATE_TIMEOUT_ENV = "PI_WORKFLOWS_VALIDATE_TIMEOUT_S"
+
+
+def validate_timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """`PI_WORKFLOWS_VALIDATE_TIMEOUT_S` as seconds from 0.1 to 3600, or 60.
+
+    Raises:
+        ValueError: the value is not such a number (the server does not start).
+    """
+    raw = (environ if environ is not None else os.environ).get(VALIDATE_TIMEOUT_ENV, "")
+    if not raw.strip():
+        return DEFAULT_VALIDATE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0.1 <= value <= 3600:
+        raise ValueError(f"{VALIDATE_TIMEOUT_ENV} must be a number of seconds from 0.1 to 3600")
+    return value
+
+
 _REPORTS = frozenset({"interaction.accepted", "interaction.rejected"})
 
 
@@ -395,8 +418,7 @@ class ValidationsActor(ServerActor):
             return
         if child.timed_out:
             reason = (
-                f"validating the output took longer than {self._config.timeout_s:.0f} s; "
-                "submit again"
+                f"validating the output took longer than {self._config.timeout_s:g} s; submit again"
             )
         else:
             reason = (
