@@ -32,6 +32,7 @@ import pykka
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._process_supervisor import ChildExited, KillChild, Spawn
+from pi_workflows.actors._reader import Read
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.engine.validate import VALIDATOR_FD_ENV
 from pi_workflows.server._interactions import (
@@ -51,12 +52,14 @@ from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = [
     "DEFAULT_VALIDATE_TIMEOUT_S",
+    "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
     "ConnectionGone",
     "ResumeValidations",
     "Submit",
     "ValidationsActor",
     "ValidationsConfig",
+    "validate_timeout_from_env",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,27 @@ log = logging.getLogger(__name__)
 VALIDATOR_MODULE = "pi_workflows.engine.validate"
 DEFAULT_VALIDATE_TIMEOUT_S = 60.0
 """How long a validation child may take before it is killed and the candidate rejected."""
+VALIDATE_TIMEOUT_ENV = "PI_WORKFLOWS_VALIDATE_TIMEOUT_S"
+
+
+def validate_timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """`PI_WORKFLOWS_VALIDATE_TIMEOUT_S` as seconds from 0.1 to 3600, or 60.
+
+    Raises:
+        ValueError: the value is not such a number (the server does not start).
+    """
+    raw = (environ if environ is not None else os.environ).get(VALIDATE_TIMEOUT_ENV, "")
+    if not raw.strip():
+        return DEFAULT_VALIDATE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0.1 <= value <= 3600:
+        raise ValueError(f"{VALIDATE_TIMEOUT_ENV} must be a number of seconds from 0.1 to 3600")
+    return value
+
+
 _REPORTS = frozenset({"interaction.accepted", "interaction.rejected"})
 
 
@@ -75,6 +99,9 @@ class Held(Protocol):
 
     @property
     def connection_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
 
     def respond(self, answer: Mapping[str, Any]) -> None: ...
 
@@ -196,8 +223,9 @@ class ValidationsActor(ServerActor):
 
     Receives: `Submit`, `ConnectionGone`, `ResumeValidations`, `Tick`, and its own
         replies (database units, spawn, report, channel end, exit).
-    Sends: `Transact` (`submit_interaction`, `settle_validation`, `validations_to_resume`)
-        to the database; `Spawn` and `KillChild` to the process supervisor; responses.
+    Sends: `Transact` (`submit_interaction`, `settle_validation`) to the database; `Read`
+        (`validations_to_resume`) to the reader; `Spawn` and `KillChild` to the process
+        supervisor; responses.
     Invariants: a held response is answered only after its submission's outcome
         committed; a candidate settles once; a child that overruns is killed.
     On failure: reported to the server, which stops; candidates stay `validating` and
@@ -209,14 +237,17 @@ class ValidationsActor(ServerActor):
     def __init__(
         self,
         config: ValidationsConfig,
+        on_actor_failure: ActorFailureHandler,
+        *,
         database: pykka.ActorRef[Any],
+        reader: pykka.ActorRef[Any],
         supervisor: pykka.ActorRef[Any],
         listener: ChannelListener,
-        on_actor_failure: ActorFailureHandler,
     ) -> None:
         super().__init__(on_actor_failure)
         self._config = config
         self._database = database
+        self._reader = reader
         self._supervisor = supervisor
         self._listener = listener
         self._children: dict[str, _Child] = {}
@@ -252,8 +283,11 @@ class ValidationsActor(ServerActor):
         self._transact(work, functools.partial(_Submitted, held), "interaction.submit")
 
     def _resume(self) -> None:
+        me = self.actor_ref
         work = functools.partial(validations_to_resume, agent_dir=self._config.agent_dir)
-        self._transact(work, _Resumed, "interaction.resume")
+        self._reader.tell(
+            Read(work, lambda reply: tell_if_alive(me, _Resumed(reply)), "interaction.resume")
+        )
 
     def _on_resumed(self, reply: Reply) -> None:
         if reply.error is not None:
@@ -308,16 +342,22 @@ class ValidationsActor(ServerActor):
             self._start(step.job)
         child = self._children.get(step.wait_for)
         assert child is not None  # a waited-on candidate always comes with its job
+        if held.closed:  # it hung up meanwhile: release it, the child goes on
+            self._release(held)
+            return
         child.waiters.append(_Waiter(held, step.adopted))
 
     def _forget_connection(self, connection_id: str) -> None:
         for child in self._children.values():
             gone = [w for w in child.waiters if w.held.connection_id == connection_id]
             child.waiters = [w for w in child.waiters if w.held.connection_id != connection_id]
-            for waiter in gone:  # the write is dropped; the in-flight count is released
-                waiter.held.respond(
-                    rejected(waiter.held.request, "unavailable", "connectionClosed", "closed")
-                )
+            for waiter in gone:
+                self._release(waiter.held)
+
+    @staticmethod
+    def _release(held: Held) -> None:
+        """Stop waiting for a gone client: the write is dropped, the in-flight count freed."""
+        held.respond(rejected(held.request, "unavailable", "connectionClosed", "closed"))
 
     # --- children --------------------------------------------------------------------------
 
@@ -378,8 +418,7 @@ class ValidationsActor(ServerActor):
             return
         if child.timed_out:
             reason = (
-                f"validating the output took longer than {self._config.timeout_s:.0f} s; "
-                "submit again"
+                f"validating the output took longer than {self._config.timeout_s:g} s; submit again"
             )
         else:
             reason = (

@@ -1,12 +1,8 @@
 """The validation child: `python -m pi_workflows.engine.validate` (see `main`).
 
-Implements workflow-server.md § Interactive Pi execution ("only that child loads workflow
-code and runs the node's `validate` function") and python-port.md decision 4. The
-server starts one per provisional submission (the zygote forks it warm); it loads the
-run's workflow with its saved hashes, rebuilds the agent node's context from the run's
-committed state (the state a runner resumes from), checks `output_schema`, runs
-`validate(output, ctx)` and reports `interaction.accepted` or `interaction.rejected`.
-It never opens the database: its whole input is one frame, its whole output one frame.
+Implements workflow-server.md § Interactive Pi execution (only this child loads workflow
+code for a submission: `output_schema`, then `validate(output, ctx)`, with the context a
+resuming runner would build) and python-port.md decision 4. It never opens the database.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pi_workflows.server._operations import rejected, response
 from pi_workflows.server._runner_launch import launch_state
@@ -253,8 +253,10 @@ def settle_validation(
 
 def validations_to_resume(db: Database, agent_dir: Path) -> list[ValidationJob]:
     """Recovery step 9: every candidate a dead server left `validating`, as a new job."""
-    with db.write() as tx:  # reads only; in the actor's order with every settle
-        return [_job(tx, row, agent_dir) for row in validating_submissions(tx)]
+    # A read (the reader actor's snapshot), not a write: a start commits nothing more.
+    # `launch_state` and `_job` only read, so the snapshot may stand in for a `Tx`.
+    reader = cast(Tx, db)
+    return [_job(reader, row, agent_dir) for row in validating_submissions(db)]
 
 
 def update_interaction(db: Database, request: RequestMessage) -> dict[str, Any]:

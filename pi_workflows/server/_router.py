@@ -103,6 +103,11 @@ class Pending:
     def connection_id(self) -> str:
         return self.connection.connection_id
 
+    @property
+    def closed(self) -> bool:
+        """The client is gone: an answer would be dropped."""
+        return self.connection.closed
+
     def respond(self, answer: Mapping[str, Any]) -> None:
         if self._answered:
             return

@@ -49,6 +49,7 @@ from pi_workflows.actors._validations import (
     ResumeValidations,
     ValidationsActor,
     ValidationsConfig,
+    validate_timeout_from_env,
 )
 from pi_workflows.engine._limits import Limits
 from pi_workflows.engine._limits import default_limits as limits_from_env
@@ -349,7 +350,12 @@ class WorkflowServer:
         self._coordinators = CoordinatorEpochActor.start(fail)
         reader = ReaderActor.start(db.path, self.clock, fail)
         validations = ValidationsActor.start(
-            ValidationsConfig(self.state_dir, agent_dir), database, supervisor, self._listener, fail
+            ValidationsConfig(self.state_dir, agent_dir, validate_timeout_from_env()),
+            fail,
+            database=database,
+            reader=reader,
+            supervisor=supervisor,
+            listener=self._listener,
         )
         validations.tell(ResumeValidations())  # recovery step 9, now that children can start
         # Stop order (reverse of this list, the database last): the runner host stops

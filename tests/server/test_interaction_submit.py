@@ -309,6 +309,41 @@ def test_unknown_and_stale_requests_are_refused_and_updates_are_recorded(
     assert [json.loads(p)["data"] for (p,) in events] == [{"p": 1}], "recorded once"
 
 
+@pytest.fixture
+def impatient_server(
+    state_dir: Path, gate: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[WorkflowServer]:
+    monkeypatch.setenv("PI_WORKFLOWS_VALIDATE_TIMEOUT_S", "1")
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown", 0)
+
+
+def test_a_validation_child_over_its_timeout_is_killed_and_the_submission_rejected(
+    impatient_server: WorkflowServer, short_tmp: Path, gate: Path
+) -> None:
+    state_dir = impatient_server.state_dir
+    run_id, request_id = _started(state_dir, short_tmp / "project")
+    answers: list[dict[str, Any]] = []
+
+    def first() -> None:
+        with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+            answers.append(submit(client, run_id, request_id, {"n": 1, "hold": True}, "call-1"))
+
+    waiting = threading.Thread(target=first)
+    waiting.start()
+    validator = psutil.Process(int(wait_fifo(gate / "announce")))  # it blocks, never reports
+    waiting.join(60)
+    assert [a["outcome"] for a in answers] == ["rejected"], answers
+    assert "took longer than 1 s" in answers[0]["error"]["message"]
+    validator.wait(30)  # killed, not left running
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        assert submit(client, run_id, request_id, {"n": 1}, "call-2")["outcome"] == "accepted"
+
+
 # --- a server SIGKILLed while a submission validates ---------------------------------------
 
 
