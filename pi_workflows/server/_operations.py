@@ -253,6 +253,8 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
         item["display"]["reason"] = summary.park_reason
     if summary.failure_class is not None:
         item["display"]["failureClass"] = summary.failure_class
+    if summary.execution_mode is not None:
+        item["executionMode"] = summary.execution_mode
     return item
 
 
@@ -299,6 +301,10 @@ def _run_get(
         "updatedAt": run.updated_at,
         "display": display,
     }
+    if summary is not None and summary.execution_mode is not None:
+        # How its agent steps run: `headless` (pi --mode rpc) or `interactive` (the
+        # origin session). Viewers show it; it names no session, model or credential.
+        receipt["executionMode"] = summary.execution_mode
     for key, value in (
         ("title", run.title),
         ("finishedAt", run.finished_at),
