@@ -251,6 +251,9 @@ class ActiveRunner:
     """The server's end of the runner's channel (owned by the listener's loop)."""
     channel_closed: bool = False
     exited: ChildExited | None = None
+    held: list[RunnerFrame] = field(default_factory=list)
+    """Frames that came before the spawn was reported (a pre-forked runner can connect
+    before the supervisor's reply): applied after its identity is queued for commit."""
 
     @property
     def finished(self) -> bool:
@@ -474,6 +477,10 @@ class RunnerHostActor(ServerActor):
         crash_point("server.launch.after_spawn")
         work = functools.partial(record_spawn, runner_epoch=epoch, identity=reply.value)
         self._transact(work, functools.partial(_Recorded, epoch), "runner.spawned")
+        # The database applies units in order: the identity commits before any frame.
+        held, runner.held = runner.held, []
+        for frame in held:
+            self._on_frame(frame)
 
     # --- frames ----------------------------------------------------------------------------
 
@@ -484,6 +491,9 @@ class RunnerHostActor(ServerActor):
             frame.channel.send(refusal)
             return
         assert runner is not None and frame.message is not None
+        if runner.identity is None:
+            runner.held.append(frame)
+            return
         work = functools.partial(
             apply_message, view=runner.view(self._draining), message=frame.message
         )

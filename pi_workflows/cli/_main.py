@@ -622,6 +622,8 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
         return
     display = receipt["display"]
     click.echo(f"{receipt['runId']}  {display['status']}  {receipt['workflow']}")
+    if receipt.get("executionMode"):
+        click.echo(f"execution mode: {receipt['executionMode']}")
     where = display.get("currentNode") or display.get("waitingOn")
     if where:
         click.echo(f"at node: {where}")

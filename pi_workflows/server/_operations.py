@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
@@ -253,6 +253,8 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
         item["display"]["reason"] = summary.park_reason
     if summary.failure_class is not None:
         item["display"]["failureClass"] = summary.failure_class
+    if summary.execution_mode is not None:
+        item["executionMode"] = summary.execution_mode
     return item
 
 
@@ -299,6 +301,10 @@ def _run_get(
         "updatedAt": run.updated_at,
         "display": display,
     }
+    if summary is not None and summary.execution_mode is not None:
+        # How its agent steps run: `headless` (pi --mode rpc) or `interactive` (the
+        # origin session). Viewers show it; it names no session, model or credential.
+        receipt["executionMode"] = summary.execution_mode
     for key, value in (
         ("title", run.title),
         ("finishedAt", run.finished_at),
@@ -499,6 +505,39 @@ def start_request_fields(request: RequestMessage) -> StartRequest:
     return StartRequest(name, project, payload.get("input", {}))
 
 
+ORIGIN_SESSION_KINDS: Final = frozenset({"assistant"})
+"""Snapshot node kinds that run only in an origin Pi session: a visible assistant-message
+step (interactive request kind `assistant`) has no tool completion action, so headless
+`pi --mode rpc` cannot perform it (workflow-server.md § Interactive Pi execution). The
+authoring API has no such kind yet; this guard bites once one is added."""
+
+
+def origin_session_steps(definition: Mapping[str, Any]) -> list[str]:
+    """The node paths of a definition snapshot that need an origin Pi session: a kind in
+    ORIGIN_SESSION_KINDS, or a node marked `visible` (an agent whose reply is shown)."""
+    nodes = definition.get("nodes") or {}
+    return sorted(
+        str(path)
+        for path, node in nodes.items()
+        if isinstance(node, Mapping)
+        and (node.get("kind") in ORIGIN_SESSION_KINDS or node.get("visible") is True)
+    )
+
+
+def _refuse_headless_visible_steps(definition: Mapping[str, Any]) -> None:
+    """A run started here is headless (no origin session): refuse a definition that has a
+    visible assistant-message step, before any run exists."""
+    steps = origin_session_steps(definition)
+    if steps:
+        shown = ", ".join(steps[:5]) + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
+        raise OperationError(
+            "rejected",
+            "headlessVisibleStep",
+            f"a headless run cannot use a visible assistant-message step ({shown}): "
+            "it needs an origin Pi session; start the workflow from a Pi session instead",
+        )
+
+
 def start_run(
     db: Database,
     request: RequestMessage,
@@ -525,6 +564,8 @@ def start_run(
             raise OperationError(
                 "rejected", "definitionInvalid", "the definition snapshot does not match its digest"
             )
+        if isinstance(definition, Mapping):
+            _refuse_headless_visible_steps(definition)
         # The snapshot stays stored under the run's definition digest: the server checks
         # checkpoint answers against it without loading workflow code.
         run_id = f"run-{uuid.uuid4().hex}"

@@ -233,8 +233,9 @@ FROM runs WHERE run_id = :run_id
 SELECT_RUN_SUMMARIES = """
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
        q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
-       r.failure_class
+       r.failure_class, b.execution_mode
 FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+LEFT JOIN run_bindings AS b ON b.run_id = r.run_id
 WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :limit
@@ -245,8 +246,9 @@ SELECT_RUN_LIST_REVISION = "SELECT COALESCE(sum(revision), 0) FROM runs"
 SELECT_RUN_SUMMARY = """
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
        q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
-       r.failure_class
+       r.failure_class, b.execution_mode
 FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+LEFT JOIN run_bindings AS b ON b.run_id = r.run_id
 WHERE r.run_id = :run_id
 """
 # Run counts per status, for server status.

@@ -64,6 +64,8 @@ class RunSummary:
     updated_at: int
     finished_at: int | None
     failure_class: str | None
+    execution_mode: str | None
+    """`run_bindings.execution_mode` (`headless` or `interactive`); None without a binding."""
 
 
 @dataclass(frozen=True, slots=True)

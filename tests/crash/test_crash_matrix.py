@@ -24,11 +24,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,10 @@ import psutil
 import pytest
 
 from pi_workflows.supervision import CRASH_POINTS
-from tests.conftest import Processes
+from pi_workflows.testing import FakeProvider, ScriptedTurn, workflow_submit_turn
+from tests.conftest import Processes, write_workflow
 from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
+from tests.pi.conftest import pi_binary, pi_slot, provider  # noqa: F401 - for NeedsPi cases
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -703,6 +707,149 @@ def _message_checkpoint_finished(lab: Lab) -> None:
     assert kinds[-2:] == ["node.started", "node.finished"] and len(kinds) == 9
 
 
+# --- interaction.requested: an agent step's request, committed; the real pi, faked model --
+# The agent step resolves pi, proposes its attempt's request and only then spawns pi, so
+# a crash on either side of that commit leaves a request and no pi child. The next
+# runner presents the step again (a new attempt and its own request) to a real pi whose
+# fake model submits; the run completes with the submitted output.
+
+ASK = """
+from pi_workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={
+        "ask": agent(
+            prompt="Summarise the work",
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            provider="fake",
+            model="fake-model",
+            timeout=120,
+        ),
+    },
+)
+"""
+ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
+SUBMITTED = {"summary": "presented again, submitted once"}
+
+
+@dataclass(frozen=True)
+class RealPi:
+    """The real pi binary and the module's fake model provider, for an agent scenario."""
+
+    binary: Path
+    provider: FakeProvider
+
+
+@dataclass(frozen=True)
+class NeedsPi:
+    """A scenario that runs a real pi child: `test_crash_point` takes a pi slot for it."""
+
+    function: Callable[[Lab, RealPi], None]
+
+    def __call__(self, lab: Lab) -> None:  # pragma: no cover - test_crash_point unwraps
+        raise AssertionError("a real-pi scenario runs with RealPi")
+
+
+def pi_scenario(point: str, variant: str) -> Callable[[Callable[[Lab, RealPi], None]], NeedsPi]:
+    def register(function: Callable[[Lab, RealPi], None]) -> NeedsPi:
+        wrapped = NeedsPi(function)
+        SCENARIOS.setdefault(point, {})[variant] = wrapped
+        return wrapped
+
+    return register
+
+
+def _submit_for_the_prompted_attempt(body: Mapping[str, Any]) -> ScriptedTurn:
+    found = ATTEMPT_IN_PROMPT.search(json.dumps(body.get("messages")))
+    assert found is not None, "the prompt carries the step contract"
+    return workflow_submit_turn("ask", found.group(1), SUBMITTED)
+
+
+def _ask_lab(lab: Lab, pi: RealPi) -> None:
+    """The `ask` workflow, pi children of this lab's servers, one scripted submit."""
+    write_workflow(lab.project, "ask", ASK)
+    pi.provider.write_agent_dir(lab.state_dir.parent)  # the servers' PI_CODING_AGENT_DIR
+    pi.provider.script(_submit_for_the_prompted_attempt)
+
+
+def _requests_by_attempt(lab: Lab, run_id: str) -> list[tuple[str, str, int]]:
+    """(attempt status, request status, requests of that attempt) of each `ask` attempt."""
+    with lab.database() as db:
+        rows = db.execute(
+            "SELECT a.status, coalesce(max(r.status), 'none'), count(r.request_id)"
+            " FROM node_attempts a LEFT JOIN interactive_requests r ON r.attempt_id = a.attempt_id"
+            " WHERE a.run_id = ? AND a.node_path = 'ask'"
+            " GROUP BY a.attempt_id ORDER BY a.started_at, a.attempt_id",
+            (run_id,),
+        ).fetchall()
+    return [(str(a), str(r), int(n)) for a, r, n in rows]
+
+
+def _check_presented_again(lab: Lab, pi: RealPi, run_id: str) -> None:
+    """The first attempt's request committed once and no pi saw it; the next attempt
+    was presented to one pi child, once, and its submitted output is the step's."""
+    attempts = _requests_by_attempt(lab, run_id)
+    assert [count for _, _, count in attempts] == [1, 1], attempts
+    assert attempts[0][0] == "interrupted" and attempts[-1][0] == "completed", attempts
+    # The interrupted attempt's request never got a submission: the run's end cancelled
+    # it. The completed one is settled once the bridge submits through the server.
+    assert attempts[0][1] == "cancelled", attempts
+    assert attempts[-1][1] in ("settled", "cancelled"), attempts
+    assert len(pi.provider.chat_requests()) == 1, "the model was asked once, by the new attempt"
+    with lab.database() as db:
+        (output,) = db.execute(
+            "SELECT b.content FROM node_attempts a JOIN blobs b ON b.digest = a.output_hash"
+            " WHERE a.run_id = ? AND a.node_path = 'ask' AND a.status = 'completed'",
+            (run_id,),
+        ).fetchone()
+    assert json.loads(output) == SUBMITTED
+
+
+def _no_pi_left(lab: Lab) -> None:
+    """pi runs with an environment built from scratch (no lab tag): find it by its cwd."""
+    left = []
+    for process in psutil.process_iter(["cwd"]):
+        if process.info["cwd"] == str(lab.project):
+            left.append(process)
+    lab.assert_gone(left, "a process in the lab's project (pi or a runner)")
+
+
+@pi_scenario("server.runner_message.interaction_requested.after_commit", "agent-step")
+def _interaction_requested_committed(lab: Lab, pi: RealPi) -> None:
+    _ask_lab(lab, pi)
+    armed = lab.start_server("server.runner_message.interaction_requested.after_commit")
+    start = lab.start_run("ask")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    assert _requests_by_attempt(lab, run_id) == [("running", "pending", 1)]
+    assert pi.provider.chat_requests() == [], "pi is spawned only after the request's reply"
+    lab.start_server()
+    lab.resend_lost()
+    lab.wait_status(run_id, "completed")
+    _check_presented_again(lab, pi, run_id)
+    lab.finish({run_id: "completed"})
+    _no_pi_left(lab)
+    with lab.database() as db:
+        assert _requeued_by_recovery(db, run_id) == 1
+
+
+@pi_scenario("runner.message.interaction_requested.after_send", "agent-step")
+def _interaction_requested_sent(lab: Lab, pi: RealPi) -> None:
+    _ask_lab(lab, pi)
+    armed = lab.start_server("runner.message.interaction_requested.after_send")
+    run_id = lab.start_run("ask").new_run
+    lab.wait_status(run_id, "completed")
+    lab.expect_runner_crash(armed)
+    _check_presented_again(lab, pi, run_id)
+    lab.finish({run_id: "completed"})
+    _no_pi_left(lab)
+    kinds = _messages_of_the_crashed_runner(lab, run_id)
+    assert kinds[-1] == "interaction.requested", "the server committed the last message"
+
+
 # --- named points of every transition, message kind and effect step --------------------
 # Each point is reached by running one workflow of the lab (and, for commands, by sending
 # the command) on a server armed with that point alone: no hit counting. The checks after
@@ -989,8 +1136,15 @@ def _cases() -> list[Any]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("run_scenario", _cases())
-def test_crash_point(lab: Lab, run_scenario: Scenario) -> None:
-    run_scenario(lab)
+def test_crash_point(lab: Lab, run_scenario: Scenario, request: pytest.FixtureRequest) -> None:
+    if isinstance(run_scenario, NeedsPi):
+        request.getfixturevalue("pi_slot")  # at most two real pi on the machine
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        binary = request.getfixturevalue("pi_binary")
+        monkeypatch.setenv("PI_WORKFLOWS_PI", str(binary))  # the lab's servers inherit it
+        run_scenario.function(lab, RealPi(binary, request.getfixturevalue("provider")))
+    else:
+        run_scenario(lab)
 
 
 @pytest.mark.timeout(10)
