@@ -324,7 +324,7 @@ def settle_submission(
     `value` is the accepted value when `validate` returned one (kept in the receipt
     blob; `submission_value` prefers it). A repeat for an already settled submission
     returns it unchanged. Acceptance of a request that is no longer pending (it was
-    cancelled meanwhile) is recorded as a rejection: nothing is accepted twice.
+    cancelled meanwhile), or of a paused run's, is recorded as a rejection.
     """
     row = read_submission(tx, submission_id)
     if row is None:
@@ -336,6 +336,12 @@ def settle_submission(
     if accepted and request.status != "pending":
         accepted = False
         error = {"code": "submissionRejected", "message": f"the request is {request.status}"}
+    if accepted and tx.fetch_value(
+        "SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id}
+    ):
+        # Paused while it validated: nothing is accepted while the run is paused.
+        accepted = False
+        error = {"code": "submissionRejected", "message": "the run is paused; submit again"}
     outcome = SubmissionOutcome.ACCEPTED if accepted else SubmissionOutcome.REJECTED
     receipt: dict[str, Any] = {"submissionId": submission_id, "outcome": outcome.value}
     if error is not None:
