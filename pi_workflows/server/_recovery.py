@@ -17,6 +17,10 @@ inside recovery (a crash point sits there) is recovered by the next start:
    server must stay up.
 4. Later parts (origin sessions, interactive requests, channels, retention) plug in at
    `LATER_STEPS`.
+
+Design step 9 (validate every `validating` submission again in a new child) needs the
+actors, so it runs after them: `WorkflowServer` tells the validations actor
+`ResumeValidations` (`actors/_validations.py`, `server/_interactions.py`).
 """
 
 from __future__ import annotations

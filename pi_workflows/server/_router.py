@@ -29,7 +29,9 @@ from pi_workflows.actors._reader import Read
 from pi_workflows.actors._runner_host import RunCommand
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe
+from pi_workflows.actors._validations import ConnectionGone, Submit
 from pi_workflows.server._definition_cache import DefinitionCache
+from pi_workflows.server._interactions import update_interaction
 from pi_workflows.server._operations import (
     COMMANDS,
     READS,
@@ -73,6 +75,8 @@ class RouterPorts:
     scheduler: pykka.ActorRef[Any]
     subscriptions: pykka.ActorRef[Any]
     coordinators: pykka.ActorRef[Any]
+    validations: pykka.ActorRef[Any]
+    """Holds `interaction.submit` responses until the durable outcome."""
     resolvers: Executor
     agent_dir: Path
     resolver_children: ResolverChildren
@@ -95,6 +99,15 @@ class Pending:
     _done: Callable[[], None]
     _answered: bool = False
 
+    @property
+    def connection_id(self) -> str:
+        return self.connection.connection_id
+
+    @property
+    def closed(self) -> bool:
+        """The client is gone: an answer would be dropped."""
+        return self.connection.closed
+
     def respond(self, answer: Mapping[str, Any]) -> None:
         if self._answered:
             return
@@ -115,6 +128,8 @@ class Router:
             "view.subscribe": self._subscribe,
             "view.unsubscribe": self._unsubscribe,
             "run.start": self._start_run,
+            "interaction.submit": self._submit_interaction,
+            "interaction.update": self._update_interaction,
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
@@ -131,6 +146,7 @@ class Router:
         ports = self._ports
         _tell(ports.subscriptions, ConnectionClosed(connection.connection_id))
         _tell(ports.coordinators, ReleaseConnection(connection.connection_id))
+        _tell(ports.validations, ConnectionGone(connection.connection_id))
 
     def on_request(self, connection: Connection, request: RequestMessage) -> None:
         ports = self._ports
@@ -172,6 +188,16 @@ class Router:
     def _runner_command(self, pending: Pending) -> None:
         ports = self._ports
         ports.runner_host.tell(RunCommand(pending.request, ports.context, pending))
+
+    def _submit_interaction(self, pending: Pending) -> None:
+        """Held until the durable outcome: the validations actor answers it."""
+        self._ports.validations.tell(Submit(pending))
+
+    def _update_interaction(self, pending: Pending) -> None:
+        ports = self._ports
+        work = functools.partial(update_interaction, request=pending.request)
+        done = functools.partial(self._answer, pending, False)
+        ports.database.tell(Transact(work, done, "interaction.update"))
 
     def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
         """On the database actor's thread: answer, then wake the scheduler for a command."""

@@ -44,6 +44,13 @@ from pi_workflows.actors._runner_host import (
 from pi_workflows.actors._scheduler import SchedulerActor
 from pi_workflows.actors._subscriptions import SubscriptionActor
 from pi_workflows.actors._ticker import Ticker
+from pi_workflows.actors._validations import (
+    VALIDATOR_MODULE,
+    ResumeValidations,
+    ValidationsActor,
+    ValidationsConfig,
+    validate_timeout_from_env,
+)
 from pi_workflows.engine._limits import Limits
 from pi_workflows.engine._limits import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
@@ -271,7 +278,8 @@ class WorkflowServer:
         if os.environ.get(ZYGOTE_ENV) == "0":
             return
         self._zygote = Zygote(
-            [RUNNER_MODULE, RESOLVER_MODULE], log_path=self.state_dir / "logs" / "zygote.log"
+            [RUNNER_MODULE, RESOLVER_MODULE, VALIDATOR_MODULE],
+            log_path=self.state_dir / "logs" / "zygote.log",
         )
         self._zygote.prestart()
 
@@ -341,6 +349,15 @@ class WorkflowServer:
         database.tell(WatchCommits(self._subscriptions))  # live views refresh on commit
         self._coordinators = CoordinatorEpochActor.start(fail)
         reader = ReaderActor.start(db.path, self.clock, fail)
+        validations = ValidationsActor.start(
+            ValidationsConfig(self.state_dir, agent_dir, validate_timeout_from_env()),
+            fail,
+            database=database,
+            reader=reader,
+            supervisor=supervisor,
+            listener=self._listener,
+        )
+        validations.tell(ResumeValidations())  # recovery step 9, now that children can start
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [
@@ -352,9 +369,17 @@ class WorkflowServer:
             self._scheduler,
             self._subscriptions,
             self._coordinators,
+            validations,
         ]
         self._ticker = Ticker(self.tick_s)
-        for ref in (renewer, self._scheduler, self._subscriptions, supervisor, runner_host):
+        for ref in (
+            renewer,
+            self._scheduler,
+            self._subscriptions,
+            supervisor,
+            runner_host,
+            validations,
+        ):
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
@@ -369,6 +394,7 @@ class WorkflowServer:
                     scheduler=self._scheduler,
                     subscriptions=self._subscriptions,
                     coordinators=self._coordinators,
+                    validations=validations,
                     resolvers=self._resolvers,
                     agent_dir=agent_dir,
                     resolver_children=ResolverPort(supervisor),

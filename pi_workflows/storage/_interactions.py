@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from pi_workflows.storage._claims import Claim, WriteResult, protected_write
+from pi_workflows.storage import _queries as q
+from pi_workflows.storage._claims import Claim, WriteResult, append_event, protected_write
 from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import InvalidTransitionError
@@ -28,6 +29,7 @@ __all__ = [
     "read_request",
     "read_request_for_attempt",
     "read_submission",
+    "record_interaction_event",
     "record_submission",
     "record_unproductive_turn",
     "request_interaction",
@@ -45,6 +47,8 @@ MAX_TURN_ERROR_CHARS = 2048
 
 EVENT_INTERACTION_REQUESTED = "interaction_requested"
 EVENT_UNPRODUCTIVE_TURN = "interaction_unproductive_turn"
+EVENT_SUBMITTED = "interaction_submitted"
+EVENT_SETTLED = "interaction_submission_settled"
 
 
 class SubmissionOutcome(enum.StrEnum):
@@ -234,7 +238,13 @@ def record_submission(
             return _refuse("conflict", "the idempotency key was used with another output", request)
         return SubmitResult("adopted", earlier, request)
     if request.status != "pending":
-        return _refuse("rejected", f"the request is {request.status}", request)
+        return _refuse("claimLost", f"the request is {request.status}", request)
+    attempt_status = tx.fetch_value(
+        "SELECT status FROM node_attempts WHERE attempt_id = :a", {"a": request.attempt_id}
+    )
+    if attempt_status not in ("running", "waiting"):
+        # A stale bridge: its attempt ended (the run was recovered into a new attempt).
+        return _refuse("claimLost", "the request's attempt is no longer running", request)
     paused = tx.fetch_value("SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id})
     if paused:
         return _refuse("rejected", "the run is paused", request)
@@ -257,27 +267,87 @@ def record_submission(
             "now": tx.now,
         },
     )
+    record_interaction_event(
+        tx,
+        request.run_id,
+        EVENT_SUBMITTED,
+        {"requestId": request_id, "submissionId": submission_id},
+    )
     row = read_submission(tx, submission_id)
     assert row is not None
     return SubmitResult("new", row, request)
 
 
+def record_interaction_event(tx: Tx, run_id: str, event_type: str, payload: Any) -> int:
+    """Append one run event for an interaction fact, with the run's next revision.
+
+    The bridge holds no claim, so there is no claim check here: the caller checked the
+    request (pending, its attempt unfinished) in the same transaction. The event keeps
+    the run's current generation. Returns the new revision.
+    """
+    head = tx.fetch_one(
+        "SELECT revision, generation FROM runs WHERE run_id = :id", {"id": run_id}, _Head
+    )
+    assert head is not None
+    revision = head.revision + 1
+    tx.execute(q.UPDATE_RUN_REVISION, {"run_id": run_id, "revision": revision, "now": tx.now})
+    append_event(
+        tx,
+        run_id,
+        revision=revision,
+        event_type=event_type,
+        generation=head.generation,
+        payload=payload,
+    )
+    return revision
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    revision: int
+    generation: int
+
+
+_NO_VALUE = object()
+
+
 def settle_submission(
-    tx: Tx, *, submission_id: str, accepted: bool, error: dict[str, str] | None = None
+    tx: Tx,
+    *,
+    submission_id: str,
+    accepted: bool,
+    error: dict[str, str] | None = None,
+    value: Any = _NO_VALUE,
 ) -> SubmissionRow:
     """Settle a validating candidate; acceptance settles its request in the same step.
 
-    A repeat for an already settled submission returns it unchanged.
+    `value` is the accepted value when `validate` returned one (kept in the receipt
+    blob; `submission_value` prefers it). A repeat for an already settled submission
+    returns it unchanged. Acceptance of a request that is no longer pending (it was
+    cancelled meanwhile), or of a paused run's, is recorded as a rejection.
     """
     row = read_submission(tx, submission_id)
     if row is None:
         raise InvalidTransitionError(submission_id, "unknown", "settle submission")
     if row.outcome != SubmissionOutcome.VALIDATING:
         return row
+    request = read_request(tx, row.request_id)
+    assert request is not None
+    if accepted and request.status != "pending":
+        accepted = False
+        error = {"code": "submissionRejected", "message": f"the request is {request.status}"}
+    if accepted and tx.fetch_value(
+        "SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id}
+    ):
+        # Paused while it validated: nothing is accepted while the run is paused.
+        accepted = False
+        error = {"code": "submissionRejected", "message": "the run is paused; submit again"}
     outcome = SubmissionOutcome.ACCEPTED if accepted else SubmissionOutcome.REJECTED
     receipt: dict[str, Any] = {"submissionId": submission_id, "outcome": outcome.value}
     if error is not None:
         receipt["error"] = error
+    if accepted and value is not _NO_VALUE:
+        receipt["value"] = value
     tx.execute(
         "UPDATE interactive_submissions SET outcome = :o, receipt_hash = :h, settled_at = :now "
         "WHERE submission_id = :s",
@@ -289,6 +359,12 @@ def settle_submission(
             "settled_at = :now, updated_at = :now WHERE request_id = :r AND status = 'pending'",
             {"s": submission_id, "now": tx.now, "r": row.request_id},
         )
+    record_interaction_event(
+        tx,
+        request.run_id,
+        EVENT_SETTLED,
+        {"requestId": row.request_id, "submissionId": submission_id, "outcome": outcome.value},
+    )
     settled = read_submission(tx, submission_id)
     assert settled is not None
     return settled
@@ -304,6 +380,10 @@ def submission_receipt(reader: Reader, row: SubmissionRow) -> dict[str, Any] | N
 
 
 def submission_value(reader: Reader, row: SubmissionRow) -> Any:
+    """The value the step gets: what `validate` returned, else the submitted output."""
+    receipt = submission_receipt(reader, row)
+    if receipt is not None and "value" in receipt:
+        return receipt["value"]
     return read_json_blob(reader, row.payload_hash)
 
 

@@ -1,0 +1,339 @@
+"""`interaction.submit` and `interaction.update`: the units of database work.
+
+Implements workflow-server.md § Interactive Pi execution (submissions) and
+client-protocol.md § Commands and uncertain results for the bridge's two operations.
+Each function here is one unit for the database actor: it takes data, opens its own
+transaction and returns data; the validations actor (`actors/_validations.py`) holds
+the responses and the validation children. The wire shapes are those of
+`/work/briefs/i12-contract.md`:
+
+- submit: `payload = {interactionId, submissionId, value}` → held until the durable
+  outcome: `accepted` (new), `adopted` (a repeat of an accepted one), `rejected`
+  (`submissionRejected`, with the actionable message), `conflict`, `claimLost`,
+  `notFound`;
+- update: `payload = {interactionId, update: {type, key, data}}` → `accepted`, recorded
+  as a run event (the run's history), never the step's result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from pi_workflows.server._operations import rejected, response
+from pi_workflows.server._runner_launch import launch_state
+from pi_workflows.storage import (
+    CommandRequest,
+    Database,
+    LookupOutcome,
+    ReceiptOutcome,
+    Tx,
+    get_run,
+    lookup_receipt,
+    record_receipt,
+)
+from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._interactions import (
+    SubmissionRow,
+    read_request,
+    record_interaction_event,
+    record_submission,
+    settle_submission,
+    submission_receipt,
+    validating_submissions,
+)
+from pi_workflows.wire.canonical import dumps
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
+from pi_workflows.wire.protocol import RequestMessage
+
+__all__ = [
+    "MAX_REJECTION_CHARS",
+    "SUBMISSION_REJECTED",
+    "SettledSubmission",
+    "SubmitStep",
+    "ValidationJob",
+    "held_answer",
+    "settle_validation",
+    "submit_interaction",
+    "update_interaction",
+    "validations_to_resume",
+]
+
+SUBMISSION_REJECTED = "submissionRejected"
+MAX_REJECTION_CHARS = 1000
+"""The bound of the actionable message returned to the model (a safe error's bound)."""
+EVENT_UPDATE = "interaction_update"
+_MAX_ID = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationJob:
+    """Everything a validation child needs, as one frame (it never opens the database)."""
+
+    submission_id: str
+    frame: dict[str, Any] = field(repr=False)
+    """The `validation.request` frame: holds the submitted output (never logged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitStep:
+    """What the actor does with one `interaction.submit`: answer now, or hold it until
+    `wait_for` settles (and start `job`'s child when the submission is new)."""
+
+    answer: dict[str, Any] | None = None
+    wait_for: str | None = None
+    adopted: bool = False
+    job: ValidationJob | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SettledSubmission:
+    submission_id: str
+    receipt: dict[str, Any] = field(repr=False)
+
+
+def _id(payload: dict[str, Any], name: str) -> str | None:
+    value = payload.get(name)
+    if isinstance(value, str) and 0 < len(value) <= _MAX_ID and value.isprintable():
+        return value
+    return None
+
+
+def held_answer(
+    request: RequestMessage, receipt: dict[str, Any], *, adopted: bool
+) -> dict[str, Any]:
+    """The response a settled submission gives `request` (new or a repeat)."""
+    if receipt.get("outcome") == "accepted":
+        wire = {"submissionId": receipt["submissionId"], "status": "accepted"}
+        return response(request, "adopted" if adopted else "accepted", receipt=wire)
+    error = receipt.get("error") or {}
+    return rejected(
+        request,
+        "rejected",
+        str(error.get("code") or SUBMISSION_REJECTED),
+        str(error.get("message") or "the submission was rejected"),
+    )
+
+
+def submit_interaction(db: Database, request: RequestMessage, agent_dir: Path) -> SubmitStep:
+    """Resolve the request, check binding and kind, then adopt, refuse or record a
+    `validating` candidate (and the event) in one transaction."""
+    payload = request["payload"]
+    interaction_id, submission_id = _id(payload, "interactionId"), _id(payload, "submissionId")
+    if interaction_id is None or submission_id is None or "value" not in payload:
+        return SubmitStep(
+            rejected(
+                request,
+                "rejected",
+                "payloadInvalid",
+                "interaction.submit needs interactionId, submissionId and value",
+            )
+        )
+    with db.write() as tx:
+        found = read_request(tx, interaction_id)
+        if found is not None and request.get("runId", found.run_id) != found.run_id:
+            found = None  # another run's request is no request of this run
+        if found is None:
+            return SubmitStep(
+                rejected(request, "notFound", "requestNotFound", "no such interactive request")
+            )
+        result = record_submission(
+            tx,
+            request_id=interaction_id,
+            submission_id=submission_id,
+            idempotency_key=request["idempotencyKey"],
+            value=payload["value"],
+        )
+        if result.status == "adopted":
+            assert result.submission is not None
+            receipt = submission_receipt(tx, result.submission)
+            if receipt is None:
+                # Still validating: wait on the stored submission's outcome. The job lets
+                # the actor start a child if none validates it (one per candidate).
+                row = result.submission
+                return SubmitStep(
+                    wait_for=row.submission_id, adopted=True, job=_job(tx, row, agent_dir)
+                )
+            return SubmitStep(held_answer(request, receipt, adopted=True))
+        if result.status != "new":
+            return SubmitStep(_refusal(request, result.status, result.message))
+        assert result.submission is not None
+        job = _job(tx, result.submission, agent_dir)
+        if len(dumps(job.frame)) > MAX_FRAME_BYTES:
+            row = settle_submission(
+                tx,
+                submission_id=submission_id,
+                accepted=False,
+                error={
+                    "code": SUBMISSION_REJECTED,
+                    "message": "the output and the run's state are too large to validate",
+                },
+            )
+            stored = submission_receipt(tx, row)
+            assert stored is not None
+            return SubmitStep(held_answer(request, stored, adopted=False))
+    return SubmitStep(wait_for=submission_id, job=job)
+
+
+def _refusal(request: RequestMessage, status: str, message: str) -> dict[str, Any]:
+    codes = {
+        "notFound": ("notFound", "requestNotFound"),
+        "conflict": ("conflict", "idempotencyConflict"),
+        "claimLost": ("claimLost", "requestNotPending"),
+    }
+    outcome, code = codes.get(status, ("rejected", "submissionRefused"))
+    return rejected(request, outcome, code, message)
+
+
+def _job(tx: Tx, row: SubmissionRow, agent_dir: Path) -> ValidationJob:
+    """The child's request: the run's workflow, the node, its committed state, the value."""
+    request = read_request(tx, row.request_id)
+    assert request is not None
+    run = get_run(tx, request.run_id)
+    assert run is not None
+    attempt = tx.fetch_one(
+        "SELECT node_path, visit FROM node_attempts WHERE attempt_id = :a",
+        {"a": request.attempt_id},
+        _Attempt,
+    )
+    assert attempt is not None
+    state, _ = launch_state(tx, request.run_id)
+    frame = {
+        "kind": "validation.request",
+        "runId": request.run_id,
+        "interactionId": request.request_id,
+        "submissionId": row.submission_id,
+        "workflowSource": json.loads(run.source_identity),
+        "definitionDigest": run.definition_digest,
+        "projectPath": run.project_path,
+        "agentDir": str(agent_dir),
+        "nodePath": attempt.node_path,
+        "visit": attempt.visit,
+        "state": state,
+        "value": read_json_blob(tx, row.payload_hash),
+    }
+    return ValidationJob(row.submission_id, frame)
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    node_path: str
+    visit: int
+
+
+def settle_validation(
+    db: Database, submission_id: str, report: dict[str, Any] | None, reason: str
+) -> SettledSubmission:
+    """Settle a candidate from its child's report; None (the child stopped first, or
+    overran) rejects it with `reason`. Acceptance settles the request, same transaction."""
+    accepted, error, value, has_value = False, None, None, False
+    body = report.get("payload") if isinstance(report, dict) else None
+    if isinstance(body, dict) and body.get("submissionId") == submission_id:
+        if report is not None and report.get("kind") == "interaction.accepted":
+            accepted, has_value, value = True, "value" in body, body.get("value")
+        elif report is not None and report.get("kind") == "interaction.rejected":
+            message = (body.get("error") or {}).get("message")
+            error = {
+                "code": SUBMISSION_REJECTED,
+                "message": str(message or "the output was rejected")[:MAX_REJECTION_CHARS],
+            }
+    if not accepted and error is None:
+        error = {"code": SUBMISSION_REJECTED, "message": reason[:MAX_REJECTION_CHARS]}
+    with db.write() as tx:
+        if accepted and has_value:
+            row = settle_submission(tx, submission_id=submission_id, accepted=True, value=value)
+        else:
+            row = settle_submission(tx, submission_id=submission_id, accepted=accepted, error=error)
+        receipt = submission_receipt(tx, row)
+        assert receipt is not None
+    return SettledSubmission(submission_id, receipt)
+
+
+def validations_to_resume(db: Database, agent_dir: Path) -> list[ValidationJob]:
+    """Recovery step 9: every candidate a dead server left `validating`, as a new job."""
+    # A read (the reader actor's snapshot), not a write: a start commits nothing more.
+    # `launch_state` and `_job` only read, so the snapshot may stand in for a `Tx`.
+    reader = cast(Tx, db)
+    return [_job(reader, row, agent_dir) for row in validating_submissions(db)]
+
+
+def update_interaction(db: Database, request: RequestMessage) -> dict[str, Any]:
+    """Record a progress update as a run event, with a stored receipt (a retry adopts)."""
+    payload = request["payload"]
+    interaction_id = _id(payload, "interactionId")
+    update = payload.get("update")
+    if interaction_id is None or not isinstance(update, dict):
+        return rejected(
+            request,
+            "rejected",
+            "payloadInvalid",
+            "interaction.update needs interactionId and update",
+        )
+    command = CommandRequest(
+        request_id=request["requestId"],
+        client_id=request["clientId"],
+        operation=request["operation"],
+        idempotency_key=request["idempotencyKey"],
+        payload=dict(payload),
+    )
+    with db.write() as tx:
+        found = lookup_receipt(tx, command)
+        if found.outcome is LookupOutcome.ADOPTED:
+            assert found.receipt is not None
+            return response(request, "adopted", receipt=found.receipt.receipt)
+        if found.outcome is LookupOutcome.CONFLICT:
+            return rejected(
+                request,
+                "conflict",
+                "idempotencyConflict",
+                "this request ID or idempotency key was already used with another payload",
+            )
+        row = read_request(tx, interaction_id)
+        if row is None or request.get("runId", row.run_id) != row.run_id:
+            return rejected(request, "notFound", "requestNotFound", "no such interactive request")
+        refusal = _update_refusal(tx, row.run_id, row.status, row.attempt_id)
+        if refusal is not None:
+            return _refusal(request, refusal[0], refusal[1])
+        revision = record_interaction_event(
+            tx,
+            row.run_id,
+            EVENT_UPDATE,
+            {
+                "requestId": interaction_id,
+                "type": update.get("type"),
+                "key": update.get("key"),
+                "data": update.get("data"),
+            },
+        )
+        body = {"interactionId": interaction_id, "recorded": True}
+        record_receipt(
+            tx,
+            command,
+            outcome=ReceiptOutcome.ACCEPTED,
+            receipt=body,
+            run_id=row.run_id,
+            accepted_revision=revision,
+        )
+    result = response(request, "accepted", receipt=body)
+    result["revision"] = revision
+    return result
+
+
+def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[str, str] | None:
+    mode = tx.fetch_value(
+        "SELECT execution_mode FROM run_bindings WHERE run_id = :r", {"r": run_id}
+    )
+    if mode != "headless":
+        return "rejected", "the request is not bound to a headless run"
+    if status != "pending":
+        return "claimLost", f"the request is {status}"
+    attempt = tx.fetch_value(
+        "SELECT status FROM node_attempts WHERE attempt_id = :a", {"a": attempt_id}
+    )
+    if attempt not in ("running", "waiting"):
+        return "claimLost", "the request's attempt is no longer running"
+    if tx.fetch_value("SELECT paused FROM runs WHERE run_id = :r", {"r": run_id}):
+        return "rejected", "the run is paused"
+    return None
