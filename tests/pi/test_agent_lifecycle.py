@@ -28,6 +28,8 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.storage import open_database
+from pi_workflows.storage._interactions import record_submission, settle_submission
 from pi_workflows.testing import (
     FakeProvider,
     ScriptedTurn,
@@ -343,3 +345,71 @@ def test_a_sigkilled_runner_leaves_no_process_and_a_new_pi_child_completes_the_s
     completed = [a for a in attempts if a[1] == "completed"]
     assert [a[0] for a in completed] == submitted, attempts
     assert streaming[0] not in submitted, attempts
+
+
+@pytest.fixture
+def pi_env(
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pi_binary: Path,
+    provider: FakeProvider,
+    pi_slot: None,
+) -> Path:
+    provider.write_agent_dir(state_dir.parent)
+    monkeypatch.setenv("PI_WORKFLOWS_PI", str(pi_binary))
+    return state_dir
+
+
+def test_an_output_accepted_before_the_runner_was_lost_is_adopted_without_a_new_pi_child(
+    pi_env: Path, provider: FakeProvider, short_tmp: Path
+) -> None:
+    # The runner is lost while pi streams, after the step's output was accepted (the
+    # bridge's submission, as the validation child settles it: written here while no
+    # server runs) and before the node result was written. The next runner adopts that
+    # output: the step is not presented again, no pi child starts, nothing is asked twice.
+    project = _project(short_tmp)
+    tree = Tree(project, _sleeps(3501))
+    streaming: list[str] = []
+    provider.script(_background_turn(tree), _noting(tree, Stall("thinking"), streaming))
+    first = WorkflowServer(pi_env, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    first.start()
+    try:
+        with WorkflowClient(pi_env, autostart=False) as client:
+            run_id = start_run(client, project, "ask")
+            _wait_until_seen(tree, provider, 2)
+    finally:
+        first.stop("the runner is lost")
+    tree.wait_gone()
+    (database,) = Path(pi_env).rglob("*.sqlite")
+    db = open_database(database)
+    try:
+        with db.write() as tx:
+            recorded = record_submission(
+                tx,
+                request_id=f"request-{streaming[0]}",
+                submission_id="submission-1",
+                idempotency_key="tool-call-1",
+                value={"summary": "accepted before the loss"},
+            )
+            assert recorded.status == "new", recorded
+            settle_submission(tx, submission_id="submission-1", accepted=True)
+    finally:
+        db.close()
+    logs_before = sorted(Path(pi_env).rglob("pi.stderr.log"))
+    provider.script()  # from here, a model request would be a second ask
+    second = WorkflowServer(pi_env, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    second.start()
+    try:
+        with WorkflowClient(pi_env, autostart=False) as client:
+            view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    finally:
+        second.stop("test teardown")
+    assert view["display"]["status"] == "completed", (view, _logs(pi_env))
+    assert provider.chat_requests() == [], "the step was not presented to a model again"
+    assert sorted(Path(pi_env).rglob("pi.stderr.log")) == logs_before, "no new pi child"
+    attempts = _attempts(pi_env, run_id)
+    completed = [a for a in attempts if a[1] == "completed"]
+    assert [json.loads(a[2] or "null") for a in completed] == [
+        {"summary": "accepted before the loss"}
+    ], attempts
+    assert completed[0][0] != streaming[0]
