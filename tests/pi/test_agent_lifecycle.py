@@ -214,7 +214,7 @@ def _logs(state_dir: Path) -> list[str]:
     return [log.read_text()[-1500:] for log in Path(state_dir).rglob("pi.stderr.log")]
 
 
-@pytest.fixture(params=["zygote"])
+@pytest.fixture(params=["zygote", "cold"])
 def server(
     request: pytest.FixtureRequest,
     state_dir: Path,
@@ -313,7 +313,6 @@ def test_pause_while_pi_streams_stops_the_tree_writes_no_result_and_resume_compl
     assert submitted[0] != streaming[0], "the step was presented again, as a new attempt"
 
 
-@pytest.mark.parametrize("server", ["zygote", "cold"], indirect=True)
 def test_a_sigkilled_runner_leaves_no_process_and_a_new_pi_child_completes_the_step(
     server: WorkflowServer, provider: FakeProvider, short_tmp: Path
 ) -> None:
