@@ -26,6 +26,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -41,11 +42,19 @@ __all__ = ["keeper_argv"]
 
 
 def _children() -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += [int(word) for word in (task / "children").read_text().split()]
+    me = os.getpid()
+    task = Path(f"/proc/{me}/task/{me}/children")
+    if task.exists():  # CONFIG_PROC_CHILDREN; the keeper has one thread
+        with contextlib.suppress(OSError):
+            return [int(word) for word in task.read_text().split()]
+        return []
+    found: list[int] = []  # else: every process whose parent is this one
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+                    found.append(int(entry.name))
     return found
 
 
@@ -54,13 +63,18 @@ def _end_everything_below() -> None:
     re-parented here and met in the next round). The keeper has no other children, so
     waiting for any child steals no one's status."""
     while True:
-        for pid in _children():
+        children = _children()
+        for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # our own unreaped child: the PID is ours
         try:
-            os.waitpid(-1, 0)
+            # Block only for a child just killed; one re-parented after the listing is
+            # met in the next round.
+            done, _ = os.waitpid(-1, 0 if children else os.WNOHANG)
         except ChildProcessError:
             return
+        if not children and done == 0:
+            time.sleep(0.001)
 
 
 def main(argv: list[str]) -> int:
