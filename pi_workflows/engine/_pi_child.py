@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import psutil
+
 from pi_workflows._paths import agent_dir as default_agent_dir
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.supervision._pi_group import (
@@ -422,6 +424,16 @@ class PiChild:
     def pid(self) -> int:
         """The direct child's PID, which is also its process group ID."""
         return self._popen.pid
+
+    @property
+    def pi_pid(self) -> int | None:
+        """pi's own PID (the keeper's one child), None once it is gone; for measuring pi
+        (its RSS), never for signalling: `pid` is what is registered and stopped."""
+        try:
+            children = psutil.Process(self.pid).children()
+        except psutil.Error:
+            return None
+        return children[0].pid if children else None
 
     @property
     def busy(self) -> bool:
