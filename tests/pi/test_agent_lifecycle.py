@@ -412,3 +412,37 @@ def test_an_output_accepted_before_the_runner_was_lost_is_adopted_without_a_new_
         {"summary": "accepted before the loss"}
     ], attempts
     assert completed[0][0] != streaming[0]
+
+
+def test_a_server_stop_while_pi_streams_hands_the_step_back_and_the_next_server_completes_it(
+    pi_env: Path, provider: FakeProvider, short_tmp: Path
+) -> None:
+    # "A pause or stop during a step strands the run": a graceful stop drains, stops pi's
+    # tree, and hands the run back; the next server presents the step to a new pi child.
+    project = _project(short_tmp)
+    tree = Tree(project, _sleeps(3601))
+    provider.script(_background_turn(tree), _noting(tree, Stall("thinking")))
+    first = WorkflowServer(pi_env, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    first.start()
+    try:
+        with WorkflowClient(pi_env, autostart=False) as client:
+            run_id = start_run(client, project, "ask")
+            _wait_until_seen(tree, provider, 2)
+    finally:
+        first.stop("a graceful stop")
+    tree.wait_gone()
+    resumed = Tree(project, tree.sleeps)
+    submitted: list[str] = []
+    provider.script(_submit(resumed, submitted))
+    second = WorkflowServer(pi_env, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    second.start()
+    try:
+        with WorkflowClient(pi_env, autostart=False) as client:
+            view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    finally:
+        second.stop("test teardown")
+    resumed.wait_gone()
+    assert view["display"]["status"] == "completed", (view, _logs(pi_env))
+    assert {p.pid for p in resumed.pi} - {p.pid for p in tree.pi}, "a new pi child ran it"
+    completed = [a for a in _attempts(pi_env, run_id) if a[1] == "completed"]
+    assert [a[0] for a in completed] == submitted
