@@ -58,7 +58,7 @@ def with_pi_child(launch: PiLaunch) -> tuple[float, float]:
     child = PiChild.spawn(launch)
     outcome = child.run_turn(PROMPT, 60)
     assert outcome.workflow_calls()[0].is_error is False
-    rss = peak_rss_mb(child.pid)
+    rss = peak_rss_mb(child.pi_pid or child.pid)  # pi itself, below its keeper
     child.stop()
     return time.perf_counter() - start, rss
 

@@ -190,6 +190,9 @@ class ProcessSupervisorActor(ServerActor):
                     supervised.killed = True
                     self._kill(supervised)
             case StopGroup(identity=identity):
+                # Its members that left the group first: a Pi child's tools run in
+                # sessions of their own below pi's keeper, which a group SIGKILL misses.
+                kill_descendants(identity)
                 signal_group(identity, signal.SIGKILL)
             case StopRecorded(identities=identities, reply=reply, timeout_s=timeout_s):
                 reply(Reply(self._stop_recorded(identities, timeout_s)))

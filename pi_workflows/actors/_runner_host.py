@@ -672,9 +672,14 @@ class RunnerHostActor(ServerActor):
     def _hand_back_all(self, reply: Callable[[Reply], None]) -> None:
         runners = list(self._active.values())
         for runner in runners:
-            if runner.effect_open or runner.registered:
+            if runner.effect_open:
                 log.warning(
                     "stopping with an effect still applying; it will be ambiguous",
+                    extra={"action": "runner.drain_timeout", "run_id": runner.run_id},
+                )
+            elif runner.registered:  # an agent step's pi: the step is presented again
+                log.info(
+                    "stopping a step's registered processes; the step runs again",
                     extra={"action": "runner.drain_timeout", "run_id": runner.run_id},
                 )
             self._hand_back(runner)

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import psutil
+
 from pi_workflows._paths import agent_dir as default_agent_dir
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.supervision._pi_group import (
@@ -30,6 +32,7 @@ from pi_workflows.supervision._pi_group import (
     snapshot_descendants,
     terminate_then_kill,
 )
+from pi_workflows.supervision._pi_keeper import keeper_argv
 from pi_workflows.supervision._process import ProcessIdentity, identity_of, is_alive
 
 __all__ = [
@@ -369,6 +372,11 @@ class PiChild:
     def spawn(cls, launch: PiLaunch) -> PiChild:
         """Start pi in a new session (its own process group); it waits for commands.
 
+        The process started (`pid`, `identity`, what is registered) is pi's keeper
+        (`pi_workflows.supervision._pi_keeper`), a child subreaper in the same group
+        whose only child is pi: a tool process that daemonised stays below it, and
+        everything below it is ended when pi ends, even if the runner died first.
+
         pi writes nothing until it answers a command and runs no model turn before a
         prompt, so registering it with the server after this returns loses nothing: if
         the runner dies first, pi reads EOF on stdin and exits while still idle.
@@ -376,14 +384,22 @@ class PiChild:
         Raises:
             PiUnavailable: the binary vanished or is not executable.
         """
+        binary = launch.argv[0]
+        if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
+            raise PiUnavailable(
+                f"pi is unavailable: the binary could not be started; check {PI_BINARY_ENV} "
+                "or the pi on PATH"
+            )
         stderr: int = subprocess.DEVNULL
         fd = -1
         if launch.stderr_path is not None:
             fd = os.open(launch.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             stderr = fd
         try:
+            # pi runs under its keeper, a child subreaper: whatever its tools leave
+            # behind stays below the registered process, and is ended when pi ends.
             popen = subprocess.Popen(
-                list(launch.argv),
+                keeper_argv(list(launch.argv)),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -408,6 +424,16 @@ class PiChild:
     def pid(self) -> int:
         """The direct child's PID, which is also its process group ID."""
         return self._popen.pid
+
+    @property
+    def pi_pid(self) -> int | None:
+        """pi's own PID (the keeper's one child), None once it is gone; for measuring pi
+        (its RSS), never for signalling: `pid` is what is registered and stopped."""
+        try:
+            children = psutil.Process(self.pid).children()
+        except psutil.Error:
+            return None
+        return children[0].pid if children else None
 
     @property
     def busy(self) -> bool:
@@ -625,10 +651,9 @@ class PiChild:
             descendants = (*descendants, *late)
         leftovers = sum(1 for d in descendants if is_alive(d.identity))
         survivors = end_descendants(descendants, term_grace_s)
-        # TODO(issue 12, subreaper): a tool that daemonised (`cmd &` whose bash exited,
-        # `setsid cmd &`) was re-parented before the snapshot and is invisible here. The
-        # runner is a child subreaper (pi_workflows/supervision/_subreaper.py, issue 11):
-        # after this stop, stop and reap every process re-parented to the runner.
+        # A tool that daemonised (`cmd &` whose bash exited, `setsid cmd &`) was
+        # re-parented to the keeper, so the snapshot saw it, and the keeper ended it
+        # anyway as pi exited. The runner's own `stop_descendants` stays the backstop.
         self._reader.join(timeout=term_grace_s)
         self._stdout.close()
         return StopReport(how, self._popen.returncode, aborted, leftovers, survivors)

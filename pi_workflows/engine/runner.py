@@ -176,6 +176,9 @@ class AgentUnproductive(RuntimeError):  # noqa: N818 - the failure code
 MAX_REMINDERS = 2
 """Unproductive turns 1 and 2 get a reminder through the same pi child; the third fails
 (the server counts them: `record_unproductive_turn`)."""
+AGENT_DEADLINE_GRACE_S = 15.0
+"""How long after the node's deadline the runner gives up waiting for pi on its own
+(the server's deadline stop comes first: a tick, plus the runner's SIGTERM grace)."""
 PI_READY_TIMEOUT_S = 60.0
 """How long a fresh pi child gets to load the bridge and answer `get_state`."""
 TURN_ERROR_CHARS = 2048
@@ -1288,7 +1291,14 @@ class Execution:
         deadline: float | None,
     ) -> Any:
         """Spawn pi, register it, run turns until an accepted submission; always stop its
-        tree."""
+        tree.
+
+        The server enforces the node's deadline (it stops the runner and pi's group and
+        records `timed_out`); the runner's own wait ends `AGENT_DEADLINE_GRACE_S` later,
+        a backstop that never races the server's decision.
+        """
+        if deadline is not None:
+            deadline += AGENT_DEADLINE_GRACE_S
         child = PiChild.spawn(launch)
         registration: dict[str, Any] | None = None
         try:
@@ -1300,9 +1310,11 @@ class Execution:
                 child, message, requested=requested, deadline=deadline, step=launch_step
             )
         finally:
+            # abort if busy, stdin EOF, SIGTERM, SIGKILL (pi-rpc.md § 7); pi's keeper ends
+            # whatever its tools daemonised as pi exits.
             child.stop()
-            # A tool that daemonised (`setsid cmd &`) was re-parented to this runner, a
-            # child subreaper, out of pi's sight: stop and reap it too.
+            # Backstop: anything still below this runner (a child subreaper) is stopped
+            # and reaped before the group is unregistered.
             stop_descendants()
             if registration is not None:
                 self.channel.send(

@@ -65,7 +65,9 @@ from pi_workflows.storage import (
 )
 from pi_workflows.storage._claims import WriteResult, read_head
 from pi_workflows.storage._interactions import (
+    adoptable_submission,
     read_request,
+    read_request_for_attempt,
     read_submission,
     record_unproductive_turn,
     request_interaction,
@@ -435,6 +437,16 @@ def _on_interaction_requested(
     assert isinstance(body, InteractionRequested) and message.attempt_id is not None
     if body.interaction_kind != "agent" or body.target_session_id is not None:
         raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
+    if read_request_for_attempt(tx, message.attempt_id) is None:
+        # A runner died after the step's output was accepted: adopt it, ask nothing.
+        earlier = adoptable_submission(tx, message.attempt_id)
+        if earlier is not None:
+            return read_head(tx, view.run_id).revision, {
+                "requestId": earlier.request_id,
+                "status": "settled",
+                "acceptedSubmissionId": earlier.submission_id,
+                "value": submission_value(tx, earlier),
+            }
     written = request_interaction(
         tx,
         view.claim,

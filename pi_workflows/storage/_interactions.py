@@ -26,6 +26,7 @@ __all__ = [
     "SubmissionRow",
     "SubmitResult",
     "TurnOutcome",
+    "adoptable_submission",
     "read_request",
     "read_request_for_attempt",
     "read_submission",
@@ -324,7 +325,7 @@ def settle_submission(
     `value` is the accepted value when `validate` returned one (kept in the receipt
     blob; `submission_value` prefers it). A repeat for an already settled submission
     returns it unchanged. Acceptance of a request that is no longer pending (it was
-    cancelled meanwhile) is recorded as a rejection: nothing is accepted twice.
+    cancelled meanwhile), or of a paused run's, is recorded as a rejection.
     """
     row = read_submission(tx, submission_id)
     if row is None:
@@ -336,6 +337,12 @@ def settle_submission(
     if accepted and request.status != "pending":
         accepted = False
         error = {"code": "submissionRejected", "message": f"the request is {request.status}"}
+    if accepted and tx.fetch_value(
+        "SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id}
+    ):
+        # Paused while it validated: nothing is accepted while the run is paused.
+        accepted = False
+        error = {"code": "submissionRejected", "message": "the run is paused; submit again"}
     outcome = SubmissionOutcome.ACCEPTED if accepted else SubmissionOutcome.REJECTED
     receipt: dict[str, Any] = {"submissionId": submission_id, "outcome": outcome.value}
     if error is not None:
@@ -418,3 +425,27 @@ def record_unproductive_turn(
 def contract_digest(contract: Any) -> bytes:
     """Canonical bytes of a contract (the runner hashes the same bytes)."""
     return dumps(contract)
+
+
+def adoptable_submission(reader: Reader, attempt_id: str) -> SubmissionRow | None:
+    """The accepted submission of an earlier, interrupted attempt of the same step visit.
+
+    A runner that died after its step's output was accepted and before the node result
+    was written left that attempt `interrupted`; the next runner starts a new attempt of
+    the same node and visit. The accepted output is then the step's output: it is never
+    lost, and the step is never asked for again.
+    """
+    return reader.fetch_one(
+        "SELECT s.submission_id, s.request_id, s.idempotency_key, s.request_revision, "
+        "s.payload_hash, s.outcome, s.receipt_hash "
+        "FROM node_attempts current "
+        "JOIN node_attempts earlier ON earlier.run_id = current.run_id "
+        "AND earlier.node_path = current.node_path AND earlier.visit = current.visit "
+        "AND earlier.attempt_id != current.attempt_id AND earlier.status = 'interrupted' "
+        "JOIN interactive_requests r ON r.attempt_id = earlier.attempt_id "
+        "JOIN interactive_submissions s ON s.submission_id = r.accepted_submission_id "
+        "WHERE current.attempt_id = :attempt AND s.outcome = 'accepted' "
+        "ORDER BY earlier.started_at DESC LIMIT 1",
+        {"attempt": attempt_id},
+        SubmissionRow,
+    )

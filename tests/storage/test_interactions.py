@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -14,6 +14,7 @@ from pi_workflows.storage._interactions import (
     request_interaction,
     settle_submission,
     submission_receipt,
+    submission_value,
     validating_submissions,
 )
 from tests.storage.storage_helpers import raw_edit, running
@@ -113,3 +114,45 @@ def test_a_stale_claim_cannot_request(db: Database) -> None:
         request_interaction(
             tx, stale, attempt_id="a1", request_id="req-1", kind="agent", contract=CONTRACT
         )
+
+
+def test_the_value_validate_returned_is_the_steps_and_events_name_no_value(db: Database) -> None:
+    claim = running(db)
+    _agent_request(db, claim)
+    assert _submit(db, "k1", {"x": 1}, "s1") == "new"
+    with db.write() as tx:
+        row = settle_submission(tx, submission_id="s1", accepted=True, value={"x": 1, "ok": True})
+    assert submission_value(db, row) == {"x": 1, "ok": True}
+    events = db.fetch_all(
+        "SELECT event_type, payload FROM events WHERE event_type LIKE 'interaction_sub%' "
+        "ORDER BY revision",
+        {},
+        _Event,
+    )
+    assert [e.event_type for e in events] == [
+        "interaction_submitted",
+        "interaction_submission_settled",
+    ]
+    assert all('"x"' not in e.payload for e in events)
+
+
+def test_a_stale_attempt_or_a_pause_accepts_nothing(db: Database) -> None:
+    claim = running(db)
+    _agent_request(db, claim)
+    assert _submit(db, "k1", {"x": 1}, "s1") == "new"
+    raw_edit(db, "UPDATE runs SET paused = 1")
+    with db.write() as tx:
+        row = settle_submission(tx, submission_id="s1", accepted=True)
+    assert row.outcome == "rejected"
+    request = read_request(db, "req-1")
+    assert request is not None and request.status == "pending"
+    raw_edit(db, "UPDATE runs SET paused = 0")
+    raw_edit(db, "UPDATE node_attempts SET status = 'interrupted', finished_at = 1")
+    assert _submit(db, "k2", {"x": 1}, "s2") == "claimLost"
+    assert _submit(db, "k1", {"x": 1}, "s1b") == "adopted", "a repeat still gets its outcome"
+
+
+@dataclass(frozen=True)
+class _Event:
+    event_type: str
+    payload: str
