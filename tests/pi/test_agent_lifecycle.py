@@ -28,8 +28,6 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.storage import open_database
-from pi_workflows.storage._interactions import record_submission, settle_submission
 from pi_workflows.testing import (
     FakeProvider,
     ScriptedTurn,
@@ -39,6 +37,7 @@ from pi_workflows.testing import (
 )
 from tests.conftest import write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_for, wait_until
+from tests.server.test_interaction_submit import pending_request, submit
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -346,6 +345,43 @@ def test_a_sigkilled_runner_leaves_no_process_and_a_new_pi_child_completes_the_s
     assert streaming[0] not in submitted, attempts
 
 
+def test_an_output_accepted_before_the_runner_was_lost_is_adopted_without_a_new_pi_child(
+    server: WorkflowServer, provider: FakeProvider, short_tmp: Path
+) -> None:
+    # While pi streams, the step's output is submitted and accepted (sent here as the
+    # bridge sends it, through the live server and its validation child); the runner,
+    # which has not seen the acceptance, is then SIGKILLed before any node result. The
+    # next runner adopts that output: no pi child starts and nothing is asked twice.
+    project = _project(short_tmp)
+    tree = Tree(project, _sleeps(3501))
+    streaming: list[str] = []
+    provider.script(_background_turn(tree), _noting(tree, Stall("thinking"), streaming))
+    state_dir = server.state_dir
+    with WorkflowClient(state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "ask")
+        _wait_until_seen(tree, provider, 2)
+        request_id = pending_request(state_dir, run_id)
+        answer = submit(client, run_id, request_id, {"summary": "accepted before the loss"}, "k1")
+        assert answer["outcome"] == "accepted", answer
+        logs_before = sorted(Path(state_dir).rglob("pi.stderr.log"))
+        requests_before = len(provider.chat_requests())
+        runner = tree.runner
+        assert runner is not None and runner.name() == "piw-runner", runner
+        os.kill(runner.pid, signal.SIGKILL)  # the runner only: pi is in a group of its own
+        tree.members.append((runner, "piw-runner"))
+        tree.wait_gone()
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    assert view["display"]["status"] == "completed", (view, _logs(state_dir))
+    assert len(provider.chat_requests()) == requests_before, "no model was asked again"
+    assert sorted(Path(state_dir).rglob("pi.stderr.log")) == logs_before, "no new pi child"
+    attempts = _attempts(state_dir, run_id)
+    completed = [a for a in attempts if a[1] == "completed"]
+    assert [json.loads(a[2] or "null") for a in completed] == [
+        {"summary": "accepted before the loss"}
+    ], attempts
+    assert completed[0][0] != streaming[0], "a new attempt adopted it"
+
+
 @pytest.fixture
 def pi_env(
     state_dir: Path,
@@ -357,61 +393,6 @@ def pi_env(
     provider.write_agent_dir(state_dir.parent)
     monkeypatch.setenv("PI_WORKFLOWS_PI", str(pi_binary))
     return state_dir
-
-
-def test_an_output_accepted_before_the_runner_was_lost_is_adopted_without_a_new_pi_child(
-    pi_env: Path, provider: FakeProvider, short_tmp: Path
-) -> None:
-    # The runner is lost while pi streams, after the step's output was accepted (the
-    # bridge's submission, as the validation child settles it: written here while no
-    # server runs) and before the node result was written. The next runner adopts that
-    # output: the step is not presented again, no pi child starts, nothing is asked twice.
-    project = _project(short_tmp)
-    tree = Tree(project, _sleeps(3501))
-    streaming: list[str] = []
-    provider.script(_background_turn(tree), _noting(tree, Stall("thinking"), streaming))
-    first = WorkflowServer(pi_env, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    first.start()
-    try:
-        with WorkflowClient(pi_env, autostart=False) as client:
-            run_id = start_run(client, project, "ask")
-            _wait_until_seen(tree, provider, 2)
-    finally:
-        first.stop("the runner is lost")
-    tree.wait_gone()
-    (database,) = Path(pi_env).rglob("*.sqlite")
-    db = open_database(database)
-    try:
-        with db.write() as tx:
-            recorded = record_submission(
-                tx,
-                request_id=f"request-{streaming[0]}",
-                submission_id="submission-1",
-                idempotency_key="tool-call-1",
-                value={"summary": "accepted before the loss"},
-            )
-            assert recorded.status == "new", recorded
-            settle_submission(tx, submission_id="submission-1", accepted=True)
-    finally:
-        db.close()
-    logs_before = sorted(Path(pi_env).rglob("pi.stderr.log"))
-    provider.script()  # from here, a model request would be a second ask
-    second = WorkflowServer(pi_env, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    second.start()
-    try:
-        with WorkflowClient(pi_env, autostart=False) as client:
-            view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
-    finally:
-        second.stop("test teardown")
-    assert view["display"]["status"] == "completed", (view, _logs(pi_env))
-    assert provider.chat_requests() == [], "the step was not presented to a model again"
-    assert sorted(Path(pi_env).rglob("pi.stderr.log")) == logs_before, "no new pi child"
-    attempts = _attempts(pi_env, run_id)
-    completed = [a for a in attempts if a[1] == "completed"]
-    assert [json.loads(a[2] or "null") for a in completed] == [
-        {"summary": "accepted before the loss"}
-    ], attempts
-    assert completed[0][0] != streaming[0]
 
 
 def test_a_server_stop_while_pi_streams_hands_the_step_back_and_the_next_server_completes_it(

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.pi import bridge_extension_path
 from pi_workflows.testing import FakeProvider, ScriptedTurn, Stall, workflow_submit_turn
 from tests.conftest import write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_for
@@ -109,14 +108,6 @@ def test_a_valid_submit_while_pi_works_on_the_step_is_accepted_and_readable(
     assert stored_value(state_dir, request_id) == {"n": 2, "prep": {"ready": True}}
 
 
-def _has_socket_transport() -> bool:
-    source = (bridge_extension_path().parent / "transport.ts").read_text()
-    return "class SocketTransport" in source
-
-
-@pytest.mark.skipif(
-    not _has_socket_transport(), reason="needs the bridge's socket transport (h12-bridge)"
-)
 def test_the_model_corrects_a_rejected_output_and_the_run_completes_with_the_servers_value(
     server_with_pi: WorkflowServer, provider: FakeProvider, short_tmp: Path
 ) -> None:

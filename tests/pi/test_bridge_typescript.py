@@ -102,8 +102,7 @@ def server_with_a_pending_request(
     # It exits once the test is done (the runner then fails the step), so the server
     # stops at once instead of waiting out pi's ready timeout.
     fake_pi.write_text(
-        f"#!/bin/sh\necho started > {fifo}\n"
-        f"while [ ! -e {release} ]; do sleep 0.05; done\n"
+        f"#!/bin/sh\necho started > {fifo}\nwhile [ ! -e {release} ]; do sleep 0.05; done\n"
     )
     fake_pi.chmod(0o700)
     monkeypatch.setenv("PI_WORKFLOWS_PI", str(fake_pi))
