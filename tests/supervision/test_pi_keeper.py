@@ -51,9 +51,14 @@ def keeper() -> Iterator[tuple[subprocess.Popen[bytes], list[psutil.Process]]]:
 
 
 def _wait_adopted(keeper: subprocess.Popen[bytes], sleeps: list[psutil.Process]) -> None:
-    """Their subshells exited: each sleep is re-parented to the keeper (a condition in
-    /proc has no event to wait on; bounded by the test's timeout)."""
-    while not all(s.ppid() == keeper.pid for s in sleeps):
+    """Their subshells exited: each sleep is re-parented to the keeper, and each has
+    become `sleep` (so `setsid` has already run: it calls setsid() before its exec). A
+    condition in /proc has no event to wait on; bounded by the test's timeout."""
+
+    def settled(process: psutil.Process) -> bool:
+        return process.ppid() == keeper.pid and process.cmdline()[:1] == ["sleep"]
+
+    while not all(settled(s) for s in sleeps):
         psutil.wait_procs([], timeout=0.01)
 
 
