@@ -179,6 +179,8 @@ MAX_REMINDERS = 2
 AGENT_DEADLINE_GRACE_S = 15.0
 """How long after the node's deadline the runner gives up waiting for pi on its own
 (the server's deadline stop comes first: a tick, plus the runner's SIGTERM grace)."""
+VALIDATING_POLL_S = 0.25
+"""How often a new attempt asks again while its interrupted attempt's output validates."""
 PI_READY_TIMEOUT_S = 60.0
 """How long a fresh pi child gets to load the bridge and answer `get_state`."""
 TURN_ERROR_CHARS = 2048
@@ -1261,8 +1263,8 @@ class Execution:
             "contractHash": sha256_digest(contract),
             "request": contract,
         }
-        reply = self.channel.send("interaction.requested", requested, self.attempt_id)
-        result = reply.get("result") or {}
+        deadline = None if spec.timeout_ms is None else time.monotonic() + spec.timeout_ms / 1000
+        result = self._request(requested, deadline)
         if "acceptedSubmissionId" in result:
             return result.get("value")
         # Presented again: the request existed already, or the server found the request
@@ -1271,8 +1273,19 @@ class Execution:
         message = step_prompt(
             str(prompt), self.compiled.name, node.path, self.attempt_id, spec, resumed=resumed
         )
-        deadline = None if spec.timeout_ms is None else time.monotonic() + spec.timeout_ms / 1000
         return self._drive_pi(node.path, launch, message, requested=requested, deadline=deadline)
+
+    def _request(self, requested: Mapping[str, Any], deadline: float | None) -> dict[str, Any]:
+        """Propose the attempt's request. While an output of this step's interrupted
+        attempt is still validating, the server writes nothing and says so: ask again
+        until that outcome is stored (adopted if accepted), within the step's deadline
+        (the server's `timed_out` ends the wait first)."""
+        while True:
+            reply = self.channel.send("interaction.requested", dict(requested), self.attempt_id)
+            result: dict[str, Any] = reply.get("result") or {}
+            if result.get("status") != "validating":
+                return result
+            time.sleep(min(VALIDATING_POLL_S, _left(deadline, None)))
 
     def _agent_folder(self) -> Path:
         """A private (0700) folder for this attempt's bridge config, pi's TMPDIR and log."""

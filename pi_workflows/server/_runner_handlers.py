@@ -66,12 +66,14 @@ from pi_workflows.storage import (
 from pi_workflows.storage._claims import WriteResult, read_head
 from pi_workflows.storage._interactions import (
     adoptable_submission,
+    earlier_submission_validating,
     read_request,
     read_request_for_attempt,
     read_submission,
     record_unproductive_turn,
     request_interaction,
     submission_value,
+    supersede_earlier_requests,
 )
 from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
 from pi_workflows.supervision._crash import RUNNER_MESSAGE_POINTS
@@ -447,6 +449,9 @@ def _on_interaction_requested(
                 "acceptedSubmissionId": earlier.submission_id,
                 "value": submission_value(tx, earlier),
             }
+        if earlier_submission_validating(tx, message.attempt_id):
+            # Nothing is written: the runner asks again once that outcome is stored.
+            return read_head(tx, view.run_id).revision, {"status": "validating"}
     written = request_interaction(
         tx,
         view.claim,
@@ -459,6 +464,7 @@ def _on_interaction_requested(
         reply: dict[str, Any] = {"requestId": body.interaction_id, "status": "pending"}
         if _carry_over(tx, view.run_id, message.attempt_id, body.interaction_id):
             reply["resumed"] = True
+        supersede_earlier_requests(tx, message.attempt_id)
         return written.revision, reply
     # `existing`: the request was there before this message (a repeat, or a resumed
     # runner), so the step is presented again (reason `resumed`).

@@ -449,3 +449,42 @@ def adoptable_submission(reader: Reader, attempt_id: str) -> SubmissionRow | Non
         {"attempt": attempt_id},
         SubmissionRow,
     )
+
+
+def supersede_earlier_requests(tx: Tx, attempt_id: str) -> int:
+    """Cancel the pending requests of earlier, interrupted attempts of the same step visit.
+
+    Called in the transaction that commits the new attempt's request, after
+    `adoptable_submission` found nothing accepted. A submission of the old request that
+    is still validating (its runner died meanwhile) is then rejected when it settles
+    (`settle_submission` accepts only for a pending request): the step is asked again
+    exactly once, and no second output is ever accepted for it.
+    """
+    return tx.execute(
+        "UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, "
+        "updated_at = :now WHERE status = 'pending' AND attempt_id IN ("
+        "SELECT earlier.attempt_id FROM node_attempts current "
+        "JOIN node_attempts earlier ON earlier.run_id = current.run_id "
+        "AND earlier.node_path = current.node_path AND earlier.visit = current.visit "
+        "AND earlier.attempt_id != current.attempt_id AND earlier.status = 'interrupted' "
+        "WHERE current.attempt_id = :attempt)",
+        {"attempt": attempt_id, "now": tx.now},
+    )
+
+
+def earlier_submission_validating(reader: Reader, attempt_id: str) -> bool:
+    """Whether a submission of an earlier, interrupted attempt of the same step visit is
+    still validating (its runner, or the server, died meanwhile; recovery step 9 or its
+    child settles it). The new attempt waits for that outcome before it asks again, so an
+    output that is about to be accepted is adopted, never asked for twice."""
+    count = reader.fetch_value(
+        "SELECT count(*) FROM node_attempts current "
+        "JOIN node_attempts earlier ON earlier.run_id = current.run_id "
+        "AND earlier.node_path = current.node_path AND earlier.visit = current.visit "
+        "AND earlier.attempt_id != current.attempt_id AND earlier.status = 'interrupted' "
+        "JOIN interactive_requests r ON r.attempt_id = earlier.attempt_id "
+        "JOIN interactive_submissions s ON s.request_id = r.request_id "
+        "WHERE current.attempt_id = :attempt AND s.outcome = 'validating'",
+        {"attempt": attempt_id},
+    )
+    return bool(count)

@@ -32,7 +32,7 @@ from pi_workflows.engine.validate import VALIDATOR_PROCESS_NAME
 from pi_workflows.wire.framing import encode_frame
 from pi_workflows.wire.protocol import CLIENT_SCHEMA
 from tests.conftest import Processes, write_workflow
-from tests.server.runs import start_run, wait_fifo
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -380,3 +380,84 @@ def test_a_submission_validating_when_the_server_died_is_validated_again_and_ado
     assert retried["receipt"] == {"submissionId": "sub-first", "status": "accepted"}
     assert [row[0] for row in accepted_rows(state_dir, request_id)] == ["sub-first"]
     assert stored_value(state_dir, request_id) == {"n": 8, "prep": {"ready": "t1"}}
+    # The restarted run's new attempt of the step adopted that output: it asked nothing.
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    assert view["display"]["status"] == "completed", view
+    assert _ask_outputs(state_dir, run_id) == [{"n": 8, "prep": {"ready": "t1"}}]
+    assert _request_count(state_dir, run_id) == 1, "the step was not asked for again"
+
+
+def _ask_outputs(state_dir: Path, run_id: str) -> list[Any]:
+    rows = _rows(
+        state_dir,
+        "SELECT b.content FROM node_attempts a JOIN blobs b ON b.digest = a.output_hash "
+        "WHERE a.run_id = ? AND a.node_path = 'ask' AND a.status = 'completed'",
+        run_id,
+    )
+    return [json.loads(content) for (content,) in rows]
+
+
+def _request_count(state_dir: Path, run_id: str) -> int:
+    (count,) = _rows(
+        state_dir, "SELECT count(*) FROM interactive_requests WHERE run_id = ?", run_id
+    )[0]
+    return int(count)
+
+
+def _runner_of(project: Path) -> psutil.Process:
+    for process in psutil.process_iter(["name", "cwd"]):
+        if process.info["name"] == "piw-runner" and process.info["cwd"] == str(project):
+            return process
+    raise AssertionError("no runner serves the project")
+
+
+def _attempts_of_ask(state_dir: Path, run_id: str) -> list[str]:
+    rows = _rows(
+        state_dir,
+        "SELECT status FROM node_attempts WHERE run_id = ? AND node_path = 'ask' "
+        "ORDER BY started_at, rowid",
+        run_id,
+    )
+    return [status for (status,) in rows]
+
+
+def test_a_runner_lost_while_its_output_validates_leaves_the_next_attempt_to_adopt_it(
+    server: WorkflowServer, short_tmp: Path, gate: Path
+) -> None:
+    # The runner dies while the step's output validates. The next attempt of the step
+    # must neither ask again (a second output could then be accepted) nor lose the
+    # output: it waits for the outcome, then adopts the accepted value.
+    state_dir = server.state_dir
+    project = short_tmp / "project"
+    run_id, request_id = _started(state_dir, project)
+    answers: list[dict[str, Any]] = []
+
+    def held() -> None:
+        with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+            answers.append(submit(client, run_id, request_id, {"n": 5, "hold": True}, "call-1"))
+
+    waiting = threading.Thread(target=held)
+    waiting.start()
+    wait_fifo(gate / "announce")  # validating now
+    runner = _runner_of(project)
+    runner.kill()
+    runner.wait(30)
+    deadline = time.monotonic() + 60
+    while (
+        _attempts_of_ask(state_dir, run_id)[-1:] != ["running"]
+        or len(_attempts_of_ask(state_dir, run_id)) < 2
+    ):
+        assert time.monotonic() < deadline, _attempts_of_ask(state_dir, run_id)
+        time.sleep(0.05)  # a state in SQLite has no event to wait on
+    assert _request_count(state_dir, run_id) == 1, "no new request while it validates"
+    with open(gate / "gate", "w") as pipe:  # let the validation finish
+        pipe.write("go")
+    waiting.join(60)
+    assert [a["outcome"] for a in answers] == ["accepted"], answers
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        view = wait_for(client, run_id, TERMINAL | {"ambiguous"})
+    assert view["display"]["status"] == "completed", view
+    assert _ask_outputs(state_dir, run_id) == [{"n": 5, "prep": {"ready": "t1"}}]
+    assert _request_count(state_dir, run_id) == 1, "the step was not asked for again"
+    assert [row[0] for row in accepted_rows(state_dir, request_id)] != []
