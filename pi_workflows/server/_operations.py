@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._run_list import (
+    RunListQuery,
+    RunListQueryError,
+    parse_run_list_query,
+    run_list_page,
+)
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
     AnswerInvalidError,
@@ -45,7 +51,6 @@ from pi_workflows.storage import (
     is_disk_full,
     list_ambiguous_effects,
     list_attempts,
-    list_runs,
     lookup_receipt,
     pause_run,
     pending_decision,
@@ -62,7 +67,6 @@ from pi_workflows.supervision import crash_point
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
     DISK_FULL_CODE,
-    RUN_LIST_PAGE_SCHEMA,
     RequestMessage,
 )
 
@@ -259,24 +263,24 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
 
 
 def build_run_list(db: Database, since_revision: int) -> tuple[int, dict[str, Any]] | None:
-    """The first run-list page, or None when the list did not change since `since_revision`."""
+    """The first run-list page, or None when the list did not change since `since_revision`.
+
+    A full page carries `nextCursor`; the client asks `run.list` for the rest.
+    """
     revision = run_list_revision(db)
     if revision == since_revision:
         return None
-    summaries = list_runs(db, limit=RUN_LIST_PAGE_ITEMS)
-    return revision, {
-        "schema": RUN_LIST_PAGE_SCHEMA,
-        "revision": revision,
-        "items": [_summary_item(summary) for summary in summaries],
-    }
+    return run_list_page(db, RunListQuery(limit=RUN_LIST_PAGE_ITEMS), _summary_item)
 
 
 def _run_list(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
-    built = build_run_list(db, -1)
-    assert built is not None
-    revision, page = built
+    try:
+        query = parse_run_list_query(request["payload"])
+    except RunListQueryError as exc:
+        raise OperationError("rejected", exc.code, str(exc)) from None
+    revision, page = run_list_page(db, query, _summary_item)
     return response(request, "accepted", revision=revision, receipt=page)
 
 

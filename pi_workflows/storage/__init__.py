@@ -154,6 +154,7 @@ from pi_workflows.storage._phases import (
     phase_of,
 )
 from pi_workflows.storage._reads import (
+    RunListFilter,
     StatusCounts,
     active_queue_count,
     active_runner,
@@ -169,6 +170,7 @@ from pi_workflows.storage._reads import (
     list_attempts,
     list_events,
     list_runs,
+    list_runs_filtered,
     run_list_revision,
     server_has_work,
     status_counts,
@@ -287,6 +289,7 @@ __all__ = [
     "RenewedClaim",
     "ResumeState",
     "RevisionConflictError",
+    "RunListFilter",
     "RunNotFoundError",
     "RunPhase",
     "RunRow",
@@ -356,6 +359,7 @@ __all__ = [
     "list_effects",
     "list_events",
     "list_runs",
+    "list_runs_filtered",
     "lookup_receipt",
     "lookup_runner_reply",
     "mark_runner_live",

@@ -27,6 +27,7 @@ from pi_workflows.wire.protocol import (
     ResponseMessage,
     client_message_from_wire,
 )
+from pi_workflows.wire.run_list import RunList, collect_run_list
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
@@ -193,6 +194,10 @@ class WorkflowClient:
         if response["outcome"] not in ("accepted", "adopted"):
             raise RequestFailedError(response)
         return response
+
+    def list_runs(self, **filters: Any) -> RunList:
+        """The run list from pages of one revision; see `collect_run_list` for the filters."""
+        return collect_run_list(self, **filters)
 
     def send_raw(self, data: bytes) -> None:
         """Write bytes as they are (tests use it to send malformed frames)."""
