@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypedDict
 
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.wire.protocol import run_list_page_from_wire
 
 __all__ = [
     "MAX_COLLECT_ATTEMPTS",
@@ -133,7 +134,7 @@ def _collect_once(
         payload = {**query, "limit": want}
         if cursor is not None:
             payload["cursor"] = cursor
-        page = client.call("run.list", payload)["receipt"]
+        page = run_list_page_from_wire(client.call("run.list", payload)["receipt"])
         pages += 1
         if on_page is not None:
             on_page(page)
