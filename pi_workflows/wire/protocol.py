@@ -69,8 +69,8 @@ __all__ = [
     "encode_run_list_page",
     "encode_runner_message",
     "launch_envelope_from_wire",
-    "run_list_page_from_wire",
     "load_schema",
+    "run_list_page_from_wire",
     "runner_message_from_wire",
     "validate",
 ]
