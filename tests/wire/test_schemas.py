@@ -258,7 +258,7 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
 )
 def test_view_documents_require_schema_and_revision(name: str) -> None:
     # run-list-page.v1 is closed (tests/server/test_run_list_pages.py); the others are open.
-    more = {"items": []} if name == "run-list-page.v1" else {"more": {}}
+    more: dict[str, Any] = {"items": []} if name == "run-list-page.v1" else {"more": {}}
     protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, **more})
     rejects(name, {"schema": f"pi-workflows.{name}"})
     rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0})
