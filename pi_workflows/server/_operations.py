@@ -23,6 +23,7 @@ from pi_workflows.server._run_list import (
     parse_run_list_query,
     run_list_page,
 )
+from pi_workflows.server._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
     AnswerInvalidError,
@@ -282,6 +283,21 @@ def _run_list(
         raise OperationError("rejected", exc.code, str(exc)) from None
     revision, page = run_list_page(db, query, _summary_item)
     return response(request, "accepted", revision=revision, receipt=page)
+
+
+def _run_logs(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    """`run.logs`: shell output and runner stderr of one run (server/_run_logs.py)."""
+    run_id = _run_id(request)
+    if get_run(db, run_id) is None:
+        raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+    try:
+        query = parse_run_logs_query(request["payload"])
+    except RunLogsQueryError as exc:
+        raise OperationError("rejected", exc.code, str(exc)) from None
+    # The state folder holds the database: <state dir>/state.sqlite, logs/runners/.
+    return response(request, "accepted", receipt=run_logs(db, run_id, query, db.path.parent))
 
 
 def _run_get(
@@ -713,7 +729,7 @@ def _recover(
     return _run_command(db, request, change)
 
 
-SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list"})
+SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list", "run.logs"})
 """Reads the server answers from the reader actor's read-only connection (one read
 transaction each), so they never queue behind writes; they read no actor's state."""
 
@@ -722,6 +738,7 @@ READS: dict[str, Operation] = {
     "state.verify": _state_verify,
     "run.list": _run_list,
     "run.get": _run_get,
+    "run.logs": _run_logs,
 }
 
 COMMANDS: dict[str, Operation] = {

@@ -611,6 +611,12 @@ SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_star
        started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
 FROM runner_epochs WHERE runner_epoch = :runner_epoch
 """
+# Every runner epoch of a run, in launch order (the logs of `run logs`).
+SELECT_RUN_RUNNER_EPOCHS = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM runner_epochs WHERE run_id = :run_id ORDER BY started_at, generation, runner_epoch
+"""
 # The active runner epoch of a run, if any.
 SELECT_ACTIVE_RUNNER_EPOCH = """
 SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,

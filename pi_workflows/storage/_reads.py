@@ -38,6 +38,7 @@ __all__ = [
     "get_runner",
     "list_attempts",
     "list_events",
+    "list_runner_epochs",
     "list_runs",
     "list_runs_filtered",
     "run_list_revision",
@@ -196,6 +197,11 @@ def list_attempts(reader: Reader, run_id: str) -> list[NodeAttemptRow]:
 def get_runner(reader: Reader, runner_epoch: str) -> RunnerEpochRow | None:
     """Return one runner epoch."""
     return reader.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
+
+
+def list_runner_epochs(reader: Reader, run_id: str) -> list[RunnerEpochRow]:
+    """Return every runner epoch of a run, in launch order."""
+    return reader.fetch_all(q.SELECT_RUN_RUNNER_EPOCHS, {"run_id": run_id}, RunnerEpochRow)
 
 
 def active_runner(reader: Reader, run_id: str) -> RunnerEpochRow | None:
