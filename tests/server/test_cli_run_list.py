@@ -116,9 +116,9 @@ def test_a_terminal_gets_a_table(
     leader, follower = pty.openpty()
     env = dict(os.environ, COLUMNS="200", TERM="xterm-256color")
     env.pop("NO_COLOR", None)
+    argv = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(server.state_dir)]
     child = subprocess.Popen(
-        [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(server.state_dir)]
-        + ["run", "list"],
+        [*argv, "run", "list"],
         stdout=follower,
         stderr=subprocess.PIPE,
         env=env,
