@@ -19,7 +19,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from tests.conftest import Processes, write_workflow
-from tests.server.runs import TERMINAL, start_run, wait_for, wait_fifo
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,9 +94,7 @@ def test_logs_show_shell_streams_and_runner_stderr_of_that_run_only(
     assert [n["node"] for n in runner["nodes"]] == ["build", "report"]
 
 
-def test_logs_of_a_missing_run_say_so(
-    running_server: WorkflowServer, processes: Processes
-) -> None:
+def test_logs_of_a_missing_run_say_so(running_server: WorkflowServer, processes: Processes) -> None:
     done = processes.cli(running_server.state_dir, "run", "logs", "run-does-not-exist")
     assert done.returncode == 1 and "notFound" in done.stderr and done.stdout == ""
 
