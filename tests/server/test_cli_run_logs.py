@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.wire.canonical import dumps
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from tests.conftest import Processes, write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
@@ -138,3 +140,79 @@ def _read_until(fd: int, marker: bytes | None, timeout: float = 60) -> bytes:
             return data
         data += chunk
     return data
+
+
+LOUD = """
+import sys
+
+from pi_workflows import compute, define_workflow, shell
+
+
+def shout(ctx):
+    for i in range(4000):
+        print(f"line {i:05} " + "x" * 240, file=sys.stderr)
+    print("the end", file=sys.stderr)
+    return {}
+
+
+workflow = define_workflow(
+    name="loud",
+    start_at="noise",
+    nodes={
+        "noise": shell(
+            lambda ctx: ["sh", "-c", "head -c 300000 /dev/zero | tr '\\\\0' '\\\\1'; echo tail"],
+            max_output_bytes=400000,
+        ),
+        "shout": compute(shout),
+    },
+    edges=[{"from": "noise", "to": "shout"}],
+)
+"""
+
+
+def test_large_logs_come_in_frames_under_the_limit_and_assemble_whole(
+    running_server: WorkflowServer, short_tmp: Path, processes: Processes
+) -> None:
+    """A 1 MB runner log and a shell stdout that escapes to 1.8 MB of JSON: every
+    `run.logs` response stays under one frame, the runner log is assembled whole
+    (byte for byte the file), and the shell stream's cut is announced."""
+    project = short_tmp / "loud"
+    write_workflow(project, "loud", LOUD)
+    state = running_server.state_dir
+    with WorkflowClient(state, autostart=False, timeout=30) as client:
+        run_id = start_run(client, project, "loud")
+        assert wait_for(client, run_id, TERMINAL)["display"]["status"] == "completed"
+        epochs = []
+        while not epochs or epochs[-1].get("live", True):
+            epochs = [
+                e
+                for e in client.call("run.logs", {}, run_id=run_id)["receipt"]["entries"]
+                if e["kind"] == "runner"
+            ]
+        sizes = []
+        cursor: dict[str, object] = {}
+        runner_text = ""
+        shell = None
+        while True:
+            answer = client.call("run.logs", cursor, run_id=run_id)
+            sizes.append(len(dumps(answer)))
+            for entry in answer["receipt"]["entries"]:
+                if entry["kind"] == "shell":
+                    shell = entry
+                else:
+                    runner_text += entry["text"]
+                if entry.get("nextOffset") is not None:
+                    cursor["offsets"] = {entry["runnerEpoch"]: entry["nextOffset"]}
+                else:
+                    cursor = {"since": entry["at"], "afterKey": entry["key"]}
+            if not answer["receipt"]["more"]:
+                break
+    assert max(sizes) < MAX_FRAME_BYTES and len(sizes) > 2
+    log = state / "logs" / "runners" / f"{epochs[0]['runnerEpoch']}.log"
+    assert runner_text == log.read_text("utf-8") and "line 03999" in runner_text
+    assert shell is not None and shell["stdout"].startswith("\x01") and shell["stdoutOmittedBytes"]
+    assert len(shell["stdout"]) + shell["stdoutOmittedBytes"] == 300000 + len("tail\n")
+    done = processes.cli(state, "run", "logs", run_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("line 0") == 4000 and "the end" in done.stdout
+    assert "more bytes not shown" in done.stdout
