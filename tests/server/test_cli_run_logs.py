@@ -14,6 +14,7 @@ import json
 import os
 import select
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,7 +183,7 @@ def test_large_logs_come_in_frames_under_the_limit_and_assemble_whole(
     with WorkflowClient(state, autostart=False, timeout=30) as client:
         run_id = start_run(client, project, "loud")
         assert wait_for(client, run_id, TERMINAL)["display"]["status"] == "completed"
-        epochs = []
+        epochs: list[dict[str, Any]] = []
         while not epochs or epochs[-1].get("live", True):
             epochs = [
                 e
