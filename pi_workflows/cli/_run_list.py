@@ -241,13 +241,14 @@ def run_logs(ctx: click.Context, run_id: str, follow: bool, as_json: bool) -> No
 
 
 def _follow(client: WorkflowClient, run_id: str, cursor: _LogCursor, emit: _Emitter) -> None:
-    """Poll until the run settles and its runner exited, then read once more from the start
-    (an entry that finished in the same millisecond as a printed one is not missed)."""
+    """Poll until the run settles (as `run wait` means it) and its runner exited, then
+    read once more from the start, so that an entry that finished in the same millisecond
+    as a printed one is not missed."""
     settled_at: float | None = None
     while True:
         time.sleep(FOLLOW_POLL_S)  # polling a read: the interval is the design's, not a wait
-        _drain(client, run_id, cursor, emit)
-        if settled_at is None and _settled(client.call("run.get", run_id=run_id)["receipt"]):
+        display = _drain(client, run_id, cursor, emit)
+        if settled_at is None and _settled({"display": display}):
             settled_at = time.monotonic()
         if settled_at is not None and (
             not cursor.live or time.monotonic() - settled_at > FOLLOW_EXIT_GRACE_S
@@ -257,8 +258,13 @@ def _follow(client: WorkflowClient, run_id: str, cursor: _LogCursor, emit: _Emit
     _drain(client, run_id, cursor, emit)
 
 
-def _drain(client: WorkflowClient, run_id: str, cursor: _LogCursor, emit: _Emitter) -> None:
-    """Request until the server has nothing more now; print each new part once."""
+def _drain(
+    client: WorkflowClient, run_id: str, cursor: _LogCursor, emit: _Emitter
+) -> dict[str, Any]:
+    """Request until the server has nothing more now; print each new part once.
+
+    Returns the run's display (as in the run list) from the last response.
+    """
     while True:
         payload: dict[str, Any] = {"since": cursor.since, "afterKey": cursor.after_key}
         if cursor.offsets:
@@ -268,7 +274,7 @@ def _drain(client: WorkflowClient, run_id: str, cursor: _LogCursor, emit: _Emitt
         for entry in receipt["entries"]:
             _take(entry, cursor, emit)
         if not receipt["more"]:
-            return
+            return dict(receipt.get("display") or {"status": "queued"})
 
 
 def _take(entry: Mapping[str, Any], cursor: _LogCursor, emit: _Emitter) -> None:

@@ -297,7 +297,11 @@ def _run_logs(
     except RunLogsQueryError as exc:
         raise OperationError("rejected", exc.code, str(exc)) from None
     # The state folder holds the database: <state dir>/state.sqlite, logs/runners/.
-    return response(request, "accepted", receipt=run_logs(db, run_id, query, db.path.parent))
+    receipt = run_logs(db, run_id, query, db.path.parent)
+    summary = get_run_summary(db, run_id)
+    if summary is not None:  # the run list's display: a follower knows when it settled
+        receipt["display"] = _summary_item(summary)["display"]
+    return response(request, "accepted", receipt=receipt)
 
 
 def _run_get(
