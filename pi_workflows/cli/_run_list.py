@@ -220,9 +220,10 @@ class _LogCursor:
 @click.pass_context
 @_client_errors
 def run_logs(ctx: click.Context, run_id: str, follow: bool, as_json: bool) -> None:
-    """Print what run RUN_ID's processes wrote: each shell node's stdout and stderr,
-    and the stderr of each runner of the run (workflow prints, tracebacks), in the
-    order they finished, labelled by node and attempt.
+    """Print a run's shell output and runner stderr, labelled by node and attempt.
+
+    Each shell node's stdout and stderr, and the stderr of each runner of run RUN_ID
+    (workflow prints, tracebacks), in the order they finished.
 
     The server maps the run to its runners; nothing another run or the server wrote
     is shown. With --json: one JSON document, or with --follow one JSON line per
