@@ -87,6 +87,7 @@ SCHEMA_OF_PREFIX = {
     "runner-": "runner.v1",
     "channel-": "channel.v1",
     "launch-": "worker-launch.v1",
+    "run-list-page-": "run-list-page.v1",
 }
 
 
@@ -240,8 +241,10 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
         base: dict[str, Any] = {"schema": f"pi-workflows.{name}", "revision": 3, "extra": True}
         if name == "run-view.v1":
             return {**base, "display": display}
-        if name == "run-list-page.v1":
-            return {**base, "items": [{"runId": "run-1", "display": display}]}
+        if name == "run-list-page.v1":  # a closed document: no extra field
+            item = {"runId": "run-1", "workflow": "w", "revision": 1, "createdAt": 1}
+            item |= {"updatedAt": 1, "display": display}
+            return {"schema": base["schema"], "revision": 3, "items": [item]}
         return {**base, "run": {"runId": "run-1", "display": display}}
 
     for status in DESIGN_DISPLAY_STATUSES:
@@ -254,7 +257,9 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
     "name", ["run-view.v1", "run-list-page.v1", "session-view.v1", "run-page.v1"]
 )
 def test_view_documents_require_schema_and_revision(name: str) -> None:
-    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, "more": {}})
+    # run-list-page.v1 is closed (tests/server/test_run_list_pages.py); the others are open.
+    more: dict[str, Any] = {"items": []} if name == "run-list-page.v1" else {"more": {}}
+    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, **more})
     rejects(name, {"schema": f"pi-workflows.{name}"})
     rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0})
     rejects(name, {"schema": f"pi-workflows.{name}", "revision": -1})
