@@ -19,6 +19,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.engine.runner import RUNNER_PROCESS_NAME
+from pi_workflows.engine.validate import VALIDATOR_PROCESS_NAME
 from pi_workflows.testing import (
     FakeProvider,
     ProviderError,
@@ -179,11 +180,14 @@ def _attempt_of(body: Mapping[str, Any]) -> str:
 
 
 def _tree_of_pi(project: Path) -> list[tuple[psutil.Process, str]]:
-    """The pi child serving `project`, every process below it, and the SLEEPS; each with
-    its command line."""
+    """The pi child serving `project` (and its keeper), every process below it, and the
+    SLEEPS; each with its command line. The runner and a validation child work in the
+    project too, but they are not pi's tree: they exit after the run's last commit."""
     found: list[tuple[psutil.Process, str]] = []
-    for process in psutil.process_iter(["cmdline", "cwd"]):
+    for process in psutil.process_iter(["cmdline", "cwd", "name"]):
         cmdline = " ".join(process.info["cmdline"] or [])
+        if process.info["name"] in (RUNNER_PROCESS_NAME, VALIDATOR_PROCESS_NAME):
+            continue
         if process.info["cwd"] == str(project) and cmdline not in SLEEPS:  # pi (it retitles)
             found.append((process, cmdline))
             with contextlib.suppress(psutil.Error):
