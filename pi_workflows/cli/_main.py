@@ -869,3 +869,7 @@ def debug_crash_points(as_json: bool) -> None:
 def piw_main(run_id: str | None) -> None:
     """Terminal viewer for workflow runs (not built yet). Example: piw RUN_ID"""
     _fail(f"the piw viewer is not built yet in version {__version__}", EXIT_USAGE)
+
+
+# Commands in their own modules register on the groups above when imported.
+from pi_workflows.cli import _run_show  # noqa: E402, F401

@@ -239,7 +239,7 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
         display = {"status": status, "activity": None}
         base: dict[str, Any] = {"schema": f"pi-workflows.{name}", "revision": 3, "extra": True}
         if name == "run-view.v1":
-            return {**base, "display": display}
+            return {**base, **RUN_VIEW_FIELDS, "display": {**display, "controls": []}}
         if name == "run-list-page.v1":
             return {**base, "items": [{"runId": "run-1", "display": display}]}
         return {**base, "run": {"runId": "run-1", "display": display}}
@@ -254,10 +254,22 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
     "name", ["run-view.v1", "run-list-page.v1", "session-view.v1", "run-page.v1"]
 )
 def test_view_documents_require_schema_and_revision(name: str) -> None:
-    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, "more": {}})
-    rejects(name, {"schema": f"pi-workflows.{name}"})
-    rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0})
-    rejects(name, {"schema": f"pi-workflows.{name}", "revision": -1})
+    fields: dict[str, Any] = RUN_VIEW_FIELDS if name == "run-view.v1" else {}
+    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, "more": {}, **fields})
+    rejects(name, {"schema": f"pi-workflows.{name}", **fields})
+    rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0, **fields})
+    rejects(name, {"schema": f"pi-workflows.{name}", "revision": -1, **fields})
+
+
+RUN_VIEW_FIELDS: dict[str, Any] = {
+    "runId": "run-1",
+    "workflow": "hello",
+    "status": "queued",
+    "display": {"status": "queued", "activity": None, "controls": ["pause", "cancel"]},
+    "lineage": {"rootRunId": "run-1"},
+    "trace": {"count": 0, "omitted": 0, "items": []},
+}
+"""The fields every run view has (tests/server/test_run_view*.py check the rest)."""
 
 
 # ---------------------------------------------------------------------------
