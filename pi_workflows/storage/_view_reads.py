@@ -8,12 +8,12 @@ Internal module; `pi_workflows.storage` exports the names other subpackages use.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from pi_workflows.storage._content import ContentRef, put_view_content
 from pi_workflows.storage._db import Reader, Tx
-from pi_workflows.wire.canonical import loads
 
 __all__ = [
     "TRACEBACK_MEDIA_TYPE",
@@ -105,7 +105,7 @@ def run_result_payload(reader: Reader, run_id: str) -> dict[str, Any] | None:
     row = reader.fetch_one(_SELECT_RESULT_PAYLOAD, {"run_id": run_id}, _Payload)
     if row is None:
         return None
-    value = loads(row.payload.encode("utf-8"))
+    value = json.loads(row.payload)  # event rows are JSON text, not always canonical
     return value if isinstance(value, dict) else None
 
 
