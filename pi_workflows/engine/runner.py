@@ -664,7 +664,7 @@ def _text(exc: BaseException) -> str:
 MAX_TRACEBACK_BYTES = 16 * 1024
 """The most traceback text a `node.failed` carries (the runner.v1 bound); the tail is
 kept, since the innermost frames and the exception say most."""
-_ENGINE_DIR = str(Path(__file__).resolve().parent.parent)
+_ENGINE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
 
 def _traceback_text(exc: BaseException) -> str:
