@@ -24,6 +24,7 @@ from pi_workflows.storage import (
     complete_run,
     declare_effect_ambiguous,
     finish_node_attempt,
+    mark_runner_live,
     open_checkpoint_decision,
     open_database,
     park_run,
@@ -33,8 +34,9 @@ from pi_workflows.storage import (
     start_node_attempt,
     wait_run,
 )
+from pi_workflows.storage._interactions import request_interaction
 from pi_workflows.wire import protocol
-from tests.storage.storage_helpers import enqueue, running
+from tests.storage.storage_helpers import INTERACTIVE, enqueue, launch, running
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -186,3 +188,26 @@ def test_rule_6_admitted_work_not_started_is_queued(db: Database) -> None:
     assert (queue["state"], queue["kind"]) == ("queued", "workflow")
     assert "private input" not in str(shown["queue"]), "queue metadata only, never the input"
     assert shown["state"]["input"] == {"value": {"topic": "private input"}}
+
+
+def test_rule_4_a_parked_interactive_step_is_waiting_on_its_unfinished_attempt(
+    db: Database,
+) -> None:
+    enqueue(db, **INTERACTIVE)
+    claim = launch(db, epoch="run-1-e1")
+    with db.write() as tx:
+        mark_runner_live(tx, claim, runner_epoch="run-1-e1", pid=4242, process_start_time=7)
+    _start(db, claim, "a1", "draft", "agent")
+    with db.write() as tx:
+        request_interaction(
+            tx, claim, attempt_id="a1", request_id="req-1", kind="agent", contract={}
+        )
+        wait_run(tx, claim, reason="interaction", attempt_id="a1")
+    shown = view(db)
+    display = shown["display"]
+    assert display["status"] == "waiting"
+    assert display["waitingOn"] == "draft" and "currentNode" not in display
+    assert display["request"] == {"kind": "agent", "node": "draft"}
+    assert display["controls"] == ["submit", "update", "pause", "cancel"]
+    assert shown["executionMode"] == "interactive"
+    assert shown["trace"]["items"][0]["outcome"] == "waiting"
