@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -51,6 +52,7 @@ from pi_workflows.testing import (
     ScriptedTurn,
     workflow_submit_turn,
 )
+from pi_workflows.wire.protocol import CLIENT_SCHEMA, encode_client_message
 
 RUNS = 20
 WARMUP = 2
@@ -289,14 +291,63 @@ def stored_outputs(state_dir: Path, run_ids: list[str]) -> list[Any]:
 # --- the direct path ------------------------------------------------------------------
 
 
-class DirectPath:
-    """Drives the same pi with PiChild, as a minimal script would, one fresh folder a run."""
+class AcceptingEndpoint:
+    """What a minimal script needs so that the bridge's submit succeeds: a Unix socket
+    that greets each connection with a `client.v1` hello and accepts every request at
+    once (no storage, no validation child). The baseline does the same model turns as a
+    run through the server, and none of the server's work."""
 
-    def __init__(self, root: Path, project: Path, agent_dir: Path, prompt: str) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(path))
+        self._sock.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        hello = {
+            "schema": CLIENT_SCHEMA,
+            "type": "hello",
+            "connectionId": "bench-direct",
+            "packageVersion": "0.1.0",
+        }
+        with conn, conn.makefile("rb") as lines:
+            conn.sendall(encode_client_message(hello) + b"\n")
+            for line in lines:
+                request = json.loads(line)
+                answer = {
+                    "schema": CLIENT_SCHEMA,
+                    "type": "response",
+                    "requestId": request["requestId"],
+                    "outcome": "accepted",
+                    "receipt": {"submissionId": "bench", "status": "accepted"},
+                }
+                conn.sendall(encode_client_message(answer) + b"\n")
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class DirectPath:
+    """Drives the same pi with PiChild, as a minimal script would, one fresh folder a run;
+    its bridge submits to an `AcceptingEndpoint`."""
+
+    def __init__(
+        self, root: Path, project: Path, agent_dir: Path, prompt: str, endpoint: Path
+    ) -> None:
         self.root = root
         self.project = project
         self.agent_dir = agent_dir
         self.prompt = prompt
+        self.endpoint = endpoint
         self.count = 0
         self.accepted = 0
 
@@ -311,6 +362,7 @@ class DirectPath:
             attempt=DIRECT_ATTEMPT,
             client_id=f"bridge-{DIRECT_ATTEMPT}",
             output_schema=OUTPUT_SCHEMA,
+            socket_path=str(self.endpoint),
         )
         return PiLaunch.build(
             environ={**os.environ, PI_BINARY_ENV: str(PI_BIN)},
@@ -338,7 +390,7 @@ class DirectPath:
         calls = outcome.workflow_calls()
         if not calls:
             raise RuntimeError("the direct pi made no workflow call")
-        # The direct bridge has no server behind it; count the submits it accepted.
+        # Count the submits the endpoint accepted (each refusal costs a model round trip).
         self.accepted += calls[-1].is_error is False
         return elapsed, sampler.peaks
 
@@ -377,7 +429,8 @@ def main() -> None:
                     found = ATTEMPT_IN_PROMPT.search(sent)
                     assert found is not None, "the server's prompt carries the step contract"
                     prompt = sent.replace(found.group(1), DIRECT_ATTEMPT)
-                    direct = DirectPath(root, project, state_dir.parent, prompt)
+                    endpoint = AcceptingEndpoint(root / "direct.sock")
+                    direct = DirectPath(root, project, state_dir.parent, prompt, endpoint.path)
                     paths = {"server": server_path.one, "direct": direct.one}
                     for index in range(WARMUP - 1 + args.runs * 2):
                         name = ("direct", "server")[index % 2]  # direct first: one warm-up

@@ -62,7 +62,11 @@ class BenchRunner:
     def __init__(self, owner_id: str, db: Database, run_id: str) -> None:
         plan = prepare_launch(db, run_id, owner_id)
         assert plan is not None
-        self.view, self.epoch, self.envelope = RunnerView.launched(plan), plan.runner_epoch, plan.envelope
+        self.view, self.epoch, self.envelope = (
+            RunnerView.launched(plan),
+            plan.runner_epoch,
+            plan.envelope,
+        )
         self.ids = 0
         digest = "sha256:" + "d" * 64
         ready = self.message("runner.ready", {"protocolVersion": 1, "definitionDigest": digest})

@@ -656,6 +656,16 @@ class RunnerEffects:
         self._channel.send("effect.settle", payload, self._attempt_id)
 
 
+def _run_failure(path: str, exc: BaseException) -> tuple[str, str]:
+    """The run's error when node `path` failed with no route: the node's own failure code
+    (piUnavailable, agentUnproductive …) is named in the reason; a plain exception is
+    named by its type."""
+    code = _failure_code(exc)
+    run_code = code if code == RESOURCE_LIMIT_CODE else "nodeFailed"
+    why = _text(exc) if code == "nodeFailed" else f"{code}: {exc}"
+    return run_code, f"{path}: {why}"[:MAX_ERROR_TEXT]
+
+
 def _text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text[:MAX_ERROR_TEXT] or type(exc).__name__
@@ -1148,9 +1158,7 @@ class Execution:
             except RoutingError:
                 self.current = None
             if self.current is None:
-                code = _failure_code(exc)
-                run_code = code if code == RESOURCE_LIMIT_CODE else "nodeFailed"
-                self._finish("failed", error=(run_code, f"{node.path}: {_text(exc)}"))
+                self._finish("failed", error=_run_failure(node.path, exc))
                 return False
             return True
         try:

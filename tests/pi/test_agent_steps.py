@@ -84,6 +84,33 @@ def test_a_missing_pi_fails_the_step_with_pi_unavailable_and_routes_it(
     assert requests == 0, "pi is resolved before any request is proposed"
 
 
+ONLY_AGENT = """
+from pi_workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={"ask": agent(prompt="Say hi", output_schema={"type": "object"})},
+    edges=[],
+)
+"""
+
+
+def test_a_missing_pi_with_no_route_fails_the_run_and_its_view_says_why(
+    server_without_pi: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "ask", ONLY_AGENT)
+    with WorkflowClient(server_without_pi.state_dir, autostart=False) as client:
+        run_id = start_run(client, project, "ask")
+        wait_for(client, run_id, TERMINAL | {"ambiguous"})
+        view = client.call("run.get", run_id=run_id)["receipt"]
+    assert view["display"]["status"] == "failed", view
+    reason = view.get("failureReason") or ""
+    assert "piUnavailable" in reason and "PI_WORKFLOWS_PI" in reason, view
+    assert str(short_tmp) not in reason, "the reason names no user path"
+
+
 @pytest.fixture
 def server_with_a_pi_that_exists(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch

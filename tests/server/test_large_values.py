@@ -159,4 +159,4 @@ def test_an_output_too_large_for_one_frame_fails_its_node_not_the_runner(
         assert [step["node"] for step in view["steps"]] == ["big", "recover"]
     else:
         assert view["display"]["status"] == "failed"
-        assert "OutputTooLarge" in view["failureReason"]
+        assert "big: outputTooLarge: " in view["failureReason"], "the node and its failure code"
