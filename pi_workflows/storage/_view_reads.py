@@ -1,9 +1,8 @@
-"""Reads behind the live run view (`pi-workflows.run-view.v1`).
+"""Reads behind the live run view (`pi-workflows.run-view.v1`), and failure tracebacks.
 
-Implements the storage side of workflow-server.md § Live run view: the facts one run
-view needs beyond the run, queue and attempt rows, each one indexed read. Call them
-inside one `Database.read()` block (or a `Tx`) so the whole view is one snapshot.
-Internal module; `pi_workflows.storage` exports the names other subpackages use.
+Implements the storage side of workflow-server.md § Live run view: each an indexed read
+beyond the run, queue and attempt rows; call them inside one `Database.read()` block so
+the whole view is one snapshot. Internal; `pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
