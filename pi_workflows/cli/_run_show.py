@@ -154,7 +154,12 @@ def _attempt_details(item: dict[str, Any]) -> Iterator[tuple[str, str]]:
     if "output" in item:
         yield "output", _value(item["output"])
     if "error" in item:
-        yield "error", item["error"]
+        cut = (
+            " … (cut short: this view's size budget was spent)"
+            if item.get("errorTruncated")
+            else ""
+        )
+        yield "error", item["error"] + cut
     traceback = item.get("traceback")
     if traceback is not None:
         if "text" in traceback:

@@ -60,6 +60,9 @@ TRACE_ITEMS: Final = 256
 TRACE_VALUE_BUDGET: Final = 512 * 1024
 """Inlined trace values stop at this many bytes, so a view stays far below 1 MiB."""
 
+ERROR_FLOOR_CHARS: Final = 200
+"""How much of an attempt's error a view keeps once its value budget is spent."""
+
 TERMINAL: Final = frozenset({"completed", "failed", "timed_out", "cancelled"})
 
 _REASONS: Final[Mapping[str, tuple[str, str]]] = {
@@ -392,14 +395,29 @@ def _notice(preview: bytes, byte_length: int, digest: str | None) -> dict[str, A
     return notice
 
 
-def _blob_value(db: Database, digest: str, budget: list[int]) -> dict[str, Any]:
+@dataclass(slots=True)
+class _Budget:
+    """The bytes of values one view may still inline (outputs, previews, errors,
+    tracebacks), so a view of 256 attempts stays well below the 1 MiB frame."""
+
+    left: int
+
+    def take(self, size: int) -> bool:
+        """Spend `size` bytes if they are left."""
+        if size > self.left:
+            return False
+        self.left -= size
+        return True
+
+
+def _blob_value(db: Database, digest: str, budget: _Budget) -> dict[str, Any]:
     """A JSON blob, inline when it fits the threshold and the remaining budget."""
     try:
         length = blob_length(db, digest)
-        if length <= INLINE_BYTES and length <= budget[0]:
-            budget[0] -= length
+        if length <= INLINE_BYTES and budget.take(length):
             return {"value": json.loads(read_blob(db, digest))}
-        preview = read_blob_part(db, digest, 0, PREVIEW_BYTES) if length else b""
+        wanted = min(length, PREVIEW_BYTES)
+        preview = read_blob_part(db, digest, 0, wanted) if wanted and budget.take(wanted) else b""
     except ContentUnavailableError as exc:
         return {"unavailable": exc.reason}
     return _notice(preview, length, digest)
@@ -413,7 +431,8 @@ def _result(db: Database, run: RunRow) -> dict[str, Any] | None:
     if payload is None:
         return None
     if "outputRef" in payload:
-        return {"output": _blob_value(db, str(payload["outputRef"]["digest"]), [INLINE_BYTES])}
+        digest = str(payload["outputRef"]["digest"])
+        return {"output": _blob_value(db, digest, _Budget(INLINE_BYTES))}
     return {"output": _bounded_text(json.dumps(payload.get("output")))}
 
 
@@ -427,7 +446,7 @@ def _trace(db: Database, run_id: str, attempts: list[NodeAttemptRow]) -> dict[st
         numbered.append((attempt, numbers[key]))
     shown = numbered[-TRACE_ITEMS:]
     tracebacks = failure_tracebacks(db, run_id)
-    budget = [TRACE_VALUE_BUDGET]
+    budget = _Budget(TRACE_VALUE_BUDGET)
     items = [_trace_item(db, a, n, tracebacks, budget) for a, n in shown]
     return {"count": len(attempts), "omitted": len(attempts) - len(shown), "items": items}
 
@@ -437,7 +456,7 @@ def _trace_item(
     attempt: NodeAttemptRow,
     number: int,
     tracebacks: Mapping[str, Any],
-    budget: list[int],
+    budget: _Budget,
 ) -> dict[str, Any]:
     item: dict[str, Any] = {
         "attemptId": attempt.attempt_id,
@@ -456,20 +475,23 @@ def _trace_item(
     if attempt.output_hash is not None:
         item["output"] = _blob_value(db, attempt.output_hash, budget)
     if attempt.error is not None:
-        item["error"] = attempt.error[:INLINE_BYTES]
+        error = attempt.error[:INLINE_BYTES]
+        if not budget.take(len(error.encode("utf-8"))):
+            error = error[:ERROR_FLOOR_CHARS]  # the budget is spent: the error's start
+            item["errorTruncated"] = True
+        item["error"] = error
     ref = tracebacks.get(attempt.attempt_id)
     if ref is not None:
         item["traceback"] = _traceback(db, ref, budget)
     return item
 
 
-def _traceback(db: Database, ref: Any, budget: list[int]) -> dict[str, Any]:
+def _traceback(db: Database, ref: Any, budget: _Budget) -> dict[str, Any]:
     reference = {"mediaType": ref.media_type, "byteCount": ref.byte_length, "digest": ref.digest}
-    if ref.byte_length > min(INLINE_BYTES, budget[0]):
+    if ref.byte_length > INLINE_BYTES or not budget.take(ref.byte_length):
         return {"ref": reference}
     try:
         text = read_view_content(db, ref).decode("utf-8", "replace")
     except ContentUnavailableError as exc:
         return {"ref": reference, "unavailable": exc.reason}
-    budget[0] -= ref.byte_length
     return {"ref": reference, "text": text}
