@@ -447,7 +447,9 @@ def _trace(db: Database, run_id: str, attempts: list[NodeAttemptRow]) -> dict[st
     shown = numbered[-TRACE_ITEMS:]
     tracebacks = failure_tracebacks(db, run_id)
     budget = _Budget(TRACE_VALUE_BUDGET)
-    items = [_trace_item(db, a, n, tracebacks, budget) for a, n in shown]
+    # The newest attempts spend the budget first: the latest failure keeps its detail.
+    items = [_trace_item(db, a, n, tracebacks, budget) for a, n in reversed(shown)]
+    items.reverse()
     return {"count": len(attempts), "omitted": len(attempts) - len(shown), "items": items}
 
 

@@ -239,11 +239,14 @@ def test_a_view_of_many_large_attempts_stays_below_one_frame(db: Database) -> No
     assert (trace["count"], trace["omitted"], len(trace["items"])) == (300, 44, 256)
     assert [item["attemptId"] for item in trace["items"]][:2] == ["a44", "a45"]
     assert len(dumps(shown)) < MAX_FRAME_BYTES - 64 * 1024
-    first_failed = trace["items"][1]
-    assert first_failed["traceback"]["text"].startswith("Traceback 45")
-    assert first_failed["error"].startswith("nodeFailed: 45 ")
-    last = trace["items"][-1]
-    assert last["errorTruncated"] is True and len(last["error"]) == 200
-    assert "text" not in last["traceback"] and last["traceback"]["ref"]["byteCount"] > 16_000
+    last = trace["items"][-1]  # the newest attempts spend the value budget first
+    assert last["traceback"]["text"].startswith("Traceback 299")
+    assert last["error"].startswith("nodeFailed: 299 ") and "errorTruncated" not in last
+    oldest_failed = trace["items"][1]
+    assert oldest_failed["attemptId"] == "a45"
+    assert oldest_failed["errorTruncated"] is True and len(oldest_failed["error"]) == 200
+    assert "text" not in oldest_failed["traceback"]
+    assert oldest_failed["traceback"]["ref"]["byteCount"] > 16_000
+    assert trace["items"][0]["output"]["truncated"] is True, "an output past the budget"
     numbers = [item["attempt"] for item in trace["items"] if item["node"] == "n0"]
     assert numbers == [1] * len(numbers), "each attempt is the first of its own visit"
