@@ -90,8 +90,6 @@ __all__ = [
 ]
 
 RUN_LIST_PAGE_ITEMS = 256
-RUN_STEPS_SHOWN = 50
-"""The newest node attempts `run.get` lists (the full history is the live view's)."""
 
 
 @dataclass(frozen=True, slots=True)

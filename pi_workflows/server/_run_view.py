@@ -57,6 +57,8 @@ PREVIEW_BYTES: Final = 1024
 """How much of a value above the threshold its notice previews."""
 TRACE_ITEMS: Final = 256
 """The newest attempts one view lists (the design's page size); older ones are counted."""
+STEPS_SHOWN: Final = 50
+"""The newest attempts of the earlier receipt's `steps` list, kept for its clients."""
 TRACE_VALUE_BUDGET: Final = 512 * 1024
 """Inlined trace values stop at this many bytes, so a view stays far below 1 MiB."""
 
@@ -211,7 +213,7 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
         # Kept for clients of the earlier `run.get` receipt: the newest attempts.
         "steps": [
             {"node": a.node_path, "kind": a.node_type, "visit": a.visit, "status": a.status}
-            for a in facts.attempts[-50:]
+            for a in facts.attempts[-STEPS_SHOWN:]
         ],
     }
     if facts.queue is not None:
