@@ -294,7 +294,10 @@ def _status(facts: _Facts) -> str:
 def _reason_code(facts: _Facts, status: str) -> str | None:
     run = facts.run
     if status in TERMINAL:
-        return run.failure_class if status != "completed" else None
+        if status in ("completed", "cancelled"):
+            return None
+        code = run.failure_class or ("nodeTimedOut" if status == "timed_out" else None)
+        return _node_code(run.failure_reason) or code
     if facts.ambiguous:
         return "effectAmbiguous"
     park = facts.queue.park_reason if facts.queue is not None else None
@@ -305,6 +308,16 @@ def _reason_code(facts: _Facts, status: str) -> str | None:
     if facts.queue is not None and facts.queue.state == "parked":
         return park
     return None
+
+
+def _node_code(reason: str | None) -> str | None:
+    """The failed node's own code named in a stored run reason, if the table knows it:
+    `nodeFailed: ask: piUnavailable: …` names `piUnavailable` (its words and action are
+    more useful than those of the class)."""
+    if not reason:
+        return None
+    parts = reason.split(": ", 3)
+    return parts[2] if len(parts) >= 3 and parts[2] in _REASONS else None
 
 
 def _activity(runner: RunnerEpochRow | None) -> dict[str, Any] | None:

@@ -19,11 +19,13 @@ from pi_workflows.server._run_view import build_run_view
 from pi_workflows.storage import (
     Claim,
     Database,
+    FailureClass,
     ManualClock,
     RunnerOutcome,
     complete_run,
     declare_effect_ambiguous,
     fail_node_attempt,
+    fail_run,
     finish_node_attempt,
     mark_runner_live,
     open_checkpoint_decision,
@@ -250,3 +252,26 @@ def test_a_view_of_many_large_attempts_stays_below_one_frame(db: Database) -> No
     assert trace["items"][0]["output"]["truncated"] is True, "an output past the budget"
     numbers = [item["attempt"] for item in trace["items"] if item["node"] == "n0"]
     assert numbers == [1] * len(numbers), "each attempt is the first of its own visit"
+
+
+@pytest.mark.parametrize(
+    ("reason", "code", "action"),
+    [
+        ("nodeFailed: ask: piUnavailable: no pi on PATH", "piUnavailable", "PI_WORKFLOWS_PI"),
+        ("nodeFailed: ask: agentUnproductive: 3 turns", "agentUnproductive", "prompt"),
+        ("nodeFailed: boom: RuntimeError: x", "nodeFailed", "traceback"),
+        ("resourceLimit: big: over 64 MiB", "resourceLimit", "limits"),
+    ],
+)
+def test_a_failed_run_names_its_nodes_own_reason_in_words(
+    db: Database, reason: str, code: str, action: str
+) -> None:
+    enqueue(db)
+    failure = FailureClass.RESOURCE_LIMIT if code == "resourceLimit" else FailureClass.NODE_FAILED
+    with db.write() as tx:
+        fail_run(tx, "run-1", failure_class=failure, reason=reason)
+    display = view(db)["display"]
+    assert display["status"] == "failed" and "reason" not in display
+    assert display["reasonCode"] == code
+    assert display["reasonText"] == reason, "a terminal run shows its stored reason"
+    assert action in display["action"]
