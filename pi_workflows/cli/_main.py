@@ -587,24 +587,6 @@ def workflows_list(ctx: click.Context, project: Path | None, as_json: bool) -> N
         click.echo(f"{row['name']:<24} {row['origin']:<8} {row['path']}")
 
 
-@run.command("list")
-@json_option
-@click.pass_context
-@_client_errors
-def run_list(ctx: click.Context, as_json: bool) -> None:
-    """List runs, newest first.
-
-    Example: pi-workflows run list --json
-    """
-    with _client(ctx) as client:
-        page = client.call("run.list")["receipt"]
-    if as_json:
-        _print_json(page)
-        return
-    for item in page["items"]:
-        click.echo(f"{item['runId']}  {item['display']['status']:<10} {item['workflow']}")
-
-
 @run.command("status")
 @click.argument("run_id")
 @json_option
@@ -871,5 +853,6 @@ def piw_main(run_id: str | None) -> None:
     _fail(f"the piw viewer is not built yet in version {__version__}", EXIT_USAGE)
 
 
-# Commands in their own modules register on the groups above when imported.
-from pi_workflows.cli import _run_show  # noqa: E402, F401
+# Commands in their own modules register on the groups above when imported:
+# `run list` and `run logs` (_run_list), `run show` (_run_show).
+from pi_workflows.cli import _run_list, _run_show  # noqa: E402, F401

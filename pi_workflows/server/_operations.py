@@ -17,6 +17,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._run_list import (
+    RunListQuery,
+    RunListQueryError,
+    parse_run_list_query,
+    run_list_page,
+)
+from pi_workflows.server._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
 from pi_workflows.server._run_view import build_run_view
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
@@ -41,9 +48,9 @@ from pi_workflows.storage import (
     enqueue_run,
     get_queue_row,
     get_run,
+    get_run_summary,
     get_server_lease,
     is_disk_full,
-    list_runs,
     lookup_receipt,
     pause_run,
     pending_decision,
@@ -60,7 +67,6 @@ from pi_workflows.supervision import crash_point
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
     DISK_FULL_CODE,
-    RUN_LIST_PAGE_SCHEMA,
     RequestMessage,
 )
 
@@ -255,25 +261,44 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
 
 
 def build_run_list(db: Database, since_revision: int) -> tuple[int, dict[str, Any]] | None:
-    """The first run-list page, or None when the list did not change since `since_revision`."""
+    """The first run-list page, or None when the list did not change since `since_revision`.
+
+    A full page carries `nextCursor`; the client asks `run.list` for the rest.
+    """
     revision = run_list_revision(db)
     if revision == since_revision:
         return None
-    summaries = list_runs(db, limit=RUN_LIST_PAGE_ITEMS)
-    return revision, {
-        "schema": RUN_LIST_PAGE_SCHEMA,
-        "revision": revision,
-        "items": [_summary_item(summary) for summary in summaries],
-    }
+    return run_list_page(db, RunListQuery(limit=RUN_LIST_PAGE_ITEMS), _summary_item)
 
 
 def _run_list(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
-    built = build_run_list(db, -1)
-    assert built is not None
-    revision, page = built
+    try:
+        query = parse_run_list_query(request["payload"])
+    except RunListQueryError as exc:
+        raise OperationError("rejected", exc.code, str(exc)) from None
+    revision, page = run_list_page(db, query, _summary_item)
     return response(request, "accepted", revision=revision, receipt=page)
+
+
+def _run_logs(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    """`run.logs`: shell output and runner stderr of one run (server/_run_logs.py)."""
+    run_id = _run_id(request)
+    if get_run(db, run_id) is None:
+        raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+    try:
+        query = parse_run_logs_query(request["payload"])
+    except RunLogsQueryError as exc:
+        raise OperationError("rejected", exc.code, str(exc)) from None
+    # The state folder holds the database: <state dir>/state.sqlite, logs/runners/.
+    receipt = run_logs(db, run_id, query, db.path.parent)
+    summary = get_run_summary(db, run_id)
+    if summary is not None:  # the run list's display: a follower knows when it settled
+        receipt["display"] = _summary_item(summary)["display"]
+    return response(request, "accepted", receipt=receipt)
 
 
 def _run_get(
@@ -662,7 +687,7 @@ def _recover(
     return _run_command(db, request, change)
 
 
-SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list"})
+SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list", "run.logs"})
 """Reads the server answers from the reader actor's read-only connection (one read
 transaction each), so they never queue behind writes; they read no actor's state."""
 
@@ -671,6 +696,7 @@ READS: dict[str, Operation] = {
     "state.verify": _state_verify,
     "run.list": _run_list,
     "run.get": _run_get,
+    "run.logs": _run_logs,
 }
 
 COMMANDS: dict[str, Operation] = {

@@ -240,6 +240,33 @@ WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :limit
 """
+# The display status of a run in SQL; it mirrors `display_status` in
+# server/_operations.py (tests/server/test_run_list_pages.py checks they agree).
+_display_status_case = """CASE
+    WHEN r.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN r.status
+    WHEN q.park_reason = 'effectAmbiguous' THEN 'ambiguous'
+    WHEN r.paused = 1 THEN 'paused'
+    WHEN r.status = 'waiting' THEN 'waiting'
+    WHEN q.state IN ('starting', 'running') THEN 'running'
+    ELSE 'queued' END"""
+# One filtered run-list page, newest first, keyset-paged by (created_at, run_id). Each
+# filter is off when its parameter is NULL; `statuses` is a JSON array of display
+# statuses. Reads status and source facts only (never input, steps or trace).
+SELECT_FILTERED_RUN_SUMMARIES = f"""
+SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
+       q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
+       r.failure_class, b.execution_mode
+FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+LEFT JOIN run_bindings AS b ON b.run_id = r.run_id
+WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
+  AND (:workflow IS NULL OR r.workflow_name = :workflow)
+  AND (:project IS NULL OR r.project_path = :project)
+  AND (:since IS NULL OR r.created_at >= :since)
+  AND (:until IS NULL OR r.created_at < :until)
+  AND (:statuses IS NULL OR {_display_status_case} IN (SELECT value FROM json_each(:statuses)))
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :limit
+"""
 # The run list's revision: every committed change adds 1 to exactly one run revision.
 SELECT_RUN_LIST_REVISION = "SELECT COALESCE(sum(revision), 0) FROM runs"
 # The status facts of one run.
@@ -583,6 +610,12 @@ SELECT_RUNNER_EPOCH = """
 SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
        started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
 FROM runner_epochs WHERE runner_epoch = :runner_epoch
+"""
+# Every runner epoch of a run, in launch order (the logs of `run logs`).
+SELECT_RUN_RUNNER_EPOCHS = """
+SELECT runner_epoch, run_id, generation, launch_envelope_hash, pid, process_start_time, status,
+       started_at, ready_at, ready_revision, finished_at, exit_code, signal, diagnostic_hash
+FROM runner_epochs WHERE run_id = :run_id ORDER BY started_at, generation, runner_epoch
 """
 # The active runner epoch of a run, if any.
 SELECT_ACTIVE_RUNNER_EPOCH = """

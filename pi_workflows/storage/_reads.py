@@ -7,6 +7,7 @@ Implements the reads that workflow-server.md § Worker scheduling, § Recovery a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pi_workflows.storage import _queries as q
@@ -22,6 +23,7 @@ from pi_workflows.storage._rows import (
 )
 
 __all__ = [
+    "RunListFilter",
     "StatusCounts",
     "active_queue_count",
     "active_runner",
@@ -36,7 +38,9 @@ __all__ = [
     "get_runner",
     "list_attempts",
     "list_events",
+    "list_runner_epochs",
     "list_runs",
+    "list_runs_filtered",
     "run_list_revision",
     "server_has_work",
     "status_counts",
@@ -82,6 +86,47 @@ def list_runs(
     return reader.fetch_all(
         q.SELECT_RUN_SUMMARIES,
         {"before_created_at": created_at, "before_run_id": run_id, "limit": limit},
+        RunSummary,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunListFilter:
+    """Which runs a run-list page holds; None turns a filter off."""
+
+    statuses: tuple[str, ...] | None = None
+    """Display statuses (`queued`, `running`, ... `ambiguous`)."""
+    workflow: str | None = None
+    project: str | None = None
+    """The exact project path the run was started with."""
+    since: int | None = None
+    """Created at or after this epoch-millisecond time."""
+    until: int | None = None
+    """Created before this epoch-millisecond time."""
+
+
+def list_runs_filtered(
+    reader: Reader,
+    run_filter: RunListFilter,
+    *,
+    limit: int,
+    before: tuple[int, str] | None = None,
+) -> list[RunSummary]:
+    """Return one filtered page of the run list, newest first (status facts only)."""
+    created_at, run_id = before if before is not None else (_NEWEST, "")
+    statuses = run_filter.statuses
+    return reader.fetch_all(
+        q.SELECT_FILTERED_RUN_SUMMARIES,
+        {
+            "before_created_at": created_at,
+            "before_run_id": run_id,
+            "limit": limit,
+            "workflow": run_filter.workflow,
+            "project": run_filter.project,
+            "since": run_filter.since,
+            "until": run_filter.until,
+            "statuses": None if statuses is None else json.dumps(list(statuses)),
+        },
         RunSummary,
     )
 
@@ -152,6 +197,11 @@ def list_attempts(reader: Reader, run_id: str) -> list[NodeAttemptRow]:
 def get_runner(reader: Reader, runner_epoch: str) -> RunnerEpochRow | None:
     """Return one runner epoch."""
     return reader.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
+
+
+def list_runner_epochs(reader: Reader, run_id: str) -> list[RunnerEpochRow]:
+    """Return every runner epoch of a run, in launch order."""
+    return reader.fetch_all(q.SELECT_RUN_RUNNER_EPOCHS, {"run_id": run_id}, RunnerEpochRow)
 
 
 def active_runner(reader: Reader, run_id: str) -> RunnerEpochRow | None:

@@ -411,7 +411,9 @@ def _become(module: Any, request: dict[str, Any], roles: list[str], fds: list[in
     sys.argv = [module.__name__]
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    # Line-buffered as CPython's own stderr: a print reaches the log at once (`run logs
+    # --follow`), and a child killed mid-node does not lose what it printed last.
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
     return int(module.main() or 0)
 
 

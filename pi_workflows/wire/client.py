@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from pi_workflows.wire.protocol import (
     ResponseMessage,
     client_message_from_wire,
 )
+from pi_workflows.wire.run_list import PAGE_ITEMS as RUN_LIST_PAGE_ITEMS
+from pi_workflows.wire.run_list import RunList, collect_run_list
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
@@ -193,6 +195,36 @@ class WorkflowClient:
         if response["outcome"] not in ("accepted", "adopted"):
             raise RequestFailedError(response)
         return response
+
+    def list_runs(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        workflow: str | None = None,
+        project: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        limit: int | None = None,
+        page_items: int = RUN_LIST_PAGE_ITEMS,
+        on_page: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> RunList:
+        """The run list (newest first) from `run.list` pages of one revision.
+
+        Filters: display `status` (any of), `workflow` name, exact `project` path,
+        creation time in `[since_ms, until_ms)`; at most `limit` runs. See
+        `collect_run_list` (pi_workflows/wire/run_list.py).
+        """
+        return collect_run_list(
+            self,
+            status=status,
+            workflow=workflow,
+            project=project,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            limit=limit,
+            page_items=page_items,
+            on_page=on_page,
+        )
 
     def send_raw(self, data: bytes) -> None:
         """Write bytes as they are (tests use it to send malformed frames)."""

@@ -61,13 +61,16 @@ __all__ = [
     "decode_channel_message",
     "decode_client_message",
     "decode_launch_envelope",
+    "decode_run_list_page",
     "decode_runner_message",
     "encode_channel_message",
     "encode_client_message",
     "encode_launch_envelope",
+    "encode_run_list_page",
     "encode_runner_message",
     "launch_envelope_from_wire",
     "load_schema",
+    "run_list_page_from_wire",
     "runner_message_from_wire",
     "validate",
 ]
@@ -685,6 +688,25 @@ def encode_launch_envelope(envelope: Mapping[str, Any]) -> bytes:
         `encode_client_message`.
     """
     return _encode("worker-launch.v1", envelope)
+
+
+def run_list_page_from_wire(value: object) -> dict[str, Any]:
+    """Check an already-decoded value as a `pi-workflows.run-list-page.v1` page.
+
+    Raises:
+        ProtocolViolation: the page does not match the schema.
+    """
+    return _checked("run-list-page.v1", value)
+
+
+def decode_run_list_page(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Decode the canonical bytes of a run-list page (as `decode_client_message`)."""
+    return _decode("run-list-page.v1", data)
+
+
+def encode_run_list_page(page: Mapping[str, Any]) -> bytes:
+    """Validate a run-list page and return its canonical bytes (as `encode_client_message`)."""
+    return _encode("run-list-page.v1", page)
 
 
 def _runner_kinds(sender: RunnerSender | None) -> tuple[str, ...] | None:

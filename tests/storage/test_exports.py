@@ -35,7 +35,8 @@ PINNED = {
     "cancel_run",
     # reads and rows
     "get_run", "get_run_summary", "run_list_revision", "get_queue_row", "get_phase",
-    "list_runs", "list_events", "admissible_runs",
+    "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
+    "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
     "get_runner", "active_runner", "active_runners", "status_counts", "StatusCounts",
     "server_has_work", "RunRow", "RunSummary", "QueueRow", "LeaseRow", "EventRow",

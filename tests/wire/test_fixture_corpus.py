@@ -79,6 +79,12 @@ CODECS = {
         protocol.launch_envelope_from_wire,
         protocol.encode_launch_envelope,
     ),
+    "run-list-page-": Codec(
+        "run-list-page.v1",
+        protocol.decode_run_list_page,
+        protocol.run_list_page_from_wire,
+        protocol.encode_run_list_page,
+    ),
 }
 
 

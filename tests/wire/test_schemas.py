@@ -87,6 +87,7 @@ SCHEMA_OF_PREFIX = {
     "runner-": "runner.v1",
     "channel-": "channel.v1",
     "launch-": "worker-launch.v1",
+    "run-list-page-": "run-list-page.v1",
 }
 
 
@@ -240,8 +241,10 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
         base: dict[str, Any] = {"schema": f"pi-workflows.{name}", "revision": 3, "extra": True}
         if name == "run-view.v1":
             return {**base, **RUN_VIEW_FIELDS, "display": {**display, "controls": []}}
-        if name == "run-list-page.v1":
-            return {**base, "items": [{"runId": "run-1", "display": display}]}
+        if name == "run-list-page.v1":  # a closed document: no extra field
+            item = {"runId": "run-1", "workflow": "w", "revision": 1, "createdAt": 1}
+            item |= {"updatedAt": 1, "display": display}
+            return {"schema": base["schema"], "revision": 3, "items": [item]}
         return {**base, "run": {"runId": "run-1", "display": display}}
 
     for status in DESIGN_DISPLAY_STATUSES:
@@ -254,8 +257,11 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
     "name", ["run-view.v1", "run-list-page.v1", "session-view.v1", "run-page.v1"]
 )
 def test_view_documents_require_schema_and_revision(name: str) -> None:
+    # run-list-page.v1 is closed (tests/server/test_run_list_pages.py); the others are open,
+    # and a run view has the fields every run view has.
+    more: dict[str, Any] = {"items": []} if name == "run-list-page.v1" else {"more": {}}
     fields: dict[str, Any] = RUN_VIEW_FIELDS if name == "run-view.v1" else {}
-    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, "more": {}, **fields})
+    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, **more, **fields})
     rejects(name, {"schema": f"pi-workflows.{name}", **fields})
     rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0, **fields})
     rejects(name, {"schema": f"pi-workflows.{name}", "revision": -1, **fields})
