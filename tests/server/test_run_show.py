@@ -63,6 +63,21 @@ workflow = define_workflow(
 """
 
 
+APPROVAL = """
+from pi_workflows import checkpoint, compute, define_workflow
+
+workflow = define_workflow(
+    name="approval",
+    start_at="ask",
+    nodes={
+        "ask": checkpoint(summary="Ship it?"),
+        "done": compute(lambda ctx: {"shipped": ctx.outputs["ask"]["approved"]}),
+    },
+    edges=[{"from": "ask", "to": "done"}],
+)
+"""
+
+
 def _view(client: WorkflowClient, run_id: str) -> dict[str, Any]:
     view = dict(client.call("run.get", run_id=run_id)["receipt"])
     protocol.validate("run-view.v1", view)
@@ -199,3 +214,36 @@ def test_the_rich_form_renders_a_view_with_colour(failed_run: tuple[Path, str]) 
     rendered = console.export_text()
     assert "explode" in rendered and "boom at 42" in rendered and "deep_helper" in rendered
     assert any("Traceback" in line for line in plain_lines(view))
+
+
+def test_a_checkpoint_wait_and_its_continuation_through_run_show(
+    processes: Processes, running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project = short_tmp / "project"
+    write_workflow(project, "approval", APPROVAL)
+    state_dir = running_server.state_dir
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        run_id = start_run(client, project, "approval")
+        assert wait_for(client, run_id, {"waiting"} | TERMINAL)["display"]["status"] == "waiting"
+        waiting = _view(client, run_id)
+    assert waiting["display"]["waitingOn"] == "ask" and "currentNode" not in waiting["display"]
+    assert waiting["display"]["controls"] == ["answer", "pause", "cancel"]
+    shown = processes.cli(state_dir, "run", "show", run_id)
+    assert "waiting on:  ask" in shown.stdout
+    assert "reason:      Waiting for an answer at a checkpoint." in shown.stdout
+    assert "allowed now: answer, pause, cancel" in shown.stdout
+
+    answered = processes.cli(
+        state_dir, "run", "answer", run_id, "--input-json", '{"approved": true}'
+    )
+    assert answered.returncode == 0, answered.stderr
+    child = answered.stdout.strip()
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        assert wait_for(client, child, TERMINAL)["display"]["status"] == "completed"
+        parent_view, child_view = _view(client, run_id), _view(client, child)
+    assert parent_view["lineage"]["continuedBy"] == [child]
+    assert child_view["lineage"]["continuationOf"] == run_id
+    assert child_view["result"] == {"output": {"value": {"shipped": True}}}
+    shown = processes.cli(state_dir, "run", "show", child)
+    assert f"continuation of {run_id}" in shown.stdout
+    assert 'output:      {"shipped": true}' in shown.stdout
