@@ -853,5 +853,6 @@ def piw_main(run_id: str | None) -> None:
     _fail(f"the piw viewer is not built yet in version {__version__}", EXIT_USAGE)
 
 
-# `run list` and `run logs` live in their own module, which registers them on `run`.
-from pi_workflows.cli import _run_list  # noqa: E402, F401
+# Commands in their own modules register on the groups above when imported:
+# `run list` and `run logs` (_run_list), `run show` (_run_show).
+from pi_workflows.cli import _run_list, _run_show  # noqa: E402, F401

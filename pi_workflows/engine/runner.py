@@ -671,6 +671,35 @@ def _text(exc: BaseException) -> str:
     return text[:MAX_ERROR_TEXT] or type(exc).__name__
 
 
+MAX_TRACEBACK_BYTES = 16 * 1024
+"""The most traceback text a `node.failed` carries (the runner.v1 bound); the tail is
+kept, since the innermost frames and the exception say most."""
+_ENGINE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+def _traceback_text(exc: BaseException) -> str:
+    """The bounded traceback of a failed node: the workflow's frames, not the engine's."""
+    shown = traceback.TracebackException.from_exception(exc)
+    for part in (shown, *_chained(shown)):
+        part.stack = traceback.StackSummary.from_list(
+            [frame for frame in part.stack if not frame.filename.startswith(_ENGINE_DIR)]
+        )
+    text = "".join(shown.format())
+    data = text.encode("utf-8")
+    if len(data) <= MAX_TRACEBACK_BYTES:
+        return text
+    return "…" + data[-(MAX_TRACEBACK_BYTES - 4) :].decode("utf-8", "ignore")
+
+
+def _chained(shown: traceback.TracebackException) -> list[traceback.TracebackException]:
+    found: list[traceback.TracebackException] = []
+    current = shown.__cause__ or shown.__context__
+    while current is not None and len(found) < 8:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
 def _run_shell(
     argv: list[str],
     timeout_ms: int | None,
@@ -1114,7 +1143,11 @@ class Execution:
                 "node.failed",
                 {
                     "nodePath": node.path,
-                    "error": {"code": _failure_code(exc), "message": _text(exc)},
+                    "error": {
+                        "code": _failure_code(exc),
+                        "message": _text(exc),
+                        "traceback": _traceback_text(exc),
+                    },
                 },
                 attempt_id,
             )

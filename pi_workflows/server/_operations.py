@@ -24,6 +24,7 @@ from pi_workflows.server._run_list import (
     run_list_page,
 )
 from pi_workflows.server._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
+from pi_workflows.server._run_view import build_run_view
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
     AnswerInvalidError,
@@ -50,8 +51,6 @@ from pi_workflows.storage import (
     get_run_summary,
     get_server_lease,
     is_disk_full,
-    list_ambiguous_effects,
-    list_attempts,
     lookup_receipt,
     pause_run,
     pending_decision,
@@ -97,8 +96,6 @@ __all__ = [
 ]
 
 RUN_LIST_PAGE_ITEMS = 256
-RUN_STEPS_SHOWN = 50
-"""The newest node attempts `run.get` lists (the full history is the live view's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,55 +304,12 @@ def _run_logs(
 def _run_get(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
+    """`run.get`: the run's `pi-workflows.run-view.v1`, from one consistent read."""
     run_id = _run_id(request)
-    run = get_run(db, run_id)
-    if run is None:
+    view = build_run_view(db, run_id)
+    if view is None:
         raise OperationError("notFound", "runNotFound", f"no run {run_id}")
-    summary = get_run_summary(db, run_id)
-    status = display_status(summary) if summary is not None else "queued"
-    display: dict[str, Any] = {"status": status}
-    receipt: dict[str, Any] = {
-        "runId": run.run_id,
-        "workflow": run.workflow_name,
-        "revision": run.revision,
-        "generation": run.generation,
-        "status": run.status,
-        "paused": bool(run.paused),
-        "createdAt": run.created_at,
-        "updatedAt": run.updated_at,
-        "display": display,
-    }
-    if summary is not None and summary.execution_mode is not None:
-        # How its agent steps run: `headless` (pi --mode rpc) or `interactive` (the
-        # origin session). Viewers show it; it names no session, model or credential.
-        receipt["executionMode"] = summary.execution_mode
-    for key, value in (
-        ("title", run.title),
-        ("finishedAt", run.finished_at),
-        ("failureClass", run.failure_class),
-        ("failureReason", run.failure_reason),
-        ("restartOf", run.restart_of),
-    ):
-        if value is not None:
-            receipt[key] = value
-    attempts = list_attempts(db, run_id)
-    current = next((a for a in attempts if a.status in ("running", "waiting")), None)
-    if current is not None:
-        display["currentNode"] = current.node_path
-    elif run.status == "waiting" and attempts:
-        display["waitingOn"] = attempts[-1].node_path  # the completed checkpoint
-    if summary is not None and summary.park_reason is not None:
-        display["reason"] = summary.park_reason
-    receipt["steps"] = [
-        {"node": a.node_path, "kind": a.node_type, "visit": a.visit, "status": a.status}
-        for a in attempts[-RUN_STEPS_SHOWN:]
-    ]
-    ambiguous = list_ambiguous_effects(db, run_id)
-    if ambiguous and run.finished_at is None:
-        # What the operator reviews, and the recovery commands that apply (run.recover).
-        receipt["ambiguousEffects"] = [effect.to_wire() for effect in ambiguous]
-        display["controls"] = ["recoverConfirm", "recoverRetry", "cancel"]
-    return response(request, "accepted", revision=run.revision, receipt=receipt)
+    return response(request, "accepted", revision=view["revision"], receipt=view)
 
 
 # --- Commands: receipt, change and event in one transaction ---------------------------

@@ -51,6 +51,7 @@ from pi_workflows.storage import (
     park_run,
     protected_write,
     put_blob,
+    put_traceback,
     read_resume_state,
     record_process,
     record_runner_reply,
@@ -355,12 +356,17 @@ def _on_node_failed(
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, NodeFailed) and message.attempt_id is not None
+    payload: dict[str, Any] = {}
+    if body.error.traceback:
+        # Durable content of the run, named by the failure event in the same commit.
+        payload["traceback"] = put_traceback(tx, view.run_id, body.error.traceback)
     result = fail_node_attempt(
         tx,
         view.claim,
         attempt_id=message.attempt_id,
         error=body.error.text(),
         timed_out=body.error.code == "nodeTimedOut",
+        payload=payload,
     )
     delta.attempt_ended = True
     return result.revision, None

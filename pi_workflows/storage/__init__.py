@@ -225,6 +225,16 @@ from pi_workflows.storage._runner_messages import (
 )
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION
 from pi_workflows.storage._verify import Finding, FindingCode, verify, verify_backup
+from pi_workflows.storage._view_reads import (
+    TRACEBACK_MEDIA_TYPE,
+    LineageLinks,
+    PendingRequest,
+    failure_tracebacks,
+    lineage_links,
+    pending_requests,
+    put_traceback,
+    run_result_payload,
+)
 
 __all__ = [
     "AGENT_DIR_ENV",
@@ -236,6 +246,7 @@ __all__ = [
     "MAX_EVENT_PAYLOAD_BYTES",
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
+    "TRACEBACK_MEDIA_TYPE",
     "TRANSITIONS",
     "AmbiguousEffect",
     "AnswerInvalidError",
@@ -270,6 +281,7 @@ __all__ = [
     "InvalidTransitionError",
     "LaunchResult",
     "LeaseRow",
+    "LineageLinks",
     "LookupOutcome",
     "ManualClock",
     "NewRun",
@@ -278,6 +290,7 @@ __all__ = [
     "Params",
     "ParkReason",
     "PendingDecision",
+    "PendingRequest",
     "QueueKind",
     "QueueRow",
     "QueueState",
@@ -338,6 +351,7 @@ __all__ = [
     "expired_claimed_runs",
     "fail_node_attempt",
     "fail_run",
+    "failure_tracebacks",
     "finish_node_attempt",
     "forget_recorded_process",
     "forget_recorded_processes",
@@ -355,6 +369,7 @@ __all__ = [
     "is_transition_allowed",
     "iter_blob_parts",
     "iter_view_content_parts",
+    "lineage_links",
     "list_ambiguous_effects",
     "list_attempts",
     "list_effects",
@@ -372,10 +387,12 @@ __all__ = [
     "park_run",
     "pause_run",
     "pending_decision",
+    "pending_requests",
     "phase_of",
     "protected_write",
     "put_blob",
     "put_json_blob",
+    "put_traceback",
     "put_view_content",
     "read_blob",
     "read_blob_part",
@@ -403,6 +420,7 @@ __all__ = [
     "retake_server_epoch",
     "retry_effect_after_read_back",
     "run_list_revision",
+    "run_result_payload",
     "runner_made_progress",
     "runner_message_fingerprint",
     "server_deaths_in_flight",

@@ -50,10 +50,13 @@ class RunnerError:
 
     code: str
     message: str
+    traceback: str | None = None
+    """A failed node's bounded traceback, if the runner sent one."""
 
     @classmethod
     def from_wire(cls, value: Mapping[str, Any]) -> RunnerError:
-        return cls(str(value["code"]), str(value["message"]))
+        tb = value.get("traceback")
+        return cls(str(value["code"]), str(value["message"]), None if tb is None else str(tb))
 
     def text(self, limit: int = 4000) -> str:
         """`code: message`, bounded, as stored in attempt and run rows."""

@@ -70,6 +70,9 @@ PINNED = {
     "forget_recorded_processes", "record_process", "recorded_processes", "recover_stale_run",
     "stale_runner_epochs", "stale_running_runs", "take_over_claim", "server_deaths_in_flight",
     "recover_expired_runs", "retake_server_epoch", "holds_server_lease",
+    # the live run view
+    "LineageLinks", "PendingRequest", "TRACEBACK_MEDIA_TYPE", "failure_tracebacks",
+    "lineage_links", "pending_requests", "put_traceback", "run_result_payload",
 }  # fmt: skip
 
 

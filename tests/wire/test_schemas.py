@@ -240,7 +240,7 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
         display = {"status": status, "activity": None}
         base: dict[str, Any] = {"schema": f"pi-workflows.{name}", "revision": 3, "extra": True}
         if name == "run-view.v1":
-            return {**base, "display": display}
+            return {**base, **RUN_VIEW_FIELDS, "display": {**display, "controls": []}}
         if name == "run-list-page.v1":  # a closed document: no extra field
             item = {"runId": "run-1", "workflow": "w", "revision": 1, "createdAt": 1}
             item |= {"updatedAt": 1, "display": display}
@@ -257,12 +257,25 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
     "name", ["run-view.v1", "run-list-page.v1", "session-view.v1", "run-page.v1"]
 )
 def test_view_documents_require_schema_and_revision(name: str) -> None:
-    # run-list-page.v1 is closed (tests/server/test_run_list_pages.py); the others are open.
+    # run-list-page.v1 is closed (tests/server/test_run_list_pages.py); the others are open,
+    # and a run view has the fields every run view has.
     more: dict[str, Any] = {"items": []} if name == "run-list-page.v1" else {"more": {}}
-    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, **more})
-    rejects(name, {"schema": f"pi-workflows.{name}"})
-    rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0})
-    rejects(name, {"schema": f"pi-workflows.{name}", "revision": -1})
+    fields: dict[str, Any] = RUN_VIEW_FIELDS if name == "run-view.v1" else {}
+    protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, **more, **fields})
+    rejects(name, {"schema": f"pi-workflows.{name}", **fields})
+    rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0, **fields})
+    rejects(name, {"schema": f"pi-workflows.{name}", "revision": -1, **fields})
+
+
+RUN_VIEW_FIELDS: dict[str, Any] = {
+    "runId": "run-1",
+    "workflow": "hello",
+    "status": "queued",
+    "display": {"status": "queued", "activity": None, "controls": ["pause", "cancel"]},
+    "lineage": {"rootRunId": "run-1"},
+    "trace": {"count": 0, "omitted": 0, "items": []},
+}
+"""The fields every run view has (tests/server/test_run_view*.py check the rest)."""
 
 
 # ---------------------------------------------------------------------------

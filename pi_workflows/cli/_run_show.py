@@ -1,0 +1,255 @@
+"""`pi-workflows run show RUN_ID`: what one run did, from its run view only.
+
+Implements issue 13 item 8 (`run show`) on `pi-workflows.run-view.v1` (`run.get`):
+status and reason in words, timings, execution mode, lineage, input, output, and
+every attempt with its outcome and its output or error, including the traceback of a
+failed node. Rich tables and colour on a terminal; plain lines otherwise (pipes,
+scripts, tests); `--json` prints the view itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pi_workflows.cli._main import _client, _client_errors, _print_json, json_option, run
+
+__all__ = ["plain_lines", "run_show", "show_rich"]
+
+_STYLES = {
+    "completed": "green",
+    "running": "cyan",
+    "waiting": "yellow",
+    "queued": "blue",
+    "paused": "yellow",
+    "failed": "red",
+    "timed_out": "red",
+    "cancelled": "magenta",
+    "ambiguous": "bold red",
+    "interrupted": "magenta",
+}
+
+
+@run.command("show")
+@click.argument("run_id")
+@json_option
+@click.pass_context
+@_client_errors
+def run_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """Show what a run did: status and reason, timings, lineage, input, output, attempts.
+
+    Every attempt is listed with its outcome and its output or error; a failed node
+    shows its traceback. Values above 16 KiB show their size and a preview. With
+    --json, prints the run view (pi-workflows.run-view.v1) as one document.
+
+    Exit codes: 0 shown; 1 no such run (notFound) or refused; 3 server unavailable.
+    Environment: PI_CODING_AGENT_DIR picks the state folder (see --state-dir).
+
+    Example: pi-workflows run show run-0123abcd
+    """
+    with _client(ctx) as client:
+        view = client.call("run.get", run_id=run_id)["receipt"]
+    if as_json:
+        _print_json(view)
+    elif sys.stdout.isatty():
+        show_rich(view)
+    else:
+        for line in plain_lines(view):
+            click.echo(line)
+
+
+# --- facts shared by both renderers --------------------------------------------------
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _took(start: int | None, end: int | None) -> str:
+    if start is None or end is None:
+        return ""
+    ms = end - start
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def _value(shown: dict[str, Any] | None) -> str:
+    """One bounded value of the view as text."""
+    if shown is None:
+        return "-"
+    if "value" in shown:
+        return json.dumps(shown["value"], sort_keys=True, ensure_ascii=False)
+    if "unavailable" in shown:
+        return f"<unavailable: {shown['unavailable']}>"
+    return (
+        f"<{shown['byteLength']} bytes, over the 16 KiB inline limit; "
+        f"digest {shown.get('digest', '-')}; it begins: {shown['preview']}>"
+    )
+
+
+def _lineage(view: dict[str, Any]) -> list[str]:
+    lineage = view.get("lineage", {})
+    parts = []
+    for key, words in (
+        ("parentRunId", "child of"),
+        ("restartOf", "restart of"),
+        ("continuationOf", "continuation of"),
+    ):
+        if key in lineage:
+            parts.append(f"{words} {lineage[key]}")
+    for key, words in (("restartedBy", "restarted as"), ("continuedBy", "continued as")):
+        if lineage.get(key):
+            parts.append(f"{words} {', '.join(lineage[key])}")
+    return parts
+
+
+def _summary(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) rows of the run itself."""
+    display = view["display"]
+    rows = [("status", display["status"])]
+    if display.get("reasonText"):
+        rows.append(("reason", display["reasonText"]))
+    if display.get("action"):
+        rows.append(("what to do", display["action"]))
+    where = display.get("currentNode") or display.get("waitingOn")
+    if where:
+        rows.append(("at node" if display.get("currentNode") else "waiting on", where))
+    if display.get("controls"):
+        rows.append(("allowed now", ", ".join(display["controls"])))
+    rows.append(("mode", view.get("executionMode", "-")))
+    rows.append(("created", _when(view.get("createdAt"))))
+    if view.get("finishedAt") is not None:
+        took = _took(view.get("createdAt"), view["finishedAt"])
+        rows.append(("finished", f"{_when(view['finishedAt'])} (after {took})"))
+    lineage = _lineage(view)
+    if lineage:
+        rows.append(("lineage", "; ".join(lineage)))
+    rows.append(("input", _value(view.get("state", {}).get("input"))))
+    if "result" in view:
+        rows.append(("output", _value(view["result"].get("output"))))
+    rows.append(("revision", f"{view['revision']} (generation {view.get('generation', '-')})"))
+    return rows
+
+
+def _attempt_head(item: dict[str, Any]) -> str:
+    took = _took(item.get("startedAt"), item.get("finishedAt"))
+    return (
+        f"{item['node']}  {item['kind']}  visit {item['visit']} attempt {item['attempt']}"
+        f"  generation {item['generation']}  {item['outcome']}"
+        f"  started {_when(item['startedAt'])}" + (f"  took {took}" if took else "")
+    )
+
+
+def _attempt_details(item: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    if "output" in item:
+        yield "output", _value(item["output"])
+    if "error" in item:
+        cut = (
+            " … (cut short: this view's size budget was spent)"
+            if item.get("errorTruncated")
+            else ""
+        )
+        yield "error", item["error"] + cut
+    traceback = item.get("traceback")
+    if traceback is not None:
+        if "text" in traceback:
+            yield "traceback", traceback["text"].rstrip("\n")
+        else:
+            ref = traceback["ref"]
+            yield "traceback", f"<{ref['byteCount']} bytes stored as {ref['digest']}>"
+    if "next" in item:
+        yield "next", item["next"]
+
+
+def _trace_note(trace: dict[str, Any]) -> str:
+    shown = len(trace["items"])
+    if trace["omitted"]:
+        return (
+            f"attempts: the newest {shown} of {trace['count']} "
+            f"({trace['omitted']} earlier ones are not in this view)"
+        )
+    return f"attempts: {trace['count']}"
+
+
+# --- plain text ---------------------------------------------------------------------------
+
+
+def plain_lines(view: dict[str, Any]) -> Iterator[str]:
+    """The plain-text form: stable lines for pipes and scripts."""
+    title = f" ({view['title']})" if view.get("title") else ""
+    yield f"run {view['runId']}  {view['display']['status']}  {view['workflow']}{title}"
+    for label, text in _summary(view):
+        yield f"{label + ':':<12} {text}"
+    for effect in view.get("ambiguousEffects", []):
+        yield (
+            f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
+            f"(visit {effect['visit']}, attempt {effect['attemptNumber']})"
+        )
+    trace = view["trace"]
+    yield _trace_note(trace)
+    for number, item in enumerate(trace["items"], start=trace["omitted"] + 1):
+        yield f"  {number}. {_attempt_head(item)}"
+        for label, text in _attempt_details(item):
+            lines = text.splitlines() or [""]
+            if len(lines) == 1:
+                yield f"     {label}: {lines[0]}"
+            else:
+                yield f"     {label}:"
+                yield from (f"       {line}" for line in lines)
+
+
+# --- rich ------------------------------------------------------------------------------
+
+
+def _styled(status: str) -> Text:
+    return Text(status, style=_STYLES.get(status, ""))
+
+
+def show_rich(view: dict[str, Any], console: Console | None = None) -> None:
+    """The terminal form: colour and tables (rich)."""
+    console = console or Console()
+    title = f" ({view['title']})" if view.get("title") else ""
+    heading = Text(f"run {view['runId']}  ")
+    heading.append_text(_styled(view["display"]["status"]))
+    heading.append(f"  {view['workflow']}{title}")
+    console.print(heading)
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column(overflow="fold")
+    for label, text in _summary(view):
+        summary.add_row(label, _styled(text) if label == "status" else Text(text))
+    console.print(summary)
+    for effect in view.get("ambiguousEffects", []):
+        console.print(
+            Text(
+                f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']}",
+                style="bold red",
+            )
+        )
+    trace = view["trace"]
+    table = Table(title=_trace_note(trace), title_justify="left", show_lines=True)
+    for column in ("#", "node", "kind", "visit/attempt", "outcome", "started", "took", "detail"):
+        table.add_column(column, overflow="fold")
+    for number, item in enumerate(trace["items"], start=trace["omitted"] + 1):
+        details = "\n".join(f"{label}: {text}" for label, text in _attempt_details(item))
+        table.add_row(
+            str(number),
+            item["node"],
+            item["kind"],
+            f"{item['visit']}/{item['attempt']}",
+            _styled(item["outcome"]),
+            _when(item["startedAt"]),
+            _took(item.get("startedAt"), item.get("finishedAt")),
+            Text(details),
+        )
+    console.print(table)

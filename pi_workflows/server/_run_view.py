@@ -1,0 +1,514 @@
+"""The live run view: `pi-workflows.run-view.v1`, built from one consistent read.
+
+Implements workflow-server.md § Live run view and client-protocol.md § Run and session
+views: the `display` object (the six status rules in order, activity apart from status,
+the controls allowed now, the reason in words), the current node, the trace of every
+attempt, lineage, execution mode and queue display metadata. The caller opens one read
+transaction (`Database.read()`), so every fact comes from the same snapshot.
+
+Large values are bounded, not yet paged: a value above `INLINE_BYTES` is shown as a
+`truncated` notice with its digest, byte length and a short preview (`view.content`
+and `view.page` are later parts of issue 13).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pi_workflows.storage import (
+    ContentUnavailableError,
+    Database,
+    NodeAttemptRow,
+    PendingRequest,
+    QueueRow,
+    RunnerEpochRow,
+    RunRow,
+    active_runner,
+    blob_length,
+    failure_tracebacks,
+    get_queue_row,
+    get_run,
+    get_run_summary,
+    lineage_links,
+    list_ambiguous_effects,
+    list_attempts,
+    pending_decision,
+    pending_requests,
+    read_blob,
+    read_blob_part,
+    read_view_content,
+    run_result_payload,
+)
+from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
+
+__all__ = [
+    "INLINE_BYTES",
+    "TRACE_ITEMS",
+    "build_run_view",
+    "reason_words",
+]
+
+INLINE_BYTES: Final = 16 * 1024
+"""The shared inline-content threshold: a larger value is not inlined."""
+PREVIEW_BYTES: Final = 1024
+"""How much of a value above the threshold its notice previews."""
+TRACE_ITEMS: Final = 256
+"""The newest attempts one view lists (the design's page size); older ones are counted."""
+STEPS_SHOWN: Final = 50
+"""The newest attempts of the earlier receipt's `steps` list, kept for its clients."""
+TRACE_VALUE_BUDGET: Final = 512 * 1024
+"""Inlined trace values stop at this many bytes, so a view stays far below 1 MiB."""
+
+ERROR_FLOOR_CHARS: Final = 200
+"""How much of an attempt's error a view keeps once its value budget is spent."""
+
+TERMINAL: Final = frozenset({"completed", "failed", "timed_out", "cancelled"})
+
+_REASONS: Final[Mapping[str, tuple[str, str]]] = {
+    "paused": (
+        "Paused by an operator.",
+        "Resume it (run resume RUN_ID) or cancel it.",
+    ),
+    "checkpoint": (
+        "Waiting for an answer at a checkpoint.",
+        "Answer it (run answer RUN_ID --input-json VALUE) or cancel the run.",
+    ),
+    "runnerNoProgress": (
+        "The runner exited before the run made any progress.",
+        "Read the server log, fix the cause, then resume or cancel the run.",
+    ),
+    "workflowSourceChanged": (
+        "The workflow source changed since the run started.",
+        "Restore the source and resume, or cancel and start a new run.",
+    ),
+    "effectAmbiguous": (
+        "An external effect may have been applied without a receipt.",
+        "Check the external system, then recover with --confirm or --retry, or cancel.",
+    ),
+    "serverCrashLoop": (
+        "The server died again and again while this run was in flight; "
+        "the run may be what kills it.",
+        "Inspect the run and its workflow, then resume or cancel it.",
+    ),
+    "workerCrashed": (
+        "The runner process crashed.",
+        "Read the server log; resume to try again, or cancel the run.",
+    ),
+    "contentUnavailable": (
+        "Content the run needs is missing or damaged.",
+        "Run state verify, then resume or cancel the run.",
+    ),
+    "diskFull": (
+        "The disk holding the workflow state is full.",
+        "Free disk space; the server carries on by itself.",
+    ),
+    "resourceLimit": (
+        "A node went over its memory or process limit.",
+        "Raise the node's limits or make it do less, then restart the run.",
+    ),
+    "piUnavailable": (
+        "The pi binary could not be started.",
+        "Install pi or set PI_WORKFLOWS_PI, then restart the run.",
+    ),
+    "agentUnproductive": (
+        "The agent step's model ended its turns without submitting an output.",
+        "Check the step's prompt and model, then restart the run.",
+    ),
+    "nodeFailed": (
+        "A node failed.",
+        "Read the failed attempt's error and traceback, fix the workflow, then restart.",
+    ),
+    "nodeTimedOut": (
+        "A node ran past its timeout.",
+        "Raise the node's timeout or make it faster, then restart the run.",
+    ),
+    "claimLost": ("The run's claim was lost to another owner.", "Nothing; the server retries."),
+    "workerTimedOut": (
+        "The runner did not answer in time.",
+        "Read the server log, then restart the run.",
+    ),
+    "hostUnavailable": (
+        "The server was unavailable to the runner.",
+        "Check the server, then restart the run.",
+    ),
+    "sourceChanged": (
+        "The workflow source changed since the run started.",
+        "Start a new run from the current source.",
+    ),
+    "protocolRejected": (
+        "The runner sent a message the server refused.",
+        "Read the server log and report it; restart the run.",
+    ),
+}
+
+
+def reason_words(code: str) -> tuple[str, str | None]:
+    """A stored reason code in words, and what to do about it (None: unknown code)."""
+    words = _REASONS.get(code)
+    if words is None:
+        return f"Stopped ({code}).", None
+    return words
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """Everything one view reads, from one snapshot."""
+
+    run: RunRow
+    queue: QueueRow | None
+    execution_mode: str | None
+    attempts: list[NodeAttemptRow]
+    pending: list[PendingRequest]
+    checkpoint_node: str | None
+    ambiguous: list[dict[str, Any]]
+    runner: RunnerEpochRow | None
+
+
+def build_run_view(db: Database, run_id: str) -> dict[str, Any] | None:
+    """The run's `pi-workflows.run-view.v1` document, or None if there is no such run."""
+    with db.read():
+        facts = _read_facts(db, run_id)
+        if facts is None:
+            return None
+        return _view(db, facts)
+
+
+def _read_facts(db: Database, run_id: str) -> _Facts | None:
+    run = get_run(db, run_id)
+    if run is None:
+        return None
+    summary = get_run_summary(db, run_id)
+    decision = pending_decision(db, run_id)
+    return _Facts(
+        run=run,
+        queue=get_queue_row(db, run_id),
+        execution_mode=summary.execution_mode if summary is not None else None,
+        attempts=list_attempts(db, run_id),
+        pending=pending_requests(db, run_id),
+        checkpoint_node=decision.node_path if decision is not None else None,
+        ambiguous=[effect.to_wire() for effect in list_ambiguous_effects(db, run_id)],
+        runner=active_runner(db, run_id),
+    )
+
+
+def _view(db: Database, facts: _Facts) -> dict[str, Any]:
+    run = facts.run
+    view: dict[str, Any] = {
+        "schema": RUN_VIEW_SCHEMA,
+        "revision": run.revision,
+        "runId": run.run_id,
+        "workflow": run.workflow_name,
+        "status": run.status,
+        "paused": bool(run.paused),
+        "generation": run.generation,
+        "createdAt": run.created_at,
+        "updatedAt": run.updated_at,
+        "display": _display(facts),
+        "lineage": _lineage(db, run),
+        "state": {"input": _bounded_text(run.input, run.input_hash)},
+        "trace": _trace(db, run.run_id, facts.attempts),
+        # Kept for clients of the earlier `run.get` receipt: the newest attempts.
+        "steps": [
+            {"node": a.node_path, "kind": a.node_type, "visit": a.visit, "status": a.status}
+            for a in facts.attempts[-STEPS_SHOWN:]
+        ],
+    }
+    if facts.queue is not None:
+        view["queue"] = _queue(facts.queue)
+    if facts.execution_mode is not None:
+        # How its agent steps run: `headless` (pi --mode rpc) or `interactive` (the
+        # origin session). Viewers show it; it names no session, model or credential.
+        view["executionMode"] = facts.execution_mode
+    for key, value in (
+        ("title", run.title),
+        ("finishedAt", run.finished_at),
+        ("failureClass", run.failure_class),
+        ("restartOf", run.restart_of),
+    ):
+        if value is not None:
+            view[key] = value
+    if run.failure_reason is not None:
+        view["failureReason"] = run.failure_reason[:INLINE_BYTES]
+    result = _result(db, run)
+    if result is not None:
+        view["result"] = result
+    if facts.ambiguous:
+        view["ambiguousEffects"] = facts.ambiguous
+    return view
+
+
+# --- display -----------------------------------------------------------------------
+
+
+def _display(facts: _Facts) -> dict[str, Any]:
+    """The six rules of § Live run view, in order."""
+    run = facts.run
+    status = _status(facts)
+    display: dict[str, Any] = {
+        "status": status,
+        "activity": _activity(facts.runner),
+        "controls": _controls(facts, status),
+    }
+    current = next((a for a in facts.attempts if a.status in ("running", "waiting")), None)
+    if current is not None:
+        # The unfinished attempt is the one durable source of the current node.
+        key = "currentNode" if status == "running" else "waitingOn"
+        display[key] = current.node_path
+    elif facts.checkpoint_node is not None:
+        display["waitingOn"] = facts.checkpoint_node  # the completed checkpoint node
+    if facts.pending:
+        display["request"] = {"kind": facts.pending[0].kind, "node": facts.pending[0].node_path}
+    code = _reason_code(facts, status)
+    if code is not None:
+        words, action = reason_words(code)
+        if status in TERMINAL and run.failure_reason:
+            words = run.failure_reason[:INLINE_BYTES]  # the stored reason, not only its code
+        if status not in TERMINAL:
+            display["reason"] = code  # the code stays for scripts (`run wait`)
+        display["reasonCode"] = code
+        display["reasonText"] = words
+        if action is not None:
+            display["action"] = action
+    return display
+
+
+def _status(facts: _Facts) -> str:
+    run = facts.run
+    if run.status in TERMINAL:
+        return run.status  # 1: terminal, even while its runner reports or cleans up
+    if facts.ambiguous:
+        return "ambiguous"  # 2: an ambiguous effect on a nonterminal run
+    if run.paused:
+        return "paused"  # 3: only the durable pause flag
+    if run.status == "waiting":
+        return "waiting"  # 4: a pending request (a checkpoint, a decision, a session step)
+    queue_state = facts.queue.state if facts.queue is not None else None
+    if queue_state in ("starting", "running") or facts.runner is not None:
+        return "running"  # 5: active supervised execution
+    return "queued"  # 6: parked resumable work, or admitted work not started
+
+
+def _reason_code(facts: _Facts, status: str) -> str | None:
+    run = facts.run
+    if status in TERMINAL:
+        if status in ("completed", "cancelled"):
+            return None
+        code = run.failure_class or ("nodeTimedOut" if status == "timed_out" else None)
+        return _node_code(run.failure_reason) or code
+    if facts.ambiguous:
+        return "effectAmbiguous"
+    park = facts.queue.park_reason if facts.queue is not None else None
+    if status == "paused":
+        return "paused"
+    if status == "waiting":
+        return park or "checkpoint"
+    if facts.queue is not None and facts.queue.state == "parked":
+        return park
+    return None
+
+
+def _node_code(reason: str | None) -> str | None:
+    """The failed node's own code named in a stored run reason, if the table knows it:
+    `nodeFailed: ask: piUnavailable: …` names `piUnavailable` (its words and action are
+    more useful than those of the class)."""
+    if not reason:
+        return None
+    parts = reason.split(": ", 3)
+    return parts[2] if len(parts) >= 3 and parts[2] in _REASONS else None
+
+
+def _activity(runner: RunnerEpochRow | None) -> dict[str, Any] | None:
+    """The supervised runner, reported apart from status (an origin-session Pi turn
+    joins it with the origin-session issue)."""
+    if runner is None:
+        return None
+    return {"kind": "runner", "state": runner.status, "since": runner.started_at}
+
+
+def _controls(facts: _Facts, status: str) -> list[str]:
+    """The commands allowed now; every handler checks its own conditions again."""
+    if status in TERMINAL:
+        # An unresolved effect of a finished run can only be reviewed (`ambiguousEffects`).
+        return ["restart", "review"] if facts.ambiguous else ["restart"]
+    if status == "ambiguous":
+        return ["recoverConfirm", "recoverRetry", "cancel"]
+    if status == "paused":
+        return ["resume", "cancel"]
+    controls: list[str] = []
+    if status == "waiting":
+        controls += _request_actions(facts)
+    parked = facts.queue is not None and facts.queue.state == "parked" and status == "queued"
+    if parked:
+        controls.append("resume")
+    return [*controls, "pause", "cancel"]
+
+
+def _request_actions(facts: _Facts) -> list[str]:
+    """The response action a pending request's kind allows."""
+    kinds = {request.kind for request in facts.pending}
+    if facts.checkpoint_node is not None or "checkpoint" in kinds:
+        return ["answer"]
+    if "decision" in kinds:
+        return ["human-answer"]
+    if "agent" in kinds:
+        return ["submit", "update"]
+    return []  # a visible-response request completes through no tool
+
+
+def _queue(queue: QueueRow) -> dict[str, Any]:
+    """Queue display metadata only: no input, launch options, affinity or claim."""
+    item: dict[str, Any] = {
+        "state": queue.state,
+        "kind": queue.kind,
+        "priority": queue.priority,
+        "enqueuedAt": queue.enqueued_at,
+    }
+    if queue.park_reason is not None:
+        item["parkReason"] = queue.park_reason
+    return item
+
+
+def _lineage(db: Database, run: RunRow) -> dict[str, Any]:
+    links = lineage_links(db, run.run_id)
+    lineage: dict[str, Any] = {"rootRunId": run.root_run_id}
+    for key, value in (
+        ("parentRunId", run.parent_run_id),
+        ("restartOf", run.restart_of),
+        ("continuationOf", run.continuation_of),
+    ):
+        if value is not None:
+            lineage[key] = value
+    if links.restarted_by:
+        lineage["restartedBy"] = links.restarted_by
+    if links.continued_by:
+        lineage["continuedBy"] = links.continued_by
+    return lineage
+
+
+# --- values ------------------------------------------------------------------------
+
+
+def _bounded_text(text: str, digest: str | None = None) -> dict[str, Any]:
+    """A JSON value held as text: inline up to the threshold, else a truncated notice."""
+    data = text.encode("utf-8")
+    if len(data) <= INLINE_BYTES:
+        return {"value": json.loads(text)}
+    return _notice(data[:PREVIEW_BYTES], len(data), digest)
+
+
+def _notice(preview: bytes, byte_length: int, digest: str | None) -> dict[str, Any]:
+    notice: dict[str, Any] = {
+        "truncated": True,
+        "byteLength": byte_length,
+        "preview": preview.decode("utf-8", "ignore"),
+    }
+    if digest is not None:
+        notice["digest"] = digest
+    return notice
+
+
+@dataclass(slots=True)
+class _Budget:
+    """The bytes of values one view may still inline (outputs, previews, errors,
+    tracebacks), so a view of 256 attempts stays well below the 1 MiB frame."""
+
+    left: int
+
+    def take(self, size: int) -> bool:
+        """Spend `size` bytes if they are left."""
+        if size > self.left:
+            return False
+        self.left -= size
+        return True
+
+
+def _blob_value(db: Database, digest: str, budget: _Budget) -> dict[str, Any]:
+    """A JSON blob, inline when it fits the threshold and the remaining budget."""
+    try:
+        length = blob_length(db, digest)
+        if length <= INLINE_BYTES and budget.take(length):
+            return {"value": json.loads(read_blob(db, digest))}
+        wanted = min(length, PREVIEW_BYTES)
+        preview = read_blob_part(db, digest, 0, wanted) if wanted and budget.take(wanted) else b""
+    except ContentUnavailableError as exc:
+        return {"unavailable": exc.reason}
+    return _notice(preview, length, digest)
+
+
+def _result(db: Database, run: RunRow) -> dict[str, Any] | None:
+    """The completed run's output (inline, or a notice for a large one)."""
+    if run.status != "completed":
+        return None
+    payload = run_result_payload(db, run.run_id)
+    if payload is None:
+        return None
+    if "outputRef" in payload:
+        digest = str(payload["outputRef"]["digest"])
+        return {"output": _blob_value(db, digest, _Budget(INLINE_BYTES))}
+    return {"output": _bounded_text(json.dumps(payload.get("output")))}
+
+
+def _trace(db: Database, run_id: str, attempts: list[NodeAttemptRow]) -> dict[str, Any]:
+    """One entry per attempt, newest `TRACE_ITEMS` of them, in start order."""
+    numbers: dict[tuple[str, int], int] = {}
+    numbered: list[tuple[NodeAttemptRow, int]] = []
+    for attempt in attempts:
+        key = (attempt.node_path, attempt.visit)
+        numbers[key] = numbers.get(key, 0) + 1
+        numbered.append((attempt, numbers[key]))
+    shown = numbered[-TRACE_ITEMS:]
+    tracebacks = failure_tracebacks(db, run_id)
+    budget = _Budget(TRACE_VALUE_BUDGET)
+    # The newest attempts spend the budget first: the latest failure keeps its detail.
+    items = [_trace_item(db, a, n, tracebacks, budget) for a, n in reversed(shown)]
+    items.reverse()
+    return {"count": len(attempts), "omitted": len(attempts) - len(shown), "items": items}
+
+
+def _trace_item(
+    db: Database,
+    attempt: NodeAttemptRow,
+    number: int,
+    tracebacks: Mapping[str, Any],
+    budget: _Budget,
+) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "attemptId": attempt.attempt_id,
+        "node": attempt.node_path,
+        "kind": attempt.node_type,
+        "visit": attempt.visit,
+        "attempt": number,
+        "generation": attempt.generation,
+        "startedAt": attempt.started_at,
+        "outcome": attempt.status,
+    }
+    if attempt.finished_at is not None:
+        item["finishedAt"] = attempt.finished_at
+    if attempt.next_node_path is not None:
+        item["next"] = attempt.next_node_path
+    if attempt.output_hash is not None:
+        item["output"] = _blob_value(db, attempt.output_hash, budget)
+    if attempt.error is not None:
+        error = attempt.error[:INLINE_BYTES]
+        if not budget.take(len(error.encode("utf-8"))):
+            error = error[:ERROR_FLOOR_CHARS]  # the budget is spent: the error's start
+            item["errorTruncated"] = True
+        item["error"] = error
+    ref = tracebacks.get(attempt.attempt_id)
+    if ref is not None:
+        item["traceback"] = _traceback(db, ref, budget)
+    return item
+
+
+def _traceback(db: Database, ref: Any, budget: _Budget) -> dict[str, Any]:
+    reference = {"mediaType": ref.media_type, "byteCount": ref.byte_length, "digest": ref.digest}
+    if ref.byte_length > INLINE_BYTES or not budget.take(ref.byte_length):
+        return {"ref": reference}
+    try:
+        text = read_view_content(db, ref).decode("utf-8", "replace")
+    except ContentUnavailableError as exc:
+        return {"ref": reference, "unavailable": exc.reason}
+    return {"ref": reference, "text": text}
