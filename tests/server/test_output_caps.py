@@ -62,14 +62,18 @@ def test_a_compute_that_prints_50_mb_leaves_a_runner_log_within_its_cap(
 
 
 def _settled(log: Path, tail: bytes) -> bytes:
-    """The log once its tail is written (just after the runner was reaped)."""
+    """The log once its tail is written (just after the runner was reaped) and it no
+    longer changes: the drain rewrites the marker and the tail in place, so a read that
+    overlaps that rewrite can see the new tail with the old marker."""
     import time  # noqa: PLC0415 - only this wait needs it
 
     deadline = time.monotonic() + 30
+    previous = b""
     while True:
         data = log.read_bytes()
-        if data.endswith(tail) or time.monotonic() > deadline:
+        if (data.endswith(tail) and data == previous) or time.monotonic() > deadline:
             return data
+        previous = data
         time.sleep(0.05)
 
 
