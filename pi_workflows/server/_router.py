@@ -22,6 +22,7 @@ from typing import Any
 
 import pykka
 
+from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply
 from pi_workflows.actors._coordinator_epoch import ReleaseConnection
 from pi_workflows.actors._database import Transact
@@ -52,7 +53,7 @@ from pi_workflows.server._operations import (
 )
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
 from pi_workflows.wire._listener import Connection
-from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire.protocol import RequestMessage, client_operations
 
 __all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
 
@@ -139,6 +140,11 @@ class Router:
             table[operation] = self._snapshot_read
         self._table = table
 
+    @property
+    def operations(self) -> frozenset[str]:
+        """Every operation the dispatch table routes; the rest are answered `rejected`."""
+        return frozenset(self._table)
+
     def on_connect(self, connection: Connection) -> None:
         return None
 
@@ -158,10 +164,7 @@ class Router:
         pending = Pending(connection, request, ports.end_request)
         route = self._table.get(request["operation"])
         if route is None:
-            operation = request["operation"]
-            pending.respond(
-                rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
-            )
+            pending.respond(_unrouted(request))
             return
         try:
             route(pending)
@@ -344,6 +347,23 @@ class Router:
         self._ports.subscriptions.tell(
             Unsubscribe(pending.connection.connection_id, subscription_id, answer)
         )
+
+
+def _unrouted(request: RequestMessage) -> dict[str, Any]:
+    """The answer to an operation with no route: named, never a closed connection.
+
+    The name is safe to echo: the listener lets a request through only if its operation
+    is enumerated or matches the schema's grammar (letters and dots, at most 128).
+    """
+    operation = request["operation"]
+    if operation in client_operations():
+        return rejected(
+            request,
+            "rejected",
+            "notImplemented",
+            f"operation {operation} is not implemented yet in pi-workflows {__version__}",
+        )
+    return rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
