@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DRAIN_S = 30.0
 """How long a graceful stop lets applying effects and running shell commands settle."""
 MAX_DRAIN_S = 3600.0
+VIEW_KINDS_NOT_BUILT = frozenset({"run", "sessionView"})
+"""`view.subscribe` kinds of the vocabulary (architecture.md, Operations) not built yet."""
 
 
 @dataclass(frozen=True)
@@ -305,9 +307,24 @@ class Router:
     def _subscribe(self, pending: Pending) -> None:
         request = pending.request
         kind = request["payload"].get("kind")
+        if kind in VIEW_KINDS_NOT_BUILT:
+            pending.respond(
+                rejected(
+                    request,
+                    "rejected",
+                    "notImplemented",
+                    f"view.subscribe of kind {kind} is not implemented yet; runList is",
+                )
+            )
+            return
         if kind != "runList":
             pending.respond(
-                rejected(request, "rejected", "unknownView", "only the runList view exists yet")
+                rejected(
+                    request,
+                    "rejected",
+                    "unknownView",
+                    "kind must be runList, run or sessionView",
+                )
             )
             return
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"

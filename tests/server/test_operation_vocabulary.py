@@ -174,3 +174,14 @@ def test_each_enumerated_operation_without_a_route_answers_not_implemented(
             assert "not implemented yet" in answer["error"]["message"]
     finally:
         raw.close()
+
+
+def test_view_subscribe_names_the_kinds_not_built_yet(client: WorkflowClient) -> None:
+    for kind in ("run", "sessionView"):
+        answer = client.request("view.subscribe", {"kind": kind}, run_id="run-1")
+        assert answer["outcome"] == "rejected"
+        assert answer["error"]["code"] == "notImplemented"
+        assert kind in answer["error"]["message"]
+    other = client.request("view.subscribe", {"kind": "everything"})
+    assert other["outcome"] == "rejected" and other["error"]["code"] == "unknownView"
+    assert client.call("view.subscribe", {"kind": "runList"})["outcome"] == "accepted"
