@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pi_workflows.server import WorkflowServer
     from pi_workflows.wire.client import (
         HostUnavailableError,
+        InvalidRequestError,
         PackageMismatchError,
         RequestFailedError,
         WorkflowClient,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "WorkflowServer": "pi_workflows.server",
     "HostUnavailableError": "pi_workflows.wire.client",
+    "InvalidRequestError": "pi_workflows.wire.client",
     "PackageMismatchError": "pi_workflows.wire.client",
     "RequestFailedError": "pi_workflows.wire.client",
     "WorkflowClient": "pi_workflows.wire.client",
@@ -51,6 +53,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "HostUnavailableError",
+    "InvalidRequestError",
     "PackageMismatchError",
     "PiWorkflowsError",
     "RequestFailedError",

@@ -24,26 +24,35 @@ import click
 import psutil
 import pykka.debug
 
+from pi_workflows._paths import AGENT_DIR_ENV
 from pi_workflows._version import __version__
+from pi_workflows.actors._validations import VALIDATE_TIMEOUT_ENV
 from pi_workflows.cli._backup import (
     BackupUnusableError,
     LiveDatabaseError,
     verify_inactive_backup,
 )
 from pi_workflows.engine import discover
+from pi_workflows.engine._limits import MEMORY_ENV, PROCESSES_ENV
+from pi_workflows.engine._pi_child import PI_BINARY_ENV
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server import (
     DEFAULT_IDLE_EXIT_S,
+    DEFAULT_MAX_WORKERS,
     IDLE_EXIT_ENV,
+    MAX_WORKERS_ENV,
     ServerStartError,
     WorkflowServer,
 )
 from pi_workflows.server._logging import redirect_output
 from pi_workflows.server._router import DEFAULT_DRAIN_S
+from pi_workflows.server._server import ZYGOTE_ENV
 from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
 from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
+from pi_workflows.wire._listener import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV
 from pi_workflows.wire.client import (
     HostUnavailableError,
+    InvalidRequestError,
     PackageMismatchError,
     RequestFailedError,
     WorkflowClient,
@@ -90,6 +99,8 @@ def _client_errors(function: F) -> F:
             _fail(str(exc), EXIT_UNAVAILABLE)
         except RequestFailedError as exc:
             _fail(f"{exc.outcome}: {exc}", EXIT_FAILED)
+        except InvalidRequestError as exc:  # checked before sending: bad input
+            _fail(str(exc), EXIT_USAGE)
 
     return wrapper  # type: ignore[return-value]
 
@@ -99,8 +110,12 @@ def _state_dir(ctx: click.Context) -> Path:
 
 
 def _client(ctx: click.Context, *, autostart: bool = True) -> WorkflowClient:
+    # Connect (and start a server) at the first request, after its envelope is checked.
     return WorkflowClient(
-        _state_dir(ctx), client_id=f"cli-{os.getuid()}-{os.getpid()}", autostart=autostart
+        _state_dir(ctx),
+        client_id=f"cli-{os.getuid()}-{os.getpid()}",
+        autostart=autostart,
+        connect_on_enter=False,
     )
 
 
@@ -111,7 +126,149 @@ def _print_json(value: Any) -> None:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# --- help: defaults, exit codes and environment variables -------------------------------
+# Every command's --help ends with the exit codes it can give and the environment variables
+# it reads (the tables below, by command path), so a command added in another module is
+# documented too: the groups hand their command class to it. Options show their defaults
+# through the root context's `show_default`, which every command's context inherits.
+
+EXIT_WORDS = {
+    0: "success",
+    EXIT_FAILED: "the server refused the request (rejected, conflict, notFound, claimLost, "
+    "unavailable)",
+    EXIT_USAGE: "bad arguments or input, or an invalid request (checked before sending; "
+    "nothing was sent)",
+    EXIT_UNAVAILABLE: "no server could be reached or started, or it runs another version",
+    EXIT_ALREADY_RUNNING: "another live server holds the lock",
+    EXIT_STATE: "the database has another schema digest",
+    EXIT_TIMEOUT: "--timeout passed first",
+}
+CLIENT_EXITS = (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE)
+COMMAND_EXITS: dict[str, tuple[int, ...]] = {
+    "": tuple(EXIT_WORDS),
+    "server run": (0, EXIT_FAILED, EXIT_USAGE, EXIT_ALREADY_RUNNING, EXIT_STATE),
+    "server start": (0, EXIT_FAILED, EXIT_USAGE),
+    "server stop": (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE),
+    "server status": (0, EXIT_USAGE, EXIT_UNAVAILABLE),
+    "run wait": (*CLIENT_EXITS, EXIT_TIMEOUT),
+    "state verify": (*CLIENT_EXITS, EXIT_STATE),
+    "workflows list": (0, EXIT_USAGE),
+    "debug crash-points": (0, EXIT_USAGE),
+    "piw": (EXIT_USAGE,),
+}
+"""Exit codes by command path; any other command gives `CLIENT_EXITS`."""
+EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
+    ("server run", EXIT_FAILED): "the server could not start",
+    ("server start", 0): "the server is ready, or was already running",
+    ("server start", EXIT_FAILED): "the server did not become ready in time, or exited",
+    ("server stop", 0): "the server stopped, or none was running",
+    ("server stop", EXIT_FAILED): "the server refused, or did not exit in time",
+    ("server status", 0): "the server is running",
+    ("server status", EXIT_UNAVAILABLE): "the server is stopped (no server answers), or it "
+    "runs another version",
+    ("run wait", 0): "the run completed",
+    ("run wait", EXIT_FAILED): "the run settled otherwise (failed, cancelled, waiting, "
+    "paused, parked, ambiguous), or the server refused",
+    ("state verify", 0): "consistent",
+    ("state verify", EXIT_STATE): "inconsistencies were found",
+    ("piw", EXIT_USAGE): "always: the viewer is not built yet",
+}
+ENV_WORDS = {
+    AGENT_DIR_ENV: "Pi's agent directory; the state folder is its workflows/ (default: "
+    "~/.pi/agent)",
+    IDLE_EXIT_ENV: f"seconds idle before the server exits (default {DEFAULT_IDLE_EXIT_S:.0f}; "
+    "0: never)",
+    MAX_WORKERS_ENV: f"runs executing at once (default {DEFAULT_MAX_WORKERS})",
+    MAX_CONNECTIONS_ENV: "open client connections (default 512)",
+    FIRST_FRAME_ENV: "seconds a new connection has to send its first frame (default 10)",
+    PI_BINARY_ENV: "the pi binary for agent steps (default: pi on PATH)",
+    VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
+    MEMORY_ENV: "default memory limit of a node's processes, in MiB",
+    PROCESSES_ENV: "default process limit of a node",
+    ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
+    CRASH_ENV: "<point>[@<n>] arms one crash point (fault-injection tests)",
+}
+SERVER_ENV = tuple(ENV_WORDS)
+COMMAND_ENV: dict[str, tuple[str, ...]] = {
+    "": SERVER_ENV,
+    "server run": SERVER_ENV,
+    "server start": SERVER_ENV,
+    "debug crash-points": (CRASH_ENV,),
+    "piw": (),
+}
+"""Environment variables by command path; any other command reads the agent directory."""
+STARTS_NO_SERVER = frozenset(
+    {
+        "",
+        "server run",
+        "server start",
+        "server stop",
+        "server status",
+        "piw",
+        "workflows list",
+        "debug crash-points",
+    }
+)
+"""Commands that never start a server on demand (the rest may)."""
+
+
+def _command_key(ctx: click.Context) -> str:
+    """`server status` for `pi-workflows server status`; `` for the root; `piw` for piw."""
+    names: list[str] = []
+    current: click.Context | None = ctx
+    while current is not None and current.parent is not None:
+        names.append(current.info_name or "")
+        current = current.parent
+    if not names and ctx.command.name == "piw":
+        return "piw"
+    return " ".join(reversed(names))
+
+
+def _format_exits_and_env(ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    key = _command_key(ctx)
+    codes = COMMAND_EXITS.get(key, CLIENT_EXITS)
+    with formatter.section("Exit codes"):
+        formatter.write_dl(
+            [(str(code), EXIT_WORDS_FOR.get((key, code), EXIT_WORDS[code])) for code in codes]
+        )
+    env = COMMAND_ENV.get(key, (AGENT_DIR_ENV,))
+    if env:
+        with formatter.section("Environment"):
+            formatter.write_dl([(name, ENV_WORDS[name]) for name in env])
+    if key not in STARTS_NO_SERVER:
+        formatter.write_paragraph()
+        formatter.write_text(
+            "A server started on demand reads the variables listed by `server run --help`."
+        )
+
+
+class DocumentedCommand(click.Command):
+    """A command whose help ends with its exit codes and environment variables."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        _format_exits_and_env(ctx, formatter)
+
+
+class DocumentedGroup(click.Group):
+    """A group that documents itself, its commands and its subgroups the same way."""
+
+    command_class = DocumentedCommand
+    group_class = type  # subgroups are DocumentedGroups too
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        if ctx.parent is None:  # the root lists every code; a group points to its commands
+            _format_exits_and_env(ctx, formatter)
+        else:
+            formatter.write_paragraph()
+            formatter.write_text("Each command's --help lists its exit codes and environment.")
+
+
+@click.group(
+    cls=DocumentedGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+)
 @click.version_option(__version__, prog_name="pi-workflows")
 @click.option(
     "--state-dir",
@@ -142,8 +299,19 @@ def server() -> None:
 
 
 @server.command("run")
-@click.option("--idle-exit", type=float, default=None, help="Seconds idle before exiting.")
-@click.option("--max-workers", type=int, default=None, help="Execution capacity.")
+@click.option(
+    "--idle-exit",
+    type=float,
+    default=None,
+    help=f"Seconds idle before exiting; 0 never (default: ${IDLE_EXIT_ENV}, else "
+    f"{DEFAULT_IDLE_EXIT_S:.0f}).",
+)
+@click.option(
+    "--max-workers",
+    type=int,
+    default=None,
+    help=f"Runs executing at once (default: ${MAX_WORKERS_ENV}, else {DEFAULT_MAX_WORKERS}).",
+)
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--detached", is_flag=True, default=False, hidden=True)
 @click.option(
@@ -223,7 +391,13 @@ def _reachable(ctx: click.Context) -> bool:
 
 
 @server.command("start")
-@click.option("--timeout", type=float, default=START_TIMEOUT_S, show_default=True)
+@click.option(
+    "--timeout",
+    type=float,
+    default=START_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the ready handshake.",
+)
 @click.pass_context
 def server_start(ctx: click.Context, timeout: float) -> None:
     """Start a detached server and return once it is ready.
@@ -324,7 +498,12 @@ def _last_line(path: Path) -> str:
     show_default=True,
     help="Seconds an applying effect or running shell command may take to settle.",
 )
-@click.option("--timeout", type=float, default=None, help="Seconds to wait for the exit.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help=f"Seconds to wait for the exit (default: --drain plus {STOP_TIMEOUT_S:.0f}).",
+)
 @click.pass_context
 @_client_errors
 def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> None:
@@ -370,7 +549,10 @@ def _server_pid(state_dir: Path) -> int | None:
 @click.pass_context
 @_client_errors
 def server_status(ctx: click.Context, as_json: bool) -> None:
-    """Show the server state and safe counts (no IDs, paths or payloads).
+    """Show whether the server runs, its state and safe counts (no IDs, paths or payloads).
+
+    When no server answers it says the server is stopped (`{"running": false, ...}` with
+    --json) and exits 3; it never starts one.
 
     Example: pi-workflows server status --json
     """
@@ -378,18 +560,12 @@ def server_status(ctx: click.Context, as_json: bool) -> None:
     try:
         with client:
             status = client.call("server.status")["receipt"]
-    except HostUnavailableError:
-        status = {
-            "state": "stopped",
-            "epoch": None,
-            "socket": "unavailable",
-            "activeRunners": 0,
-            "runs": {"queued": 0, "running": 0, "parked": 0, "waiting": 0},
-            "expiredClaims": 0,
-            "pendingInteractions": 0,
-            "ambiguousEffects": 0,
-        }
-    status = {key: status[key] for key in STATUS_KEYS}
+    except HostUnavailableError as exc:
+        if exc.server_answered:  # a live server refused this connection (at its cap)
+            raise
+        _echo_stopped(as_json)
+        sys.exit(EXIT_UNAVAILABLE)
+    status = {"running": True, **{key: status[key] for key in STATUS_KEYS}}
     if as_json:
         _print_json(status)
         return
@@ -403,6 +579,17 @@ def server_status(ctx: click.Context, as_json: bool) -> None:
     click.echo(
         f"expired claims: {status['expiredClaims']}  pending interactions: "
         f"{status['pendingInteractions']}  ambiguous effects: {status['ambiguousEffects']}"
+    )
+
+
+def _echo_stopped(as_json: bool) -> None:
+    """No server answers: say so (counts would be a guess; only the server reads SQLite)."""
+    if as_json:
+        _print_json({"running": False, "state": "stopped"})
+        return
+    click.echo(
+        "pi-workflows server is stopped; `pi-workflows server start` starts it "
+        "(commands that need it start it on demand)"
     )
 
 
@@ -507,7 +694,9 @@ def run_answer(ctx: click.Context, run_id: str, input_json: str, as_json: bool) 
 
 @run.command("wait")
 @click.argument("run_id")
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option(
+    "--timeout", type=float, default=None, help="Give up after this many seconds (default: never)."
+)
 @json_option
 @click.pass_context
 @_client_errors
@@ -845,7 +1034,11 @@ def debug_crash_points(as_json: bool) -> None:
     click.echo(f"\n{CRASH_ENV}=<point>[@<n>] kills the process at the n-th hit (default 1).")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    "piw",
+    cls=DocumentedCommand,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+)
 @click.version_option(__version__, prog_name="piw")
 @click.argument("run_id", required=False)
 def piw_main(run_id: str | None) -> None:

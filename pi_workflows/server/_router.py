@@ -22,6 +22,7 @@ from typing import Any
 
 import pykka
 
+from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply
 from pi_workflows.actors._coordinator_epoch import ReleaseConnection
 from pi_workflows.actors._database import Transact
@@ -52,7 +53,7 @@ from pi_workflows.server._operations import (
 )
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
 from pi_workflows.wire._listener import Connection
-from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire.protocol import RequestMessage, client_operations
 
 __all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
 
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DRAIN_S = 30.0
 """How long a graceful stop lets applying effects and running shell commands settle."""
 MAX_DRAIN_S = 3600.0
+VIEW_KINDS_NOT_BUILT = frozenset({"run", "sessionView"})
+"""`view.subscribe` kinds of the vocabulary (architecture.md, Operations) not built yet."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,11 @@ class Router:
             table[operation] = self._snapshot_read
         self._table = table
 
+    @property
+    def operations(self) -> frozenset[str]:
+        """Every operation the dispatch table routes; the rest are answered `rejected`."""
+        return frozenset(self._table)
+
     def on_connect(self, connection: Connection) -> None:
         return None
 
@@ -158,10 +166,7 @@ class Router:
         pending = Pending(connection, request, ports.end_request)
         route = self._table.get(request["operation"])
         if route is None:
-            operation = request["operation"]
-            pending.respond(
-                rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
-            )
+            pending.respond(_unrouted(request))
             return
         try:
             route(pending)
@@ -302,9 +307,24 @@ class Router:
     def _subscribe(self, pending: Pending) -> None:
         request = pending.request
         kind = request["payload"].get("kind")
+        if kind in VIEW_KINDS_NOT_BUILT:
+            pending.respond(
+                rejected(
+                    request,
+                    "rejected",
+                    "notImplemented",
+                    f"view.subscribe of kind {kind} is not implemented yet; runList is",
+                )
+            )
+            return
         if kind != "runList":
             pending.respond(
-                rejected(request, "rejected", "unknownView", "only the runList view exists yet")
+                rejected(
+                    request,
+                    "rejected",
+                    "unknownView",
+                    "kind must be runList, run or sessionView",
+                )
             )
             return
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
@@ -344,6 +364,23 @@ class Router:
         self._ports.subscriptions.tell(
             Unsubscribe(pending.connection.connection_id, subscription_id, answer)
         )
+
+
+def _unrouted(request: RequestMessage) -> dict[str, Any]:
+    """The answer to an operation with no route: named, never a closed connection.
+
+    The name is safe to echo: the listener lets a request through only if its operation
+    is enumerated or matches the schema's grammar (letters and dots, at most 128).
+    """
+    operation = request["operation"]
+    if operation in client_operations():
+        return rejected(
+            request,
+            "rejected",
+            "notImplemented",
+            f"operation {operation} is not implemented yet in pi-workflows {__version__}",
+        )
+    return rejected(request, "rejected", "unknownOperation", f"unknown operation {operation}")
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire.framing import AsyncFrameReader, FrameDecoder, FrameError, encode_frame
@@ -38,6 +38,7 @@ from pi_workflows.wire.protocol import (
     ProtocolViolation,
     RequestMessage,
     client_message_from_wire,
+    unknown_operation,
 )
 
 __all__ = [
@@ -834,8 +835,12 @@ class ClientListener:
             try:
                 checked = client_message_from_wire(message)
             except ProtocolViolation as exc:
-                self.rejections.note(f"schema.{exc.keyword or 'invalid'}")
-                return
+                if unknown_operation(message) is None:
+                    self.rejections.note(f"schema.{exc.keyword or 'invalid'}")
+                    return
+                # A well-formed request for an operation outside the vocabulary: the
+                # router answers it `rejected` with the name; the connection stays.
+                checked = cast(RequestMessage, message)
             if checked["type"] != "request":
                 self.rejections.note("notARequest")
                 return

@@ -26,6 +26,8 @@ from pi_workflows.wire.protocol import (
     ProtocolViolation,
     ResponseMessage,
     client_message_from_wire,
+    unknown_operation,
+    validate,
 )
 from pi_workflows.wire.run_list import PAGE_ITEMS as RUN_LIST_PAGE_ITEMS
 from pi_workflows.wire.run_list import RunList, collect_run_list
@@ -33,6 +35,7 @@ from pi_workflows.wire.run_list import RunList, collect_run_list
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
     "HostUnavailableError",
+    "InvalidRequestError",
     "PackageMismatchError",
     "RequestFailedError",
     "WorkflowClient",
@@ -49,10 +52,57 @@ class HostUnavailableError(PiWorkflowsError):
     """`hostUnavailable`: the client cannot reach or start the server."""
 
     retryable = True
+    server_answered = False
+    """True when a live server answered and refused the connection (at its cap)."""
 
 
 class PackageMismatchError(PiWorkflowsError):
     """The server speaks another protocol or runs another package version."""
+
+
+class InvalidRequestError(PiWorkflowsError):
+    """The request's envelope would be invalid (`pi-workflows.client.v1`); nothing was sent.
+
+    Raised before connecting, so a bad argument (an empty or over-long run ID, say)
+    never reaches the server, which would close the connection on it. `field` names
+    the envelope field (`runId`, `idempotencyKey`, ...), or is empty.
+    """
+
+    def __init__(self, operation: str, violation: ProtocolViolation) -> None:
+        location = violation.location.lstrip("/")
+        top = location.split("/", 1)[0]
+        if top == "payload" and location != top:
+            subject = f"the payload at /{location}"
+        else:
+            subject = _FIELD_WORDS.get(top, "the request envelope")
+        detail = str(violation).rsplit(": ", 1)[-1]
+        rule = _FIELD_RULES.get(top, "")
+        shown = operation if len(operation) <= 64 else operation[:64] + "..."
+        super().__init__(
+            f"{subject} is invalid ({detail}{rule}); the {shown!r} request was not sent"
+        )
+        self.field = top
+        self.operation = operation
+
+
+_ID_RULE = "; an ID is 1 to 256 characters without control characters"
+_FIELD_WORDS = {
+    "runId": "the run ID",
+    "clientId": "the client ID",
+    "idempotencyKey": "the idempotency key",
+    "requestId": "the request ID (made from the client ID)",
+    "operation": "the operation name",
+    "expectedRevision": "the expected revision",
+    "payload": "the payload",
+}
+_FIELD_RULES = {
+    "runId": _ID_RULE,
+    "clientId": _ID_RULE,
+    "idempotencyKey": _ID_RULE,
+    "requestId": _ID_RULE,
+    "operation": "; an operation is dotted lowerCamelCase, such as run.get",
+    "expectedRevision": "; a revision is an integer from 0 to 2**53 - 1",
+}
 
 
 class RequestFailedError(PiWorkflowsError):
@@ -82,6 +132,8 @@ class WorkflowClient:
         autostart: Start the server through `pi-workflows server start` when it is
             not running.
         timeout: Seconds to wait for one response.
+        connect_on_enter: `with client:` connects at once (False: at the first
+            request, so an invalid first request starts no server).
 
     **Blocking:** every method blocks the calling thread, at most `timeout` seconds
     per attempt. Not thread-safe: use one client per thread.
@@ -91,6 +143,7 @@ class WorkflowClient:
     client_id: str = field(default_factory=lambda: f"client-{uuid.uuid4().hex[:12]}")
     autostart: bool = True
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    connect_on_enter: bool = True
     connection_id: str | None = None
     _sock: socket.socket | None = None
     _reader: SocketFrameReader | None = None
@@ -132,7 +185,8 @@ class WorkflowClient:
                 self._reader = None
 
     def __enter__(self) -> WorkflowClient:
-        self.connect()
+        if self.connect_on_enter:
+            self.connect()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -154,9 +208,11 @@ class WorkflowClient:
         so a command the server already committed is adopted, not repeated.
 
         Raises:
+            InvalidRequestError: the envelope would be invalid; nothing was sent and no
+                server was started.
             HostUnavailableError: the server could not be reached twice in a row.
         """
-        key = idempotency_key or f"{self.client_id}-{uuid.uuid4().hex}"
+        key = f"{self.client_id}-{uuid.uuid4().hex}" if idempotency_key is None else idempotency_key
         request: dict[str, Any] = {
             "schema": CLIENT_SCHEMA,
             "type": "request",
@@ -169,10 +225,11 @@ class WorkflowClient:
             request["runId"] = run_id
         if expected_revision is not None:
             request["expectedRevision"] = expected_revision
+        first = self._attempt(request)
         for attempt in (1, 2):
             try:
                 self.connect()
-                return self._round_trip(request)
+                return self._round_trip(first if attempt == 1 else self._attempt(request))
             except (OSError, FrameError, _ConnectionLostError) as exc:
                 self.close()
                 if attempt == 2 and isinstance(exc, _ConnectionRefusedError):
@@ -242,10 +299,27 @@ class WorkflowClient:
         assert self._reader is not None, "connect first"
         return self._reader.read_message()
 
+    def _attempt(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One transport attempt of `request`: a fresh request ID, checked before sending.
+
+        The server closes a connection on an invalid envelope; checking here turns that
+        into an `InvalidRequestError` naming the field (the request is the caller's own).
+        """
+        request_id = f"{self.client_id}-r{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        attempt = {**request, "requestId": request_id}
+        try:
+            validate("client.v1", attempt)
+        except ProtocolViolation as exc:
+            if unknown_operation(attempt) is None:
+                raise InvalidRequestError(str(request["operation"]), exc) from None
+            # Only the name is unknown: the server answers it `rejected` and keeps the
+            # connection, which tells the caller more than a local refusal would.
+        return attempt
+
     def _round_trip(self, request: dict[str, Any]) -> ResponseMessage:
         assert self._sock is not None and self._reader is not None
-        request_id = f"{self.client_id}-r{next(self._counter)}-{uuid.uuid4().hex[:8]}"
-        self._sock.sendall(encode_frame({**request, "requestId": request_id}))
+        request_id = request["requestId"]
+        self._sock.sendall(encode_frame(request))
         while True:
             message = self._reader.read_message()
             if message is None:
@@ -332,6 +406,8 @@ class _ConnectionRefusedError(_ConnectionLostError):
 
 class _RefusedError(HostUnavailableError):
     """The server refused the connection right after its hello (at its connection cap)."""
+
+    server_answered = True
 
 
 def _is_refusal(message: Mapping[str, Any], connection_id: str | None) -> bool:

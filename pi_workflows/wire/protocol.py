@@ -58,6 +58,7 @@ __all__ = [
     "SafeError",
     "channel_message_from_wire",
     "client_message_from_wire",
+    "client_operations",
     "decode_channel_message",
     "decode_client_message",
     "decode_launch_envelope",
@@ -72,6 +73,7 @@ __all__ = [
     "load_schema",
     "run_list_page_from_wire",
     "runner_message_from_wire",
+    "unknown_operation",
     "validate",
 ]
 
@@ -543,6 +545,41 @@ def validate(schema_name: str, message: object) -> None:
     error = best_match(_validator(name).iter_errors(message), key=_relevance)
     if error is not None:
         raise _violation(name, error)
+
+
+@functools.cache
+def client_operations() -> frozenset[str]:
+    """The closed operation vocabulary: the `operation` enumeration of `client.v1`."""
+    return frozenset(_schema_document("client.v1")["$defs"]["operation"]["enum"])
+
+
+_STAND_IN_OPERATION: Final = "server.status"
+"""An enumerated operation with no payload rule: checks the rest of a request's envelope."""
+
+
+def unknown_operation(message: object) -> str | None:
+    """The operation name of a request that is valid but for an unenumerated operation.
+
+    Such a request gets a `rejected` answer naming the operation, not a closed
+    connection: the name matches the `operationName` grammar (at most 128 characters of
+    letters and dots), so echoing it is bounded and safe. None for anything else,
+    which stays a schema violation.
+    """
+    if not isinstance(message, dict) or message.get("type") != "request":
+        return None
+    operation = message.get("operation")
+    if not isinstance(operation, str) or operation in client_operations():
+        return None
+    grammar = _schema_document("client.v1")["$defs"]["operationName"]
+    if len(operation) > grammar["maxLength"] or not _ecma_regex(grammar["pattern"]).search(
+        operation
+    ):
+        return None
+    try:
+        validate("client.v1", {**message, "operation": _STAND_IN_OPERATION})
+    except ProtocolViolation:
+        return None
+    return operation
 
 
 def _violation(name: str, error: ValidationError) -> ProtocolViolation:

@@ -94,8 +94,9 @@ def test_sigkilled_server_is_replaced_at_once_with_a_higher_epoch(
 
 
 def test_cli_start_status_stop(processes: Processes, state_dir: Path) -> None:
-    stopped = json.loads(processes.cli(state_dir, "server", "status", "--json").stdout)
-    assert stopped["state"] == "stopped"
+    stopped = processes.cli(state_dir, "server", "status", "--json")
+    assert stopped.returncode == 3  # stopped: documented, like an LSB status "not running"
+    assert json.loads(stopped.stdout) == {"running": False, "state": "stopped"}
     started = processes.cli(state_dir, "server", "start")
     assert started.returncode == 0, started.stderr
     processes.adopt(_server_pid(state_dir))
@@ -103,7 +104,10 @@ def test_cli_start_status_stop(processes: Processes, state_dir: Path) -> None:
     assert "already running" in again.stdout
     status = processes.cli(state_dir, "server", "status", "--json")
     document = json.loads(status.stdout)
+    assert status.returncode == 0
+    assert document["running"] is True
     assert set(document) == {
+        "running",
         "state",
         "epoch",
         "socket",
