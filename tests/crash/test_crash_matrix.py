@@ -594,7 +594,9 @@ def _runner_before_ready(lab: Lab) -> None:
     lab.expect_runner_crash(armed)
     lab.wait_no_runners()
     view = lab.get(run_id)
-    assert view["display"] == {"status": "queued", "reason": "runnerNoProgress"}
+    display = view["display"]
+    assert (display["status"], display["reason"]) == ("queued", "runnerNoProgress"), display
+    assert "resume" in display["controls"], "parked: the operator may resume it"
     assert view["generation"] == 1 and lab.count(run_id, "a") == 0
     lab.command("run.resume", run_id=run_id)  # the operator's explicit resume
     lab.wait_status(run_id, "completed")
