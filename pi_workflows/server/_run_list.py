@@ -19,7 +19,7 @@ from pi_workflows.storage import (
     list_runs_filtered,
     run_list_revision,
 )
-from pi_workflows.wire.protocol import RUN_LIST_PAGE_SCHEMA
+from pi_workflows.wire.protocol import DISPLAY_STATUSES, RUN_LIST_PAGE_SCHEMA
 
 __all__ = [
     "DEFAULT_PAGE_ITEMS",
@@ -34,17 +34,6 @@ __all__ = [
 DEFAULT_PAGE_ITEMS: Final = 100
 MAX_PAGE_ITEMS: Final = 256
 """The protocol's bound on items per snapshot page."""
-DISPLAY_STATUSES: Final = (
-    "queued",
-    "running",
-    "waiting",
-    "paused",
-    "completed",
-    "failed",
-    "timed_out",
-    "cancelled",
-    "ambiguous",
-)
 _CURSOR_PREFIX: Final = "c1."
 _MAX_TIME_MS: Final = 2**53 - 1
 _MAX_NAME_CHARS: Final = 200
