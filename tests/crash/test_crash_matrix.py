@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -41,6 +40,7 @@ from pi_workflows.supervision import CRASH_POINTS
 from pi_workflows.testing import FakeProvider, ScriptedTurn, workflow_submit_turn
 from tests.conftest import Processes, write_workflow
 from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
+from tests.pi.agents import ATTEMPT_IN_PROMPT
 from tests.pi.conftest import pi_binary, pi_slot, provider  # noqa: F401 - for NeedsPi cases
 
 pytestmark = pytest.mark.timeout(90)
@@ -733,7 +733,6 @@ workflow = define_workflow(
     },
 )
 """
-ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
 SUBMITTED = {"summary": "presented again, submitted once"}
 
 

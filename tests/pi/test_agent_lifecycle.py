@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import sqlite3
 import time
@@ -36,6 +35,8 @@ from pi_workflows.testing import (
     workflow_submit_turn,
 )
 from tests.conftest import write_workflow
+from tests.pi.agents import alive as _alive
+from tests.pi.agents import attempt_of as _attempt_of
 from tests.server.runs import TERMINAL, start_run, wait_for, wait_until
 from tests.server.test_interaction_submit import pending_request, submit
 
@@ -62,29 +63,14 @@ workflow = define_workflow(
 )
 """
 
-ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
 GONE_TIMEOUT_S = 60.0
 """How long the tree gets to disappear (a runner's SIGTERM grace is 10 s; loaded cores)."""
-
-
-def _attempt_of(body: Mapping[str, Any]) -> str:
-    found = ATTEMPT_IN_PROMPT.search(json.dumps(body.get("messages")))
-    assert found is not None, "the prompt carries the step contract"
-    return found.group(1)
 
 
 def _cmdline(process: psutil.Process) -> str:
     with contextlib.suppress(psutil.Error):
         return " ".join(process.cmdline())
     return ""
-
-
-def _alive(process: psutil.Process) -> bool:
-    """Alive and not a zombie; `is_running` also checks the start time (no PID reuse)."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _by_cmdline(commands: Sequence[str]) -> list[psutil.Process]:

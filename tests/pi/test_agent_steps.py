@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sqlite3
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -30,6 +29,8 @@ from pi_workflows.testing import (
     workflow_submit_turn,
 )
 from tests.conftest import write_workflow
+from tests.pi.agents import alive as _alive
+from tests.pi.agents import attempt_of as _attempt_of
 from tests.server.runs import TERMINAL, start_run, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,15 +169,7 @@ workflow = define_workflow(
 )
 """
 
-ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
 SLEEPS = ("sleep 3001", "sleep 3002")
-
-
-def _attempt_of(body: Mapping[str, Any]) -> str:
-    text = json.dumps(body.get("messages"))
-    found = ATTEMPT_IN_PROMPT.search(text)
-    assert found is not None, "the prompt carries the step contract"
-    return found.group(1)
 
 
 def _tree_of_pi(project: Path) -> list[tuple[psutil.Process, str]]:
@@ -195,14 +188,6 @@ def _tree_of_pi(project: Path) -> list[tuple[psutil.Process, str]]:
         elif cmdline in SLEEPS:
             found.append((process, cmdline))
     return found
-
-
-def _alive(process: psutil.Process) -> bool:
-    """Alive and not a zombie; `is_running` also checks the start time (no PID reuse)."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sqlite3
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.testing import FakeProvider, ScriptedTurn, Stall, workflow_submit_turn
 from tests.conftest import write_workflow
+from tests.pi.agents import attempt_of as _attempt_of
 from tests.server.runs import TERMINAL, start_run, wait_for
 from tests.server.test_interaction_submit import (
     accepted_rows,
@@ -62,14 +62,6 @@ workflow = define_workflow(
     edges=[{"from": "prep", "to": "ask"}],
 )
 """
-
-ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
-
-
-def _attempt_of(body: Mapping[str, Any]) -> str:
-    found = ATTEMPT_IN_PROMPT.search(json.dumps(body.get("messages")))
-    assert found is not None, "the prompt carries the step contract"
-    return found.group(1)
 
 
 @pytest.fixture

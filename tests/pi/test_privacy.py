@@ -15,7 +15,6 @@ that one place is asserted, not searched.
 from __future__ import annotations
 
 import json
-import re
 import stat
 import uuid
 from collections.abc import Iterator, Mapping
@@ -28,6 +27,7 @@ from pi_workflows import WorkflowClient
 from pi_workflows.storage import open_database
 from pi_workflows.testing import FakeProvider, ScriptedTurn, text_turn, workflow_submit_turn
 from tests.conftest import Processes, write_workflow
+from tests.pi.agents import attempt_of as _attempt
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,13 +64,6 @@ workflow = define_workflow(
     }},
 )
 """
-ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
-
-
-def _attempt(body: Mapping[str, Any]) -> str:
-    found = ATTEMPT_IN_PROMPT.search(json.dumps(body.get("messages")))
-    assert found is not None, "the prompt carries the step contract"
-    return found.group(1)
 
 
 def _valid(body: Mapping[str, Any]) -> ScriptedTurn:

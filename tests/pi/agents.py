@@ -1,0 +1,28 @@
+"""Helpers the real-pi tests share: the step contract's attempt ID, and process liveness."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import psutil
+
+ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
+"""The attempt ID in the step contract of a step named `ask` (runner.step_prompt)."""
+
+
+def attempt_of(body: Mapping[str, Any]) -> str:
+    """The attempt ID the prompt of a model request names."""
+    found = ATTEMPT_IN_PROMPT.search(json.dumps(body.get("messages")))
+    assert found is not None, "the prompt carries the step contract"
+    return found.group(1)
+
+
+def alive(process: psutil.Process) -> bool:
+    """Alive and not a zombie; `is_running` also checks the start time (no PID reuse)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
