@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
+
+from pi_workflows import WorkflowServer
 
 ATTEMPT_IN_PROMPT = re.compile(r"step: ask, attempt: (attempt-[0-9a-f]+)\)")
 """The attempt ID in the step contract of a step named `ask` (runner.step_prompt)."""
@@ -26,3 +30,15 @@ def alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@contextlib.contextmanager
+def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
+    """An embedded server that runs workflows (set the environment its runners and pi
+    children inherit before entering), stopped at exit."""
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")

@@ -37,6 +37,7 @@ from pi_workflows.testing import (
 from tests.conftest import write_workflow
 from tests.pi.agents import alive as _alive
 from tests.pi.agents import attempt_of as _attempt_of
+from tests.pi.agents import running_server
 from tests.server.runs import TERMINAL, start_run, wait_for, wait_until
 from tests.server.test_interaction_submit import pending_request, submit
 
@@ -215,12 +216,8 @@ def server(
     # The server's agent folder (the state dir's parent) is the one its pi children get.
     provider.write_agent_dir(state_dir.parent)
     monkeypatch.setenv("PI_WORKFLOWS_PI", str(pi_binary))
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
+    with running_server(state_dir) as instance:
         yield instance
-    finally:
-        instance.stop("test teardown")
 
 
 def _project(short_tmp: Path, timeout: float = 120) -> Path:

@@ -31,6 +31,7 @@ from pi_workflows.testing import (
 from tests.conftest import write_workflow
 from tests.pi.agents import alive as _alive
 from tests.pi.agents import attempt_of as _attempt_of
+from tests.pi.agents import running_server
 from tests.server.runs import TERMINAL, start_run, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,12 +58,8 @@ def server_without_pi(
 ) -> Iterator[WorkflowServer]:
     # Set before the server (and its zygote) start: runners inherit the environment.
     monkeypatch.setenv("PI_WORKFLOWS_PI", str(tmp_path / "no-such-pi"))
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
+    with running_server(state_dir) as instance:
         yield instance
-    finally:
-        instance.stop("test teardown")
 
 
 def test_a_missing_pi_fails_the_step_with_pi_unavailable_and_routes_it(
@@ -119,12 +116,8 @@ def server_with_a_pi_that_exists(
 ) -> Iterator[WorkflowServer]:
     # A file that exists: the step gets past `piUnavailable` and proposes its request.
     monkeypatch.setenv("PI_WORKFLOWS_PI", "/bin/true")
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
+    with running_server(state_dir) as instance:
         yield instance
-    finally:
-        instance.stop("test teardown")
 
 
 def test_a_proposed_request_is_committed_and_the_server_stays_up(
@@ -202,12 +195,8 @@ def server_with_pi(
     # The server's agent folder (the state dir's parent) is the one its pi children get.
     provider.write_agent_dir(state_dir.parent)
     monkeypatch.setenv("PI_WORKFLOWS_PI", str(pi_binary))
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
+    with running_server(state_dir) as instance:
         yield instance
-    finally:
-        instance.stop("test teardown")
 
 
 def test_a_submitting_model_completes_the_run_and_no_process_of_pis_tree_is_left(
