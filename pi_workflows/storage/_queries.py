@@ -108,6 +108,7 @@ __all__ = [
     "SELECT_RUN_ROOT",
     "SELECT_RUN_SUMMARIES",
     "SELECT_RUN_SUMMARY",
+    "SELECT_RUN_VIEW_REVISION",
     "SELECT_SCHEMA_INFO",
     "SELECT_SCHEMA_INFO_TABLE",
     "SELECT_SERVER_HAS_WORK",
@@ -269,6 +270,7 @@ LIMIT :limit
 """
 # The run list's revision: every committed change adds 1 to exactly one run revision.
 SELECT_RUN_LIST_REVISION = "SELECT COALESCE(sum(revision), 0) FROM runs"
+SELECT_RUN_VIEW_REVISION = "SELECT revision FROM runs WHERE run_id = :run_id"
 # The status facts of one run.
 SELECT_RUN_SUMMARY = """
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,

@@ -42,6 +42,7 @@ __all__ = [
     "list_runs",
     "list_runs_filtered",
     "run_list_revision",
+    "run_view_revision",
     "server_has_work",
     "status_counts",
     "unfinished_attempt",
@@ -143,6 +144,15 @@ def run_list_revision(reader: Reader) -> int:
     dedicated counter should replace it when retention lands.
     """
     return int(reader.fetch_value(q.SELECT_RUN_LIST_REVISION, {}))
+
+
+def run_view_revision(reader: Reader, run_id: str) -> int | None:
+    """Return the presentation revision of one run's view, or None if there is no run.
+
+    The lightweight check an unchanged run subscription makes instead of a rebuild.
+    """
+    value = reader.fetch_value(q.SELECT_RUN_VIEW_REVISION, {"run_id": run_id})
+    return None if value is None else int(value)
 
 
 def list_events(
