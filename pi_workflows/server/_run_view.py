@@ -41,6 +41,7 @@ from pi_workflows.storage import (
     read_blob_part,
     read_view_content,
     run_result_payload,
+    run_view_revision,
 )
 from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
 
@@ -198,7 +199,7 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
     run = facts.run
     view: dict[str, Any] = {
         "schema": RUN_VIEW_SCHEMA,
-        "revision": run.revision,
+        "revision": run_view_revision(db, run.run_id),
         "runId": run.run_id,
         "workflow": run.workflow_name,
         "status": run.status,

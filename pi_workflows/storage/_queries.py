@@ -268,9 +268,11 @@ WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :limit
 """
-# The run list's revision: every committed change adds 1 to exactly one run revision.
-SELECT_RUN_LIST_REVISION = "SELECT COALESCE(sum(revision), 0) FROM runs"
-SELECT_RUN_VIEW_REVISION = "SELECT revision FROM runs WHERE run_id = :run_id"
+# The run list's revision: a one-row counter that triggers on `runs` keep (schema.sql).
+SELECT_RUN_LIST_REVISION = "SELECT revision FROM run_list_revision WHERE singleton = 1"
+# The presentation revision of a run's view: its event revision plus the view changes
+# that append no event (kept by triggers, schema.sql); both only grow.
+SELECT_RUN_VIEW_REVISION = "SELECT revision + view_changes FROM runs WHERE run_id = :run_id"
 # The status facts of one run.
 SELECT_RUN_SUMMARY = """
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,

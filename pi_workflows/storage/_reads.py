@@ -138,10 +138,10 @@ def get_run_summary(reader: Reader, run_id: str) -> RunSummary | None:
 
 
 def run_list_revision(reader: Reader) -> int:
-    """Return the run list's revision; it grows by one with every committed run change.
-
-    It is the sum of run revisions, so retention deleting runs can lower it; a
-    dedicated counter should replace it when retention lands.
+    """Return the run list's revision, O(1): a counter that triggers on `runs` raise with
+    every inserted, updated or deleted run row (and so with every change a run's view
+    shows, which bumps its row). It grows with every committed run change and never goes
+    back, not even when runs are pruned.
     """
     return int(reader.fetch_value(q.SELECT_RUN_LIST_REVISION, {}))
 
@@ -149,7 +149,10 @@ def run_list_revision(reader: Reader) -> int:
 def run_view_revision(reader: Reader, run_id: str) -> int | None:
     """Return the presentation revision of one run's view, or None if there is no run.
 
-    The lightweight check an unchanged run subscription makes instead of a rebuild.
+    The lightweight check an unchanged run subscription makes instead of a rebuild: the
+    run's event revision plus `view_changes`, which triggers raise when a row the view
+    shows changes without an event (a runner epoch, a queue move, an effect, a request,
+    a decision, a restart or continuation of this run). Both only grow.
     """
     value = reader.fetch_value(q.SELECT_RUN_VIEW_REVISION, {"run_id": run_id})
     return None if value is None else int(value)

@@ -461,13 +461,17 @@ def test_rejection_inside_a_handler_leaves_the_transaction_usable(db: Database) 
 
 
 def test_run_summary_and_list_revision(db: Database) -> None:
+    # The counter only promises to grow with every committed run change (one
+    # transaction may raise it more than once: a run and its queue row).
     assert run_list_revision(db) == 0
     enqueue(db, "a")
+    first = run_list_revision(db)
     enqueue(db, "b")
-    assert run_list_revision(db) == 2
+    second = run_list_revision(db)
+    assert 0 < first < second
     with db.write() as tx:
         pause_run(tx, "a")
-    assert run_list_revision(db) == 3
+    assert run_list_revision(db) > second
     summary = get_run_summary(db, "a")
     assert summary is not None
     assert (summary.status, summary.paused, summary.queue_state, summary.revision) == (
