@@ -113,23 +113,35 @@ def list_runs_filtered(
     limit: int,
     before: tuple[int, str] | None = None,
 ) -> list[RunSummary]:
-    """Return one filtered page of the run list, newest first (status facts only)."""
+    """Return one filtered page of the run list, newest first (status facts only).
+
+    Each filter that is on drives an index (status, workflow, project, creation time),
+    so a filter that few of many runs match still reads about one page of rows.
+    """
     created_at, run_id = before if before is not None else (_NEWEST, "")
-    statuses = run_filter.statuses
-    return reader.fetch_all(
-        q.SELECT_FILTERED_RUN_SUMMARIES,
-        {
-            "before_created_at": created_at,
-            "before_run_id": run_id,
-            "limit": limit,
-            "workflow": run_filter.workflow,
-            "project": run_filter.project,
-            "since": run_filter.since,
-            "until": run_filter.until,
-            "statuses": None if statuses is None else json.dumps(list(statuses)),
-        },
-        RunSummary,
+    params: dict[str, object] = {
+        "before_created_at": created_at,
+        "before_run_id": run_id,
+        "limit": limit,
+        "workflow": run_filter.workflow,
+        "project": run_filter.project,
+        "since": run_filter.since,
+        "until": run_filter.until,
+    }
+    drivers: tuple[str, ...] = ()
+    if run_filter.statuses is not None:
+        params["statuses"] = json.dumps(list(run_filter.statuses))
+        drivers = tuple(
+            sorted({d for status in run_filter.statuses for d in q.DRIVERS_OF_DISPLAY[status]})
+        )
+    sql = q.filtered_run_summaries_sql(
+        workflow=run_filter.workflow is not None,
+        project=run_filter.project is not None,
+        since=run_filter.since is not None,
+        until=run_filter.until is not None,
+        drivers=drivers,
     )
+    return reader.fetch_all(sql, params, RunSummary)
 
 
 def get_run_summary(reader: Reader, run_id: str) -> RunSummary | None:

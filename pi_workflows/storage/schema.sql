@@ -75,6 +75,8 @@ CREATE INDEX runs_by_status ON runs (status, created_at DESC, run_id DESC);
 -- The run list filtered by workflow or by project, newest first.
 CREATE INDEX runs_by_workflow ON runs (workflow_name, created_at DESC, run_id DESC);
 CREATE INDEX runs_by_project ON runs (project_path, created_at DESC, run_id DESC);
+-- The run list filtered by display status `paused`, newest first.
+CREATE INDEX runs_paused ON runs (created_at DESC, run_id DESC) WHERE paused = 1;
 -- Retention: terminal runs by age, and lineage trees.
 CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX runs_by_root ON runs (root_run_id);
@@ -274,6 +276,8 @@ CREATE TABLE effects (
     CHECK ((settled_at IS NULL) = (state IN ('pending', 'applying')))
 ) STRICT;
 CREATE INDEX effects_by_run ON effects (run_id, state);
+-- The runs with an ambiguous effect (the run list's `ambiguous` filter).
+CREATE INDEX effects_ambiguous ON effects (run_id) WHERE state = 'ambiguous';
 CREATE INDEX effects_by_attempt ON effects (attempt_id) WHERE attempt_id IS NOT NULL;
 CREATE INDEX effects_by_request ON effects (request_hash) WHERE request_hash IS NOT NULL;
 CREATE INDEX effects_by_result ON effects (result_hash) WHERE result_hash IS NOT NULL;
@@ -499,11 +503,8 @@ CREATE TABLE runner_processes (
 
 -- Every table whose rows show in a run's view bumps that run's view_changes when a row
 -- is inserted or updated (rows leave only with their run). Events need none: each one
--- comes with a revision.
-CREATE TRIGGER run_view_after_run_queue_insert AFTER INSERT ON run_queue
-BEGIN
-    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
-END;
+-- comes with a revision. The queue row and the binding are inserted with their run, so
+-- only their updates count.
 CREATE TRIGGER run_view_after_run_queue_update AFTER UPDATE ON run_queue
 BEGIN
     UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
@@ -529,10 +530,6 @@ BEGIN
     UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
 END;
 CREATE TRIGGER run_view_after_effects_update AFTER UPDATE ON effects
-BEGIN
-    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
-END;
-CREATE TRIGGER run_view_after_run_bindings_insert AFTER INSERT ON run_bindings
 BEGIN
     UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
 END;
