@@ -1049,8 +1049,9 @@ def piw_main(run_id: str | None) -> None:
 
 
 # Commands in their own modules register on the groups above when imported:
-# `run list` and `run logs` (_run_list), `run show` (_run_show), `completion`; then every
-# run-ID and workflow-name parameter gets its shell completion (_completion).
-from pi_workflows.cli import _completion, _run_list, _run_show  # noqa: E402, F401
+# `run list` and `run logs` (_run_list), `run show` (_run_show), `state prune`
+# (_state_prune), `completion`; then every run-ID and workflow-name parameter gets its
+# shell completion (_completion).
+from pi_workflows.cli import _completion, _run_list, _run_show, _state_prune  # noqa: E402, F401
 
 _completion.install_completion(main)
