@@ -130,7 +130,10 @@ def start_state_prune(
         respond(rejected(request, "rejected", exc.code, str(exc)))
         return
     if not query.apply:
-        reader.tell(Read(lambda db: _dry_run(db, request, query), _replier(request, respond)))
+        try:
+            reader.tell(Read(lambda db: _dry_run(db, request, query), _replier(request, respond)))
+        except pykka.ActorDeadError:
+            respond(rejected(request, "unavailable", "serverStopping", "the server is stopping"))
         return
     key = (request["clientId"], request["idempotencyKey"])
     with _in_flight_lock:
@@ -205,7 +208,16 @@ class _Apply:
     digests: set[str] = field(default_factory=set)
 
     def begin(self) -> None:
-        self.reader.tell(Read(self._select_and_back_up, self._backed_up, "state.prune"))
+        self._tell(self.reader, Read(self._select_and_back_up, self._backed_up, "state.prune"))
+
+    def _tell(self, actor: pykka.ActorRef[Any], message: Any) -> None:
+        """Hand the next step on; a stopping server answers instead (no actor is left)."""
+        try:
+            actor.tell(message)
+        except pykka.ActorDeadError:
+            self._finish(
+                rejected(self.request, "unavailable", "serverStopping", "the server is stopping")
+            )
 
     def _select_and_back_up(self, db: Database) -> Any:
         """On the reader, in one snapshot: a stored answer, else the trees and a backup."""
@@ -235,11 +247,10 @@ class _Apply:
     def _next(self) -> None:
         if self.pending:
             tree = self.pending[-1]
-            self.database.tell(
-                Transact(lambda db: self._delete(db, tree), self._deleted, "state.prune")
-            )
+            work = Transact(lambda db: self._delete(db, tree), self._deleted, "state.prune")
         else:
-            self.database.tell(Transact(self._collect_and_record, self._recorded, "state.prune"))
+            work = Transact(self._collect_and_record, self._recorded, "state.prune")
+        self._tell(self.database, work)
 
     def _delete(self, db: Database, tree: PruneTree) -> Any:
         with db.write() as tx:
