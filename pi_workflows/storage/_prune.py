@@ -1,16 +1,7 @@
-"""State retention: select expired root-run trees, delete one tree, collect its blobs.
-
-Implements the manual form of workflow-server.md § State retention (`state prune`): a
-terminal root-run tree can go only when every run of it (the root, its restarts,
-continuations and children: every run whose `root_run_id` is the root) is terminal,
-finished before the cutoff, and free of protected state: a live queue row, a pending
-interaction, decision or workflow message, an unsettled or ambiguous effect, an active
-lease, runner epoch or registered process, or a run or decision outside the tree that
-points into it. Deleting a tree deletes the rows of every run table (`runs` cascades to
-the rest, `run_view_content` included) and the command receipts of its runs; blobs only
-the tree referenced are collected afterwards in one transaction that checks every
-remaining reference (digest columns and event payloads). Internal; `pi_workflows.storage`
-exports the names.
+"""State retention (workflow-server.md § State retention, manual `state prune`): select
+expired root-run trees free of protected state, delete one tree (every run table, its
+view content and command receipts), collect the blobs no remaining row names, and write
+a verified backup first. Internal; `pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
@@ -205,7 +196,16 @@ class _Payload:
 
 def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
     """The trees `state prune` would delete now, oldest first, and how many trees are
-    expired but kept for protected state. Call it in one read transaction."""
+    expired but kept for protected state. Call it in one read transaction.
+
+    A tree is a root run and every run whose `root_run_id` it is (restarts,
+    continuations, children). It expires when every run of it is terminal and finished
+    before `cutoff`; it is kept while `tree_blockers` names any protected state: a live
+    queue row, an active lease, runner epoch or registered process, a pending
+    interaction, decision or workflow message, a validating submission, an unsettled or
+    ambiguous effect, or a run, decision or channel message outside the tree that points
+    into it.
+    """
     trees: list[PruneTree] = []
     kept = 0
     for tree in reader.fetch_all(_SELECT_EXPIRED_TREES, {"cutoff": cutoff}, _Tree):
