@@ -190,8 +190,12 @@ def main() -> None:
     name = "first page + one run view"
     ratio = statistics.median(big[name]) / statistics.median(small[name])
     p99 = percentile(big[name], 0.99) / percentile(small[name], 0.99)
-    verdict = "meets" if ratio <= TARGET else "misses"
-    print(f"{name}: median {ratio:.2f}x, p99 {p99:.2f}x ({verdict} the <= {TARGET}x target)")
+    verdicts = ", ".join(
+        f"{label} {'meets' if value <= TARGET else 'misses'}"
+        for label, value in (("median", ratio), ("p99", p99))
+    )
+    print(f"{name}: median {ratio:.2f}x, p99 {p99:.2f}x (target <= {TARGET}x: {verdicts})")
+    print("(p99 on a shared machine is noisy; run again before reading much into one p99)")
 
 
 if __name__ == "__main__":
