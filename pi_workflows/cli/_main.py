@@ -154,6 +154,7 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "state verify": (*CLIENT_EXITS, EXIT_STATE),
     "workflows list": (0, EXIT_USAGE),
     "debug crash-points": (0, EXIT_USAGE),
+    "completion": (0, EXIT_USAGE),
     "piw": (EXIT_USAGE,),
 }
 """Exit codes by command path; any other command gives `CLIENT_EXITS`."""
@@ -207,6 +208,7 @@ STARTS_NO_SERVER = frozenset(
         "piw",
         "workflows list",
         "debug crash-points",
+        "completion",
     }
 )
 """Commands that never start a server on demand (the rest may)."""
@@ -1047,5 +1049,9 @@ def piw_main(run_id: str | None) -> None:
 
 
 # Commands in their own modules register on the groups above when imported:
-# `run list` and `run logs` (_run_list), `run show` (_run_show).
-from pi_workflows.cli import _run_list, _run_show  # noqa: E402, F401
+# `run list` and `run logs` (_run_list), `run show` (_run_show), `state prune`
+# (_state_prune), `completion`; then every run-ID and workflow-name parameter gets its
+# shell completion (_completion).
+from pi_workflows.cli import _completion, _run_list, _run_show, _state_prune  # noqa: E402, F401
+
+_completion.install_completion(main)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._display_status import summary_status as display_status
 from pi_workflows.server._run_list import (
     RunListQuery,
     RunListQueryError,
@@ -223,21 +224,6 @@ def _state_verify(
     return response(request, "accepted", receipt=receipt)
 
 
-def display_status(summary: RunSummary) -> str:
-    """The closed `display.status` of a run (client-protocol.md § Run and session views)."""
-    if summary.status in ("completed", "failed", "timed_out", "cancelled"):
-        return summary.status
-    if summary.park_reason == "effectAmbiguous":
-        return "ambiguous"
-    if summary.paused:
-        return "paused"
-    if summary.status == "waiting":
-        return "waiting"
-    if summary.queue_state in ("starting", "running"):
-        return "running"
-    return "queued"
-
-
 def _summary_item(summary: RunSummary) -> dict[str, Any]:
     item: dict[str, Any] = {
         "runId": summary.run_id,
@@ -245,7 +231,7 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
         "revision": summary.revision,
         "createdAt": summary.created_at,
         "updatedAt": summary.updated_at,
-        "display": {"status": display_status(summary)},
+        "display": {"status": display_status(summary)},  # the view's rule too
     }
     if summary.title is not None:
         item["title"] = summary.title

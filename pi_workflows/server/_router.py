@@ -52,6 +52,7 @@ from pi_workflows.server._operations import (
     start_run,
 )
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
+from pi_workflows.server._state_prune import start_state_prune
 from pi_workflows.wire._listener import Connection
 from pi_workflows.wire.protocol import RequestMessage, client_operations
 
@@ -133,6 +134,7 @@ class Router:
             "run.start": self._start_run,
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
+            "state.prune": self._state_prune,
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
@@ -212,6 +214,12 @@ class Router:
         pending.respond(result.value)
         if wake:
             _tell(self._ports.scheduler, Wake())
+
+    def _state_prune(self, pending: Pending) -> None:
+        """Chained through the reader (selection, backup) and database (one tree a
+        unit) actors; answered once the receipt is stored (server/_state_prune.py)."""
+        ports = self._ports
+        start_state_prune(pending.request, pending.respond, ports.database, ports.reader)
 
     def _server_stop(self, pending: Pending) -> None:
         request = pending.request

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pi_workflows.server._display_status import StatusFacts, display_status
 from pi_workflows.storage import (
     ContentUnavailableError,
     Database,
@@ -41,6 +42,7 @@ from pi_workflows.storage import (
     read_blob_part,
     read_view_content,
     run_result_payload,
+    run_view_revision,
 )
 from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
 
@@ -198,7 +200,7 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
     run = facts.run
     view: dict[str, Any] = {
         "schema": RUN_VIEW_SCHEMA,
-        "revision": run.revision,
+        "revision": run_view_revision(db, run.run_id),
         "runId": run.run_id,
         "workflow": run.workflow_name,
         "status": run.status,
@@ -276,19 +278,16 @@ def _display(facts: _Facts) -> dict[str, Any]:
 
 
 def _status(facts: _Facts) -> str:
-    run = facts.run
-    if run.status in TERMINAL:
-        return run.status  # 1: terminal, even while its runner reports or cleans up
-    if facts.ambiguous:
-        return "ambiguous"  # 2: an ambiguous effect on a nonterminal run
-    if run.paused:
-        return "paused"  # 3: only the durable pause flag
-    if run.status == "waiting":
-        return "waiting"  # 4: a pending request (a checkpoint, a decision, a session step)
-    queue_state = facts.queue.state if facts.queue is not None else None
-    if queue_state in ("starting", "running") or facts.runner is not None:
-        return "running"  # 5: active supervised execution
-    return "queued"  # 6: parked resumable work, or admitted work not started
+    # The one rule the run list uses too (server/_display_status.py).
+    return display_status(
+        StatusFacts(
+            run_status=facts.run.status,
+            paused=bool(facts.run.paused),
+            queue_state=facts.queue.state if facts.queue is not None else None,
+            ambiguous_effect=bool(facts.ambiguous),
+            runner_active=facts.runner is not None,
+        )
+    )
 
 
 def _reason_code(facts: _Facts, status: str) -> str | None:

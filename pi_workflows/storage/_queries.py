@@ -7,6 +7,8 @@ A test compiles every constant here against a fresh schema. Internal module.
 
 from __future__ import annotations
 
+from functools import cache
+
 # ruff: noqa: E501  (SQL reads better unwrapped than split mid-clause)
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "COUNT_RUN_AMBIGUOUS_EFFECTS",
     "COUNT_SCHEMA_OBJECTS",
     "DELETE_LEASE",
+    "DRIVERS_OF_DISPLAY",
     "INSERT_BLOB",
     "INSERT_CHECKPOINT_DECISION",
     "INSERT_COMMAND",
@@ -155,6 +158,8 @@ __all__ = [
     "UPDATE_UNFINISHED_ATTEMPTS_CLOSE",
     "UPSERT_LEASE",
     "UPSERT_SERVER_LEASE",
+    "display_status_sql",
+    "filtered_run_summaries_sql",
 ]
 
 # --- Transaction control and connection pragmas -------------------------------------
@@ -230,54 +235,126 @@ SELECT run_id, workflow_name, title, project_path, source_identity, definition_d
        failure_reason
 FROM runs WHERE run_id = :run_id
 """
+# The status facts of a run-list row: status and source facts only (never input, steps
+# or trace). The revision is the presentation revision (that of the run's view); the
+# ambiguous-effect and active-runner facts are indexed EXISTS checks (effects_by_run,
+# runner_epochs_one_active), not loads.
+_ambiguous_effect = (
+    "EXISTS (SELECT 1 FROM effects AS e WHERE e.run_id = r.run_id AND e.state = 'ambiguous')"
+)
+_runner_active = (
+    "EXISTS (SELECT 1 FROM runner_epochs AS x"
+    " WHERE x.run_id = r.run_id AND x.status IN ('starting', 'ready'))"
+)
+_summary_columns = f"""
+SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused,
+       r.revision + r.view_changes AS revision, q.state AS queue_state, q.park_reason,
+       r.created_at, r.updated_at, r.finished_at, r.failure_class, b.execution_mode,
+       {_ambiguous_effect} AS ambiguous_effect, {_runner_active} AS runner_active
+FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
+LEFT JOIN run_bindings AS b ON b.run_id = r.run_id"""
 # The run list, newest first, keyset-paged by (created_at, run_id).
-SELECT_RUN_SUMMARIES = """
-SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
-       q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
-       r.failure_class, b.execution_mode
-FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
-LEFT JOIN run_bindings AS b ON b.run_id = r.run_id
+SELECT_RUN_SUMMARIES = f"""{_summary_columns}
 WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :limit
 """
-# The display status of a run in SQL; it mirrors `display_status` in
-# server/_operations.py (tests/server/test_run_list_pages.py checks they agree).
-_display_status_case = """CASE
-    WHEN r.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN r.status
-    WHEN q.park_reason = 'effectAmbiguous' THEN 'ambiguous'
-    WHEN r.paused = 1 THEN 'paused'
-    WHEN r.status = 'waiting' THEN 'waiting'
-    WHEN q.state IN ('starting', 'running') THEN 'running'
+
+
+def display_status_sql(
+    status: str, paused: str, queue_state: str, ambiguous: str, runner: str
+) -> str:
+    """The display status of a run in SQL over the given column expressions: the rule of
+    server/_display_status.py `display_status`, for the run list's status filter
+    (tests/server/test_display_status.py checks they agree in every case)."""
+    return f"""CASE
+    WHEN {status} IN ('completed', 'failed', 'timed_out', 'cancelled') THEN {status}
+    WHEN {ambiguous} THEN 'ambiguous'
+    WHEN {paused} = 1 THEN 'paused'
+    WHEN {status} = 'waiting' THEN 'waiting'
+    WHEN {queue_state} IN ('starting', 'running') OR {runner} THEN 'running'
     ELSE 'queued' END"""
-# One filtered run-list page, newest first, keyset-paged by (created_at, run_id). Each
-# filter is off when its parameter is NULL; `statuses` is a JSON array of display
-# statuses. Reads status and source facts only (never input, steps or trace).
-SELECT_FILTERED_RUN_SUMMARIES = f"""
-SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
-       q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
-       r.failure_class, b.execution_mode
-FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
-LEFT JOIN run_bindings AS b ON b.run_id = r.run_id
-WHERE (r.created_at, r.run_id) < (:before_created_at, :before_run_id)
-  AND (:workflow IS NULL OR r.workflow_name = :workflow)
-  AND (:project IS NULL OR r.project_path = :project)
-  AND (:since IS NULL OR r.created_at >= :since)
-  AND (:until IS NULL OR r.created_at < :until)
-  AND (:statuses IS NULL OR {_display_status_case} IN (SELECT value FROM json_each(:statuses)))
-ORDER BY r.created_at DESC, r.run_id DESC
-LIMIT :limit
-"""
-# The run list's revision: every committed change adds 1 to exactly one run revision.
-SELECT_RUN_LIST_REVISION = "SELECT COALESCE(sum(revision), 0) FROM runs"
-SELECT_RUN_VIEW_REVISION = "SELECT revision FROM runs WHERE run_id = :run_id"
+
+
+_display_status_case = display_status_sql(
+    "r.status", "r.paused", "q.state", _ambiguous_effect, _runner_active
+)
+
+# The index-driven conditions ("drivers") that find the runs of each display status, so
+# a status filter reads about one page even when few of many runs match: a stored
+# status, the pause flag, the ambiguous effects, or the active queue rows and runners.
+_STATUS_DRIVERS: dict[str, str] = {
+    "completed": "r.status = 'completed'",
+    "failed": "r.status = 'failed'",
+    "timed_out": "r.status = 'timed_out'",
+    "cancelled": "r.status = 'cancelled'",
+    "waiting": "r.status = 'waiting'",
+    "queued": "r.status = 'queued'",
+    "running": "r.status = 'running'",
+    "paused": "r.paused = 1",
+    "ambiguous": "r.run_id IN (SELECT run_id FROM effects WHERE state = 'ambiguous')",
+    "active": (
+        "r.run_id IN (SELECT run_id FROM run_queue WHERE state IN ('starting', 'running')"
+        " UNION SELECT run_id FROM runner_epochs WHERE status IN ('starting', 'ready'))"
+    ),
+}
+# Which drivers find every run of a display status (the rule of `display_status_sql`).
+DRIVERS_OF_DISPLAY: dict[str, tuple[str, ...]] = {
+    "completed": ("completed",),
+    "failed": ("failed",),
+    "timed_out": ("timed_out",),
+    "cancelled": ("cancelled",),
+    "ambiguous": ("ambiguous",),
+    "paused": ("paused",),
+    "waiting": ("waiting",),
+    "running": ("active",),
+    "queued": ("queued", "running"),
+}
+
+
+@cache
+def filtered_run_summaries_sql(
+    *, workflow: bool, project: bool, since: bool, until: bool, drivers: tuple[str, ...] = ()
+) -> str:
+    """One filtered run-list page, newest first, keyset-paged by (created_at, run_id).
+
+    Only the filters that are on appear, so each drives its index (an `:x IS NULL OR`
+    test would hide every index from the planner). With a status filter (`drivers`, from
+    `DRIVERS_OF_DISPLAY`) the page is a merge of one index-driven arm per driver, each
+    reading at most `:limit` rows, and `:statuses` (a JSON array of display statuses)
+    keeps only the rows whose display status was asked for.
+    """
+    conditions = ["(r.created_at, r.run_id) < (:before_created_at, :before_run_id)"]
+    if workflow:
+        conditions.append("r.workflow_name = :workflow")
+    if project:
+        conditions.append("r.project_path = :project")
+    if since:
+        conditions.append("r.created_at >= :since")
+    if until:
+        conditions.append("r.created_at < :until")
+    order = "ORDER BY r.created_at DESC, r.run_id DESC LIMIT :limit"
+    if not drivers:
+        return f"{_summary_columns}\nWHERE {' AND '.join(conditions)}\n{order}\n"
+    conditions.append(f"{_display_status_case} IN (SELECT value FROM json_each(:statuses))")
+    arms = [
+        f"SELECT * FROM ({_summary_columns}\nWHERE {_STATUS_DRIVERS[driver]} AND "
+        f"{' AND '.join(conditions)}\n{order})"
+        for driver in drivers
+    ]
+    if len(arms) == 1:
+        return arms[0] + "\n"
+    # UNION, not UNION ALL: a run two drivers find (paused and queued) shows once.
+    return "\nUNION\n".join(arms) + "\nORDER BY created_at DESC, run_id DESC LIMIT :limit\n"
+
+
+# The run list's revision: a one-row counter that triggers on `runs` keep (schema.sql).
+SELECT_RUN_LIST_REVISION = "SELECT revision FROM run_list_revision WHERE singleton = 1"
+# The presentation revision of a run's view: its event revision plus the view changes
+# that append no event (kept by triggers, schema.sql); both only grow.
+SELECT_RUN_VIEW_REVISION = "SELECT revision + view_changes FROM runs WHERE run_id = :run_id"
 # The status facts of one run.
-SELECT_RUN_SUMMARY = """
-SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused, r.revision,
-       q.state AS queue_state, q.park_reason, r.created_at, r.updated_at, r.finished_at,
-       r.failure_class, b.execution_mode
-FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
-LEFT JOIN run_bindings AS b ON b.run_id = r.run_id
+SELECT_RUN_SUMMARY = f"""{_summary_columns}
 WHERE r.run_id = :run_id
 """
 # Run counts per status, for server status.

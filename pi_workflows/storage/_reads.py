@@ -113,23 +113,35 @@ def list_runs_filtered(
     limit: int,
     before: tuple[int, str] | None = None,
 ) -> list[RunSummary]:
-    """Return one filtered page of the run list, newest first (status facts only)."""
+    """Return one filtered page of the run list, newest first (status facts only).
+
+    Each filter that is on drives an index (status, workflow, project, creation time),
+    so a filter that few of many runs match still reads about one page of rows.
+    """
     created_at, run_id = before if before is not None else (_NEWEST, "")
-    statuses = run_filter.statuses
-    return reader.fetch_all(
-        q.SELECT_FILTERED_RUN_SUMMARIES,
-        {
-            "before_created_at": created_at,
-            "before_run_id": run_id,
-            "limit": limit,
-            "workflow": run_filter.workflow,
-            "project": run_filter.project,
-            "since": run_filter.since,
-            "until": run_filter.until,
-            "statuses": None if statuses is None else json.dumps(list(statuses)),
-        },
-        RunSummary,
+    params: dict[str, object] = {
+        "before_created_at": created_at,
+        "before_run_id": run_id,
+        "limit": limit,
+        "workflow": run_filter.workflow,
+        "project": run_filter.project,
+        "since": run_filter.since,
+        "until": run_filter.until,
+    }
+    drivers: tuple[str, ...] = ()
+    if run_filter.statuses is not None:
+        params["statuses"] = json.dumps(list(run_filter.statuses))
+        drivers = tuple(
+            sorted({d for status in run_filter.statuses for d in q.DRIVERS_OF_DISPLAY[status]})
+        )
+    sql = q.filtered_run_summaries_sql(
+        workflow=run_filter.workflow is not None,
+        project=run_filter.project is not None,
+        since=run_filter.since is not None,
+        until=run_filter.until is not None,
+        drivers=drivers,
     )
+    return reader.fetch_all(sql, params, RunSummary)
 
 
 def get_run_summary(reader: Reader, run_id: str) -> RunSummary | None:
@@ -138,10 +150,10 @@ def get_run_summary(reader: Reader, run_id: str) -> RunSummary | None:
 
 
 def run_list_revision(reader: Reader) -> int:
-    """Return the run list's revision; it grows by one with every committed run change.
-
-    It is the sum of run revisions, so retention deleting runs can lower it; a
-    dedicated counter should replace it when retention lands.
+    """Return the run list's revision, O(1): a counter that triggers on `runs` raise with
+    every inserted, updated or deleted run row (and so with every change a run's view
+    shows, which bumps its row). It grows with every committed run change and never goes
+    back, not even when runs are pruned.
     """
     return int(reader.fetch_value(q.SELECT_RUN_LIST_REVISION, {}))
 
@@ -149,7 +161,10 @@ def run_list_revision(reader: Reader) -> int:
 def run_view_revision(reader: Reader, run_id: str) -> int | None:
     """Return the presentation revision of one run's view, or None if there is no run.
 
-    The lightweight check an unchanged run subscription makes instead of a rebuild.
+    The lightweight check an unchanged run subscription makes instead of a rebuild: the
+    run's event revision plus `view_changes`, which triggers raise when a row the view
+    shows changes without an event (a runner epoch, a queue move, an effect, a request,
+    a decision, a restart or continuation of this run). Both only grow.
     """
     value = reader.fetch_value(q.SELECT_RUN_VIEW_REVISION, {"run_id": run_id})
     return None if value is None else int(value)

@@ -66,6 +66,10 @@ class RunSummary:
     failure_class: str | None
     execution_mode: str | None
     """`run_bindings.execution_mode` (`headless` or `interactive`); None without a binding."""
+    ambiguous_effect: int = 0
+    """1 when the run has an effect in state `ambiguous` (an indexed EXISTS, not a load)."""
+    runner_active: int = 0
+    """1 when the run has a starting or ready runner epoch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,18 +62,61 @@ CREATE TABLE runs (
         'claimLost', 'workerCrashed', 'runnerNoProgress', 'workerTimedOut', 'hostUnavailable',
         'sourceChanged', 'effectAmbiguous', 'nodeFailed', 'protocolRejected', 'resourceLimit'
     )),
-    failure_reason TEXT
+    failure_reason TEXT,
+    -- Changes shown in the run's view that append no event (a runner epoch starting, a
+    -- queue move, a lineage link); kept by the triggers below. The presentation revision
+    -- is revision + view_changes: both only grow, so it changes whenever the view can.
+    view_changes INTEGER NOT NULL DEFAULT 0 CHECK (view_changes >= 0)
 ) STRICT;
 -- Run list, newest first.
 CREATE INDEX runs_by_created ON runs (created_at DESC, run_id DESC);
--- Status counts and recovery scans.
-CREATE INDEX runs_by_status ON runs (status);
+-- Status counts and recovery scans; the run list filtered by stored status, newest first.
+CREATE INDEX runs_by_status ON runs (status, created_at DESC, run_id DESC);
+-- The run list filtered by workflow or by project, newest first.
+CREATE INDEX runs_by_workflow ON runs (workflow_name, created_at DESC, run_id DESC);
+CREATE INDEX runs_by_project ON runs (project_path, created_at DESC, run_id DESC);
+-- The run list filtered by display status `paused`, newest first.
+CREATE INDEX runs_paused ON runs (created_at DESC, run_id DESC) WHERE paused = 1;
 -- Retention: terminal runs by age, and lineage trees.
 CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX runs_by_root ON runs (root_run_id);
 CREATE INDEX runs_by_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX runs_by_restart ON runs (restart_of) WHERE restart_of IS NOT NULL;
 CREATE INDEX runs_by_continuation ON runs (continuation_of) WHERE continuation_of IS NOT NULL;
+
+-- The run list's revision: one row, +1 by trigger with every inserted, updated or deleted
+-- run row, so it is O(1) to read, grows with every committed run change and never goes
+-- back (deleting runs bumps it too).
+CREATE TABLE run_list_revision (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    revision INTEGER NOT NULL CHECK (revision >= 0)
+) STRICT;
+INSERT INTO run_list_revision (singleton, revision) VALUES (1, 0);
+CREATE TRIGGER run_list_after_insert AFTER INSERT ON runs
+BEGIN
+    UPDATE run_list_revision SET revision = revision + 1 WHERE singleton = 1;
+END;
+CREATE TRIGGER run_list_after_update AFTER UPDATE ON runs
+BEGIN
+    UPDATE run_list_revision SET revision = revision + 1 WHERE singleton = 1;
+END;
+CREATE TRIGGER run_list_after_delete AFTER DELETE ON runs
+BEGIN
+    UPDATE run_list_revision SET revision = revision + 1 WHERE singleton = 1;
+END;
+-- A run row change without an event (the claim generation) is a view change.
+CREATE TRIGGER run_view_after_run_update AFTER UPDATE ON runs
+WHEN NEW.revision = OLD.revision AND NEW.view_changes = OLD.view_changes
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+-- A restart or continuation shows in the view of the run it came from.
+CREATE TRIGGER run_view_after_lineage AFTER INSERT ON runs
+WHEN NEW.restart_of IS NOT NULL OR NEW.continuation_of IS NOT NULL
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1
+    WHERE run_id IN (NEW.restart_of, NEW.continuation_of);
+END;
 
 -- The queue projection of every run; 'kind' lets the scheduler alternate admissions.
 CREATE TABLE run_queue (
@@ -233,6 +276,8 @@ CREATE TABLE effects (
     CHECK ((settled_at IS NULL) = (state IN ('pending', 'applying')))
 ) STRICT;
 CREATE INDEX effects_by_run ON effects (run_id, state);
+-- The runs with an ambiguous effect (the run list's `ambiguous` filter).
+CREATE INDEX effects_ambiguous ON effects (run_id) WHERE state = 'ambiguous';
 CREATE INDEX effects_by_attempt ON effects (attempt_id) WHERE attempt_id IS NOT NULL;
 CREATE INDEX effects_by_request ON effects (request_hash) WHERE request_hash IS NOT NULL;
 CREATE INDEX effects_by_result ON effects (result_hash) WHERE result_hash IS NOT NULL;
@@ -455,3 +500,60 @@ CREATE TABLE runner_processes (
     recorded_at INTEGER NOT NULL,
     PRIMARY KEY (runner_epoch, pid)
 ) STRICT, WITHOUT ROWID;
+
+-- Every table whose rows show in a run's view bumps that run's view_changes when a row
+-- is inserted or updated (rows leave only with their run). Events need none: each one
+-- comes with a revision. The queue row and the binding are inserted with their run, so
+-- only their updates count.
+CREATE TRIGGER run_view_after_run_queue_update AFTER UPDATE ON run_queue
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_node_attempts_insert AFTER INSERT ON node_attempts
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_node_attempts_update AFTER UPDATE ON node_attempts
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_human_decisions_insert AFTER INSERT ON human_decisions
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_human_decisions_update AFTER UPDATE ON human_decisions
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_effects_insert AFTER INSERT ON effects
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_effects_update AFTER UPDATE ON effects
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_run_bindings_update AFTER UPDATE ON run_bindings
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_interactive_requests_insert AFTER INSERT ON interactive_requests
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_interactive_requests_update AFTER UPDATE ON interactive_requests
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_runner_epochs_insert AFTER INSERT ON runner_epochs
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_runner_epochs_update AFTER UPDATE ON runner_epochs
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_run_view_content_insert AFTER INSERT ON run_view_content
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;

@@ -44,8 +44,20 @@ def wait_until(
 
 
 def wait_for(client: WorkflowClient, run_id: str, wanted: set[str]) -> dict[str, Any]:
-    """Follow the run-list subscription until the run's display status is in `wanted`."""
-    return wait_until(client, run_id, lambda item: item["display"]["status"] in wanted)
+    """Follow the run-list subscription until the run's display status is in `wanted`.
+
+    `ambiguous` counts once the run is parked for it (the item has a reason): the run
+    shows `ambiguous` from the commit that made its effect ambiguous, and its runner
+    parks it in a later one, before which recover and cancel meet the runner's claim.
+    """
+
+    def settled(item: dict[str, Any]) -> bool:
+        status = item["display"]["status"]
+        if status == "ambiguous" and item["display"].get("reason") is None:
+            return False
+        return status in wanted
+
+    return wait_until(client, run_id, settled)
 
 
 def wait_fifo(fifo: Path, timeout: float = 60) -> str:

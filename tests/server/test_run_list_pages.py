@@ -6,13 +6,10 @@ the pages of one revision and starts again when the revision changes between pag
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +17,7 @@ import jsonschema
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.server._operations import display_status
 from pi_workflows.server._run_list import DISPLAY_STATUSES
-from pi_workflows.storage import RunSummary
-from pi_workflows.storage._queries import _display_status_case
 from pi_workflows.wire.client import RequestFailedError
 from tests.conftest import write_workflow
 
@@ -223,27 +217,7 @@ def test_the_status_filter_agrees_with_the_display_status(client: WorkflowClient
         assert matches == [item["display"]["status"]]
 
 
-def test_the_sql_status_filter_and_display_status_agree_in_every_case() -> None:
-    """`_display_status_case` (the filter) equals `display_status` (the item) for every
-    combination of run status, pause flag, queue state and park reason."""
-    base = RunSummary(
-        run_id="r", workflow_name="w", title=None, status="queued", paused=0, revision=1,
-        queue_state="queued", park_reason=None, created_at=1, updated_at=1, finished_at=None,
-        failure_class=None, execution_mode=None,
-    )  # fmt: skip
-    statuses = ("queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled")
-    queue_states = (None, "queued", "starting", "running", "parked", "done", "failed")
-    reasons = (None, "effectAmbiguous", "workerCrashed")
-    sql = f"SELECT {_display_status_case} FROM (SELECT ? AS status, ? AS paused) AS r, "
-    sql += "(SELECT ? AS state, ? AS park_reason) AS q"
-    db = sqlite3.connect(":memory:")
-    checked = set()
-    for status, paused, state, reason in itertools.product(statuses, (0, 1), queue_states, reasons):
-        summary = replace(base, status=status, paused=paused, queue_state=state, park_reason=reason)
-        (from_sql,) = db.execute(sql, (status, paused, state, reason)).fetchone()
-        assert from_sql == display_status(summary), (status, paused, state, reason)
-        checked.add(from_sql)
-    assert checked == set(DISPLAY_STATUSES)
+# The SQL filter and the item's status agree: tests/server/test_display_status.py.
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,11 @@ PINNED = {
     "pause_run", "resume_run", "requeue_run", "complete_run", "fail_run", "time_out_run",
     "cancel_run",
     # reads and rows
-    "get_run", "get_run_summary", "run_list_revision", "get_queue_row", "get_phase",
+    "get_run", "get_run_summary", "run_list_revision", "run_view_revision", "get_queue_row",
+    "get_phase",
+    # retention (state prune)
+    "DAY_MS", "BackupFailedError", "PruneTree", "collect_unreferenced_blobs", "delete_tree",
+    "prunable_trees", "tree_blockers", "write_backup",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",

@@ -27,6 +27,7 @@ EXPECTED_TABLES = {
     "runner_processes",
     "blobs",
     "runs",
+    "run_list_revision",
     "run_queue",
     "leases",
     "events",

@@ -1,0 +1,117 @@
+"""`pi-workflows state prune`: list, or delete after a verified backup, expired run trees.
+
+The server does the work (`state.prune`, server/_state_prune.py); the CLI never opens
+SQLite. Each invocation sends one fresh idempotency key; if its connection is lost, it
+reconnects once and sends the same key again, so the server adopts the result of the
+prune in flight instead of running a second one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pi_workflows.cli._main import (
+    EXIT_USAGE,
+    _client,
+    _client_errors,
+    _fail,
+    _print_json,
+    json_option,
+    state,
+)
+from pi_workflows.server._state_prune import DEFAULT_OLDER_THAN_DAYS
+from pi_workflows.wire.client import HostUnavailableError
+
+__all__ = ["state_prune"]
+
+
+@state.command("prune")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=click.IntRange(min=0, max=36_500),
+    default=DEFAULT_OLDER_THAN_DAYS,
+    metavar="DAYS",
+    help="Only root-run trees whose every run finished more than DAYS days ago.",
+)
+@click.option("--apply", is_flag=True, help="Delete them (without it: only list them).")
+@click.option(
+    "--backup",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --apply: the absolute path of a new file the server backs the database up "
+    "to, and verifies, before it deletes anything.",
+)
+@json_option
+@click.pass_context
+@_client_errors
+def state_prune(
+    ctx: click.Context, older_than: int, apply: bool, backup: Path | None, as_json: bool
+) -> None:
+    """List (default) or delete expired terminal run trees and their content.
+
+    A root run with its restarts and continuations goes only when every run of it is
+    terminal, finished before the cutoff, and holds no protected state (a live queue
+    row, a pending interaction, decision or message, an unsettled effect, a lease or a
+    runner). Pruned runs disappear from `run list` and `run show`. Without --apply
+    nothing is deleted.
+
+    Example: pi-workflows state prune --older-than 30 --apply --backup /backups/state.sqlite
+    """
+    payload: dict[str, Any] = {"olderThanDays": older_than}
+    if apply:
+        if backup is None:
+            _fail(
+                "--apply needs --backup ABS_PATH (a new file for the verified backup)", EXIT_USAGE
+            )
+        if not backup.is_absolute():
+            _fail("--backup must be an absolute path", EXIT_USAGE)
+        payload.update(apply=True, backupPath=os.fspath(backup))
+    elif backup is not None:
+        _fail("--backup is only used with --apply", EXIT_USAGE)
+    key = f"cli-prune-{uuid.uuid4().hex}"  # one key per invocation, kept across one retry
+    try:
+        receipt = _call(ctx, payload, key)
+    except HostUnavailableError:
+        if not apply:
+            raise
+        receipt = _call(ctx, payload, key)  # the same invocation: the server adopts it
+    if as_json:
+        _print_json(receipt)
+        return
+    _echo(receipt)
+
+
+def _call(ctx: click.Context, payload: dict[str, Any], key: str) -> dict[str, Any]:
+    with _client(ctx) as client:
+        answer = client.call("state.prune", payload, idempotency_key=key)
+    return dict(answer["receipt"])
+
+
+def _echo(receipt: dict[str, Any]) -> None:
+    verb = "pruned" if receipt["applied"] else "would prune"
+    click.echo(
+        f"{verb} {receipt['treeCount']} run trees ({receipt['runCount']} runs) finished more "
+        f"than {receipt['olderThanDays']} days ago"
+    )
+    for run_id in receipt["runIds"]:
+        click.echo(f"  {run_id}")
+    if receipt["truncated"]:
+        click.echo(f"  ... and {receipt['runCount'] - len(receipt['runIds'])} more")
+    if receipt["keptProtected"]:
+        click.echo(f"kept {receipt['keptProtected']} expired trees that hold protected state")
+    if receipt.get("skipped"):
+        click.echo(f"kept {receipt['skipped']} trees that changed since they were selected")
+    if receipt["applied"]:
+        backup = receipt["backup"]
+        click.echo(
+            f"backup verified ({backup['byteCount']} bytes); "
+            f"{receipt['blobsDeleted']} unreferenced blobs deleted"
+        )
+    elif receipt["treeCount"]:
+        click.echo("nothing deleted; add --apply --backup ABS_PATH to delete them")

@@ -1,0 +1,351 @@
+"""State retention (workflow-server.md § State retention, manual `state prune`): select
+expired root-run trees free of protected state, delete one tree (every run table, its
+view content and command receipts), collect the blobs no remaining row names, and write
+a verified backup first. Internal; `pi_workflows.storage` exports the names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sqlite3
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.storage._db import Reader, Tx
+from pi_workflows.storage._verify import verify_backup
+
+__all__ = [
+    "DAY_MS",
+    "BackupFailedError",
+    "PruneTree",
+    "collect_unreferenced_blobs",
+    "delete_tree",
+    "prunable_trees",
+    "tree_blockers",
+    "write_backup",
+]
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+# Trees whose every run is terminal and finished before the cutoff, oldest first.
+# Groups every run by its root (one pass over runs: a manual maintenance read).
+_SELECT_EXPIRED_TREES = """
+SELECT root_run_id, count(*) AS run_count, max(finished_at) AS finished_at
+FROM runs
+GROUP BY root_run_id
+HAVING sum(
+    status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+    OR finished_at IS NULL OR finished_at >= :cutoff
+) = 0
+ORDER BY max(finished_at), root_run_id
+"""
+_SELECT_TREE_RUNS = "SELECT run_id FROM runs WHERE root_run_id = :root ORDER BY created_at, run_id"
+_TREE = "(SELECT run_id FROM runs WHERE root_run_id = :root)"
+# Each check names one kind of protected state; any row blocks the tree.
+_BLOCKERS: tuple[tuple[str, str], ...] = (
+    (
+        "unfinishedRun",
+        "SELECT 1 FROM runs WHERE root_run_id = :root AND (status NOT IN"
+        " ('completed', 'failed', 'timed_out', 'cancelled') OR finished_at IS NULL"
+        " OR finished_at >= :cutoff)",
+    ),
+    (
+        "liveQueueRow",
+        f"SELECT 1 FROM run_queue WHERE run_id IN {_TREE}"
+        " AND state IN ('queued', 'starting', 'running', 'parked')",
+    ),
+    ("activeLease", f"SELECT 1 FROM leases WHERE resource IN {_TREE}"),
+    (
+        "activeRunner",
+        f"SELECT 1 FROM runner_epochs WHERE run_id IN {_TREE} AND status IN ('starting', 'ready')",
+    ),
+    (
+        "registeredProcess",
+        f"SELECT 1 FROM runner_processes WHERE runner_epoch IN"
+        f" (SELECT runner_epoch FROM runner_epochs WHERE run_id IN {_TREE})",
+    ),
+    (
+        "pendingInteraction",
+        f"SELECT 1 FROM interactive_requests WHERE run_id IN {_TREE} AND status = 'pending'",
+    ),
+    (
+        "pendingDecision",
+        f"SELECT 1 FROM human_decisions WHERE run_id IN {_TREE} AND status = 'pending'",
+    ),
+    (
+        "pendingMessage",
+        f"SELECT 1 FROM workflow_messages WHERE run_id IN {_TREE} AND state = 'pending'",
+    ),
+    (
+        "unsettledEffect",
+        f"SELECT 1 FROM effects WHERE run_id IN {_TREE}"
+        " AND state IN ('pending', 'applying', 'ambiguous')",
+    ),
+    (
+        "validatingSubmission",
+        "SELECT 1 FROM interactive_submissions WHERE outcome = 'validating' AND request_id IN"
+        f" (SELECT request_id FROM interactive_requests WHERE run_id IN {_TREE})",
+    ),
+    (
+        "referencedFromOutside",
+        "SELECT 1 FROM runs WHERE root_run_id != :root AND ("
+        f"parent_run_id IN {_TREE} OR restart_of IN {_TREE} OR continuation_of IN {_TREE})",
+    ),
+    (
+        "decisionFromOutside",
+        f"SELECT 1 FROM human_decisions WHERE continuation_run_id IN {_TREE}"
+        f" AND run_id NOT IN {_TREE}",
+    ),
+    (
+        "channelFromOutside",
+        "SELECT 1 FROM channel_messages AS c JOIN human_decisions AS d"
+        " ON d.decision_id = c.decision_id"
+        f" WHERE d.run_id NOT IN {_TREE} AND (c.delivery_effect_id IN"
+        f" (SELECT effect_id FROM effects WHERE run_id IN {_TREE}) OR c.settlement_effect_id IN"
+        f" (SELECT effect_id FROM effects WHERE run_id IN {_TREE}))",
+    ),
+)
+# Every digest column (blobs are shared: identical content has one row).
+_DIGEST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("node_attempts", "output_hash"),
+    ("human_decisions", "request_hash"),
+    ("human_decisions", "default_response_hash"),
+    ("human_decision_resolutions", "response_hash"),
+    ("effects", "request_hash"),
+    ("effects", "result_hash"),
+    ("effect_attempts", "result_hash"),
+    ("host_commands", "receipt_hash"),
+    ("interactive_requests", "contract_hash"),
+    ("interactive_submissions", "payload_hash"),
+    ("interactive_submissions", "receipt_hash"),
+    ("runner_epochs", "diagnostic_hash"),
+    ("runner_messages", "reply_hash"),
+)
+# The digests a tree's rows name, by the tables' path to the run.
+_TREE_DIGESTS = f"""
+SELECT output_hash AS digest FROM node_attempts WHERE run_id IN {_TREE}
+UNION SELECT request_hash FROM human_decisions WHERE run_id IN {_TREE}
+UNION SELECT default_response_hash FROM human_decisions WHERE run_id IN {_TREE}
+UNION SELECT r.response_hash FROM human_decision_resolutions AS r
+    JOIN human_decisions AS d ON d.decision_id = r.decision_id WHERE d.run_id IN {_TREE}
+UNION SELECT request_hash FROM effects WHERE run_id IN {_TREE}
+UNION SELECT result_hash FROM effects WHERE run_id IN {_TREE}
+UNION SELECT a.result_hash FROM effect_attempts AS a
+    JOIN effects AS e ON e.effect_id = a.effect_id WHERE e.run_id IN {_TREE}
+UNION SELECT receipt_hash FROM host_commands WHERE run_id IN {_TREE}
+UNION SELECT contract_hash FROM interactive_requests WHERE run_id IN {_TREE}
+UNION SELECT s.payload_hash FROM interactive_submissions AS s
+    JOIN interactive_requests AS i ON i.request_id = s.request_id WHERE i.run_id IN {_TREE}
+UNION SELECT s.receipt_hash FROM interactive_submissions AS s
+    JOIN interactive_requests AS i ON i.request_id = s.request_id WHERE i.run_id IN {_TREE}
+UNION SELECT diagnostic_hash FROM runner_epochs WHERE run_id IN {_TREE}
+UNION SELECT m.reply_hash FROM runner_messages AS m
+    JOIN runner_epochs AS x ON x.runner_epoch = m.runner_epoch WHERE x.run_id IN {_TREE}
+"""
+_TREE_EVENT_PAYLOADS = f"SELECT payload FROM events WHERE run_id IN {_TREE}"
+_EVENT_PAYLOADS_WITH_DIGESTS = "SELECT payload FROM events WHERE instr(payload, 'sha256:') > 0"
+_BLOCKER_CHECKS = tuple((name, f"SELECT EXISTS ({check})") for name, check in _BLOCKERS)
+_DIGEST_CHECKS = tuple(
+    f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} = :digest)"
+    for table, column in _DIGEST_COLUMNS
+)
+_DELETE_TREE_RECEIPTS = f"DELETE FROM host_commands WHERE run_id IN {_TREE}"
+# `runs` cascades to every run table (queue, events, attempts, effects, decisions,
+# requests, messages, bindings, runner epochs and their rows, run_view_content).
+_DELETE_TREE_RUNS = "DELETE FROM runs WHERE root_run_id = :root"
+_DELETE_BLOB = "DELETE FROM blobs WHERE digest = :digest"
+_BLOB_EXISTS = "SELECT EXISTS (SELECT 1 FROM blobs WHERE digest = :digest)"
+_DIGEST_IN_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class PruneTree:
+    """One expired root-run tree: its root, its runs and when its last run finished."""
+
+    root_run_id: str
+    run_ids: tuple[str, ...]
+    finished_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Tree:
+    root_run_id: str
+    run_count: int
+    finished_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class _RunId:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Digest:
+    digest: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Payload:
+    payload: str
+
+
+def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
+    """The trees `state prune` would delete now, oldest first, and how many trees are
+    expired but kept for protected state. Call it in one read transaction.
+
+    A tree is a root run and every run whose `root_run_id` it is (restarts,
+    continuations, children). It expires when every run of it is terminal and finished
+    before `cutoff`; it is kept while `tree_blockers` names any protected state: a live
+    queue row, an active lease, runner epoch or registered process, a pending
+    interaction, decision or workflow message, a validating submission, an unsettled or
+    ambiguous effect, or a run, decision or channel message outside the tree that points
+    into it.
+    """
+    trees: list[PruneTree] = []
+    kept = 0
+    for tree in reader.fetch_all(_SELECT_EXPIRED_TREES, {"cutoff": cutoff}, _Tree):
+        if tree_blockers(reader, tree.root_run_id, cutoff):
+            kept += 1
+            continue
+        runs = reader.fetch_all(_SELECT_TREE_RUNS, {"root": tree.root_run_id}, _RunId)
+        trees.append(
+            PruneTree(tree.root_run_id, tuple(r.run_id for r in runs), int(tree.finished_at))
+        )
+    return trees, kept
+
+
+def tree_blockers(reader: Reader, root_run_id: str, cutoff: int) -> list[str]:
+    """The kinds of protected state that keep the tree of `root_run_id` (empty: none)."""
+    params = {"root": root_run_id, "cutoff": cutoff}
+    return [name for name, check in _BLOCKER_CHECKS if reader.fetch_value(check, params)]
+
+
+def delete_tree(tx: Tx, root_run_id: str, cutoff: int) -> tuple[list[str], set[str]] | None:
+    """Delete one tree in `tx` if it is still prunable; None if it is not (or is gone).
+
+    Rechecks the tree in the transaction that deletes it, so a run restarted or a
+    decision opened since the selection keeps it. Returns the deleted run IDs and the
+    digests the tree referenced (to collect with `collect_unreferenced_blobs`).
+    """
+    params = {"root": root_run_id, "cutoff": cutoff}
+    runs = [r.run_id for r in tx.fetch_all(_SELECT_TREE_RUNS, {"root": root_run_id}, _RunId)]
+    if not runs or tree_blockers(tx, root_run_id, cutoff):
+        return None
+    digests = {
+        row.digest for row in tx.fetch_all(_TREE_DIGESTS, params, _Digest) if row.digest is not None
+    }
+    for row in tx.fetch_all(_TREE_EVENT_PAYLOADS, params, _Payload):
+        digests.update(_DIGEST_IN_TEXT.findall(row.payload))
+    tx.execute(_DELETE_TREE_RECEIPTS, params)
+    tx.execute(_DELETE_TREE_RUNS, params)
+    return runs, digests
+
+
+def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
+    """Delete each candidate blob that no row references any more; return how many.
+
+    A blob is referenced by a digest column or by a digest named in an event payload
+    (an `outputRef`). The payload check reads every remaining event once, in this
+    transaction, so no new reference can appear between the check and the delete.
+    """
+    # Digests in event payloads may name view content, not blobs: keep stored blobs only.
+    wanted = {d for d in set(candidates) if tx.fetch_value(_BLOB_EXISTS, {"digest": d})}
+    if not wanted:
+        return 0
+    for check in _DIGEST_CHECKS:
+        wanted = {d for d in wanted if not tx.fetch_value(check, {"digest": d})}
+        if not wanted:
+            return 0
+    # One streamed pass over the payloads that name any digest (not loaded at once).
+    for (payload,) in tx.connection.execute(_EVENT_PAYLOADS_WITH_DIGESTS):
+        wanted.difference_update(_DIGEST_IN_TEXT.findall(payload))
+        if not wanted:
+            return 0
+    for digest in wanted:
+        tx.execute(_DELETE_BLOB, {"digest": digest})
+    return len(wanted)
+
+
+class BackupFailedError(PiWorkflowsError):
+    """The backup could not be written or did not verify; nothing was deleted.
+
+    `code` is a safe error code; the message names no path.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def write_backup(reader: Reader, path: Path) -> int:
+    """Write a verified copy of the database's current snapshot to the new file `path`.
+
+    Copies with SQLite's online backup API from `reader` (call it inside one read
+    transaction: the copy is that snapshot) into a private (0600) temporary file beside
+    `path`, switches the copy to a rollback journal (so opening it read-only needs no
+    `-wal` or `-shm` file), syncs it, runs `verify` on it, and only then links it to
+    `path`, which must not exist. Returns its size in bytes.
+
+    Raises:
+        BackupFailedError: `path` exists, its folder is missing, a write failed, or the
+            copy did not verify; the temporary file is removed.
+    """
+    if not path.is_absolute():
+        raise BackupFailedError("backupPathInvalid", "the backup path must be absolute")
+    if os.path.lexists(path):
+        raise BackupFailedError("backupExists", "the backup path exists; name a new file")
+    if not path.parent.is_dir():
+        raise BackupFailedError("backupPathInvalid", "the backup folder does not exist")
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        _copy(reader, partial)
+        findings = verify_backup(partial)
+        if findings:
+            raise BackupFailedError(
+                "backupUnverified",
+                f"the backup did not verify ({len(findings)} findings, first"
+                f" {findings[0].code.value}); nothing was deleted",
+            )
+        os.link(partial, path)  # never replaces a file that appeared meanwhile
+        _sync_folder(path.parent)
+        return path.stat().st_size
+    except FileExistsError:
+        raise BackupFailedError("backupExists", "the backup path exists; name a new file") from None
+    except (OSError, sqlite3.Error) as exc:
+        raise BackupFailedError(
+            "backupFailed", f"the backup could not be written ({type(exc).__name__})"
+        ) from None
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        for suffix in ("-journal", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                Path(f"{partial}{suffix}").unlink()
+
+
+def _copy(reader: Reader, target: Path) -> None:
+    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    copy = sqlite3.connect(target, isolation_level=None)
+    try:
+        reader.connection.backup(copy)
+        copy.execute("PRAGMA journal_mode = DELETE")
+    finally:
+        copy.close()
+    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,193 @@
+"""State retention in storage: which trees expire, exact-tree deletion, blobs, backups.
+
+Real database files; runs reach their states through the storage transitions a live
+server uses. A tree (a root run and every run whose root it is) expires only when every
+run of it is terminal and finished before the cutoff, and is deleted only when it holds
+no protected state; deleting it removes the rows of every run table and its view
+content, and only the blobs no remaining row names.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pi_workflows.storage import (
+    DAY_MS,
+    BackupFailedError,
+    Database,
+    ManualClock,
+    RunnerOutcome,
+    cancel_run,
+    collect_unreferenced_blobs,
+    complete_run,
+    delete_tree,
+    fail_node_attempt,
+    finish_node_attempt,
+    open_database,
+    prunable_trees,
+    put_traceback,
+    record_runner_exit,
+    run_list_revision,
+    start_node_attempt,
+    tree_blockers,
+    verify,
+    write_backup,
+)
+from tests.server.test_run_view_rules import _ambiguous_effect
+from tests.storage.storage_helpers import enqueue, running
+
+pytestmark = pytest.mark.timeout(60)
+
+TABLES = (
+    "runs", "run_queue", "events", "node_attempts", "effects", "run_bindings",
+    "runner_epochs", "run_view_content", "host_commands", "interactive_requests",
+)  # fmt: skip
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def db(tmp_path: Path, clock: ManualClock) -> Iterator[Database]:
+    database = open_database(tmp_path / "state.sqlite", clock=clock)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def _finished_run(db: Database, run_id: str, output: dict[str, object], failing: bool) -> None:
+    """A completed run whose last attempt output `output` (a blob); `failing`: after a
+    failed attempt whose traceback is stored view content."""
+    claim = running(db, run_id)
+    with db.write() as tx:
+        start_node_attempt(tx, claim, attempt_id=f"{run_id}-a1", node_path="n", node_type="compute")
+    with db.write() as tx:
+        if failing:  # a failed attempt with its traceback, then a retry that succeeds
+            ref = put_traceback(tx, run_id, f"Traceback of {run_id}\nRuntimeError: boom")
+            fail_node_attempt(
+                tx, claim, attempt_id=f"{run_id}-a1", error="boom", payload={"traceback": ref}
+            )
+            start_node_attempt(
+                tx, claim, attempt_id=f"{run_id}-a2", node_path="n", node_type="compute"
+            )
+        last = f"{run_id}-a2" if failing else f"{run_id}-a1"
+        finish_node_attempt(tx, claim, attempt_id=last, output=output)
+        complete_run(tx, run_id, claim=claim, payload={"output": output})
+        record_runner_exit(tx, f"{run_id}-e1", outcome=RunnerOutcome.EXITED, exit_code=0)
+
+
+def _count(db: Database, table: str, run_ids: list[str]) -> int:
+    column = "resource" if table == "leases" else "run_id"
+    marks = ",".join("?" * len(run_ids))
+    return int(
+        db.connection.execute(
+            f"SELECT count(*) FROM {table} WHERE {column} IN ({marks})", run_ids
+        ).fetchone()[0]
+    )
+
+
+def test_only_whole_terminal_trees_older_than_the_cutoff_expire(
+    db: Database, clock: ManualClock
+) -> None:
+    _finished_run(db, "old", {"v": 1}, failing=False)
+    enqueue(db, "old-restart", restart_of="old")
+    with db.write() as tx:
+        cancel_run(tx, "old-restart")
+    _finished_run(db, "busy-root", {"v": 2}, failing=False)
+    enqueue(db, "busy-restart", restart_of="busy-root")  # still queued: the tree stays
+    clock.advance(10 * DAY_MS)
+    _finished_run(db, "recent", {"v": 3}, failing=False)
+    trees, kept = prunable_trees(db, clock.now_ms() - 5 * DAY_MS)
+    assert [(t.root_run_id, t.run_ids) for t in trees] == [("old", ("old", "old-restart"))]
+    assert kept == 0
+    everything, _ = prunable_trees(db, clock.now_ms() + 1)
+    assert {t.root_run_id for t in everything} == {"old", "recent"}
+
+
+def test_protected_state_keeps_an_expired_tree(db: Database, clock: ManualClock) -> None:
+    """A completed run whose effect is ambiguous and whose runner still cleans up."""
+    claim = running(db, "run-1")
+    _ambiguous_effect(db, claim)
+    with db.write() as tx:
+        complete_run(tx, "run-1", claim=claim, payload={"output": {}})
+    clock.advance(DAY_MS)
+    cutoff = clock.now_ms()
+    assert set(tree_blockers(db, "run-1", cutoff)) >= {"unsettledEffect", "activeRunner"}
+    trees, kept = prunable_trees(db, cutoff)
+    assert trees == [] and kept == 1
+    with db.write() as tx:
+        assert delete_tree(tx, "run-1", cutoff) is None, "the recheck refuses it too"
+    assert _count(db, "runs", ["run-1"]) == 1
+
+
+def test_deleting_a_tree_removes_every_run_table_and_only_its_own_blobs(
+    db: Database, clock: ManualClock
+) -> None:
+    _finished_run(db, "gone", {"shared": True}, failing=True)
+    _finished_run(db, "kept", {"shared": True}, failing=False)  # same output blob
+    clock.advance(DAY_MS)
+    _finished_run(db, "recent", {"mine": "only"}, failing=False)
+    own_blob = "sha256:" + "0" * 64
+    with db.write() as tx:
+        tx.execute(
+            "INSERT INTO blobs (digest, byte_length, content, created_at) VALUES (:d, 1, x'00', 0)",
+            {"d": own_blob},
+        )
+        tx.execute(
+            "UPDATE runner_epochs SET diagnostic_hash = :d WHERE run_id = 'gone'", {"d": own_blob}
+        )
+    blobs_before = db.fetch_value("SELECT count(*) FROM blobs", {})
+    assert _count(db, "run_view_content", ["gone"]) == 1, "the traceback is stored content"
+    list_before = run_list_revision(db)
+    cutoff = clock.now_ms() - 1
+    with db.write() as tx:
+        deleted = delete_tree(tx, "gone", cutoff)
+        assert deleted is not None
+        freed = collect_unreferenced_blobs(tx, deleted[1])
+    assert deleted[0] == ["gone"]
+    for table in TABLES:
+        assert _count(db, table, ["gone"]) == 0, table
+    assert _count(db, "runs", ["kept", "recent"]) == 2
+    assert freed == 1, "the diagnostic only `gone` named; the shared output blob stays"
+    assert db.fetch_value("SELECT count(*) FROM blobs", {}) == blobs_before - 1
+    assert db.fetch_value("SELECT count(*) FROM blobs WHERE digest = :d", {"d": own_blob}) == 0
+    assert run_list_revision(db) > list_before, "deleting runs moves the list revision on"
+    assert verify(db) == []
+
+
+def test_a_backup_is_a_verified_private_copy_and_never_replaces_a_file(
+    db: Database, tmp_path: Path
+) -> None:
+    _finished_run(db, "run-1", {"v": 1}, failing=True)
+    target = tmp_path / "backups" / "state-backup.sqlite"
+    target.parent.mkdir()
+    with db.read():
+        size = write_backup(db, target)
+    assert size == target.stat().st_size > 0
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(os.listdir(target.parent)) == ["state-backup.sqlite"], "no partial files"
+    copy = sqlite3.connect(target.as_uri() + "?mode=ro", uri=True)
+    try:
+        assert copy.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert copy.execute("SELECT run_id FROM runs").fetchall() == [("run-1",)]
+        assert copy.execute("SELECT count(*) FROM run_view_content").fetchone()[0] == 1
+    finally:
+        copy.close()
+    with pytest.raises(BackupFailedError) as exists:
+        write_backup(db, target)
+    assert exists.value.code == "backupExists"
+    with pytest.raises(BackupFailedError) as relative:
+        write_backup(db, Path("relative.sqlite"))
+    assert relative.value.code == "backupPathInvalid"
+    with pytest.raises(BackupFailedError) as no_folder:
+        write_backup(db, tmp_path / "missing" / "b.sqlite")
+    assert no_folder.value.code == "backupPathInvalid"
