@@ -355,9 +355,10 @@ class Router:
                     )
                 )
 
-        _tell(
-            self._ports.subscriptions,
-            Subscribe(pending.connection, subscription_id, spec, revision, answer),
+        # A stopped actor raises here, and the request is answered `internal` (never left
+        # unanswered: a graceful stop waits for every answer).
+        self._ports.subscriptions.tell(
+            Subscribe(pending.connection, subscription_id, spec, revision, answer)
         )
 
     def _unsubscribe(self, pending: Pending) -> None:
@@ -383,9 +384,8 @@ class Router:
                     rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
                 )
 
-        _tell(
-            self._ports.subscriptions,
-            Unsubscribe(pending.connection.connection_id, subscription_id, answer),
+        self._ports.subscriptions.tell(
+            Unsubscribe(pending.connection.connection_id, subscription_id, answer)
         )
 
 
