@@ -145,6 +145,9 @@ class WorkflowClient:
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
     connect_on_enter: bool = True
     connection_id: str | None = None
+    event_sink: Callable[[dict[str, Any]], None] | None = None
+    """Receives the events read while waiting for a response (dropped when None);
+    `LiveViews` keeps them, so a subscription's events are never lost to a request."""
     _sock: socket.socket | None = None
     _reader: SocketFrameReader | None = None
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -329,7 +332,9 @@ class WorkflowClient:
                 return checked
             if _is_refusal(checked, self.connection_id):
                 raise _ConnectionRefusedError(_refusal_text(checked))
-            # events and stale responses of an abandoned attempt are not ours to settle
+            if checked["type"] == "event" and self.event_sink is not None:
+                self.event_sink(dict(checked))
+            # stale responses of an abandoned attempt are not ours to settle
 
     def _open(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
