@@ -1,0 +1,141 @@
+"""`LiveViews`: subscriptions as iterators of typed views, across server restarts.
+
+Real embedded servers on a real socket and database; a restart is a real stop of one
+server and a start of the next on the same state folder.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.wire.client import HostUnavailableError
+from pi_workflows.wire.live import LiveViews, ViewKey, WatchTimeoutError
+from pi_workflows.wire.views import RunListPage
+from tests.server.runs import start_run
+
+
+def _server(state_dir: Path) -> WorkflowServer:
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)
+    instance.start()
+    return instance
+
+
+@pytest.fixture
+def restartable(state_dir: Path) -> Iterator[list[WorkflowServer]]:
+    """The servers a test started, in order; every one is stopped at teardown."""
+    servers = [_server(state_dir)]
+    try:
+        yield servers
+    finally:
+        for instance in servers:
+            instance.stop("test teardown")
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process's threads that are not the servers' (all of them:
+    the servers are idle, so a spinning client shows as growth)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_ids(page: RunListPage) -> set[str]:
+    return {item["runId"] for item in page["items"]}
+
+
+def test_watch_run_list_yields_typed_pages_as_runs_start(
+    restartable: list[WorkflowServer], project: Path, state_dir: Path
+) -> None:
+    with (
+        LiveViews(state_dir, autostart=False, timeout=10) as live,
+        WorkflowClient(state_dir, autostart=False, timeout=10) as client,
+    ):
+        pages = live.watch_run_list(timeout=60)
+        first = next(pages)
+        assert first["schema"] == "pi-workflows.run-list-page.v1"
+        assert first["items"] == []
+        run_id = start_run(client, project, "hello")
+        page = next(pages)
+        while run_id not in _run_ids(page):
+            page = next(pages)
+        item = next(item for item in page["items"] if item["runId"] == run_id)
+        assert item["display"]["status"] == "queued"  # typed: mypy knows the keys
+        assert live.revision(ViewKey.run_list()) == page["revision"]
+        pages.close()  # leaving the loop unsubscribes
+        assert live.view(ViewKey.run_list()) is None
+
+
+def test_a_restarted_server_gets_every_subscription_again(
+    restartable: list[WorkflowServer], project: Path, state_dir: Path
+) -> None:
+    with LiveViews(state_dir, autostart=False, timeout=10, reconnect_timeout=60) as live:
+        live.subscribe(ViewKey.run_list())
+        update = live.next_update(timeout=30)
+        assert update is not None and update.via == "snapshot"
+        restartable[0].stop("restart")
+        restartable.append(_server(state_dir))
+        with WorkflowClient(state_dir, autostart=False, timeout=10) as client:
+            run_id = start_run(client, project, "hello")
+        # The lost connection is noticed, the list is subscribed again on the new one,
+        # and the run started after the restart shows up.
+        deadline = time.monotonic() + 60
+        seen: set[str] = set()
+        while run_id not in seen:
+            update = live.next_update(timeout=deadline - time.monotonic())
+            assert update is not None, "no run-list view after the restart"
+            assert update.key == ViewKey.run_list()
+            seen = _run_ids(update.view)
+        assert live.reconnects == 1
+
+
+def test_waiting_through_an_outage_backs_off_instead_of_spinning(
+    restartable: list[WorkflowServer], project: Path, state_dir: Path
+) -> None:
+    with LiveViews(state_dir, autostart=False, timeout=10, reconnect_timeout=60) as live:
+        live.subscribe(ViewKey.run_list())
+        assert live.next_update(timeout=30) is not None
+        before = _cpu_s()
+        assert live.next_update(timeout=1.0) is None  # connected, nothing changes
+        restartable[0].stop("outage")
+        assert live.next_update(timeout=1.5) is None  # no server: reconnect attempts
+        spent = _cpu_s() - before
+        # A spinning loop burns the whole 2.5 s; waits on a socket and a bounded
+        # backoff (at most ~20 connection attempts) burn next to nothing.
+        assert spent < 0.5, f"the client used {spent:.2f} s of CPU while waiting"
+        restartable.append(_server(state_dir))
+        assert live.next_update(timeout=30) is not None
+        assert live.reconnects == 1
+
+
+def test_an_outage_longer_than_the_reconnect_timeout_is_a_clear_error(
+    restartable: list[WorkflowServer], state_dir: Path
+) -> None:
+    with LiveViews(state_dir, autostart=False, timeout=10, reconnect_timeout=0.5) as live:
+        live.subscribe(ViewKey.run_list())
+        assert live.next_update(timeout=30) is not None
+        restartable[0].stop("outage")
+        with pytest.raises(HostUnavailableError, match="unreachable for"):
+            live.next_update(timeout=30)
+
+
+def test_no_server_at_the_first_connection_fails_at_once(state_dir: Path) -> None:
+    started = time.monotonic()
+    with (
+        LiveViews(state_dir, autostart=False, timeout=5, reconnect_timeout=60) as live,
+        pytest.raises(HostUnavailableError, match="not running"),
+    ):
+        live.subscribe(ViewKey.run_list())
+    assert time.monotonic() - started < 30  # not the 60 s reconnect timeout
+
+
+def test_a_watch_timeout_ends_the_watch(restartable: list[WorkflowServer], state_dir: Path) -> None:
+    with LiveViews(state_dir, autostart=False, timeout=10) as live:
+        pages = live.watch_run_list(timeout=1.0)
+        next(pages)
+        with pytest.raises(WatchTimeoutError):
+            next(pages)
