@@ -29,7 +29,7 @@ from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._runner_host import RunCommand
 from pi_workflows.actors._scheduler import Wake
-from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe
+from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe, ViewSpec
 from pi_workflows.actors._validations import ConnectionGone, Submit
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._interactions import update_interaction
@@ -41,7 +41,6 @@ from pi_workflows.server._operations import (
     OperationContext,
     OperationError,
     StartRequest,
-    build_run_list,
     failure_response,
     handle_operation,
     internal_error,
@@ -52,6 +51,7 @@ from pi_workflows.server._operations import (
     start_run,
 )
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
+from pi_workflows.storage import run_view_revision
 from pi_workflows.wire._listener import Connection
 from pi_workflows.wire.protocol import RequestMessage, client_operations
 
@@ -62,8 +62,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DRAIN_S = 30.0
 """How long a graceful stop lets applying effects and running shell commands settle."""
 MAX_DRAIN_S = 3600.0
-VIEW_KINDS_NOT_BUILT = frozenset({"run", "sessionView"})
-"""`view.subscribe` kinds of the vocabulary (architecture.md, Operations) not built yet."""
+MAX_ID_CHARS = 256
+"""The schema's bound on an opaque ID (`$defs/id`)."""
 
 
 @dataclass(frozen=True)
@@ -305,33 +305,45 @@ class Router:
         )
 
     def _subscribe(self, pending: Pending) -> None:
+        """`view.subscribe`: parse the view, check a run exists, then install it."""
         request = pending.request
-        kind = request["payload"].get("kind")
-        if kind in VIEW_KINDS_NOT_BUILT:
-            pending.respond(
-                rejected(
-                    request,
-                    "rejected",
-                    "notImplemented",
-                    f"view.subscribe of kind {kind} is not implemented yet; runList is",
-                )
-            )
+        try:
+            spec, revision = view_spec(request)
+        except OperationError as exc:
+            pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
             return
-        if kind != "runList":
-            pending.respond(
-                rejected(
-                    request,
-                    "rejected",
-                    "unknownView",
-                    "kind must be runList, run or sessionView",
-                )
-            )
+        if spec.run_id is None:
+            self._install(pending, spec, revision)
             return
+        run_id = spec.run_id
+
+        def then(found: Reply) -> None:
+            # On the reader's thread; never raises (a raising reply stops the reader).
+            try:
+                if found.error is not None:
+                    pending.respond(failure_response(request, found.error))
+                elif found.value is None:
+                    pending.respond(
+                        rejected(request, "notFound", "runNotFound", f"no run {run_id}")
+                    )
+                else:
+                    self._install(pending, spec, revision)
+            except Exception:
+                log.exception("view.subscribe failed", extra={"action": "operation.error"})
+                with contextlib.suppress(Exception):
+                    pending.respond(internal_error(request))
+
+        self._ports.reader.tell(
+            Read(lambda db: run_view_revision(db, run_id), then, "view.subscribe")
+        )
+
+    def _install(self, pending: Pending, spec: ViewSpec, revision: int | None) -> None:
+        request = pending.request
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
 
         def answer(installed: Reply) -> None:
             if installed.value:
-                receipt = {"subscriptionId": subscription_id}
+                receipt = {"subscriptionId": subscription_id, "kind": spec.kind}
                 pending.respond(response(request, "accepted", receipt=receipt))
             else:
                 pending.respond(
@@ -343,13 +355,23 @@ class Router:
                     )
                 )
 
-        self._ports.subscriptions.tell(
-            Subscribe(pending.connection, subscription_id, "runList", build_run_list, answer)
+        _tell(
+            self._ports.subscriptions,
+            Subscribe(pending.connection, subscription_id, spec, revision, answer),
         )
 
     def _unsubscribe(self, pending: Pending) -> None:
+        """`view.unsubscribe`: removes a subscription of any kind by its ID."""
         request = pending.request
-        subscription_id = str(request["payload"].get("subscriptionId"))
+        subscription_id = request["payload"].get("subscriptionId")
+        if not _bounded_id(subscription_id):
+            pending.respond(
+                rejected(
+                    request, "rejected", "subscriptionIdInvalid", "subscriptionId must be an ID"
+                )
+            )
+            return
+        assert isinstance(subscription_id, str)
 
         def answer(result: Reply) -> None:
             if result.value:
@@ -361,9 +383,52 @@ class Router:
                     rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
                 )
 
-        self._ports.subscriptions.tell(
-            Unsubscribe(pending.connection.connection_id, subscription_id, answer)
+        _tell(
+            self._ports.subscriptions,
+            Unsubscribe(pending.connection.connection_id, subscription_id, answer),
         )
+
+
+def view_spec(request: RequestMessage) -> tuple[ViewSpec, int | None]:
+    """The view a `view.subscribe` names and the revision the client holds.
+
+    Raises:
+        OperationError: an unknown kind, a missing run ID, a bad session ID or revision.
+    """
+    payload = request["payload"]
+    kind = payload.get("kind")
+    revision = payload.get("revision")
+    if revision is not None and (
+        isinstance(revision, bool) or not isinstance(revision, int) or revision < 0
+    ):
+        raise OperationError("rejected", "revisionInvalid", "revision must be an integer >= 0")
+    match kind:
+        case "runList":
+            return ViewSpec("runList"), None
+        case "run":
+            run_id = request.get("runId")
+            if not _bounded_id(run_id):
+                raise OperationError("rejected", "runIdRequired", "a run view needs a runId")
+            return ViewSpec("run", run_id=run_id), revision
+        case "sessionView":
+            session_id = payload.get("sessionId")
+            if not _bounded_id(session_id):
+                raise OperationError(
+                    "rejected",
+                    "sessionIdInvalid",
+                    f"sessionId must be a string of 1 to {MAX_ID_CHARS} printable characters",
+                )
+            return ViewSpec("sessionView", session_id=session_id), None
+    raise OperationError("rejected", "unknownView", "kind must be runList, run or sessionView")
+
+
+def _bounded_id(value: object) -> bool:
+    """An opaque ID as the schema's `id`: 1 to 256 characters, no control characters."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_ID_CHARS
+        and not any(ord(char) < 0x20 or ord(char) == 0x7F for char in value)
+    )
 
 
 def _unrouted(request: RequestMessage) -> dict[str, Any]:

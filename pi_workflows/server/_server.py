@@ -60,6 +60,7 @@ from pi_workflows.server._operations import OperationContext
 from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
 from pi_workflows.server._resolver import RESOLVER_MODULE
 from pi_workflows.server._router import DEFAULT_DRAIN_S, Router, RouterPorts
+from pi_workflows.server._view_subscriptions import read_view
 from pi_workflows.storage import (
     Clock,
     Database,
@@ -345,10 +346,10 @@ class WorkflowServer:
             database, self.max_workers, launches, fail, self.owner_id
         )
         runner_host.tell(ConnectScheduler(self._scheduler))
-        self._subscriptions = SubscriptionActor.start(database, fail)
+        reader = ReaderActor.start(db.path, self.clock, fail)
+        self._subscriptions = SubscriptionActor.start(reader, read_view, fail)
         database.tell(WatchCommits(self._subscriptions))  # live views refresh on commit
         self._coordinators = CoordinatorEpochActor.start(fail)
-        reader = ReaderActor.start(db.path, self.clock, fail)
         validations = ValidationsActor.start(
             ValidationsConfig(self.state_dir, agent_dir, validate_timeout_from_env()),
             fail,

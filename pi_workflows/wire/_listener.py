@@ -851,10 +851,15 @@ class ClientListener:
                 return
 
 
-def offer_event_frames(offers: Sequence[tuple[Connection, str, bytes]]) -> None:
+def offer_event_frames(
+    offers: Sequence[tuple[Connection, str, bytes]],
+    handed_over: Callable[[], None] | None = None,
+) -> None:
     """Offer many subscriptions' framed events in one hand-over to the loop (any thread).
 
     Each replaces that subscription's unwritten event, as `Connection.offer_event` does.
+    `handed_over` runs on the loop once every frame is queued: from then on a drained
+    connection (`is_drained`) has written them, so the caller knows what the client got.
     """
     if not offers:
         return
@@ -863,6 +868,8 @@ def offer_event_frames(offers: Sequence[tuple[Connection, str, bytes]]) -> None:
     def queue_all() -> None:
         for connection, subscription_id, frame in offers:
             connection._queue_event(subscription_id, frame)
+        if handed_over is not None:
+            handed_over()
 
     with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
         loop.call_soon_threadsafe(queue_all)

@@ -1,8 +1,9 @@
 """The subscription actor, ticked by hand: a Tick flushes each new revision, once.
 
-Real parts: a database actor on a real SQLite file, the real listener on a Unix socket,
-and raw client sockets reading the frames. No `Ticker` runs, so a snapshot is read only
-when a subscription is installed and on each `Tick` the test sends.
+Real parts: a database actor on a real SQLite file, the reader actor beside it, the real
+listener on a Unix socket, and raw client sockets reading the frames. No `Ticker` runs,
+so a snapshot is read only when a subscription is installed and on each `Tick` the test
+sends.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ import pytest
 from pi_workflows import __version__
 from pi_workflows.actors._base import wait_reply
 from pi_workflows.actors._database import DatabaseActor
+from pi_workflows.actors._reader import ReaderActor
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
     Subscribe,
     SubscriptionActor,
     Unsubscribe,
+    ViewGone,
+    ViewSnapshot,
+    ViewSpec,
 )
-from pi_workflows.server._operations import build_run_list
+from pi_workflows.server._view_subscriptions import read_view
 from pi_workflows.storage import Database, ManualClock, enqueue_run, open_database
 from pi_workflows.wire._listener import ClientListener, Connection
 from pi_workflows.wire.framing import SocketFrameReader
@@ -56,21 +61,32 @@ class _Connections:
 
 
 @dataclass
+class CountedReads:
+    """The server's view reader, counting its calls (on the reader actor's thread)."""
+
+    builds: int = 0
+
+    def __call__(self, db: Database, spec: ViewSpec, since: int) -> ViewSnapshot | ViewGone | None:
+        self.builds += 1
+        return read_view(db, spec, since)
+
+
+@dataclass
 class Views:
     """The actors, the listener, and how often a snapshot was read."""
 
     database: pykka.ActorRef[Any]
+    reader: pykka.ActorRef[Any]
     actor: pykka.ActorRef[Any]
     listener: ClientListener
     handler: _Connections
     path: Path
-    builds: int = 0
+    counted: CountedReads
     sockets: list[socket.socket] = field(default_factory=list)
 
-    def build(self, db: Database, since: int) -> tuple[int, dict[str, Any]] | None:
-        """The server's run-list snapshot, counted (on the database actor's thread)."""
-        self.builds += 1
-        return build_run_list(db, since)
+    @property
+    def builds(self) -> int:
+        return self.counted.builds
 
     def connect(self) -> tuple[Connection, SocketFrameReader]:
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -86,7 +102,7 @@ class Views:
         return self.handler.connected.get(timeout=WAIT_S), reader
 
     def subscribe(self, connection: Connection, subscription_id: str) -> None:
-        self.actor.tell(Subscribe(connection, subscription_id, "runList", self.build))
+        self.actor.tell(Subscribe(connection, subscription_id, ViewSpec("runList")))
         self.flush()
 
     def tick(self, *sequences: int) -> None:
@@ -97,7 +113,7 @@ class Views:
     def flush(self) -> None:
         # What was told to the actor (it may ask for a read), the read, then its delivery:
         # a read still in flight would coalesce the next subscriber's into it.
-        handled(self.actor, self.database, self.actor)
+        handled(self.actor, self.reader, self.actor)
         self.written()
 
     def written(self) -> None:
@@ -131,12 +147,14 @@ def views(short_tmp: Path) -> Iterator[Views]:
     db = open_database(short_tmp / "state.sqlite", clock=ManualClock())
     failures: list[str] = []
     database = DatabaseActor.start(db, lambda name, exc: failures.append(name))
-    actor = SubscriptionActor.start(database, lambda name, exc: failures.append(name))
+    reader = ReaderActor.start(db.path, ManualClock(), lambda name, exc: failures.append(name))
     handler = _Connections()
     path = short_tmp / "host.sock"
     listener = ClientListener(path, handler, __version__, lambda exc: failures.append("listener"))
     listener.start()
-    started = Views(database, actor, listener, handler, path)
+    counted = CountedReads()
+    actor = SubscriptionActor.start(reader, counted, lambda name, exc: failures.append(name))
+    started = Views(database, reader, actor, listener, handler, path, counted)
     try:
         yield started
     finally:
@@ -144,6 +162,7 @@ def views(short_tmp: Path) -> Iterator[Views]:
             client.close()
         listener.stop()
         actor.stop(block=True, timeout=10)
+        reader.stop(block=True, timeout=10)
         database.stop(block=True, timeout=10)
     assert not failures
 
