@@ -15,8 +15,8 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire.client import HostUnavailableError
-from pi_workflows.wire.live import LiveViews, ViewKey, WatchTimeoutError
-from pi_workflows.wire.views import RunListPage
+from pi_workflows.wire.live import LiveViews, RunNotFoundError, ViewKey, WatchTimeoutError
+from pi_workflows.wire.views import RunListPage, RunView
 from tests.server.runs import start_run
 
 
@@ -139,3 +139,55 @@ def test_a_watch_timeout_ends_the_watch(restartable: list[WorkflowServer], state
         next(pages)
         with pytest.raises(WatchTimeoutError):
             next(pages)
+
+
+def test_watch_run_yields_typed_run_views_and_a_missing_run_fails_at_once(
+    restartable: list[WorkflowServer], project: Path, state_dir: Path
+) -> None:
+    with (
+        LiveViews(state_dir, autostart=False, timeout=10) as live,
+        WorkflowClient(state_dir, autostart=False, timeout=10) as client,
+    ):
+        started = time.monotonic()
+        with pytest.raises(RunNotFoundError, match="run-does-not-exist") as missing:
+            next(live.watch_run("run-does-not-exist", timeout=60))
+        assert missing.value.run_id == "run-does-not-exist"
+        assert time.monotonic() - started < 30, "notFound is an answer, not a wait"
+        assert live.view(ViewKey.run("run-does-not-exist")) is None  # not wanted any more
+        run_id = start_run(client, project, "hello")
+        views = live.watch_run(run_id, timeout=60)
+        view: RunView = next(views)
+        assert view["schema"] == "pi-workflows.run-view.v1" and view["runId"] == run_id
+        assert view["display"]["status"] == "queued"
+        assert "pause" in view["display"]["controls"]
+        client.call("run.pause", run_id=run_id)
+        paused = next(views)
+        assert paused["display"]["status"] == "paused" and paused["revision"] > view["revision"]
+        views.close()
+
+
+def test_a_reconnect_with_a_retained_revision_gets_a_patch_equal_to_a_fresh_snapshot(
+    restartable: list[WorkflowServer], project: Path, state_dir: Path
+) -> None:
+    with (
+        LiveViews(state_dir, autostart=False, timeout=10) as live,
+        WorkflowClient(state_dir, autostart=False, timeout=10) as client,
+    ):
+        run_id = start_run(client, project, "hello")
+        key = ViewKey.run(run_id)
+        live.subscribe(key)
+        first = live.next_update(timeout=30)
+        assert first is not None and first.via == "snapshot"
+        # The server closes a connection that breaks framing: a real lost connection,
+        # to the same server, which still retains the revision this client holds.
+        live._client.send_raw(b"this is not a frame\n")
+        client.call("run.pause", run_id=run_id)
+        update = live.next_update(timeout=30)
+        while update is not None and update.revision == first.revision:
+            update = live.next_update(timeout=30)
+        assert update is not None and update.key == key
+        assert live.reconnects == 1
+        assert update.via == "patch", "a retained revision gets a patch, not a snapshot"
+        fresh = client.call("run.get", run_id=run_id)["receipt"]
+        assert fresh["revision"] == update.revision
+        assert update.view == fresh, "the patched view equals a fresh snapshot"
