@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import select
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -211,4 +213,66 @@ def test_run_wait_timeout_exits_6(
     assert done.returncode == 6, done.stderr
     assert "did not settle within 1 s" in done.stderr
     _release(fifos)
+    processes.cli(state_dir, "server", "stop")
+
+
+def _read_pty_until(
+    master: int, marker: bytes | None, seen: bytearray, timeout: float = 60
+) -> None:
+    """Read the terminal until `marker` is in what was seen (None: until it closes)."""
+    while marker is None or marker not in seen:
+        readable, _, _ = select.select([master], [], [], timeout)
+        assert readable, f"the terminal stayed silent; so far: {bytes(seen)[-400:]!r}"
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every writer of the terminal has closed it
+            chunk = b""
+        if not chunk:
+            assert marker is None, f"closed before {marker!r}: {bytes(seen)[-400:]!r}"
+            return
+        seen += chunk
+
+
+def test_run_watch_on_a_terminal_draws_a_live_display(
+    processes: Processes, state_dir: Path, gated: tuple[Path, dict[str, str]]
+) -> None:
+    project, fifos = gated
+    _start_server(processes, state_dir)
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        run_id = start_run(client, project, "gated", fifos)
+    assert wait_fifo(Path(fifos["ready"])) == "at gate"
+    master, terminal = pty.openpty()
+    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent), COLUMNS="120")
+    try:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pi_workflows.cli",
+                "--state-dir",
+                str(state_dir),
+                "run",
+                "watch",
+                run_id,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=terminal,
+            stderr=terminal,
+            env=env,
+            start_new_session=True,
+        )
+        processes.adopt(child.pid)
+        os.close(terminal)
+        terminal = -1
+        seen = bytearray()
+        _read_pty_until(master, b"at node", seen)  # the live display, not a plain line
+        assert b"allowed now" in seen and run_id.encode() in seen
+        _release(fifos)
+        _read_pty_until(master, None, seen)
+        assert child.wait(60) == 0
+        assert b"completed" in seen and b"\x1b[" in seen  # drawn with terminal codes
+    finally:
+        os.close(master)
+        if terminal >= 0:
+            os.close(terminal)
     processes.cli(state_dir, "server", "stop")

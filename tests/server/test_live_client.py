@@ -16,7 +16,7 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire.client import HostUnavailableError
 from pi_workflows.wire.live import LiveViews, RunNotFoundError, ViewKey, WatchTimeoutError
-from pi_workflows.wire.views import RunListPage, RunView
+from pi_workflows.wire.views import RunListPage, RunView, SessionView
 from tests.server.runs import start_run
 
 
@@ -191,3 +191,15 @@ def test_a_reconnect_with_a_retained_revision_gets_a_patch_equal_to_a_fresh_snap
         fresh = client.call("run.get", run_id=run_id)["receipt"]
         assert fresh["revision"] == update.revision
         assert update.view == fresh, "the patched view equals a fresh snapshot"
+
+
+def test_watch_session_yields_the_session_view_shape(
+    restartable: list[WorkflowServer], state_dir: Path
+) -> None:
+    with LiveViews(state_dir, autostart=False, timeout=10) as live:
+        sessions = live.watch_session("session-1", timeout=30)
+        view: SessionView = next(sessions)
+        assert view["schema"] == "pi-workflows.session-view.v1"
+        assert view["sessionId"] == "session-1" and view["activeRun"] is None
+        assert view["messages"] == {"count": 0, "items": []}
+        sessions.close()
