@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +33,27 @@ from pi_workflows.actors._subscriptions import (
     ViewSnapshot,
     ViewSpec,
 )
-from pi_workflows.server._view_subscriptions import read_view
-from pi_workflows.storage import Database, ManualClock, enqueue_run, open_database
+from pi_workflows.server._run_view import build_run_view
+from pi_workflows.server._view_subscriptions import read_view, run_view_read
+from pi_workflows.storage import (
+    Database,
+    ManualClock,
+    enqueue_run,
+    get_run,
+    open_database,
+    pause_run,
+    resume_run,
+)
 from pi_workflows.wire._listener import ClientListener, Connection
 from pi_workflows.wire.framing import SocketFrameReader
 from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire.view_patch import apply_patch
 from tests.actors.ticks import WAIT_S, handled, on_database, tick
 from tests.storage.storage_helpers import new_run
 
 pytestmark = pytest.mark.timeout(30)
+
+RUN_LIST = ViewSpec("runList")
 
 
 class _Connections:
@@ -101,9 +114,29 @@ class Views:
         self.written()
         return self.handler.connected.get(timeout=WAIT_S), reader
 
-    def subscribe(self, connection: Connection, subscription_id: str) -> None:
-        self.actor.tell(Subscribe(connection, subscription_id, ViewSpec("runList")))
+    def subscribe(
+        self,
+        connection: Connection,
+        subscription_id: str,
+        spec: ViewSpec = RUN_LIST,
+        revision: int | None = None,
+    ) -> None:
+        self.actor.tell(Subscribe(connection, subscription_id, spec, revision))
         self.flush()
+
+    def counter(self, name: str) -> int:
+        return int(getattr(self.actor.proxy(), name).get(timeout=WAIT_S))
+
+    def toggle(self, run_id: str) -> None:
+        """Pause or resume the queued run: one committed change of its view."""
+
+        def write(db: Database) -> None:
+            run = get_run(db, run_id)
+            assert run is not None
+            with db.write() as tx:
+                (resume_run if run.paused else pause_run)(tx, run_id)
+
+        on_database(self.database, write)
 
     def tick(self, *sequences: int) -> None:
         """Tick, then wait until every snapshot it asked for is read and written."""
@@ -232,3 +265,141 @@ def test_closed_connections_lose_their_subscriptions_on_the_next_tick(views: Vie
     assert len(_event(kept_reader)["payload"]["items"]) == 1
     views.tick(2)
     assert views.builds == 6, "one read per open subscription and tick (unchanged: no event)"
+
+
+def _view_now(views: Views, run_id: str) -> dict[str, Any]:
+    view = on_database(views.database, lambda db: build_run_view(db, run_id))
+    assert isinstance(view, dict)
+    return view
+
+
+def _held(events: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The view a client rebuilds from its events: a patch applies to its exact base."""
+    view: dict[str, Any] | None = None
+    kinds = []
+    for event in events:
+        kinds.append(event["kind"])
+        if event["kind"] == "runSnapshot":
+            view = event["payload"]
+        else:
+            assert event["kind"] == "runPatch" and view is not None
+            assert event["payload"]["baseRevision"] == view["revision"], (
+                "a patch from a revision the client never got"
+            )
+            view = apply_patch(view, event["payload"]["operations"])
+        assert view is not None and view["revision"] == event["revision"]
+    assert view is not None
+    return view, kinds
+
+
+def test_an_unchanged_run_view_costs_one_revision_lookup_not_a_rebuild(
+    views: Views, short_tmp: Path
+) -> None:
+    views.enqueue("run-1")
+    connection, reader = views.connect()
+    views.subscribe(connection, "sub-1", ViewSpec("run", run_id="run-1"))
+    assert _event(reader)["kind"] == "runSnapshot"
+    built = views.counter("pages_built")
+    reads = views.counter("reads")
+    views.enqueue("run-2")  # another run changes: this view's revision does not
+    for sequence in (1, 2, 3):
+        views.tick(sequence)
+    assert views.counter("reads") == reads + 3, "one read per tick"
+    assert views.counter("pages_built") == built, "no rebuild of an unchanged view"
+    # What one such read executes: the revision lookup, and nothing else.
+    statements: list[str] = []
+    db = open_database(short_tmp / "state.sqlite", clock=ManualClock())
+    try:
+        since = run_view_read(db, "run-1", -1)
+        assert isinstance(since, ViewSnapshot)
+        db.tracer = lambda sql, params: statements.append(sql)
+        assert run_view_read(db, "run-1", since.revision) is None
+    finally:
+        db.close()
+    queries = [sql for sql in statements if sql.split()[0] not in ("BEGIN", "COMMIT")]
+    assert queries == ["SELECT revision FROM runs WHERE run_id = :run_id"]
+
+
+def test_a_run_that_disappears_is_unavailable_once_and_its_subscription_ends(
+    views: Views,
+) -> None:
+    views.enqueue("run-1")
+    connection, reader = views.connect()
+    views.subscribe(connection, "sub-1", ViewSpec("run", run_id="run-1"))
+    assert _event(reader)["kind"] == "runSnapshot"
+
+    def prune(db: Database) -> None:  # what pruning a run does to its rows
+        with db.write() as tx:
+            tx.execute("DELETE FROM runs WHERE run_id = :run_id", {"run_id": "run-1"})
+
+    on_database(views.database, prune)
+    views.tick(1)
+    gone = _event(reader)
+    assert gone["kind"] == "unavailable" and gone["subscriptionId"] == "sub-1"
+    assert gone["payload"]["code"] == "runNotFound"
+    assert views.actor.proxy().subscription_count().get(timeout=WAIT_S) == 0
+    reads = views.counter("reads")
+    views.tick(2)
+    assert views.counter("reads") == reads, "nothing left to read"
+    assert views.unsubscribe(connection, "sub-1") is False
+
+
+def test_an_offer_not_yet_handed_to_the_loop_is_never_replaced_by_a_patch_on_top(
+    views: Views,
+) -> None:
+    """The listener's loop is held while the run changes three times. The first change
+    is offered (a patch from the snapshot the client has); until that offer is on the
+    loop and written, nothing else is offered, so no later patch can replace it and
+    leave the client holding a base it never got."""
+    views.enqueue("run-1")
+    connection, reader = views.connect()
+    views.subscribe(connection, "sub-1", ViewSpec("run", run_id="run-1"))
+    events = [_event(reader)]
+    release = threading.Event()
+    held = threading.Event()
+
+    def hold() -> None:  # on the loop: nothing is queued or written meanwhile
+        held.set()
+        release.wait(WAIT_S)
+
+    views.listener._loop.call_soon_threadsafe(hold)
+    try:
+        assert held.wait(WAIT_S)
+        skipped = views.counter("snapshots_skipped_undrained")
+        for sequence in (1, 2, 3):
+            views.toggle("run-1")
+            tick(views.actor, sequence)
+            handled(views.actor, views.reader, views.actor)
+        pending = views.actor.proxy().pending_events().get(timeout=WAIT_S)
+        assert pending == {connection.connection_id: 1}, "one offer in flight, not three"
+        assert views.counter("snapshots_skipped_undrained") > skipped
+    finally:
+        release.set()
+    views.written()
+    events.append(_event(reader))
+    views.tick(4)  # handed over and drained: the newest revision goes now
+    events.append(_event(reader))
+    view, kinds = _held(events)
+    assert kinds == ["runSnapshot", "runPatch", "runPatch"]
+    assert view == _view_now(views, "run-1"), "the patched view is the current one"
+
+
+def test_a_resubscribe_naming_a_retained_revision_gets_a_patch_from_it(views: Views) -> None:
+    views.enqueue("run-1")
+    spec = ViewSpec("run", run_id="run-1")
+    first, first_reader = views.connect()
+    views.subscribe(first, "sub-1", spec)
+    events = [_event(first_reader)]
+    views.toggle("run-1")
+    views.tick(1)
+    events.append(_event(first_reader))
+    holding = events[-1]["revision"]
+    views.actor.tell(ConnectionClosed(first.connection_id))  # the client lost it
+    views.toggle("run-1")
+    views.toggle("run-1")
+    second, second_reader = views.connect()
+    views.subscribe(second, "sub-1", spec, revision=holding)
+    events.append(_event(second_reader))
+    view, kinds = _held(events)
+    assert kinds == ["runSnapshot", "runPatch", "runPatch"]
+    assert view == _view_now(views, "run-1")
