@@ -203,3 +203,18 @@ def test_watch_session_yields_the_session_view_shape(
         assert view["sessionId"] == "session-1" and view["activeRun"] is None
         assert view["messages"] == {"count": 0, "items": []}
         sessions.close()
+
+
+def test_workflow_client_live_shares_its_state_folder_and_settings(
+    restartable: list[WorkflowServer], project: Path, state_dir: Path
+) -> None:
+    with WorkflowClient(state_dir, autostart=False, timeout=10) as client:
+        run_id = start_run(client, project, "hello")
+        with client.live(reconnect_timeout=5) as live:
+            assert (live.state_dir, live.autostart, live.reconnect_timeout) == (
+                state_dir,
+                False,
+                5,
+            )
+            view = next(live.watch_run(run_id, timeout=30))
+            assert view["runId"] == run_id
