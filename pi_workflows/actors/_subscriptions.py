@@ -188,6 +188,8 @@ class _View:
     """The canonical JSON of the payload at `revision`, encoded once for everyone."""
     document: dict[str, Any] | None = None
     """The payload at `revision` (kept while patches from it may be made)."""
+    previous: tuple[int, dict[str, Any]] | None = None
+    """The payload before it: the base most patches start from, not decoded again."""
     retained: OrderedDict[int, bytes] = field(default_factory=OrderedDict)
     """Encoded payloads of the last few revisions, oldest first (patchable kinds)."""
     patches: dict[int, bytes | None] = field(default_factory=dict)
@@ -362,6 +364,8 @@ class SubscriptionActor(ServerActor):
         if reply.value is None:
             return  # unchanged since the last read
         snapshot: ViewSnapshot = reply.value
+        if view.spec.kind in PATCH_KINDS and view.document is not None:
+            view.previous = (view.revision, view.document)
         view.revision, view.payload = snapshot.revision, dumps(snapshot.payload)
         view.patches = {}
         self.pages_built += 1
@@ -439,7 +443,11 @@ class SubscriptionActor(ServerActor):
         assert payload is not None
         if view.document is None:
             view.document = json.loads(payload)
-        operations = diff_views(json.loads(old), view.document)
+        if view.previous is not None and view.previous[0] == base:
+            base_document = view.previous[1]
+        else:
+            base_document = json.loads(old)
+        operations = diff_views(base_document, view.document)
         encoded: bytes | None = dumps({"baseRevision": base, "operations": operations})
         if encoded is not None and (
             len(encoded) >= len(payload) or len(encoded) > MAX_FRAME_BYTES - ENVELOPE_BYTES
