@@ -87,7 +87,7 @@ def _live_errors(function: F) -> F:
         except ViewUnavailableError as exc:
             _fail(f"unavailable ({exc.code}): {exc}", EXIT_FAILED)
         except WatchTimeoutError:
-            timeout = click.get_current_context().params.get("timeout")
+            timeout = click.get_current_context().params.get("timeout") or 0.0
             _fail(f"the run did not settle within {timeout:g} s", EXIT_TIMEOUT)
 
     return wrapper  # type: ignore[return-value]
