@@ -12,11 +12,12 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pi_workflows._version import __version__
 from pi_workflows.errors import PiWorkflowsError
@@ -32,7 +33,7 @@ from pi_workflows.wire.protocol import (
 from pi_workflows.wire.run_list import PAGE_ITEMS as RUN_LIST_PAGE_ITEMS
 from pi_workflows.wire.run_list import RunList, collect_run_list
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:  # `live` imports this module
     from pi_workflows.wire.live import LiveViews
 
 __all__ = [
