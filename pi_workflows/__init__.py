@@ -31,6 +31,25 @@ if TYPE_CHECKING:
         RequestFailedError,
         WorkflowClient,
     )
+    from pi_workflows.wire.live import (
+        LiveViews,
+        RunNotFoundError,
+        ViewKey,
+        ViewUnavailableError,
+        ViewUpdate,
+        WatchTimeoutError,
+    )
+    from pi_workflows.wire.views import (
+        ContentRef,
+        Display,
+        RunListItem,
+        RunListPage,
+        RunPage,
+        RunView,
+        SessionView,
+        TraceItem,
+        Value,
+    )
 
 _LAZY = {
     "WorkflowServer": "pi_workflows.server",
@@ -39,6 +58,21 @@ _LAZY = {
     "PackageMismatchError": "pi_workflows.wire.client",
     "RequestFailedError": "pi_workflows.wire.client",
     "WorkflowClient": "pi_workflows.wire.client",
+    "LiveViews": "pi_workflows.wire.live",
+    "RunNotFoundError": "pi_workflows.wire.live",
+    "ViewKey": "pi_workflows.wire.live",
+    "ViewUnavailableError": "pi_workflows.wire.live",
+    "ViewUpdate": "pi_workflows.wire.live",
+    "WatchTimeoutError": "pi_workflows.wire.live",
+    "ContentRef": "pi_workflows.wire.views",
+    "Display": "pi_workflows.wire.views",
+    "RunListItem": "pi_workflows.wire.views",
+    "RunListPage": "pi_workflows.wire.views",
+    "RunPage": "pi_workflows.wire.views",
+    "RunView": "pi_workflows.wire.views",
+    "SessionView": "pi_workflows.wire.views",
+    "TraceItem": "pi_workflows.wire.views",
+    "Value": "pi_workflows.wire.views",
 }
 
 
@@ -52,11 +86,26 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ContentRef",
+    "Display",
     "HostUnavailableError",
     "InvalidRequestError",
+    "LiveViews",
     "PackageMismatchError",
     "PiWorkflowsError",
     "RequestFailedError",
+    "RunListItem",
+    "RunListPage",
+    "RunNotFoundError",
+    "RunPage",
+    "RunView",
+    "SessionView",
+    "TraceItem",
+    "Value",
+    "ViewKey",
+    "ViewUnavailableError",
+    "ViewUpdate",
+    "WatchTimeoutError",
     "WorkflowClient",
     "WorkflowServer",
     "__version__",

@@ -151,6 +151,7 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "server stop": (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE),
     "server status": (0, EXIT_USAGE, EXIT_UNAVAILABLE),
     "run wait": (*CLIENT_EXITS, EXIT_TIMEOUT),
+    "run watch": (*CLIENT_EXITS, EXIT_TIMEOUT),
     "state verify": (*CLIENT_EXITS, EXIT_STATE),
     "workflows list": (0, EXIT_USAGE),
     "debug crash-points": (0, EXIT_USAGE),
@@ -169,7 +170,14 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "runs another version",
     ("run wait", 0): "the run completed",
     ("run wait", EXIT_FAILED): "the run settled otherwise (failed, cancelled, waiting, "
-    "paused, parked, ambiguous), or the server refused",
+    "paused, parked, ambiguous), there is no such run, or the server refused",
+    ("run wait", EXIT_UNAVAILABLE): "no server could be reached or started, it runs another "
+    "version, or it stayed unreachable past --reconnect-timeout",
+    ("run watch", 0): "the run completed",
+    ("run watch", EXIT_FAILED): "the run settled otherwise (failed, cancelled, waiting, "
+    "paused, parked, ambiguous), there is no such run, or the server refused",
+    ("run watch", EXIT_UNAVAILABLE): "no server could be reached or started, it runs "
+    "another version, or it stayed unreachable past --reconnect-timeout",
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", EXIT_USAGE): "always: the viewer is not built yet",
@@ -694,56 +702,6 @@ def run_answer(ctx: click.Context, run_id: str, input_json: str, as_json: bool) 
         click.echo(receipt["continuationRunId"])
 
 
-@run.command("wait")
-@click.argument("run_id")
-@click.option(
-    "--timeout", type=float, default=None, help="Give up after this many seconds (default: never)."
-)
-@json_option
-@click.pass_context
-@_client_errors
-def run_wait(ctx: click.Context, run_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait until a run settles; exit 0 only if it completed.
-
-    Example: pi-workflows run wait run-0123abcd --timeout 600
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with _client(ctx) as client:
-        current = client.call("run.get", run_id=run_id)["receipt"]
-        if not _settled(current):
-            client.call("view.subscribe", {"kind": "runList"})
-            while not _settled(current):
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    _fail(f"run {run_id} did not settle within {timeout:.0f} s", EXIT_TIMEOUT)
-                event = _next_event(client, remaining)
-                for item in event["payload"].get("items", []):
-                    if item["runId"] == run_id and _settled(item):
-                        current = client.call("run.get", run_id=run_id)["receipt"]
-    if as_json:
-        _print_json(current)
-    else:
-        reason = current["display"].get("reason") or current.get("failureReason")
-        click.echo(
-            f"{run_id}  {current['display']['status']}" + (f"  ({reason})" if reason else "")
-        )
-    if current["display"]["status"] != "completed":
-        sys.exit(EXIT_FAILED)
-
-
-def _next_event(client: WorkflowClient, timeout: float | None) -> dict[str, Any]:
-    client.set_read_timeout(timeout)
-    try:
-        while True:
-            message = client.read_message()
-            if message is None:
-                raise HostUnavailableError("the server closed the connection while waiting")
-            if message["type"] == "event":
-                return message
-    except TimeoutError:
-        _fail("timed out waiting for the run", EXIT_TIMEOUT)
-
-
 @main.group()
 def workflows() -> None:
     """Discover workflow files.
@@ -1049,9 +1007,15 @@ def piw_main(run_id: str | None) -> None:
 
 
 # Commands in their own modules register on the groups above when imported:
-# `run list` and `run logs` (_run_list), `run show` (_run_show), `state prune`
-# (_state_prune), `completion`; then every run-ID and workflow-name parameter gets its
-# shell completion (_completion).
-from pi_workflows.cli import _completion, _run_list, _run_show, _state_prune  # noqa: E402, F401
+# `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
+# `run watch` (_run_watch), `state prune` (_state_prune), `completion`; then every
+# run-ID and workflow-name parameter gets its shell completion (_completion).
+from pi_workflows.cli import (  # noqa: E402, F401
+    _completion,
+    _run_list,
+    _run_show,
+    _run_watch,
+    _state_prune,
+)
 
 _completion.install_completion(main)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from pi_workflows.wire.protocol import (
 )
 from pi_workflows.wire.run_list import PAGE_ITEMS as RUN_LIST_PAGE_ITEMS
 from pi_workflows.wire.run_list import RunList, collect_run_list
+
+if typing.TYPE_CHECKING:  # `live` imports this module
+    from pi_workflows.wire.live import LiveViews
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
@@ -145,9 +149,20 @@ class WorkflowClient:
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
     connect_on_enter: bool = True
     connection_id: str | None = None
+    connections: int = 0
+    """Connections opened so far; a change means the server forgot this client's
+    subscriptions (connection IDs are per server, so they can repeat)."""
+    event_sink: Callable[[dict[str, Any]], None] | None = None
+    """Receives the events read while waiting for a response (dropped when None);
+    `LiveViews` keeps them, so a subscription's events are never lost to a request."""
     _sock: socket.socket | None = None
     _reader: SocketFrameReader | None = None
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def is_connected(self) -> bool:
+        """True while a connection is open (it may still be lost at the next read)."""
+        return self._sock is not None
 
     @property
     def socket_path(self) -> Path:
@@ -253,6 +268,19 @@ class WorkflowClient:
             raise RequestFailedError(response)
         return response
 
+    def live(self, **options: Any) -> LiveViews:
+        """A `LiveViews` for this client's state folder and identity (its own
+        connection): `for view in client.live().watch_run(run_id): ...`. `options` go
+        to `LiveViews` (`reconnect_timeout`, `timeout`, `autostart`)."""
+        from pi_workflows.wire.live import LiveViews  # noqa: PLC0415 (it imports this module)
+
+        defaults: dict[str, Any] = {
+            "client_id": f"{self.client_id}-live",
+            "autostart": self.autostart,
+            "timeout": self.timeout,
+        }
+        return LiveViews(self.state_dir, **{**defaults, **options})
+
     def list_runs(
         self,
         *,
@@ -329,7 +357,9 @@ class WorkflowClient:
                 return checked
             if _is_refusal(checked, self.connection_id):
                 raise _ConnectionRefusedError(_refusal_text(checked))
-            # events and stale responses of an abandoned attempt are not ours to settle
+            if checked["type"] == "event" and self.event_sink is not None:
+                self.event_sink(dict(checked))
+            # stale responses of an abandoned attempt are not ours to settle
 
     def _open(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -354,6 +384,7 @@ class WorkflowClient:
             raise _RefusedError(_refusal_text(refusal))
         self._sock = sock
         self._reader = reader
+        self.connections += 1
 
     def _check_hello(self, sock: socket.socket, hello: dict[str, Any]) -> None:
         try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypedDict
+from typing import Any, Final, Protocol
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire.protocol import run_list_page_from_wire
+from pi_workflows.wire.views import RunListItem  # re-exported: the typed item
 
 __all__ = [
     "MAX_COLLECT_ATTEMPTS",
@@ -34,26 +35,6 @@ class RunListChangingError(PiWorkflowsError):
     """The list changed between the pages of every attempt to collect it."""
 
     retryable = True
-
-
-class _Display(TypedDict, total=False):
-    status: str
-    reason: str
-    failureClass: str
-
-
-class RunListItem(TypedDict, total=False):
-    """One run of the list: status and source facts only."""
-
-    runId: str
-    workflow: str
-    title: str
-    revision: int
-    createdAt: int
-    updatedAt: int
-    finishedAt: int
-    executionMode: str
-    display: _Display
 
 
 @dataclass(frozen=True, slots=True)
