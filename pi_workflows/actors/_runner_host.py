@@ -37,6 +37,7 @@ from pi_workflows.actors._ticker import Tick
 from pi_workflows.engine._limits import Limits, limits_env
 from pi_workflows.server._operations import (
     FENCING_COMMANDS,
+    LAUNCH_IN_FLIGHT,
     OperationContext,
     failure_response,
     handle_operation,
@@ -76,6 +77,8 @@ log = logging.getLogger(__name__)
 
 STARTUP_DEADLINE_MS = 20_000
 """A runner must send `runner.ready` this long after its launch was recorded."""
+LAUNCH_WAIT_MS = 2_000
+"""How long a command refused for want of a launch's claim waits for the launch."""
 RUNNER_GRACE_TICKS = 40
 """SIGTERM to SIGKILL grace for a runner group, in ticks (10 s at the default tick)."""
 RUNNER_FD_ENV = "PI_WORKFLOWS_RUNNER_FD"
@@ -174,8 +177,24 @@ class RunCommand:
 @dataclass(frozen=True, slots=True)
 class _CommandDone:
     request: RequestMessage
+    context: OperationContext
     responder: Responder
     reply: Reply
+    presented_claim: bool
+    """The command presented a live runner's claim (False: none was known)."""
+    retried: bool
+
+
+@dataclass(slots=True)
+class _AwaitingLaunch:
+    """A command answered `claimLost` while no runner of its run was known: the
+    scheduler's admission had claimed the run and its `Launch` was still on the way.
+    It is sent once more when the launch arrives, or at `until`."""
+
+    request: RequestMessage
+    context: OperationContext
+    responder: Responder
+    until: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +388,8 @@ class RunnerHostActor(ServerActor):
         self._active: dict[str, ActiveRunner] = {}
         self._draining = False
         self._drained: list[Callable[[Reply], None]] = []
+        self._awaiting_launch: dict[str, list[_AwaitingLaunch]] = {}
+        """Commands held for a launch in flight, by run ID."""
 
     def on_receive(self, message: Any) -> Any:
         handler = self._routes.get(type(message))
@@ -389,7 +410,7 @@ class RunnerHostActor(ServerActor):
             ChannelClosed: lambda m: self._on_channel_closed(m.runner_epoch),
             _ExitRecorded: lambda m: self._on_exit_recorded(m.run_id, m.reply),
             RunCommand: lambda m: self._command(m.request, m.context, m.responder),
-            _CommandDone: lambda m: self._command_done(m.request, m.responder, m.reply),
+            _CommandDone: self._command_done,
             Tick: lambda m: self._on_tick(),
             Drain: lambda m: self._drain(m.reply),
             HandBack: lambda m: self._hand_back_all(m.reply),
@@ -423,6 +444,8 @@ class RunnerHostActor(ServerActor):
         crash_point("server.launch.after_commit")
         runner = ActiveRunner(plan)
         self._active[plan.runner_epoch] = runner
+        for held in self._awaiting_launch.pop(plan.run_id, []):
+            self._command(held.request, held.context, held.responder, retried=True)
         if self._draining:
             self._hand_back(runner)  # claimed just before the stop: the next server runs it
             self._check_drained()
@@ -587,15 +610,30 @@ class RunnerHostActor(ServerActor):
         )
 
     def _command(
-        self, request: RequestMessage, context: OperationContext, responder: Responder
+        self,
+        request: RequestMessage,
+        context: OperationContext,
+        responder: Responder,
+        *,
+        retried: bool = False,
     ) -> None:
         runner = self._runner_of(str(request.get("runId") or ""))
         claim = runner.plan.claim if runner is not None else None
         work = functools.partial(handle_operation, request=request, ctx=context, claim=claim)
-        done = functools.partial(_CommandDone, request, responder)
+        done = functools.partial(
+            _CommandDone,
+            request,
+            context,
+            responder,
+            presented_claim=claim is not None,
+            retried=retried,
+        )
         self._transact(work, done, request["operation"], client=True)
 
-    def _command_done(self, request: RequestMessage, responder: Responder, reply: Reply) -> None:
+    def _command_done(self, message: _CommandDone) -> None:
+        request, responder, reply = message.request, message.responder, message.reply
+        if self._await_launch(message):
+            return
         if reply.error is not None:
             responder.respond(failure_response(request, reply.error))
             return
@@ -606,6 +644,33 @@ class RunnerHostActor(ServerActor):
             self._fence(str(request.get("runId")))
         responder.respond(answer)
         self._wake_scheduler()
+
+    def _await_launch(self, message: _CommandDone) -> bool:
+        """Hold a command refused for want of a claim no runner here had yet: the
+        admission that claimed the run commits before its `Launch` reaches this actor."""
+        answer = message.reply.value
+        if message.retried or message.presented_claim or message.reply.error is not None:
+            return False
+        if (answer.get("error") or {}).get("code") != LAUNCH_IN_FLIGHT:
+            return False
+        run_id = str(message.request.get("runId") or "")
+        until = self._config.clock.now_ms() + LAUNCH_WAIT_MS
+        held = _AwaitingLaunch(message.request, message.context, message.responder, until)
+        self._awaiting_launch.setdefault(run_id, []).append(held)
+        return True
+
+    def _retry_awaiting(self, now: int, *, everything: bool = False) -> None:
+        """Send held commands whose launch did not come in time once more, as they are."""
+        for run_id in list(self._awaiting_launch):
+            held = self._awaiting_launch[run_id]
+            due = [h for h in held if everything or h.until <= now]
+            kept = [h for h in held if h not in due]
+            if kept:
+                self._awaiting_launch[run_id] = kept
+            else:
+                del self._awaiting_launch[run_id]
+            for h in due:
+                self._command(h.request, h.context, h.responder, retried=True)
 
     def _fence(self, run_id: str) -> None:
         runner = self._runner_of(run_id)
@@ -627,6 +692,7 @@ class RunnerHostActor(ServerActor):
 
     def _on_tick(self) -> None:
         now = self._config.clock.now_ms()
+        self._retry_awaiting(now)
         self._check_deadlines(now)
 
     def _check_deadlines(self, now: int) -> None:
@@ -647,6 +713,7 @@ class RunnerHostActor(ServerActor):
     def _drain(self, reply: Callable[[Reply], None]) -> None:
         self._draining = True
         self._drained.append(reply)
+        self._retry_awaiting(0, everything=True)  # no launch comes now: answer them as they are
         for runner in list(self._active.values()):
             if not runner.settled and runner.at_boundary:
                 # Nothing external in flight: a pure node may run again, so hand it back now.

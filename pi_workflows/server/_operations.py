@@ -47,6 +47,7 @@ from pi_workflows.storage import (
     answer_checkpoint,
     cancel_run,
     enqueue_run,
+    get_lease,
     get_queue_row,
     get_run,
     get_run_summary,
@@ -79,6 +80,7 @@ CONTROL_CLAIM_TTL_MS = 30_000
 __all__ = [
     "COMMANDS",
     "FENCING_COMMANDS",
+    "LAUNCH_IN_FLIGHT",
     "READS",
     "RUNNER_COMMANDS",
     "SNAPSHOT_READS",
@@ -403,6 +405,8 @@ def _transition(name: str, apply: Callable[..., Any]) -> Operation:
             if get_run(tx, run_id) is None:
                 raise OperationError("notFound", "runNotFound", f"no run {run_id}")
             held = claim
+            if held is None:
+                _refuse_during_launch(tx, run_id, ctx.owner_id)
             if held is None and name == "cancel":
                 held = _control_claim_for_stale_row(tx, run_id, ctx.owner_id)
             result = apply(
@@ -417,6 +421,21 @@ def _transition(name: str, apply: Callable[..., Any]) -> Operation:
         return _run_command(db, request, change)
 
     return operation
+
+
+LAUNCH_IN_FLIGHT = "launchInFlight"
+"""The error code of a command that found this server's own launch claim on the run."""
+
+
+def _refuse_during_launch(tx: Tx, run_id: str, owner_id: str) -> None:
+    """Refuse (unstored) a command that holds no claim while this server's admission
+    holds one: the runner host got the command before the launch's plan, and sends it
+    again with that claim once the plan arrives (actors/_runner_host.py)."""
+    lease = get_lease(tx, run_id)
+    if lease is not None and lease.owner_id == owner_id and lease.expires_at > tx.now:
+        raise OperationError(
+            "claimLost", LAUNCH_IN_FLIGHT, "the server is starting this run's runner; retry"
+        )
 
 
 def _control_claim_for_stale_row(tx: Tx, run_id: str, owner_id: str) -> Claim | None:
@@ -437,8 +456,10 @@ def _control_claim_for_stale_row(tx: Tx, run_id: str, owner_id: str) -> Claim | 
             ttl_ms=CONTROL_CLAIM_TTL_MS,
         )
     except ClaimHeldError:
+        # Not a definite rejection (nothing is stored): the claim may expire or, right
+        # after admission, be the launch's own, and a retry with the key may succeed.
         raise OperationError(
-            "rejected",
+            "claimLost",
             "claimHeld",
             "a live claim holds this run; it cannot be cancelled until that claim expires",
         ) from None
