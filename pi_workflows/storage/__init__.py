@@ -237,6 +237,7 @@ from pi_workflows.storage._view_reads import (
     attempt_position,
     attempt_window,
     count_attempts,
+    count_transitions,
     failure_tracebacks,
     lineage_links,
     pending_requests,
@@ -245,6 +246,7 @@ from pi_workflows.storage._view_reads import (
     store_definition_content,
     store_view_blob,
     store_view_text,
+    transition_window,
 )
 
 __all__ = [
@@ -361,6 +363,7 @@ __all__ = [
     "content_digest",
     "count_ambiguous_effects",
     "count_attempts",
+    "count_transitions",
     "count_runner_outcomes",
     "declare_effect_ambiguous",
     "effect_fingerprint",
@@ -453,6 +456,7 @@ __all__ = [
     "store_definition_content",
     "store_view_blob",
     "store_view_text",
+    "transition_window",
     "take_over_claim",
     "time_out_run",
     "unfinished_attempt",

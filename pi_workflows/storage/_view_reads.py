@@ -26,6 +26,7 @@ __all__ = [
     "attempt_position",
     "attempt_window",
     "count_attempts",
+    "count_transitions",
     "failure_tracebacks",
     "lineage_links",
     "pending_requests",
@@ -34,6 +35,7 @@ __all__ = [
     "store_definition_content",
     "store_view_blob",
     "store_view_text",
+    "transition_window",
 ]
 
 VIEW_INLINE_BYTES = 16 * 1024
@@ -85,6 +87,16 @@ SELECT a.attempt_id, a.run_id, a.node_path, a.node_type, a.visit, a.generation, 
         WHERE b.run_id = a.run_id AND b.node_path = a.node_path AND b.visit = a.visit
           AND b.rowid <= a.rowid) AS number
 FROM node_attempts a WHERE a.run_id = :run_id ORDER BY a.rowid LIMIT :limit OFFSET :offset
+"""
+# Routed attempts (a transition from their node to `next_node_path`), counted and paged.
+_COUNT_TRANSITIONS = """
+SELECT count(*) FROM node_attempts WHERE run_id = :run_id AND next_node_path IS NOT NULL
+"""
+_SELECT_TRANSITION_WINDOW = """
+SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, started_at,
+       deadline_at, finished_at, output_hash, error, next_node_path, 0 AS number
+FROM node_attempts WHERE run_id = :run_id AND next_node_path IS NOT NULL
+ORDER BY rowid LIMIT :limit OFFSET :offset
 """
 # Where one stored attempt is in its run's start order (how many started before it).
 _SELECT_ATTEMPT_POSITION = """
@@ -231,6 +243,21 @@ def attempt_window(reader: Reader, run_id: str, offset: int, limit: int) -> list
         return []
     params = {"run_id": run_id, "offset": max(0, offset), "limit": limit}
     return reader.fetch_all(_SELECT_ATTEMPT_WINDOW, params, NumberedAttempt)
+
+
+def count_transitions(reader: Reader, run_id: str) -> int:
+    """Return how many attempts of the run routed to a next node."""
+    return int(reader.fetch_value(_COUNT_TRANSITIONS, {"run_id": run_id}))
+
+
+def transition_window(
+    reader: Reader, run_id: str, offset: int, limit: int
+) -> list[NumberedAttempt]:
+    """Return at most `limit` routed attempts from position `offset` (`number` is 0)."""
+    if limit <= 0:
+        return []
+    params = {"run_id": run_id, "offset": max(0, offset), "limit": limit}
+    return reader.fetch_all(_SELECT_TRANSITION_WINDOW, params, NumberedAttempt)
 
 
 def attempt_position(reader: Reader, run_id: str, attempt_id: str) -> int | None:
