@@ -200,6 +200,6 @@ def test_pruning_a_run_removes_its_view_content(db: Database) -> None:
     assert db.fetch_value(count, {"run_id": "run-1"}) == 3  # output, error, reason
     with db.write() as tx:
         for table in ("events", "node_attempts", "run_queue", "run_bindings", "runner_epochs"):
-            tx.execute(f"DELETE FROM {table} WHERE run_id = 'run-1'")  # noqa: S608
+            tx.execute(f"DELETE FROM {table} WHERE run_id = 'run-1'")
         tx.execute("DELETE FROM runs WHERE run_id = 'run-1'")
     assert db.fetch_value(count, {"run_id": "run-1"}) == 0
