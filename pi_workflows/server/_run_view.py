@@ -42,7 +42,6 @@ from pi_workflows.storage import (
     RunRow,
     active_runner,
     count_attempts,
-    count_transitions,
     get_queue_row,
     get_run,
     get_run_summary,
@@ -438,13 +437,11 @@ def _trace(db: Database, run_id: str) -> dict[str, Any]:
 
 
 def _graph(db: Database, run: RunRow) -> dict[str, Any]:
-    """Bounded node and edge projections of the definition snapshot, the history
-    counts behind `view.page`'s graphSteps and transitions, and a reference to the
+    """Bounded node and edge projections of the definition snapshot, the count of
+    `view.page`'s graphSteps, and a reference to the
     complete snapshot (stored as view content when the run was created)."""
-    graph: dict[str, Any] = {
-        "steps": {"count": count_attempts(db, run.run_id)},
-        "transitions": {"count": count_transitions(db, run.run_id)},
-    }
+    # `transitions` are counted by their own page, not here: that count reads rows.
+    graph: dict[str, Any] = {"steps": {"count": count_attempts(db, run.run_id)}}
     ref = stored_ref(db, run.run_id, run.definition_digest, VIEW_JSON_MEDIA_TYPE)
     graph["definition"] = ref if ref is not None else {"unavailable": "notStored"}
     try:

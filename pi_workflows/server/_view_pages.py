@@ -158,22 +158,38 @@ def _traceback(reader: Reader, ref: ContentRef) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _History:
-    """One list of a run: how to count it, read a range of it and render an item."""
+    """One list of a run: how to count it, read a range of it and render its items."""
 
     count: Callable[[Reader, str], int]
-    read: Callable[[Reader, str, int, int], list[NumberedAttempt]]
-    render: Callable[[NumberedAttempt], dict[str, Any]]
+    read: Callable[[Reader, str, int, int, int], list[NumberedAttempt]]
+    render: Callable[[list[NumberedAttempt]], list[dict[str, Any]]]
+
+
+def _transitions_range(
+    reader: Reader, run_id: str, offset: int, limit: int, total: int
+) -> list[NumberedAttempt]:
+    return transition_window(reader, run_id, offset, limit)
 
 
 def _history(reader: Reader, run_id: str, name: str) -> _History:
     if name == "transitions":
-        return _History(count_transitions, transition_window, _transition_item)
+        return _History(
+            count_transitions,
+            _transitions_range,
+            lambda rows: [_transition_item(row) for row in rows],
+        )
     if name == "graphSteps":
-        return _History(count_attempts, attempt_window, _step_item)
-    tracebacks = failure_tracebacks(reader, run_id)
-    return _History(
-        count_attempts, attempt_window, lambda attempt: trace_item(reader, attempt, tracebacks)
-    )
+        return _History(
+            count_attempts, attempt_window, lambda rows: [_step_item(row) for row in rows]
+        )
+
+    def render(rows: list[NumberedAttempt]) -> list[dict[str, Any]]:
+        # Only this window's failed attempts are looked up (events read newest first).
+        failed = [row.attempt_id for row in rows if row.status in ("failed", "timed_out")]
+        tracebacks = failure_tracebacks(reader, run_id, failed)
+        return [trace_item(reader, row, tracebacks) for row in rows]
+
+    return _History(count_attempts, attempt_window, render)
 
 
 def _fill(rendered: list[dict[str, Any]], budget: int) -> int:
@@ -191,8 +207,9 @@ def _older(history: _History, reader: Reader, run_id: str, end: int, budget: int
     count = history.count(reader, run_id)
     end = min(end, count)
     first = max(0, end - PAGE_ITEMS)
-    rows = history.read(reader, run_id, first, end - first)
-    rendered = [history.render(row) for row in reversed(rows)]
+    rows = history.read(reader, run_id, first, end - first, count)
+    rendered = history.render(rows)
+    rendered.reverse()  # newest first: the budget keeps the newest
     kept = rendered[: _fill(rendered, budget)]
     kept.reverse()
     return Window(kept, end - len(kept), count)
@@ -202,8 +219,8 @@ def _newer(history: _History, reader: Reader, run_id: str, first: int, budget: i
     """The window of items from position `first` on, oldest first filled."""
     count = history.count(reader, run_id)
     first = min(first, count)
-    rows = history.read(reader, run_id, first, PAGE_ITEMS)
-    rendered = [history.render(row) for row in rows]
+    rows = history.read(reader, run_id, first, min(PAGE_ITEMS, count - first), count)
+    rendered = history.render(rows)
     return Window(rendered[: _fill(rendered, budget)], first, count)
 
 
@@ -217,7 +234,8 @@ def newest_steps(reader: Reader, run_id: str, limit: int) -> list[dict[str, Any]
     """The newest `limit` graph steps, without values."""
     count = count_attempts(reader, run_id)
     first = max(0, count - limit)
-    return [_step_item(row) for row in attempt_window(reader, run_id, first, count - first)]
+    rows = attempt_window(reader, run_id, first, count - first, count)
+    return [_step_item(row) for row in rows]
 
 
 # --- view.page -----------------------------------------------------------------------------

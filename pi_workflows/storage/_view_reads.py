@@ -8,6 +8,7 @@ the whole view is one snapshot. Internal; `pi_workflows.storage` exports the nam
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,11 @@ SELECT attempt_id, run_id, node_path, node_type, visit, generation, status, star
 FROM node_attempts WHERE run_id = :run_id AND next_node_path IS NOT NULL
 ORDER BY rowid LIMIT :limit OFFSET :offset
 """
+# The same window read from the newest end (OFFSET counted from there), reversed by
+# the caller: a window near the newest attempts skips few index entries.
+_SELECT_ATTEMPT_WINDOW_DESC = _SELECT_ATTEMPT_WINDOW.replace(
+    "ORDER BY a.rowid", "ORDER BY a.rowid DESC"
+)
 # Where one stored attempt is in its run's start order (how many started before it).
 _SELECT_ATTEMPT_POSITION = """
 SELECT (SELECT count(*) FROM node_attempts b WHERE b.run_id = a.run_id AND b.rowid < a.rowid)
@@ -200,14 +206,37 @@ def run_result_payload(reader: Reader, run_id: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def failure_tracebacks(reader: Reader, run_id: str) -> dict[str, ContentRef]:
-    """Return the stored traceback of each failed attempt, by attempt ID."""
-    rows = reader.fetch_all(_SELECT_TRACEBACKS, {"run_id": run_id}, _Traceback)
-    return {
-        row.attempt_id: ContentRef(run_id, row.digest, TRACEBACK_MEDIA_TYPE, row.byte_length)
-        for row in rows
-        if row.attempt_id is not None
-    }
+def failure_tracebacks(
+    reader: Reader, run_id: str, attempt_ids: Collection[str] | None = None
+) -> dict[str, ContentRef]:
+    """Return the stored traceback of each failed attempt, by attempt ID.
+
+    With `attempt_ids` (the failed attempts of one window), the run's events are read
+    newest first only until each of them is found: a newest window stops early.
+    """
+    if attempt_ids is None:
+        rows = reader.fetch_all(_SELECT_TRACEBACKS, {"run_id": run_id}, _Traceback)
+        return {
+            row.attempt_id: ContentRef(run_id, row.digest, TRACEBACK_MEDIA_TYPE, row.byte_length)
+            for row in rows
+            if row.attempt_id is not None
+        }
+    wanted = set(attempt_ids)
+    found: dict[str, ContentRef] = {}
+    if not wanted:
+        return found
+    cursor = reader.connection.execute(
+        _SELECT_TRACEBACKS + " ORDER BY revision DESC", {"run_id": run_id}
+    )
+    try:
+        for attempt_id, digest, byte_length in cursor:
+            if attempt_id in wanted and attempt_id not in found:
+                found[attempt_id] = ContentRef(run_id, digest, TRACEBACK_MEDIA_TYPE, byte_length)
+                if len(found) == len(wanted):
+                    break
+    finally:
+        cursor.close()
+    return found
 
 
 def lineage_links(reader: Reader, run_id: str) -> LineageLinks:
@@ -237,11 +266,23 @@ def count_attempts(reader: Reader, run_id: str) -> int:
     return int(reader.fetch_value(_COUNT_ATTEMPTS, {"run_id": run_id}))
 
 
-def attempt_window(reader: Reader, run_id: str, offset: int, limit: int) -> list[NumberedAttempt]:
-    """Return at most `limit` attempts from position `offset` in start order."""
+def attempt_window(
+    reader: Reader, run_id: str, offset: int, limit: int, total: int | None = None
+) -> list[NumberedAttempt]:
+    """Return at most `limit` attempts from position `offset` in start order.
+
+    Given the run's `total` (`count_attempts`), a window nearer the newest end is read
+    from there, so OFFSET skips at most half the history.
+    """
+    offset = max(0, offset)
     if limit <= 0:
         return []
-    params = {"run_id": run_id, "offset": max(0, offset), "limit": limit}
+    if total is not None and offset + limit <= total and total - offset - limit < offset:
+        params = {"run_id": run_id, "offset": total - offset - limit, "limit": limit}
+        rows = reader.fetch_all(_SELECT_ATTEMPT_WINDOW_DESC, params, NumberedAttempt)
+        rows.reverse()
+        return rows
+    params = {"run_id": run_id, "offset": offset, "limit": limit}
     return reader.fetch_all(_SELECT_ATTEMPT_WINDOW, params, NumberedAttempt)
 
 

@@ -176,7 +176,6 @@ def test_transitions_and_graph_steps_are_paged_too(db: Database) -> None:
         _step(db, claim, f"s{number}", f"node{number % 3}", {"i": number})
     view = _view(db)
     assert view["graph"]["steps"] == {"count": 300}
-    assert view["graph"]["transitions"] == {"count": 300}
     transitions = _page(db, list="transitions", revision=1)
     assert transitions["count"] == 300 and len(transitions["items"]) == 256
     assert transitions["items"][-1] == {

@@ -77,6 +77,7 @@ PINNED = {
     "VIEW_INLINE_BYTES", "VIEW_JSON_MEDIA_TYPE", "VIEW_TEXT_MEDIA_TYPE", "NumberedAttempt",
     "attempt_position", "attempt_window", "count_attempts", "store_definition_content",
     "store_view_blob", "store_view_text", "count_transitions", "transition_window",
+    "run_view_revision",
 }  # fmt: skip
 
 

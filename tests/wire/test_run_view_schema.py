@@ -53,7 +53,6 @@ VIEW: dict[str, Any] = {
         "nodes": {"count": 2, "items": [{"id": "explode", "kind": "compute"}]},
         "edges": {"count": 1, "items": [{"from": "first", "to": "explode"}]},
         "steps": {"count": 2},
-        "transitions": {"count": 1},
     },
     "trace": {
         "count": 2,
