@@ -27,6 +27,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.storage import (
+    Database,
     FailureClass,
     ensure_private_dir,
     fail_node_attempt,
@@ -34,6 +35,7 @@ from pi_workflows.storage import (
     finish_node_attempt,
     mark_runner_live,
     open_database,
+    park_run,
     put_json_blob,
     put_traceback,
     start_node_attempt,
@@ -49,6 +51,7 @@ from tests.storage.storage_helpers import enqueue, launch
 pytestmark = pytest.mark.timeout(300)
 
 RUN = "run-1"
+PARKED = "run-2"
 STEPS = 3_000
 BIG = 5 * 1024 * 1024
 REASON = "nodeFailed: last: RuntimeError: " + "why " * 25_600  # 100 KiB and a bit
@@ -104,8 +107,22 @@ def _build(db_path: Path) -> None:
             )
         with db.write() as tx:
             fail_run(tx, RUN, failure_class=FailureClass.NODE_FAILED, reason=REASON, claim=claim)
+        _parked_run(db)
     finally:
         db.close()
+
+
+def _parked_run(db: Database) -> None:
+    """`PARKED`: 600 small steps, then parked (resumable, so a pause changes it)."""
+    enqueue(db, PARKED)
+    claim = launch(db, PARKED, epoch="e2")
+    with db.write() as tx:
+        mark_runner_live(tx, claim, runner_epoch="e2", pid=4242, process_start_time=7)
+        for number in range(600):
+            attempt = f"p{number:03d}"
+            start_node_attempt(tx, claim, attempt_id=attempt, node_path="p", node_type="compute")
+            finish_node_attempt(tx, claim, attempt_id=attempt, output={"p": "v" * 2_000})
+        park_run(tx, claim, reason="test")
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +290,33 @@ def test_a_missing_run_reports_not_found_through_pages_and_content(
         with pytest.raises(RequestFailedError) as missing:
             client.hydrated_run_view("run-none")
         assert missing.value.code == "runNotFound"
+
+
+@dataclass
+class PausingOnce:
+    """`WorkflowClient.call`, pausing the run once right after the first trace page:
+    the run changes between the pages of one collection."""
+
+    client: WorkflowClient
+    calls: list[str] = field(default_factory=list)
+
+    def call(
+        self, operation: str, payload: Mapping[str, Any] | None = None, **options: Any
+    ) -> Mapping[str, Any]:
+        response = self.client.call(operation, payload, **options)
+        self.calls.append(operation)
+        if operation == "view.page" and "run.pause" not in self.calls:
+            self.calls.append("run.pause")
+            self.client.call("run.pause", run_id=PARKED)
+        return response
+
+
+def test_a_page_of_another_revision_is_not_applied(large_server: WorkflowServer) -> None:
+    """The pause lands between two pages: the page after it echoes a newer revision,
+    the partial history is dropped, and collection starts again from a fresh view."""
+    with WorkflowClient(large_server.state_dir, autostart=False, timeout=60) as client:
+        pausing = PausingOnce(client)
+        whole = hydrate_run_view(pausing, PARKED)
+    assert pausing.calls.count("run.get") == 2, pausing.calls
+    assert whole["display"]["status"] == "paused", "the view of the newer revision"
+    assert [i["attemptId"] for i in whole["trace"]["items"]] == [f"p{n:03d}" for n in range(600)]
