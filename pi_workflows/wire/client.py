@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pi_workflows._version import __version__
 from pi_workflows.errors import PiWorkflowsError
@@ -292,7 +292,7 @@ class WorkflowClient:
         revision: int,
         cursor: str | None = None,
         attempt_id: str | None = None,
-    ) -> Mapping[str, Any]:
+    ) -> hydrate.RunPage:
         """One `view.page` window (`pi-workflows.run-page.v1`) of a run's `trace`,
         `transitions` or `graphSteps`; apply it only if its `cursor` and `revision`
         match the request and the view you hold."""
@@ -301,7 +301,7 @@ class WorkflowClient:
             payload["cursor"] = cursor
         if attempt_id is not None:
             payload["attemptId"] = attempt_id
-        return self.call("view.page", payload, run_id=run_id)["receipt"]
+        return cast(hydrate.RunPage, self.call("view.page", payload, run_id=run_id)["receipt"])
 
     def run_content(self, run_id: str, ref: Mapping[str, Any]) -> bytes:
         """The complete bytes of a content reference of a run view, verified

@@ -23,14 +23,16 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol, TypedDict
 
 from pi_workflows.errors import PiWorkflowsError
 
 __all__ = [
     "MAX_COLLECT_ATTEMPTS",
+    "ContentRef",
     "ContentVerificationError",
     "RunChangingError",
+    "RunPage",
     "collect_trace",
     "hydrate_run_view",
     "load_content",
@@ -41,6 +43,33 @@ MAX_COLLECT_ATTEMPTS: Final = 5
 CHUNK_BYTES: Final = 256 * 1024
 """The most bytes the server sends per `view.content` chunk (the contract's bound)."""
 MAX_TRACE_PAGES: Final = 100_000
+
+
+class ContentRef(TypedDict):
+    """A server-created reference to content of one run (`view.content`)."""
+
+    digest: str
+    mediaType: str
+    byteCount: int
+    marker: Literal["server"]
+
+
+class RunPage(TypedDict, total=False):
+    """One `pi-workflows.run-page.v1` window; apply it only when `cursor` and
+    `revision` match your request and the view you hold."""
+
+    schema: str
+    runId: str
+    list: str
+    revision: int
+    cursor: str | None
+    items: list[dict[str, Any]]
+    count: int
+    first: int
+    nextCursor: str
+    """The older window."""
+    previousCursor: str
+    """The newer window."""
 
 
 class ContentVerificationError(PiWorkflowsError):
