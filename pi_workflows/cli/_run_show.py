@@ -1,10 +1,15 @@
 """`pi-workflows run show RUN_ID`: what one run did, from its run view only.
 
-Implements issue 13 item 8 (`run show`) on `pi-workflows.run-view.v1` (`run.get`):
-status and reason in words, timings, execution mode, lineage, input, output, and
-every attempt with its outcome and its output or error, including the traceback of a
-failed node. Rich tables and colour on a terminal; plain lines otherwise (pipes,
-scripts, tests); `--json` prints the view itself.
+Implements issue 13 item 8 (`run show`) on `pi-workflows.run-view.v1` (`run.get`),
+`view.page` and `view.content`: the client collects every trace page of one view
+revision and loads every referenced value (input, outputs, errors, tracebacks, the
+reason), verified against its digest, before anything is printed; content that fails
+verification is reported and never shown. Then: status and reason in words, timings,
+execution mode, lineage, input, output, and every attempt with its outcome and its
+output or error, including the traceback of a failed node. Rich tables and colour on
+a terminal; plain lines otherwise (pipes, scripts, tests); `--json` prints the
+hydrated view. A value longer than `HEAD_CHARS` prints its head and its size unless
+`--full` is given (a 5 MiB output would otherwise flood the terminal).
 """
 
 from __future__ import annotations
@@ -20,9 +25,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pi_workflows.cli._main import _client, _client_errors, _print_json, json_option, run
+from pi_workflows.cli._main import (
+    EXIT_FAILED,
+    _client,
+    _client_errors,
+    _fail,
+    _print_json,
+    json_option,
+    run,
+)
+from pi_workflows.wire.hydrate import ContentVerificationError, RunChangingError
 
-__all__ = ["plain_lines", "run_show", "show_rich"]
+__all__ = ["HEAD_CHARS", "plain_lines", "run_show", "show_rich"]
+
+HEAD_CHARS = 4000
+"""How much of one long value (output, error, traceback, reason) is printed without
+--full; the rest is counted in a note."""
 
 _STYLES = {
     "completed": "green",
@@ -40,29 +58,43 @@ _STYLES = {
 
 @run.command("show")
 @click.argument("run_id")
+@click.option(
+    "--full",
+    is_flag=True,
+    help=f"Print long values whole (default: the first {HEAD_CHARS} characters and a size).",
+)
 @json_option
 @click.pass_context
 @_client_errors
-def run_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+def run_show(ctx: click.Context, run_id: str, full: bool, as_json: bool) -> None:
     """Show what a run did: status and reason, timings, lineage, input, output, attempts.
 
-    Every attempt is listed with its outcome and its output or error; a failed node
-    shows its traceback. Values above 16 KiB show their size and a preview. With
-    --json, prints the run view (pi-workflows.run-view.v1) as one document.
+    Every attempt is listed (all pages of one view revision) with its outcome and its
+    output or error; a failed node shows its traceback. Large values are loaded in
+    chunks and verified against their SHA-256 digest first: damaged content is
+    reported, never shown. A value longer than 4000 characters prints its head and
+    its size unless --full is given. With --json, prints the hydrated run view
+    (pi-workflows.run-view.v1 with every attempt and every value loaded) whole.
 
-    Exit codes: 0 shown; 1 no such run (notFound) or refused; 3 server unavailable.
+    Exit codes: 0 shown; 1 no such run (notFound), refused, content that failed
+    verification, or a run that kept changing between pages; 3 server unavailable.
     Environment: PI_CODING_AGENT_DIR picks the state folder (see --state-dir).
 
-    Example: pi-workflows run show run-0123abcd
+    Example: pi-workflows run show run-0123abcd --full
     """
-    with _client(ctx) as client:
-        view = client.call("run.get", run_id=run_id)["receipt"]
+    try:
+        with _client(ctx) as client:
+            view = client.hydrated_run_view(run_id)
+    except ContentVerificationError as exc:
+        _fail(f"content failed verification: {exc}", EXIT_FAILED)
+    except RunChangingError as exc:
+        _fail(str(exc), EXIT_FAILED)
     if as_json:
         _print_json(view)
     elif sys.stdout.isatty():
-        show_rich(view)
+        show_rich(view, full=full)
     else:
-        for line in plain_lines(view):
+        for line in plain_lines(view, full=full):
             click.echo(line)
 
 
@@ -83,18 +115,24 @@ def _took(start: int | None, end: int | None) -> str:
     return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
-def _value(shown: dict[str, Any] | None) -> str:
-    """One bounded value of the view as text."""
+def _head(text: str, full: bool) -> str:
+    """`text`, or its first `HEAD_CHARS` characters and a note of its size."""
+    if full or len(text) <= HEAD_CHARS:
+        return text
+    size = len(text.encode("utf-8"))
+    return f"{text[:HEAD_CHARS]} … ({size} bytes in all; --full prints everything)"
+
+
+def _value(shown: dict[str, Any] | None, full: bool = False) -> str:
+    """One value of the hydrated view as text."""
     if shown is None:
         return "-"
     if "value" in shown:
-        return json.dumps(shown["value"], sort_keys=True, ensure_ascii=False)
+        return _head(json.dumps(shown["value"], sort_keys=True, ensure_ascii=False), full)
     if "unavailable" in shown:
         return f"<unavailable: {shown['unavailable']}>"
-    return (
-        f"<{shown['byteLength']} bytes, over the 16 KiB inline limit; "
-        f"digest {shown.get('digest', '-')}; it begins: {shown['preview']}>"
-    )
+    ref = shown.get("ref", {})
+    return f"<{ref.get('byteCount', '?')} bytes not loaded; it begins: {shown.get('preview', '')}>"
 
 
 def _lineage(view: dict[str, Any]) -> list[str]:
@@ -113,12 +151,12 @@ def _lineage(view: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _summary(view: dict[str, Any]) -> list[tuple[str, str]]:
+def _summary(view: dict[str, Any], full: bool = False) -> list[tuple[str, str]]:
     """(label, text) rows of the run itself."""
     display = view["display"]
     rows = [("status", display["status"])]
     if display.get("reasonText"):
-        rows.append(("reason", display["reasonText"]))
+        rows.append(("reason", _head(display["reasonText"], full)))
     if display.get("action"):
         rows.append(("what to do", display["action"]))
     where = display.get("currentNode") or display.get("waitingOn")
@@ -134,9 +172,9 @@ def _summary(view: dict[str, Any]) -> list[tuple[str, str]]:
     lineage = _lineage(view)
     if lineage:
         rows.append(("lineage", "; ".join(lineage)))
-    rows.append(("input", _value(view.get("state", {}).get("input"))))
+    rows.append(("input", _value(view.get("state", {}).get("input"), full)))
     if "result" in view:
-        rows.append(("output", _value(view["result"].get("output"))))
+        rows.append(("output", _value(view["result"].get("output"), full)))
     rows.append(("revision", f"{view['revision']} (generation {view.get('generation', '-')})"))
     return rows
 
@@ -150,20 +188,15 @@ def _attempt_head(item: dict[str, Any]) -> str:
     )
 
 
-def _attempt_details(item: dict[str, Any]) -> Iterator[tuple[str, str]]:
+def _attempt_details(item: dict[str, Any], full: bool = False) -> Iterator[tuple[str, str]]:
     if "output" in item:
-        yield "output", _value(item["output"])
+        yield "output", _value(item["output"], full)
     if "error" in item:
-        cut = (
-            " … (cut short: this view's size budget was spent)"
-            if item.get("errorTruncated")
-            else ""
-        )
-        yield "error", item["error"] + cut
+        yield "error", _head(item["error"], full)
     traceback = item.get("traceback")
     if traceback is not None:
         if "text" in traceback:
-            yield "traceback", traceback["text"].rstrip("\n")
+            yield "traceback", _head(traceback["text"].rstrip("\n"), full)
         else:
             ref = traceback["ref"]
             yield "traceback", f"<{ref['byteCount']} bytes stored as {ref['digest']}>"
@@ -184,11 +217,11 @@ def _trace_note(trace: dict[str, Any]) -> str:
 # --- plain text ---------------------------------------------------------------------------
 
 
-def plain_lines(view: dict[str, Any]) -> Iterator[str]:
+def plain_lines(view: dict[str, Any], *, full: bool = False) -> Iterator[str]:
     """The plain-text form: stable lines for pipes and scripts."""
     title = f" ({view['title']})" if view.get("title") else ""
     yield f"run {view['runId']}  {view['display']['status']}  {view['workflow']}{title}"
-    for label, text in _summary(view):
+    for label, text in _summary(view, full):
         yield f"{label + ':':<12} {text}"
     for effect in view.get("ambiguousEffects", []):
         yield (
@@ -199,7 +232,7 @@ def plain_lines(view: dict[str, Any]) -> Iterator[str]:
     yield _trace_note(trace)
     for number, item in enumerate(trace["items"], start=trace["omitted"] + 1):
         yield f"  {number}. {_attempt_head(item)}"
-        for label, text in _attempt_details(item):
+        for label, text in _attempt_details(item, full):
             lines = text.splitlines() or [""]
             if len(lines) == 1:
                 yield f"     {label}: {lines[0]}"
@@ -215,7 +248,7 @@ def _styled(status: str) -> Text:
     return Text(status, style=_STYLES.get(status, ""))
 
 
-def show_rich(view: dict[str, Any], console: Console | None = None) -> None:
+def show_rich(view: dict[str, Any], console: Console | None = None, *, full: bool = False) -> None:
     """The terminal form: colour and tables (rich)."""
     console = console or Console()
     title = f" ({view['title']})" if view.get("title") else ""
@@ -226,7 +259,7 @@ def show_rich(view: dict[str, Any], console: Console | None = None) -> None:
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(overflow="fold")
-    for label, text in _summary(view):
+    for label, text in _summary(view, full):
         summary.add_row(label, _styled(text) if label == "status" else Text(text))
     console.print(summary)
     for effect in view.get("ambiguousEffects", []):
@@ -241,7 +274,7 @@ def show_rich(view: dict[str, Any], console: Console | None = None) -> None:
     for column in ("#", "node", "kind", "visit/attempt", "outcome", "started", "took", "detail"):
         table.add_column(column, overflow="fold")
     for number, item in enumerate(trace["items"], start=trace["omitted"] + 1):
-        details = "\n".join(f"{label}: {text}" for label, text in _attempt_details(item))
+        details = "\n".join(f"{label}: {text}" for label, text in _attempt_details(item, full))
         table.add_row(
             str(number),
             item["node"],

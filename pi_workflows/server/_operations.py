@@ -26,6 +26,8 @@ from pi_workflows.server._run_list import (
 )
 from pi_workflows.server._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
 from pi_workflows.server._run_view import build_run_view
+from pi_workflows.server._view_content import ViewRequestError, view_content
+from pi_workflows.server._view_pages import run_page
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
     AnswerInvalidError,
@@ -298,6 +300,28 @@ def _run_get(
     if view is None:
         raise OperationError("notFound", "runNotFound", f"no run {run_id}")
     return response(request, "accepted", revision=view["revision"], receipt=view)
+
+
+def _view_page(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    """`view.page`: one `pi-workflows.run-page.v1` window (server/_view_pages.py)."""
+    try:
+        page = run_page(db, _run_id(request), request["payload"])
+    except ViewRequestError as exc:
+        raise OperationError(exc.outcome, exc.code, str(exc)) from None
+    return response(request, "accepted", revision=page["revision"], receipt=page)
+
+
+def _view_content(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    """`view.content`: one chunk of a run's stored view content (server/_view_content.py)."""
+    try:
+        chunk = view_content(db, _run_id(request), request["payload"])
+    except ViewRequestError as exc:
+        raise OperationError(exc.outcome, exc.code, str(exc)) from None
+    return response(request, "accepted", receipt=chunk)
 
 
 # --- Commands: receipt, change and event in one transaction ---------------------------
@@ -694,7 +718,9 @@ def _recover(
     return _run_command(db, request, change)
 
 
-SNAPSHOT_READS = frozenset({"server.status", "run.get", "run.list", "run.logs"})
+SNAPSHOT_READS = frozenset(
+    {"server.status", "run.get", "run.list", "run.logs", "view.page", "view.content"}
+)
 """Reads the server answers from the reader actor's read-only connection (one read
 transaction each), so they never queue behind writes; they read no actor's state."""
 
@@ -704,6 +730,8 @@ READS: dict[str, Operation] = {
     "run.list": _run_list,
     "run.get": _run_get,
     "run.logs": _run_logs,
+    "view.page": _view_page,
+    "view.content": _view_content,
 }
 
 COMMANDS: dict[str, Operation] = {

@@ -6,9 +6,13 @@ the controls allowed now, the reason in words), the current node, the trace of e
 attempt, lineage, execution mode and queue display metadata. The caller opens one read
 transaction (`Database.read()`), so every fact comes from the same snapshot.
 
-Large values are bounded, not yet paged: a value above `INLINE_BYTES` is shown as a
-`truncated` notice with its digest, byte length and a short preview (`view.content`
-and `view.page` are later parts of issue 13).
+A view stays far below the 1 MiB frame for any run: a value above `INLINE_BYTES` is a
+digest-bound content reference with a short preview (server/_view_content.py; the
+bytes were stored in `run_view_content` with the value), a reason above it is a short
+notice plus `display.reasonContent`, the trace holds only its newest byte-bounded
+window with `trace.count`, `trace.omitted` and `trace.cursors` into `view.page`
+(server/_view_pages.py), and the graph is a bounded node and edge projection plus a
+reference to the complete definition snapshot.
 """
 
 from __future__ import annotations
@@ -19,31 +23,39 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pi_workflows.server._display_status import StatusFacts, display_status
+from pi_workflows.server._view_content import (
+    json_blob_value,
+    json_text_value,
+    long_text,
+    stored_ref,
+)
+from pi_workflows.server._view_pages import PAGE_ITEMS, newest_steps, newest_trace
 from pi_workflows.storage import (
+    VIEW_INLINE_BYTES,
+    VIEW_JSON_MEDIA_TYPE,
     ContentUnavailableError,
     Database,
     NodeAttemptRow,
     PendingRequest,
     QueueRow,
+    Reader,
     RunnerEpochRow,
     RunRow,
     active_runner,
-    blob_length,
-    failure_tracebacks,
+    count_attempts,
     get_queue_row,
     get_run,
     get_run_summary,
     lineage_links,
     list_ambiguous_effects,
-    list_attempts,
     pending_decision,
     pending_requests,
-    read_blob,
-    read_blob_part,
-    read_view_content,
+    read_json_blob,
     run_result_payload,
     run_view_revision,
+    unfinished_attempt,
 )
+from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
 
 __all__ = [
@@ -53,19 +65,16 @@ __all__ = [
     "reason_words",
 ]
 
-INLINE_BYTES: Final = 16 * 1024
-"""The shared inline-content threshold: a larger value is not inlined."""
-PREVIEW_BYTES: Final = 1024
-"""How much of a value above the threshold its notice previews."""
-TRACE_ITEMS: Final = 256
-"""The newest attempts one view lists (the design's page size); older ones are counted."""
+INLINE_BYTES: Final = VIEW_INLINE_BYTES
+"""The shared inline-content threshold: a larger value is a content reference."""
+TRACE_ITEMS: Final = PAGE_ITEMS
+"""The most attempts one view lists (the design's page size); older ones are paged."""
 STEPS_SHOWN: Final = 50
 """The newest attempts of the earlier receipt's `steps` list, kept for its clients."""
-TRACE_VALUE_BUDGET: Final = 512 * 1024
-"""Inlined trace values stop at this many bytes, so a view stays far below 1 MiB."""
-
-ERROR_FLOOR_CHARS: Final = 200
-"""How much of an attempt's error a view keeps once its value budget is spent."""
+GRAPH_ITEMS: Final = 256
+"""The most nodes and edges the graph projection lists; the definition has them all."""
+GRAPH_EDGE_BYTES: Final = 64 * 1024
+"""The most encoded edge bytes the graph projection holds (switch edges can be long)."""
 
 TERMINAL: Final = frozenset({"completed", "failed", "timed_out", "cancelled"})
 
@@ -162,7 +171,8 @@ class _Facts:
     run: RunRow
     queue: QueueRow | None
     execution_mode: str | None
-    attempts: list[NodeAttemptRow]
+    current: NodeAttemptRow | None
+    """The unfinished attempt: the one durable source of the current node."""
     pending: list[PendingRequest]
     checkpoint_node: str | None
     ambiguous: list[dict[str, Any]]
@@ -188,7 +198,7 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         run=run,
         queue=get_queue_row(db, run_id),
         execution_mode=summary.execution_mode if summary is not None else None,
-        attempts=list_attempts(db, run_id),
+        current=unfinished_attempt(db, run_id),
         pending=pending_requests(db, run_id),
         checkpoint_node=decision.node_path if decision is not None else None,
         ambiguous=[effect.to_wire() for effect in list_ambiguous_effects(db, run_id)],
@@ -208,14 +218,15 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
         "generation": run.generation,
         "createdAt": run.created_at,
         "updatedAt": run.updated_at,
-        "display": _display(facts),
+        "display": _display(db, facts),
         "lineage": _lineage(db, run),
-        "state": {"input": _bounded_text(run.input, run.input_hash)},
-        "trace": _trace(db, run.run_id, facts.attempts),
+        "state": {"input": json_text_value(db, run.run_id, run.input)},
+        "graph": _graph(db, run),
+        "trace": _trace(db, run.run_id),
         # Kept for clients of the earlier `run.get` receipt: the newest attempts.
         "steps": [
-            {"node": a.node_path, "kind": a.node_type, "visit": a.visit, "status": a.status}
-            for a in facts.attempts[-STEPS_SHOWN:]
+            {"node": s["node"], "kind": s["kind"], "visit": s["visit"], "status": s["outcome"]}
+            for s in newest_steps(db, run.run_id, STEPS_SHOWN)
         ],
     }
     if facts.queue is not None:
@@ -245,7 +256,7 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
 # --- display -----------------------------------------------------------------------
 
 
-def _display(facts: _Facts) -> dict[str, Any]:
+def _display(db: Reader, facts: _Facts) -> dict[str, Any]:
     """The six rules of § Live run view, in order."""
     run = facts.run
     status = _status(facts)
@@ -254,7 +265,7 @@ def _display(facts: _Facts) -> dict[str, Any]:
         "activity": _activity(facts.runner),
         "controls": _controls(facts, status),
     }
-    current = next((a for a in facts.attempts if a.status in ("running", "waiting")), None)
+    current = facts.current
     if current is not None:
         # The unfinished attempt is the one durable source of the current node.
         key = "currentNode" if status == "running" else "waitingOn"
@@ -267,7 +278,12 @@ def _display(facts: _Facts) -> dict[str, Any]:
     if code is not None:
         words, action = reason_words(code)
         if status in TERMINAL and run.failure_reason:
-            words = run.failure_reason[:INLINE_BYTES]  # the stored reason, not only its code
+            # The stored reason, not only its code; a long one by reference.
+            words, ref = long_text(db, run.run_id, run.failure_reason)
+            if ref is not None:
+                size = ref["byteCount"]
+                words = f"The reason is {size} bytes, too long to show here; it begins: {words}"
+                display["reasonContent"] = ref
         if status not in TERMINAL:
             display["reason"] = code  # the code stays for scripts (`run wait`)
         display["reasonCode"] = code
@@ -387,58 +403,11 @@ def _lineage(db: Database, run: RunRow) -> dict[str, Any]:
     return lineage
 
 
-# --- values ------------------------------------------------------------------------
-
-
-def _bounded_text(text: str, digest: str | None = None) -> dict[str, Any]:
-    """A JSON value held as text: inline up to the threshold, else a truncated notice."""
-    data = text.encode("utf-8")
-    if len(data) <= INLINE_BYTES:
-        return {"value": json.loads(text)}
-    return _notice(data[:PREVIEW_BYTES], len(data), digest)
-
-
-def _notice(preview: bytes, byte_length: int, digest: str | None) -> dict[str, Any]:
-    notice: dict[str, Any] = {
-        "truncated": True,
-        "byteLength": byte_length,
-        "preview": preview.decode("utf-8", "ignore"),
-    }
-    if digest is not None:
-        notice["digest"] = digest
-    return notice
-
-
-@dataclass(slots=True)
-class _Budget:
-    """The bytes of values one view may still inline (outputs, previews, errors,
-    tracebacks), so a view of 256 attempts stays well below the 1 MiB frame."""
-
-    left: int
-
-    def take(self, size: int) -> bool:
-        """Spend `size` bytes if they are left."""
-        if size > self.left:
-            return False
-        self.left -= size
-        return True
-
-
-def _blob_value(db: Database, digest: str, budget: _Budget) -> dict[str, Any]:
-    """A JSON blob, inline when it fits the threshold and the remaining budget."""
-    try:
-        length = blob_length(db, digest)
-        if length <= INLINE_BYTES and budget.take(length):
-            return {"value": json.loads(read_blob(db, digest))}
-        wanted = min(length, PREVIEW_BYTES)
-        preview = read_blob_part(db, digest, 0, wanted) if wanted and budget.take(wanted) else b""
-    except ContentUnavailableError as exc:
-        return {"unavailable": exc.reason}
-    return _notice(preview, length, digest)
+# --- values, trace and graph --------------------------------------------------------
 
 
 def _result(db: Database, run: RunRow) -> dict[str, Any] | None:
-    """The completed run's output (inline, or a notice for a large one)."""
+    """The completed run's output (inline, or a content reference for a large one)."""
     if run.status != "completed":
         return None
     payload = run_result_payload(db, run.run_id)
@@ -446,68 +415,58 @@ def _result(db: Database, run: RunRow) -> dict[str, Any] | None:
         return None
     if "outputRef" in payload:
         digest = str(payload["outputRef"]["digest"])
-        return {"output": _blob_value(db, digest, _Budget(INLINE_BYTES))}
-    return {"output": _bounded_text(json.dumps(payload.get("output")))}
+        return {"output": json_blob_value(db, run.run_id, digest)}
+    # The same canonical bytes the runner handler stored when the output is large.
+    return {"output": json_text_value(db, run.run_id, dumps(payload.get("output")).decode())}
 
 
-def _trace(db: Database, run_id: str, attempts: list[NodeAttemptRow]) -> dict[str, Any]:
-    """One entry per attempt, newest `TRACE_ITEMS` of them, in start order."""
-    numbers: dict[tuple[str, int], int] = {}
-    numbered: list[tuple[NodeAttemptRow, int]] = []
-    for attempt in attempts:
-        key = (attempt.node_path, attempt.visit)
-        numbers[key] = numbers.get(key, 0) + 1
-        numbered.append((attempt, numbers[key]))
-    shown = numbered[-TRACE_ITEMS:]
-    tracebacks = failure_tracebacks(db, run_id)
-    budget = _Budget(TRACE_VALUE_BUDGET)
-    # The newest attempts spend the budget first: the latest failure keeps its detail.
-    items = [_trace_item(db, a, n, tracebacks, budget) for a, n in reversed(shown)]
-    items.reverse()
-    return {"count": len(attempts), "omitted": len(attempts) - len(shown), "items": items}
-
-
-def _trace_item(
-    db: Database,
-    attempt: NodeAttemptRow,
-    number: int,
-    tracebacks: Mapping[str, Any],
-    budget: _Budget,
-) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "attemptId": attempt.attempt_id,
-        "node": attempt.node_path,
-        "kind": attempt.node_type,
-        "visit": attempt.visit,
-        "attempt": number,
-        "generation": attempt.generation,
-        "startedAt": attempt.started_at,
-        "outcome": attempt.status,
+def _trace(db: Database, run_id: str) -> dict[str, Any]:
+    """The newest byte-bounded window of attempts, in start order, and the cursor to
+    the older ones (`view.page`)."""
+    window = newest_trace(db, run_id)
+    trace: dict[str, Any] = {
+        "count": window.count,
+        "omitted": window.count - len(window.items),
+        "items": window.items,
     }
-    if attempt.finished_at is not None:
-        item["finishedAt"] = attempt.finished_at
-    if attempt.next_node_path is not None:
-        item["next"] = attempt.next_node_path
-    if attempt.output_hash is not None:
-        item["output"] = _blob_value(db, attempt.output_hash, budget)
-    if attempt.error is not None:
-        error = attempt.error[:INLINE_BYTES]
-        if not budget.take(len(error.encode("utf-8"))):
-            error = error[:ERROR_FLOOR_CHARS]  # the budget is spent: the error's start
-            item["errorTruncated"] = True
-        item["error"] = error
-    ref = tracebacks.get(attempt.attempt_id)
-    if ref is not None:
-        item["traceback"] = _traceback(db, ref, budget)
-    return item
+    cursors = window.cursors("trace")
+    cursors.pop("newer", None)  # the view's window is the newest
+    trace["cursors"] = cursors
+    return trace
 
 
-def _traceback(db: Database, ref: Any, budget: _Budget) -> dict[str, Any]:
-    reference = {"mediaType": ref.media_type, "byteCount": ref.byte_length, "digest": ref.digest}
-    if ref.byte_length > INLINE_BYTES or not budget.take(ref.byte_length):
-        return {"ref": reference}
+def _graph(db: Database, run: RunRow) -> dict[str, Any]:
+    """Bounded node and edge projections of the definition snapshot, the count of
+    `view.page`'s graphSteps, and a reference to the
+    complete snapshot (stored as view content when the run was created)."""
+    # `transitions` are counted by their own page, not here: that count reads rows.
+    graph: dict[str, Any] = {"steps": {"count": count_attempts(db, run.run_id)}}
+    ref = stored_ref(db, run.run_id, run.definition_digest, VIEW_JSON_MEDIA_TYPE)
+    graph["definition"] = ref if ref is not None else {"unavailable": "notStored"}
     try:
-        text = read_view_content(db, ref).decode("utf-8", "replace")
-    except ContentUnavailableError as exc:
-        return {"ref": reference, "unavailable": exc.reason}
-    return {"ref": reference, "text": text}
+        snapshot = read_json_blob(db, run.definition_digest)
+    except ContentUnavailableError:
+        return graph
+    if not isinstance(snapshot, dict):
+        return graph
+    nodes = snapshot.get("nodes") if isinstance(snapshot.get("nodes"), dict) else {}
+    assert isinstance(nodes, dict)
+    graph["startAt"] = snapshot.get("startAt")
+    graph["nodes"] = {
+        "count": len(nodes),
+        "items": [
+            {"id": path, "kind": str(node.get("kind", "")) if isinstance(node, dict) else ""}
+            for path, node in list(sorted(nodes.items()))[:GRAPH_ITEMS]
+        ],
+    }
+    edges = snapshot.get("edges") if isinstance(snapshot.get("edges"), list) else []
+    assert isinstance(edges, list)
+    shown: list[Any] = []
+    spent = 0
+    for edge in edges[:GRAPH_ITEMS]:
+        spent += len(json.dumps(edge))
+        if spent > GRAPH_EDGE_BYTES:
+            break
+        shown.append(edge)
+    graph["edges"] = {"count": len(edges), "items": shown}
+    return graph

@@ -28,6 +28,7 @@ from pi_workflows.server._runner_content import (
 from pi_workflows.server._runner_exits import STOPPING_REASON
 from pi_workflows.server._runner_launch import LaunchPlan, launch_state
 from pi_workflows.storage import (
+    VIEW_JSON_MEDIA_TYPE,
     Claim,
     ClaimHeldError,
     ClaimLostError,
@@ -61,6 +62,8 @@ from pi_workflows.storage import (
     retry_effect_after_read_back,
     settle_effect,
     start_node_attempt,
+    store_view_blob,
+    store_view_text,
     time_out_run,
     wait_run,
 )
@@ -78,7 +81,7 @@ from pi_workflows.storage._interactions import (
 )
 from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
 from pi_workflows.supervision._crash import RUNNER_MESSAGE_POINTS
-from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.canonical import dumps, sha256_digest
 from pi_workflows.wire.runner import (
     ContentRead,
     ContentWrite,
@@ -573,10 +576,13 @@ def _on_run_finished(
 def _run_output(tx: Tx, view: RunnerView, body: RunFinished) -> dict[str, Any]:
     """The `run_completed` event's payload: the output inline, or (too large for one
     frame, so too large for an event row) a reference to its blob."""
+    # A large output is stored as the run view's content in this same commit.
     if body.output_ref is None:
+        store_view_text(tx, view.run_id, dumps(body.output).decode(), VIEW_JSON_MEDIA_TYPE)
         return {"output": body.output}
     _value, data = resolve_upload(tx, view.offered, body.output_ref)
     digest = put_blob(tx, data)
+    store_view_blob(tx, view.run_id, digest)
     return {
         "outputRef": {"mediaType": CONTENT_MEDIA_TYPE, "byteCount": len(data), "digest": digest}
     }

@@ -33,6 +33,7 @@ from pi_workflows.storage._lifecycle import (
 )
 from pi_workflows.storage._phases import EventType, RunnerOutcome, RunPhase, phase_of
 from pi_workflows.storage._rows import RunnerEpochRow
+from pi_workflows.storage._view_reads import store_view_blob, store_view_text
 
 __all__ = [
     "AttemptStarted",
@@ -354,6 +355,9 @@ def _end_attempt(
                 "now": tx.now,
             },
         )
+        # The run view references a large output or error: stored with it.
+        store_view_blob(tx, claim.run_id, stored_hash)
+        store_view_text(tx, claim.run_id, error)
 
     event: dict[str, Any] = {"attemptId": attempt_id, "status": status}
     if next_node_path is not None:

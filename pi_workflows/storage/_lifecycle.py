@@ -41,6 +41,11 @@ from pi_workflows.storage._phases import (
     phase_of,
 )
 from pi_workflows.storage._rows import QueueRow
+from pi_workflows.storage._view_reads import (
+    VIEW_JSON_MEDIA_TYPE,
+    store_definition_content,
+    store_view_text,
+)
 
 __all__ = [
     "NewRun",
@@ -207,6 +212,7 @@ def apply_transition(
                 "failure_reason": failure_reason,
             },
         )
+        store_view_text(tx, run_id, failure_reason)  # a long reason: `reasonContent`
     else:
         tx.execute(
             q.UPDATE_RUN_STATUS,
@@ -298,6 +304,7 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
         if root is None:
             raise RunNotFoundError(lineage)
     now = tx.now
+    input_text = orjson.dumps(run.input).decode()
     tx.execute(
         q.INSERT_RUN,
         {
@@ -308,7 +315,7 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
             "source_identity": orjson.dumps(run.source_identity).decode(),
             "definition_digest": run.definition_digest,
             "input_hash": run.input_hash,
-            "input": orjson.dumps(run.input).decode(),
+            "input": input_text,
             "root_run_id": root,
             "parent_run_id": run.parent_run_id,
             "restart_of": run.restart_of,
@@ -330,6 +337,9 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
             "now": now,
         },
     )
+    # The run view's references: its input when large, and the definition snapshot.
+    store_view_text(tx, run.run_id, input_text, VIEW_JSON_MEDIA_TYPE)
+    store_definition_content(tx, run.run_id, run.definition_digest)
     payload = {"workflowName": run.workflow_name, "kind": kind.value}
     append_event(
         tx, run.run_id, revision=1, event_type=EventType.RUN_QUEUED, generation=0, payload=payload

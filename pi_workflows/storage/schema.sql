@@ -191,6 +191,8 @@ CREATE TABLE node_attempts (
     CHECK (next_node_path IS NULL OR status IN ('completed', 'failed', 'timed_out'))
 ) STRICT;
 CREATE INDEX node_attempts_by_node ON node_attempts (run_id, node_path, visit);
+-- Trace pages: one run's attempts in start (rowid) order, counted and read by range.
+CREATE INDEX node_attempts_by_run ON node_attempts (run_id);
 -- At most one unfinished attempt per run (a run executes one node at a time).
 CREATE UNIQUE INDEX node_attempts_one_unfinished ON node_attempts (run_id)
     WHERE status IN ('running', 'waiting');

@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pi_workflows._version import __version__
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.wire import hydrate
 from pi_workflows.wire.framing import FrameError, SocketFrameReader, encode_frame
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
@@ -310,6 +311,35 @@ class WorkflowClient:
             page_items=page_items,
             on_page=on_page,
         )
+
+    def run_page(
+        self,
+        run_id: str,
+        name: str,
+        *,
+        revision: int,
+        cursor: str | None = None,
+        attempt_id: str | None = None,
+    ) -> hydrate.RunPage:
+        """One `view.page` window (`pi-workflows.run-page.v1`) of a run's `trace`,
+        `transitions` or `graphSteps`; apply it only if its `cursor` and `revision`
+        match the request and the view you hold."""
+        payload: dict[str, Any] = {"list": name, "revision": revision}
+        if cursor is not None:
+            payload["cursor"] = cursor
+        if attempt_id is not None:
+            payload["attemptId"] = attempt_id
+        return cast(hydrate.RunPage, self.call("view.page", payload, run_id=run_id)["receipt"])
+
+    def run_content(self, run_id: str, ref: Mapping[str, Any]) -> bytes:
+        """The complete bytes of a content reference of a run view, verified
+        (wire/hydrate.py `load_content`; raises `ContentVerificationError`)."""
+        return hydrate.load_content(self, run_id, ref)
+
+    def hydrated_run_view(self, run_id: str) -> dict[str, Any]:
+        """The run view with every trace page of one revision and every referenced
+        value loaded and verified (wire/hydrate.py `hydrate_run_view`)."""
+        return hydrate.hydrate_run_view(self, run_id)
 
     def send_raw(self, data: bytes) -> None:
         """Write bytes as they are (tests use it to send malformed frames)."""

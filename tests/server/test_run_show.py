@@ -185,20 +185,29 @@ def test_a_restart_links_both_runs_and_large_values_are_bounded(
     assert old["lineage"]["restartedBy"] == [restarted]
     assert new["lineage"]["restartOf"] == run_id and new["restartOf"] == run_id
     big, small = old["trace"]["items"]
-    notice = big["output"]
-    assert notice["truncated"] is True and notice["byteLength"] > 40000
-    assert notice["preview"].startswith('{"text":"xxx') and len(notice["preview"]) <= 1024
-    assert notice["digest"].startswith("sha256:")
+    shown_big = big["output"]
+    ref = shown_big["ref"]
+    assert (ref["mediaType"], ref["marker"]) == ("application/json", "server")
+    assert ref["byteCount"] > 40000 and ref["digest"].startswith("sha256:")
+    assert shown_big["preview"].startswith('{"text":"xxx') and len(shown_big["preview"]) <= 1024
     assert small["output"] == {"value": {"size": 40000}}
     assert old["result"] == {"output": {"value": {"size": 40000}}}
     assert old["display"]["status"] == "completed" and "reasonText" not in old["display"]
     assert len(json.dumps(old)) < 64 * 1024, "a large value never enters the view whole"
+    with WorkflowClient(running_server.state_dir, autostart=False, timeout=60) as client:
+        data = client.run_content(run_id, ref)
+    assert hashlib.sha256(data).hexdigest() == ref["digest"].removeprefix("sha256:")
+    assert json.loads(data) == {"text": "x" * 40000}
 
     shown = processes.cli(running_server.state_dir, "run", "show", run_id)
     assert shown.returncode == 0, shown.stderr
     assert f"lineage:     restarted as {restarted}" in shown.stdout
-    assert "bytes, over the 16 KiB inline limit" in shown.stdout
+    assert "bytes in all; --full prints everything)" in shown.stdout
+    assert "x" * 40000 not in shown.stdout, "a bounded head without --full"
     assert 'output:      {"size": 40000}' in shown.stdout
+    whole = processes.cli(running_server.state_dir, "run", "show", run_id, "--full")
+    assert whole.returncode == 0, whole.stderr
+    assert '{"text": "' + "x" * 40000 + '"}' in whole.stdout, "--full prints it whole"
     shown = processes.cli(running_server.state_dir, "run", "show", restarted)
     assert f"lineage:     restart of {run_id}" in shown.stdout
 

@@ -42,9 +42,22 @@ VIEW: dict[str, Any] = {
     "lineage": {"rootRunId": "run-0", "restartOf": "run-0", "restartedBy": ["run-2"]},
     "queue": {"state": "failed", "kind": "workflow", "priority": 0, "enqueuedAt": 1},
     "state": {"input": {"value": {"n": 41}}},
+    "graph": {
+        "definition": {
+            "digest": DIGEST,
+            "mediaType": "application/json",
+            "byteCount": 900,
+            "marker": "server",
+        },
+        "startAt": "first",
+        "nodes": {"count": 2, "items": [{"id": "explode", "kind": "compute"}]},
+        "edges": {"count": 1, "items": [{"from": "first", "to": "explode"}]},
+        "steps": {"count": 2},
+    },
     "trace": {
         "count": 2,
         "omitted": 0,
+        "cursors": {},
         "items": [
             {
                 "attemptId": "a1",
@@ -58,10 +71,13 @@ VIEW: dict[str, Any] = {
                 "outcome": "completed",
                 "next": "explode",
                 "output": {
-                    "truncated": True,
-                    "byteLength": 40011,
+                    "ref": {
+                        "digest": DIGEST,
+                        "mediaType": "application/json",
+                        "byteCount": 40011,
+                        "marker": "server",
+                    },
                     "preview": "{",
-                    "digest": DIGEST,
                 },
             },
             {
@@ -76,7 +92,12 @@ VIEW: dict[str, Any] = {
                 "outcome": "failed",
                 "error": "nodeFailed: RuntimeError: boom",
                 "traceback": {
-                    "ref": {"mediaType": "text/plain", "byteCount": 10, "digest": DIGEST},
+                    "ref": {
+                        "mediaType": "text/plain",
+                        "byteCount": 10,
+                        "digest": DIGEST,
+                        "marker": "server",
+                    },
                     "text": "Traceback…",
                 },
             },
@@ -106,7 +127,22 @@ def test_a_complete_view_is_valid() -> None:
         ("the input in the queue", lambda v: v["queue"].update(input={"n": 41})),
         ("a claim in the lineage", lambda v: v["lineage"].update(claim="x")),
         ("no trace", lambda v: v.pop("trace")),
-        ("a value and a notice at once", lambda v: v["state"]["input"].update(truncated=True)),
+        ("a value and a reference at once", lambda v: v["state"]["input"].update(preview="{")),
+        (
+            "a reference without its marker",
+            lambda v: v["trace"]["items"][0]["output"]["ref"].pop("marker"),
+        ),
+        (
+            "a client-made marker",
+            lambda v: v["trace"]["items"][0]["output"]["ref"].update(marker="x"),
+        ),
+        (
+            "the old truncated notice",
+            lambda v: v["trace"]["items"][0].update(
+                output={"truncated": True, "byteLength": 1, "preview": ""}
+            ),
+        ),
+        ("an unknown trace cursor", lambda v: v["trace"].update(cursors={"newest": "trace<1"})),
         ("an attempt number zero", lambda v: v["trace"]["items"][0].update(attempt=0)),
         ("an unknown outcome", lambda v: v["trace"]["items"][0].update(outcome="parked")),
         ("a bad digest", lambda v: v["trace"]["items"][1]["traceback"]["ref"].update(digest="x")),

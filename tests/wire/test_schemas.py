@@ -257,10 +257,14 @@ def test_display_status_is_the_closed_design_set(name: str) -> None:
     "name", ["run-view.v1", "run-list-page.v1", "session-view.v1", "run-page.v1"]
 )
 def test_view_documents_require_schema_and_revision(name: str) -> None:
-    # run-list-page.v1 is closed (tests/server/test_run_list_pages.py); the others are open,
-    # and a run view has the fields every run view has.
+    # run-list-page.v1 and run-page.v1 are closed (tests/server/test_run_list_pages.py,
+    # test_view_pages.py); the others are open, and a run view has the fields every run
+    # view has, a run page those of every page.
     more: dict[str, Any] = {"items": []} if name == "run-list-page.v1" else {"more": {}}
     fields: dict[str, Any] = RUN_VIEW_FIELDS if name == "run-view.v1" else {}
+    if name == "run-page.v1":
+        more = {}
+        fields = {"runId": "run-1", "list": "trace", "cursor": None, "items": [], "count": 0}
     protocol.validate(name, {"schema": f"pi-workflows.{name}", "revision": 0, **more, **fields})
     rejects(name, {"schema": f"pi-workflows.{name}", **fields})
     rejects(name, {"schema": "pi-workflows.other.v1", "revision": 0, **fields})
