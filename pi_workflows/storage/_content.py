@@ -73,11 +73,37 @@ def _read_part(
         raise ContentUnavailableError(digest, "badRange")
     if total == 0:
         return b""
+    if total <= SMALL_CONTENT_BYTES:
+        wanted = min(length, total - offset)
+        return _read_small(reader, table, digest, where, offset=offset, length=wanted)
     with reader.connection.blobopen(table, "content", where.row_id, readonly=True) as blob:
         if len(blob) != total:
             raise ContentUnavailableError(digest, "digestMismatch")
         blob.seek(offset)
         return blob.read(min(length, total - offset))
+
+
+SMALL_CONTENT_BYTES = 1024 * 1024
+"""Content up to this size is read with `substr`, not `blobopen`: in CPython 3.11 every
+`Connection.blobopen` leaves a dead weak reference on the connection (python/cpython
+#144424), so the reader's memory grew with every view that read a few hundred parts."""
+
+# Table names come from this module's two callers, never from input.
+_SELECT_SMALL_PART = {
+    table: f"SELECT substr(content, :start, :length) FROM {table} WHERE rowid = :row_id"
+    for table in ("blobs", "run_view_content")
+}
+
+
+def _read_small(
+    reader: Reader, table: str, digest: str, where: _Location, *, offset: int, length: int
+) -> bytes:
+    part = reader.fetch_value(
+        _SELECT_SMALL_PART[table], {"start": offset + 1, "length": length, "row_id": where.row_id}
+    )
+    if not isinstance(part, bytes) or len(part) != length:
+        raise ContentUnavailableError(digest, "digestMismatch")
+    return part
 
 
 def _verified_parts(digest: str, total: int, read: Callable[[int], bytes]) -> Iterator[bytes]:

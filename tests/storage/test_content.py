@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 
@@ -139,3 +140,21 @@ def test_view_content_is_pruned_with_its_run(db: Database) -> None:
         tx.execute("DELETE FROM runs WHERE run_id = 'run-1'")
     with pytest.raises(ContentUnavailableError):
         read_view_content(db, ref)
+
+
+def test_reading_small_parts_does_not_grow_the_connection(db: Database) -> None:
+    """CPython 3.11 keeps a dead weak reference per `blobopen` on the connection
+    (python/cpython#144424); small content is read with `substr`, so a server that
+    builds views all day keeps its memory."""
+    with db.write() as tx:
+        digest = put_blob(tx, b"small content " * 10)
+    read_blob_part(db, digest, 0, 10)  # warm the statement cache
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(5_000):
+            assert read_blob_part(db, digest, 3, 7) == b"ll cont"
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes kept after 5,000 reads"
