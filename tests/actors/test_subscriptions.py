@@ -44,6 +44,7 @@ from pi_workflows.storage import (
     pause_run,
     resume_run,
 )
+from pi_workflows.storage._queries import SELECT_RUN_VIEW_REVISION
 from pi_workflows.wire._listener import ClientListener, Connection
 from pi_workflows.wire.framing import SocketFrameReader
 from pi_workflows.wire.protocol import RequestMessage
@@ -317,7 +318,7 @@ def test_an_unchanged_run_view_costs_one_revision_lookup_not_a_rebuild(
     finally:
         db.close()
     queries = [sql for sql in statements if sql.split()[0] not in ("BEGIN", "COMMIT")]
-    assert queries == ["SELECT revision FROM runs WHERE run_id = :run_id"]
+    assert queries == [SELECT_RUN_VIEW_REVISION]  # the lookup alone, no view read
 
 
 def test_a_run_that_disappears_is_unavailable_once_and_its_subscription_ends(
