@@ -17,12 +17,16 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.storage import TRACEBACK_MEDIA_TYPE
 from pi_workflows.wire.client import RequestFailedError
 from tests.conftest import Processes, write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_for
 from tests.server.test_run_show import APPROVAL, FAILING
 
 pytestmark = pytest.mark.timeout(120)
+
+
+_TRACEBACKS = "SELECT count(*) FROM run_view_content WHERE run_id = ? AND media_type = ?"
 
 
 def _rows(state_dir: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
@@ -77,9 +81,9 @@ def test_apply_backs_up_then_prunes_the_failed_run_and_its_traceback(
     running_server: WorkflowServer, runs: dict[str, str], processes: Processes, short_tmp: Path
 ) -> None:
     state, failed = running_server.state_dir, runs["failed"]
-    assert _rows(state, "SELECT count(*) FROM run_view_content WHERE run_id = ?", failed) == [
-        (1,)
-    ], "the failed node's traceback is stored content"
+    assert _rows(state, _TRACEBACKS, failed, TRACEBACK_MEDIA_TYPE) == [(1,)], (
+        "the failed node's traceback is stored content"
+    )
     backup = short_tmp / "backup.sqlite"
     receipt = _prune(processes, state, "--older-than", "0", "--apply", "--backup", str(backup))
     assert receipt["applied"] is True and receipt["backup"]["verified"] is True
@@ -96,9 +100,7 @@ def test_apply_backs_up_then_prunes_the_failed_run_and_its_traceback(
         assert listed == [runs["protected"]]
     copy = sqlite3.connect(backup.as_uri() + "?mode=ro", uri=True)
     try:  # the backup holds what was pruned, traceback included
-        assert copy.execute(
-            "SELECT count(*) FROM run_view_content WHERE run_id = ?", (failed,)
-        ).fetchone() == (1,)
+        assert copy.execute(_TRACEBACKS, (failed, TRACEBACK_MEDIA_TYPE)).fetchone() == (1,)
     finally:
         copy.close()
     verified = processes.cli(state, "state", "verify")
