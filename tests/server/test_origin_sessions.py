@@ -1,0 +1,220 @@
+"""Origin sessions on the server, proved over the real socket (issue 14, item 3).
+
+A run started with `payload.originSessionId` is interactive and bound to that Pi
+session. Its agent step starts no pi: the runner proposes the request, the server
+commits it with one pending `step` message for the session in the same transaction,
+parks the run (waiting), and the runner exits. No pi is needed for any of this.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from tests.conftest import write_workflow
+from tests.server.runs import wait_for
+from tests.server.watchers import wait_for as poll
+
+pytestmark = pytest.mark.timeout(120)
+
+SESSION = "pi-session-1"
+
+AGENT_WORKFLOW = """
+from pi_workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={
+        "ask": agent(
+            prompt=lambda ctx: "Summarise " + ctx.input["topic"],
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            timeout=600,
+        ),
+    },
+    edges=[],
+)
+"""
+
+
+@pytest.fixture
+def running(state_dir: Path) -> Iterator[WorkflowServer]:
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")
+
+
+@pytest.fixture
+def ask_project(short_tmp: Path) -> Path:
+    project = short_tmp / "project"
+    write_workflow(project, "ask", AGENT_WORKFLOW)
+    write_workflow(project, "echo")
+    return project
+
+
+def start(
+    client: WorkflowClient, project: Path, name: str, session: str | None, **extra: Any
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "workflow": name,
+        "input": {"topic": "the diff"},
+        "projectPath": str(project),
+        **extra,
+    }
+    if session is not None:
+        payload["originSessionId"] = session
+    return dict(client.request("run.start", payload))
+
+
+def rows(state_dir: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Read the server's database directly (a test's view of the durable facts)."""
+    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_start_with_an_origin_session_binds_an_interactive_run(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        answer = start(client, ask_project, "echo", SESSION, mode="interactive")
+        assert answer["outcome"] == "accepted", answer
+        run_id = answer["receipt"]["runId"]
+        view = client.call("run.get", run_id=run_id)["receipt"]
+        headless = start(client, ask_project, "echo", None)
+        assert headless["outcome"] == "accepted", headless
+    assert view["executionMode"] == "interactive"
+    binding = rows(
+        running.state_dir,
+        "SELECT execution_mode, origin_session_id FROM run_bindings WHERE run_id = ?",
+        run_id,
+    )
+    assert binding == [("interactive", SESSION)]
+    other = rows(
+        running.state_dir,
+        "SELECT execution_mode, origin_session_id FROM run_bindings WHERE run_id = ?",
+        headless["receipt"]["runId"],
+    )
+    assert other == [("headless", None)]
+
+
+def test_a_start_whose_mode_contradicts_its_session_is_rejected(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        no_session = start(client, ask_project, "echo", None, mode="interactive")
+        with_headless = start(client, ask_project, "echo", SESSION, mode="headless")
+        bad_id = start(client, ask_project, "echo", "bad\nid")
+    for answer in (no_session, with_headless, bad_id):
+        assert answer["outcome"] == "rejected", answer
+    assert no_session["error"]["code"] == "executionModeInvalid"
+    assert bad_id["error"]["code"] == "sessionIdInvalid"
+    assert rows(running.state_dir, "SELECT count(*) FROM runs") == [(0,)]
+
+
+def test_a_second_unfinished_run_of_one_session_is_refused(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        first = start(client, ask_project, "ask", SESSION)
+        assert first["outcome"] == "accepted", first
+        wait_for(client, first["receipt"]["runId"], {"waiting"})
+        second = start(client, ask_project, "echo", SESSION)
+    assert second["outcome"] == "rejected", second
+    assert second["error"]["code"] == "sessionReserved"
+
+
+def test_an_interactive_agent_step_parks_with_one_initial_step_message_and_no_pi(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        answer = start(client, ask_project, "ask", SESSION)
+        assert answer["outcome"] == "accepted", answer
+        run_id = answer["receipt"]["runId"]
+        view = wait_for(client, run_id, {"waiting"})
+    assert view["display"]["status"] == "waiting"
+    state = rows(
+        running.state_dir,
+        "SELECT r.status, q.state, (SELECT count(*) FROM leases l WHERE l.resource = r.run_id) "
+        "FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?",
+        run_id,
+    )
+    assert state == [("waiting", "parked", 0)], state
+    attempts = rows(
+        running.state_dir,
+        "SELECT node_path, status, deadline_at IS NOT NULL FROM node_attempts WHERE run_id = ?",
+        run_id,
+    )
+    assert attempts == [("ask", "waiting", 1)]
+    requests = rows(
+        running.state_dir,
+        "SELECT request_id, target_session_id, kind, status FROM interactive_requests "
+        "WHERE run_id = ?",
+        run_id,
+    )
+    assert len(requests) == 1 and requests[0][1:] == (SESSION, "agent", "pending")
+    messages = rows(
+        running.state_dir,
+        "SELECT target_session_id, kind, reason, source_id, state, pi_entry_id, "
+        "content_digest FROM workflow_messages WHERE run_id = ?",
+        run_id,
+    )
+    assert [message[:6] for message in messages] == [
+        (SESSION, "step", "initial", requests[0][0], "pending", None)
+    ]
+    content = rows(running.state_dir, "SELECT content FROM blobs WHERE digest = ?", messages[0][6])
+    assert b"Summarise the diff" in bytes(content[0][0])
+    # The runner exits by itself: its epoch finishes as `exited` (no crash, no stop).
+    poll(
+        lambda: (
+            rows(running.state_dir, "SELECT status FROM runner_epochs WHERE run_id = ?", run_id)
+            == [("exited",)]
+        ),
+        "the runner to exit",
+    )
+    assert rows(running.state_dir, "SELECT status FROM runs WHERE run_id = ?", run_id) == [
+        ("waiting",)
+    ]
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_the_prompt_stays_out_of_the_server_log(running: WorkflowServer, ask_project: Path) -> None:
+    kept = _Kept()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(kept)
+    root.setLevel(logging.DEBUG)
+    try:
+        with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+            run_id = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+            wait_for(client, run_id, {"waiting"})
+        poll(
+            lambda: any(record.getMessage() == "runner exited" for record in kept.records),
+            "the runner's exit to be logged",
+        )
+    finally:
+        root.removeHandler(kept)
+        root.setLevel(level)
+    for record in kept.records:
+        assert "Summarise the diff" not in record.getMessage()
+        assert "Summarise the diff" not in repr(record.__dict__)
