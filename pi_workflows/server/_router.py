@@ -24,7 +24,11 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply
-from pi_workflows.actors._coordinator_epoch import ReleaseConnection
+from pi_workflows.actors._coordinator_epoch import (
+    ClaimCoordinator,
+    CoordinatorGrant,
+    ReleaseConnection,
+)
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._runner_host import RunCommand
@@ -320,6 +324,9 @@ class Router:
         except OperationError as exc:
             pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
             return
+        if spec.kind == "sessionView" and pending.request["payload"].get("coordinator") is True:
+            self._claim_coordinator(pending, spec)
+            return
         if spec.run_id is None:
             self._install(pending, spec, revision)
             return
@@ -345,13 +352,44 @@ class Router:
             Read(lambda db: run_view_revision(db, run_id), then, "view.subscribe")
         )
 
-    def _install(self, pending: Pending, spec: ViewSpec, revision: int | None) -> None:
+    def _claim_coordinator(self, pending: Pending, spec: ViewSpec) -> None:
+        """A coordinator's session view: take the session's active epoch (fencing any
+        other connection's), then install a view of its own that names the next message
+        while that epoch stays active."""
+        assert spec.session_id is not None
+        connection_id = pending.connection_id
+
+        def granted(reply: Reply) -> None:
+            # On the coordinator actor's thread; never raises (that would stop it).
+            try:
+                if reply.error is not None or not isinstance(reply.value, CoordinatorGrant):
+                    pending.respond(internal_error(pending.request))
+                    return
+                held = ViewSpec(
+                    "sessionView",
+                    session_id=spec.session_id,
+                    connection_id=connection_id,
+                    epoch=reply.value.epoch,
+                )
+                self._install(pending, held, None, epoch=reply.value.epoch)
+            except Exception:
+                log.exception("view.subscribe failed", extra={"action": "operation.error"})
+                with contextlib.suppress(Exception):
+                    pending.respond(internal_error(pending.request))
+
+        self._ports.coordinators.tell(ClaimCoordinator(spec.session_id, connection_id, granted))
+
+    def _install(
+        self, pending: Pending, spec: ViewSpec, revision: int | None, *, epoch: int | None = None
+    ) -> None:
         request = pending.request
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
 
         def answer(installed: Reply) -> None:
             if installed.value:
-                receipt = {"subscriptionId": subscription_id, "kind": spec.kind}
+                receipt: dict[str, Any] = {"subscriptionId": subscription_id, "kind": spec.kind}
+                if epoch is not None:
+                    receipt["coordinatorEpoch"] = epoch
                 pending.respond(response(request, "accepted", receipt=receipt))
             else:
                 pending.respond(

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.server._session_view import WINDOW_BYTES, WINDOW_ITEMS, build_session_view
+from pi_workflows.storage import ManualClock, open_database
+from pi_workflows.storage._messages import insert_message
+from pi_workflows.wire import protocol
+from pi_workflows.wire.canonical import dumps
 from tests.conftest import write_workflow
 from tests.server.runs import wait_for
+from tests.server.watchers import Watcher
 from tests.server.watchers import wait_for as poll
+from tests.storage.storage_helpers import INTERACTIVE, enqueue
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -218,3 +226,145 @@ def test_the_prompt_stays_out_of_the_server_log(running: WorkflowServer, ask_pro
     for record in kept.records:
         assert "Summarise the diff" not in record.getMessage()
         assert "Summarise the diff" not in repr(record.__dict__)
+
+
+# --- the session view ------------------------------------------------------------------
+
+
+def session_snapshot(
+    watcher: Watcher, check: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    """The first session snapshot (from now on) for which `check` holds."""
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, f"no session snapshot with {what}"
+        event = watcher.event()
+        assert event["kind"] == "sessionSnapshot", event["kind"]
+        assert event["revision"] == event["payload"]["revision"]
+        protocol.validate("session-view.v1", event["payload"])
+        if check(event["payload"]):
+            return dict(event["payload"])
+
+
+def has_step(view: dict[str, Any]) -> bool:
+    return view["activeRun"] is not None and view["messages"]["count"] == 1
+
+
+def test_the_session_view_shows_the_active_run_and_its_pending_step_message(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    watcher = Watcher(running.socket_path)
+    try:
+        watcher.subscribe({"kind": "sessionView", "sessionId": SESSION})
+        empty = session_snapshot(watcher, lambda view: True, "a first snapshot")
+        assert empty["activeRun"] is None and empty["messages"]["count"] == 0
+        with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+            run_id = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+            view = session_snapshot(
+                watcher,
+                lambda view: has_step(view) and view["activeRun"]["display"]["status"] == "waiting",
+                "the waiting run and its step message",
+            )
+            shown = client.call("run.get", run_id=run_id)["receipt"]
+    finally:
+        watcher.close()
+    assert view["sessionId"] == SESSION
+    assert view["activeRun"]["runId"] == run_id
+    assert view["activeRun"]["display"] == shown["display"]
+    [item] = view["messages"]["items"]
+    assert (item["runId"], item["kind"], item["reason"], item["state"]) == (
+        run_id,
+        "step",
+        "initial",
+        "pending",
+    )
+    assert item["piEntryId"] is None and view["messages"]["complete"] is True
+    # Not a coordinator: the view names no message to send.
+    assert view["coordinator"] is False and view["nextMessage"] is None
+
+
+def test_only_the_active_coordinator_gets_the_next_message_and_a_newer_claim_fences(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        run_id = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+        wait_for(client, run_id, {"waiting"})
+    first, second = Watcher(running.socket_path), Watcher(running.socket_path)
+    try:
+        first.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
+        held = session_snapshot(first, lambda view: view["nextMessage"] is not None, "a message")
+        assert held["coordinator"] is True
+        message = held["nextMessage"]
+        assert message["messageId"] == held["messages"]["items"][0]["messageId"]
+        content = message["content"]["value"]
+        assert "Summarise the diff" in content["prompt"]
+        assert content["contract"]["step"] == "ask"
+        assert "outputSchema" in content["contract"]
+        # A second coordinator for the same session fences the first.
+        second.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
+        taken = session_snapshot(second, lambda view: view["nextMessage"] is not None, "one")
+        fenced = session_snapshot(first, lambda view: True, "a fenced snapshot")
+        assert fenced["coordinator"] is False and fenced["nextMessage"] is None
+        assert taken["nextMessage"]["messageId"] == message["messageId"]
+        # Closing the active connection releases its epoch; the fenced one stays fenced
+        # until it claims again, and then it is the coordinator.
+        second.close()
+        first.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
+        again = session_snapshot(first, lambda view: view["coordinator"] is True, "a new epoch")
+        assert again["nextMessage"]["messageId"] == message["messageId"]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_terminal_run_without_a_terminal_message_leaves_the_session_view(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    watcher = Watcher(running.socket_path)
+    try:
+        watcher.subscribe({"kind": "sessionView", "sessionId": SESSION})
+        with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+            run_id = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+            session_snapshot(watcher, has_step, "the step message")
+            cancelled = client.request("run.cancel", {"reason": "test"}, run_id=run_id)
+            assert cancelled["outcome"] == "accepted", cancelled
+            view = session_snapshot(
+                watcher, lambda view: view["activeRun"] is None, "no active run"
+            )
+    finally:
+        watcher.close()
+    # The cancelled run's step message was cancelled with it: nothing left to recover.
+    assert view["messages"] == {"count": 0, "items": [], "complete": True}
+    assert rows(
+        running.state_dir, "SELECT state FROM workflow_messages WHERE run_id = ?", run_id
+    ) == [("cancelled",)]
+
+
+def test_the_message_window_is_bounded_and_its_count_complete(
+    state_dir: Path,
+) -> None:
+    """A flood of pending messages (bounded: 300): the window stops at its item limit,
+    the count names them all, and `complete` says that some are not in the window."""
+    db = open_database(state_dir / "state.sqlite", clock=ManualClock())
+    try:
+        enqueue(db, "run-i", **INTERACTIVE)
+        session = str(INTERACTIVE["origin_session_id"])
+        with db.write() as tx:
+            for index in range(300):
+                insert_message(
+                    tx,
+                    run_id="run-i",
+                    session_id=session,
+                    kind="notification",
+                    source_id=f"note-{index}",
+                    content={"text": f"note {index}"},
+                )
+        read = build_session_view(db, session)
+    finally:
+        db.close()
+    assert read is not None
+    window = read.payload["messages"]
+    assert window["count"] == 300 and window["complete"] is False
+    assert len(window["items"]) == WINDOW_ITEMS
+    assert [item["order"] for item in window["items"]] == list(range(1, WINDOW_ITEMS + 1))
+    assert len(dumps(window)) <= WINDOW_BYTES + 64
