@@ -81,6 +81,12 @@ class ActiveEpochs:
                 session_id, connection_id, epoch
             )
 
+    def holds(self, session_id: str, connection_id: str) -> bool:
+        """`connection_id` holds the session's active epoch (whatever its number)."""
+        with self._lock:
+            grant = self._active.get(session_id)
+            return grant is not None and grant.connection_id == connection_id
+
     def publish(self, active: dict[str, CoordinatorGrant]) -> None:
         """The actor's new table (only the actor calls this)."""
         with self._lock:

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply
 from pi_workflows.actors._coordinator_epoch import (
+    ActiveEpochs,
     ClaimCoordinator,
     CoordinatorGrant,
     ReleaseConnection,
@@ -54,6 +55,7 @@ from pi_workflows.server._operations import (
     start_request_fields,
     start_run,
 )
+from pi_workflows.server._origin_reports import report_branch, report_turn
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
 from pi_workflows.server._state_prune import start_state_prune
 from pi_workflows.storage import run_view_revision
@@ -63,6 +65,9 @@ from pi_workflows.wire.protocol import RequestMessage, client_operations
 __all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
 
 log = logging.getLogger(__name__)
+
+OriginReport = Callable[..., dict[str, Any]]
+"""`report_branch` or `report_turn`: (db, request, connection_id, epochs) -> response."""
 
 DEFAULT_DRAIN_S = 30.0
 """How long a graceful stop lets applying effects and running shell commands settle."""
@@ -96,6 +101,8 @@ class RouterPorts:
     end_request: Callable[[], None]
     stop: Callable[[str, float], None]
     """Asks for a graceful stop with a drain period (non-blocking)."""
+    epochs: ActiveEpochs = field(default_factory=ActiveEpochs)
+    """The coordinator epochs the coordinator actor publishes (origin-session reports)."""
 
 
 @dataclass(eq=False)
@@ -139,6 +146,8 @@ class Router:
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
             "state.prune": self._state_prune,
+            "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
+            "workflowTurn.report": functools.partial(self._origin_report, report_turn),
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
@@ -209,6 +218,19 @@ class Router:
         work = functools.partial(update_interaction, request=pending.request)
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "interaction.update"))
+
+    def _origin_report(self, report: OriginReport, pending: Pending) -> None:
+        """A coordinator's branch or turn report: one transaction, which checks that this
+        connection holds the session's active epoch."""
+        ports = self._ports
+        work = functools.partial(
+            report,
+            request=pending.request,
+            connection_id=pending.connection_id,
+            epochs=ports.epochs,
+        )
+        done = functools.partial(self._answer, pending, True)
+        ports.database.tell(Transact(work, done, pending.request["operation"]))
 
     def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
         """On the database actor's thread: answer, then wake the scheduler for a command."""

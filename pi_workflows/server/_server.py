@@ -408,6 +408,7 @@ class WorkflowServer:
                     begin_request=self._begin_request,
                     end_request=self._end_request,
                     stop=self.stop_async,
+                    epochs=epochs,
                 )
             )
         )

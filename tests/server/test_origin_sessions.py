@@ -9,11 +9,7 @@ parks the run (waiting), and the runner exits. No pi is needed for any of this.
 from __future__ import annotations
 
 import logging
-import sqlite3
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,9 +17,9 @@ from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.server._session_view import WINDOW_BYTES, WINDOW_ITEMS, build_session_view
 from pi_workflows.storage import ManualClock, open_database
 from pi_workflows.storage._messages import insert_message
-from pi_workflows.wire import protocol
 from pi_workflows.wire.canonical import dumps
-from tests.conftest import write_workflow
+from tests.server import origin
+from tests.server.origin import SESSION, has_step, rows, session_snapshot, start
 from tests.server.runs import wait_for
 from tests.server.watchers import Watcher
 from tests.server.watchers import wait_for as poll
@@ -31,66 +27,8 @@ from tests.storage.storage_helpers import INTERACTIVE, enqueue
 
 pytestmark = pytest.mark.timeout(120)
 
-SESSION = "pi-session-1"
-
-AGENT_WORKFLOW = """
-from pi_workflows import agent, define_workflow
-
-workflow = define_workflow(
-    name="ask",
-    start_at="ask",
-    nodes={
-        "ask": agent(
-            prompt=lambda ctx: "Summarise " + ctx.input["topic"],
-            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
-                           "required": ["summary"]},
-            timeout=600,
-        ),
-    },
-    edges=[],
-)
-"""
-
-
-@pytest.fixture
-def running(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop("test teardown")
-
-
-@pytest.fixture
-def ask_project(short_tmp: Path) -> Path:
-    project = short_tmp / "project"
-    write_workflow(project, "ask", AGENT_WORKFLOW)
-    write_workflow(project, "echo")
-    return project
-
-
-def start(
-    client: WorkflowClient, project: Path, name: str, session: str | None, **extra: Any
-) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "workflow": name,
-        "input": {"topic": "the diff"},
-        "projectPath": str(project),
-        **extra,
-    }
-    if session is not None:
-        payload["originSessionId"] = session
-    return dict(client.request("run.start", payload))
-
-
-def rows(state_dir: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Read the server's database directly (a test's view of the durable facts)."""
-    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
+running = origin.running
+ask_project = origin.ask_project
 
 
 def test_a_start_with_an_origin_session_binds_an_interactive_run(
@@ -229,25 +167,6 @@ def test_the_prompt_stays_out_of_the_server_log(running: WorkflowServer, ask_pro
 
 
 # --- the session view ------------------------------------------------------------------
-
-
-def session_snapshot(
-    watcher: Watcher, check: Callable[[dict[str, Any]], bool], what: str
-) -> dict[str, Any]:
-    """The first session snapshot (from now on) for which `check` holds."""
-    deadline = time.monotonic() + 30
-    while True:
-        assert time.monotonic() < deadline, f"no session snapshot with {what}"
-        event = watcher.event()
-        assert event["kind"] == "sessionSnapshot", event["kind"]
-        assert event["revision"] == event["payload"]["revision"]
-        protocol.validate("session-view.v1", event["payload"])
-        if check(event["payload"]):
-            return dict(event["payload"])
-
-
-def has_step(view: dict[str, Any]) -> bool:
-    return view["activeRun"] is not None and view["messages"]["count"] == 1
 
 
 def test_the_session_view_shows_the_active_run_and_its_pending_step_message(
