@@ -16,13 +16,27 @@ from typing import Any, Final
 
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs
 from pi_workflows.server._operations import OperationError, rejected, response
-from pi_workflows.storage import ClaimLostError, Database, InvalidTransitionError, Tx, pause_run
-from pi_workflows.storage._interactions import read_request, record_interaction_event
+from pi_workflows.storage import (
+    ClaimLostError,
+    Database,
+    InvalidTransitionError,
+    Tx,
+    pause_run,
+    requeue_run,
+)
+from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._interactions import (
+    EVENT_UNPRODUCTIVE_TURN,
+    UNPRODUCTIVE_TURN_LIMIT,
+    read_request,
+    record_interaction_event,
+)
 from pi_workflows.storage._messages import (
     MessageRow,
     TurnRow,
     absent_from_branch,
     end_turn,
+    insert_message,
     insert_step_again,
     insert_turn,
     mark_sent,
@@ -30,6 +44,7 @@ from pi_workflows.storage._messages import (
     read_message,
     read_turn,
 )
+from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RequestMessage
 
@@ -342,10 +357,11 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
     record_interaction_event(
         tx, turn.run_id, EVENT_TURN_ENDED, {"turnId": turn.turn_id, "status": status}
     )
-    if status != "aborted":
-        return
     message = read_message(tx, turn.message_id)
     if message is None or message.kind != "step":
+        return
+    if status != "aborted":
+        _count_unproductive(tx, message)
         return
     paused = tx.fetch_value(
         "SELECT paused FROM runs WHERE run_id = :r AND finished_at IS NULL", {"r": turn.run_id}
@@ -355,3 +371,104 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
             pause_run(tx, turn.run_id)
         except (InvalidTransitionError, ClaimLostError):  # a live claim holds it: no pause
             return
+
+
+# --- reminders and unproductive turns ------------------------------------------------
+
+# The step's request is still pending, its run not paused and not terminal, and it has
+# no accepted or validating submission: the ended turn was unproductive.
+_UNPRODUCTIVE = """
+SELECT i.unproductive_turn_ends FROM interactive_requests i
+JOIN runs r ON r.run_id = i.run_id
+WHERE i.request_id = :q AND i.status = 'pending' AND i.accepted_submission_id IS NULL
+  AND r.paused = 0 AND r.finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM interactive_submissions s
+                  WHERE s.request_id = i.request_id AND s.outcome = 'validating')
+"""
+REMINDER_NOTE: Final = (
+    "This workflow step is still waiting for its output (reason: reminder). Complete it "
+    "by calling the `workflow` tool with action submit, as the step contract says."
+)
+
+
+def _count_unproductive(tx: Tx, message: MessageRow) -> None:
+    """A completed, failed or lost turn of an open step with no accepted or validating
+    submission: values 1 and 2 of the durable counter present one `reminder` step (at
+    most one pending), a value above 2 fails the attempt (`agentUnproductive`)."""
+    counted = tx.fetch_value(_UNPRODUCTIVE, {"q": message.source_id})
+    if counted is None:
+        return
+    count = int(counted) + 1
+    tx.execute(
+        "UPDATE interactive_requests SET unproductive_turn_ends = :c, updated_at = :now "
+        "WHERE request_id = :q",
+        {"c": count, "q": message.source_id, "now": tx.now},
+    )
+    record_interaction_event(
+        tx,
+        message.run_id,
+        EVENT_UNPRODUCTIVE_TURN,
+        {"requestId": message.source_id, "count": count},
+    )
+    if count > UNPRODUCTIVE_TURN_LIMIT:
+        _fail_unproductive(tx, message, count)
+        return
+    pending = tx.fetch_value(
+        "SELECT 1 FROM workflow_messages WHERE source_id = :q AND kind = 'step' "
+        "AND state = 'pending'",
+        {"q": message.source_id},
+    )
+    if pending is not None:
+        return  # a pending step (a reminder or a re-presentation) is already there
+    first = read_json_blob(tx, message.content_digest)
+    contract = first.get("contract") if isinstance(first, Mapping) else None
+    reminder = insert_message(
+        tx,
+        run_id=message.run_id,
+        session_id=message.target_session_id,
+        kind="step",
+        reason="reminder",
+        source_id=message.source_id,
+        content={"prompt": REMINDER_NOTE, "contract": contract, "reminder": count},
+    )
+    record_interaction_event(
+        tx,
+        message.run_id,
+        EVENT_MESSAGE_CREATED,
+        {"messageId": reminder, "kind": "step", "reason": "reminder"},
+    )
+
+
+def _fail_unproductive(tx: Tx, message: MessageRow, count: int) -> None:
+    """Above the limit: the attempt fails and its request closes, and the run goes back
+    to the admission line, so a new runner routes the failure (or fails the run)."""
+    request = read_request(tx, message.source_id)
+    assert request is not None
+    error = (
+        f"agentUnproductive: the agent ended {count} turns without an accepted workflow submission"
+    )
+
+    def fail(tx: Tx) -> None:
+        tx.execute(
+            UPDATE_ATTEMPT_FINISH,
+            {
+                "attempt_id": request.attempt_id,
+                "status": "failed",
+                "output_hash": None,
+                "error": error,
+                "next_node_path": None,
+                "now": tx.now,
+            },
+        )
+        tx.execute(
+            "UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, "
+            "updated_at = :now WHERE request_id = :q AND status = 'pending'",
+            {"q": request.request_id, "now": tx.now},
+        )
+        tx.execute(
+            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
+            "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
+            {"q": request.request_id, "now": tx.now},
+        )
+
+    requeue_run(tx, message.run_id, reason="agentUnproductive", change=fail)

@@ -255,11 +255,12 @@ def test_a_turn_on_an_unsent_or_unknown_message_is_absent(parked: Parked) -> Non
 def test_a_turn_id_reused_for_another_message_is_a_conflict(parked: Parked) -> None:
     sent(parked)
     parked.turn("started", "turn-1")
-    sent_again = parked.branch([])  # a fork: a resumed step message
-    [other] = sent_again["receipt"]["created"]
-    parked.branch([(other, "entry-2")], idle=False)
-    conflict = parked.turn("started", "turn-1", message_id=other)
+    parked.turn("ended", "turn-1")  # unproductive: a reminder step message
+    [(reminder, _, _, _)] = [row for row in parked.messages() if row[1] == "reminder"]
+    parked.branch([(parked.message_id, "entry-1"), (reminder, "entry-2")], idle=False)
+    conflict = parked.turn("started", "turn-1", message_id=reminder)
     assert conflict["outcome"] == "conflict", conflict
+    assert conflict["error"]["code"] == "turnConflict"
 
 
 def test_a_stale_end_cannot_clear_a_newer_turn(parked: Parked) -> None:
@@ -342,3 +343,70 @@ def test_a_terminal_run_ends_its_open_turn_as_lost_and_a_late_end_adopts_it(
     assert parked.display()["status"] == "cancelled"
     # A terminal run's step cannot start another turn.
     assert parked.turn("started", "turn-2")["receipt"]["ownership"] == "absent"
+
+
+# --- reminders and unproductive turns ---------------------------------------------------
+
+
+def unproductive_count(parked: Parked) -> int:
+    [(count,)] = rows(
+        parked.server.state_dir,
+        "SELECT unproductive_turn_ends FROM interactive_requests WHERE request_id = ?",
+        parked.request_id,
+    )
+    return int(count)
+
+
+def test_unproductive_turns_remind_twice_and_then_fail_the_attempt(parked: Parked) -> None:
+    sent(parked)
+    seen = [parked.message_id]
+    for number in (1, 2):
+        parked.turn("started", f"turn-{number}", message_id=seen[-1])
+        ended = parked.turn("ended", f"turn-{number}", message_id=seen[-1])
+        assert ended["receipt"]["ownership"] == "settled"
+        # A repeat of the end adopts it: the counter does not move twice.
+        parked.turn("ended", f"turn-{number}", message_id=seen[-1])
+        assert unproductive_count(parked) == number
+        [reminder] = [row for row in parked.messages() if row[2] == "pending"]
+        assert reminder[1] == "reminder"
+        view = session_snapshot(
+            parked.coordinator,
+            lambda v, r=reminder[0]: (v["nextMessage"] or {}).get("messageId") == r,
+            "the reminder as the next message",
+        )
+        assert view["nextMessage"]["content"]["value"]["contract"]["step"] == "ask"
+        seen.append(reminder[0])
+        entries = [(message, f"entry-{index}") for index, message in enumerate(seen)]
+        parked.branch(entries, idle=False)
+    parked.turn("started", "turn-3", message_id=seen[-1])
+    parked.turn("ended", "turn-3", message_id=seen[-1])
+    assert unproductive_count(parked) == 3
+    assert [row[2] for row in parked.messages()] == ["sent", "sent", "sent"]
+    with WorkflowClient(parked.server.state_dir, autostart=False, timeout=60) as client:
+        view = wait_for(client, parked.run_id, {"failed"})
+    assert view["display"]["status"] == "failed"
+    [(status, error)] = rows(
+        parked.server.state_dir,
+        "SELECT status, error FROM node_attempts WHERE run_id = ? AND node_path = 'ask'",
+        parked.run_id,
+    )
+    assert status == "failed" and error.startswith("agentUnproductive")
+
+
+def test_at_most_one_reminder_is_pending(parked: Parked) -> None:
+    sent(parked)
+    parked.turn("started", "turn-1")
+    parked.turn("ended", "turn-1")
+    parked.turn("started", "turn-2")  # the same sent step, still open
+    parked.turn("ended", "turn-2")
+    assert unproductive_count(parked) == 2
+    reminders = [row for row in parked.messages() if row[1] == "reminder"]
+    assert [row[2] for row in reminders] == ["pending"]
+
+
+def test_an_aborted_turn_is_not_unproductive(parked: Parked) -> None:
+    sent(parked)
+    parked.turn("started", "turn-1")
+    parked.turn("ended", "turn-1", stop="aborted")
+    assert unproductive_count(parked) == 0
+    assert [row[1] for row in parked.messages()] == ["initial"]
