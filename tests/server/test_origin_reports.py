@@ -11,7 +11,7 @@ and cancels its pending step messages in one transaction; an open turn shows the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -348,6 +348,13 @@ def test_a_terminal_run_ends_its_open_turn_as_lost_and_a_late_end_adopts_it(
 # --- reminders and unproductive turns ---------------------------------------------------
 
 
+def next_is(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    def check(view: dict[str, Any]) -> bool:
+        return bool((view["nextMessage"] or {}).get("messageId") == message_id)
+
+    return check
+
+
 def unproductive_count(parked: Parked) -> int:
     [(count,)] = rows(
         parked.server.state_dir,
@@ -370,9 +377,7 @@ def test_unproductive_turns_remind_twice_and_then_fail_the_attempt(parked: Parke
         [reminder] = [row for row in parked.messages() if row[2] == "pending"]
         assert reminder[1] == "reminder"
         view = session_snapshot(
-            parked.coordinator,
-            lambda v, r=reminder[0]: (v["nextMessage"] or {}).get("messageId") == r,
-            "the reminder as the next message",
+            parked.coordinator, next_is(str(reminder[0])), "the reminder as the next message"
         )
         assert view["nextMessage"]["content"]["value"]["contract"]["step"] == "ask"
         seen.append(reminder[0])
