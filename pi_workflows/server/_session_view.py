@@ -55,10 +55,18 @@ SELECT r.run_id FROM runs r JOIN run_bindings b ON b.run_id = r.run_id
 WHERE b.origin_session_id = :s AND r.finished_at IS NOT NULL
 ORDER BY r.finished_at DESC, r.rowid DESC LIMIT 1
 """
-# Its terminal message is still pending: the terminal run stays in view.
-_TERMINAL_PENDING = """
-SELECT 1 FROM workflow_messages
-WHERE run_id = :r AND kind = 'terminal' AND state = 'pending'
+# Its terminal message is pending, or its first turn is open or ended less than 60 s
+# ago: the terminal run stays in view.
+_TERMINAL_RETAINED = """
+SELECT 1 FROM workflow_messages m
+WHERE m.run_id = :r AND m.kind = 'terminal' AND (
+    m.state = 'pending'
+    OR EXISTS (
+        SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id
+        AND t.started_at = (SELECT min(f.started_at) FROM workflow_turns f
+                            WHERE f.message_id = m.message_id)
+        AND (t.status = 'open' OR t.ended_at > :now - :keep))
+)
 """
 # Every run of the session adds its view revision: each only grows, and a newer run
 # adds its own, so the sum grows with every change a session view shows.
@@ -107,10 +115,13 @@ def _shown_run(reader: Reader, session_id: str, now_ms: int) -> str | None:
 
 
 def retained_terminal_run(reader: Reader, run_id: str, now_ms: int) -> bool:
-    """The latest terminal run stays while its terminal message is pending (its first
-    turn's rule joins once turns are recorded)."""
-    del now_ms  # the 60 s after the first terminal turn ends: with turn records
-    return reader.fetch_value(_TERMINAL_PENDING, {"r": run_id}) is not None
+    """The latest terminal run stays while its terminal message is pending or its first
+    turn is open, and for `TERMINAL_RETENTION_MS` after that turn ends (the server's
+    injectable clock)."""
+    found = reader.fetch_value(
+        _TERMINAL_RETAINED, {"r": run_id, "now": now_ms, "keep": TERMINAL_RETENTION_MS}
+    )
+    return found is not None
 
 
 def _record(row: MessageRow) -> dict[str, Any]:

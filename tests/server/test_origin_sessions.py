@@ -14,9 +14,21 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.server._session_view import WINDOW_BYTES, WINDOW_ITEMS, build_session_view
-from pi_workflows.storage import ManualClock, open_database
-from pi_workflows.storage._messages import insert_message
+from pi_workflows.server._session_view import (
+    TERMINAL_RETENTION_MS,
+    WINDOW_BYTES,
+    WINDOW_ITEMS,
+    build_session_view,
+)
+from pi_workflows.storage import ManualClock, cancel_run, open_database
+from pi_workflows.storage._messages import (
+    end_turn,
+    insert_message,
+    insert_turn,
+    mark_sent,
+    read_message,
+    read_turn,
+)
 from pi_workflows.wire.canonical import dumps
 from tests.server import origin
 from tests.server.origin import SESSION, has_step, rows, session_snapshot, start
@@ -287,3 +299,55 @@ def test_the_message_window_is_bounded_and_its_count_complete(
     assert len(window["items"]) == WINDOW_ITEMS
     assert [item["order"] for item in window["items"]] == list(range(1, WINDOW_ITEMS + 1))
     assert len(dumps(window)) <= WINDOW_BYTES + 64
+
+
+def test_a_terminal_run_stays_for_its_terminal_message_and_60_s_after_its_first_turn(
+    state_dir: Path,
+) -> None:
+    """The retention rule over the injectable clock: pending terminal message, open first
+    turn, then 60 s after that turn ends; then it leaves, and the revision moved."""
+    clock = ManualClock()
+    db = open_database(state_dir / "state.sqlite", clock=clock)
+    session = str(INTERACTIVE["origin_session_id"])
+    try:
+        enqueue(db, "run-i", **INTERACTIVE)
+        with db.write() as tx:
+            cancel_run(tx, "run-i")
+            terminal = insert_message(
+                tx,
+                run_id="run-i",
+                session_id=session,
+                kind="terminal",
+                source_id="run-i",
+                content={"outcome": "cancelled"},
+            )
+
+        def shown() -> tuple[str | None, int]:
+            read = build_session_view(db, session)
+            assert read is not None
+            run = read.payload["activeRun"]
+            return (None if run is None else run["runId"]), read.revision
+
+        assert shown()[0] == "run-i"  # its terminal message is pending
+        message = read_message(db, terminal)
+        assert message is not None
+        with db.write() as tx:
+            mark_sent(tx, message, "entry-1")
+            insert_turn(tx, turn_id="turn-1", message=message)
+        clock.advance(3_600_000)
+        assert shown()[0] == "run-i"  # its first turn is open, however long
+        turn = read_turn(db, "turn-1")
+        assert turn is not None
+        with db.write() as tx:
+            end_turn(tx, turn, "completed", None)
+        clock.advance(TERMINAL_RETENTION_MS - 1_000)
+        kept, before = shown()
+        assert kept == "run-i"
+        clock.advance(2_000)
+        gone, after = shown()
+        assert gone is None and after > before
+        # A newer run of the session is its active run.
+        enqueue(db, "run-j", **INTERACTIVE)
+        assert shown()[0] == "run-j"
+    finally:
+        db.close()
