@@ -415,3 +415,57 @@ def test_an_aborted_turn_is_not_unproductive(parked: Parked) -> None:
     parked.turn("ended", "turn-1", stop="aborted")
     assert unproductive_count(parked) == 0
     assert [row[1] for row in parked.messages()] == ["initial"]
+
+
+def test_a_server_restart_alone_closes_no_turn_and_branch_evidence_adopts_after_it(
+    state_dir: Path, ask_project: Path
+) -> None:
+    """Recovery steps 7 and 10: the pending message and the open turn survive a restart
+    untouched; the first branch report after it adopts the sent message."""
+    first = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    first.start()
+    try:
+        with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+            run_id = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+            wait_for(client, run_id, {"waiting"})
+        coordinator = Watcher(first.socket_path)
+        try:
+            coordinator.subscribe(
+                {"kind": "sessionView", "sessionId": SESSION, "coordinator": True}
+            )
+            view = session_snapshot(coordinator, lambda v: v["nextMessage"] is not None, "one")
+            message = view["nextMessage"]["messageId"]
+            parked = Parked(first, run_id, message, view["nextMessage"]["sourceId"], coordinator)
+            sent(parked)
+            parked.turn("started", "turn-1")
+            parked.turn("ended", "turn-1")  # unproductive: a pending reminder
+            parked.turn("started", "turn-2")  # the sent step is still open
+            [reminder] = [row[0] for row in parked.messages() if row[2] == "pending"]
+        finally:
+            coordinator.close()
+    finally:
+        first.stop("restart")
+    second = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    second.start()
+    try:
+        parked.server = second
+        assert parked.turns() == {"turn-1": "completed", "turn-2": "open"}
+        assert parked.messages()[-1] == (reminder, "reminder", "pending", None)
+        assert parked.display()["status"] == "running"
+        replacement = Watcher(second.socket_path)
+        try:
+            replacement.subscribe(
+                {"kind": "sessionView", "sessionId": SESSION, "coordinator": True}
+            )
+            session_snapshot(replacement, lambda v: v["coordinator"], "the new epoch")
+            # Pi sent the reminder before the restart: branch evidence adopts it now.
+            entries = [(message, "entry-1"), (reminder, "entry-2")]
+            busy = parked.branch(entries, idle=False, watcher=replacement)
+            assert busy["receipt"]["adopted"] == [reminder]
+            assert busy["receipt"]["closedTurns"] == []
+            assert parked.turns() == {"turn-1": "completed", "turn-2": "open"}
+            assert parked.messages()[-1] == (reminder, "reminder", "sent", "entry-2")
+        finally:
+            replacement.close()
+    finally:
+        second.stop("test teardown")
