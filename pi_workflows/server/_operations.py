@@ -68,6 +68,7 @@ from pi_workflows.storage import (
     take_over_claim,
     verify,
 )
+from pi_workflows.storage._messages import present_resumed_steps
 from pi_workflows.storage._queries import SELECT_SESSION_RESERVATION
 from pi_workflows.supervision import crash_point
 from pi_workflows.wire.protocol import (
@@ -435,11 +436,16 @@ def _transition(name: str, apply: Callable[..., Any]) -> Operation:
                 _refuse_during_launch(tx, run_id, ctx.owner_id)
             if held is None and name == "cancel":
                 held = _control_claim_for_stale_row(tx, run_id, ctx.owner_id)
+            extra: dict[str, Any] = {}
+            if name == "resume":
+                # A paused origin-session step is presented again in the same commit.
+                extra["change"] = lambda tx: present_resumed_steps(tx, run_id)
             result = apply(
                 tx,
                 run_id,
                 claim=held,
                 expected_revision=request.get("expectedRevision"),
+                **extra,
             )
             body = {"runId": run_id, "state": result.phase.value, "operation": name}
             return run_id, result.revision, body

@@ -28,6 +28,7 @@ __all__ = [
     "insert_turn",
     "mark_sent",
     "open_turns",
+    "present_resumed_steps",
     "read_message",
     "read_turn",
     "session_messages",
@@ -281,3 +282,45 @@ def end_turn(tx: Tx, turn: TurnRow, status: str, response_entry_id: str | None) 
         {"st": status, "e": response_entry_id, "t": turn.turn_id, "now": tx.now},
     )
     touch_run_view(tx, turn.run_id)
+
+
+# Pending origin-session agent requests of a run, presented before (a step message
+# exists), with no pending step message: a resume presents each again.
+_RESUMABLE_STEPS = """
+SELECT i.request_id, i.run_id,
+       (SELECT m.content_digest FROM workflow_messages m WHERE m.source_id = i.request_id
+        AND m.kind = 'step' ORDER BY m.session_order LIMIT 1) AS content_digest,
+       i.target_session_id
+FROM interactive_requests i
+WHERE i.run_id = :r AND i.status = 'pending' AND i.kind = 'agent'
+  AND i.target_session_id IS NOT NULL
+  AND EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+              AND m.kind = 'step')
+  AND NOT EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+                  AND m.kind = 'step' AND m.state = 'pending')
+ORDER BY i.created_at, i.request_id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumable:
+    request_id: str
+    run_id: str
+    content_digest: str
+    target_session_id: str
+
+
+def present_resumed_steps(tx: Tx, run_id: str) -> list[str]:
+    """Inside a resume's transaction: each pending submitted-output step of the run gets
+    its request revision + 1 and one `resumed` step message (workflow-server.md §
+    Origin-session activity). A protected decision starts no turn, so it gets none."""
+    created: list[str] = []
+    for row in tx.fetch_all(_RESUMABLE_STEPS, {"r": run_id}, _Resumable):
+        tx.execute(
+            "UPDATE interactive_requests SET revision = revision + 1, updated_at = :now "
+            "WHERE request_id = :q",
+            {"q": row.request_id, "now": tx.now},
+        )
+        source = RepresentSource(row.request_id, row.run_id, row.content_digest)
+        created.append(insert_step_again(tx, source, row.target_session_id, "resumed"))
+    return created

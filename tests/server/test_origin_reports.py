@@ -469,3 +469,27 @@ def test_a_server_restart_alone_closes_no_turn_and_branch_evidence_adopts_after_
             replacement.close()
     finally:
         second.stop("test teardown")
+
+
+def test_resuming_an_aborted_step_presents_it_once_with_reason_resumed(parked: Parked) -> None:
+    sent(parked)
+    parked.turn("started", "turn-1")
+    parked.turn("ended", "turn-1", stop="aborted")
+    with WorkflowClient(parked.server.state_dir, autostart=False, timeout=30) as client:
+        resumed = client.request("run.resume", run_id=parked.run_id)
+        again = client.request("run.resume", run_id=parked.run_id)
+    assert resumed["outcome"] == "accepted", resumed
+    assert again["outcome"] == "rejected", again  # not paused any more: nothing more
+    [(message, reason, state, _)] = [row for row in parked.messages() if row[2] == "pending"]
+    assert (reason, state) == ("resumed", "pending")
+    assert rows(
+        parked.server.state_dir,
+        "SELECT revision, status FROM interactive_requests WHERE request_id = ?",
+        parked.request_id,
+    ) == [(2, "pending")]
+    assert parked.display()["status"] == "waiting"
+    # Pi presents it and starts one fresh turn from it.
+    parked.branch([(parked.message_id, "entry-1"), (message, "entry-2")], idle=False)
+    fresh = parked.turn("started", "turn-2", message_id=message)
+    assert fresh["receipt"]["ownership"] == "active"
+    assert parked.display()["status"] == "running"
