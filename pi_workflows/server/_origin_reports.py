@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs
 from pi_workflows.server._operations import OperationError, rejected, response
+from pi_workflows.server._session_view import clear_terminal
 from pi_workflows.storage import (
     ClaimLostError,
     Database,
@@ -48,7 +49,13 @@ from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RequestMessage
 
-__all__ = ["MAX_BRANCH_ENTRIES", "TURN_END_RESULTS", "report_branch", "report_turn"]
+__all__ = [
+    "MAX_BRANCH_ENTRIES",
+    "TURN_END_RESULTS",
+    "clear_terminal_view",
+    "report_branch",
+    "report_turn",
+]
 
 MAX_BRANCH_ENTRIES: Final = 256
 """A report names at most the window's item limit of entries."""
@@ -472,3 +479,19 @@ def _fail_unproductive(tx: Tx, message: MessageRow, count: int) -> None:
         )
 
     requeue_run(tx, message.run_id, reason="agentUnproductive", change=fail)
+
+
+# --- sessionView.clearTerminal -------------------------------------------------------
+
+
+def clear_terminal_view(
+    db: Database, request: RequestMessage, *, connection_id: str, epochs: ActiveEpochs
+) -> dict[str, Any]:
+    """`/workflow clear`: the session view drops its retained terminal run. A user
+    control, not a coordinator report: any connection of the user may send it."""
+    del connection_id, epochs
+    try:
+        session = _required_id(request["payload"], "sessionId")
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    return response(request, "accepted", receipt={"clearedRunId": clear_terminal(db, session)})

@@ -55,7 +55,11 @@ from pi_workflows.server._operations import (
     start_request_fields,
     start_run,
 )
-from pi_workflows.server._origin_reports import report_branch, report_turn
+from pi_workflows.server._origin_reports import (
+    clear_terminal_view,
+    report_branch,
+    report_turn,
+)
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
 from pi_workflows.server._state_prune import start_state_prune
 from pi_workflows.storage import run_view_revision
@@ -148,6 +152,9 @@ class Router:
             "state.prune": self._state_prune,
             "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
             "workflowTurn.report": functools.partial(self._origin_report, report_turn),
+            "sessionView.clearTerminal": functools.partial(
+                self._origin_report, clear_terminal_view
+            ),
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)

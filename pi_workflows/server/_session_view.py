@@ -27,6 +27,7 @@ __all__ = [
     "WINDOW_ITEMS",
     "SessionRead",
     "build_session_view",
+    "clear_terminal",
     "session_revision",
 ]
 
@@ -54,6 +55,10 @@ _LATEST_TERMINAL_RUN = """
 SELECT r.run_id FROM runs r JOIN run_bindings b ON b.run_id = r.run_id
 WHERE b.origin_session_id = :s AND r.finished_at IS NOT NULL
 ORDER BY r.finished_at DESC, r.rowid DESC LIMIT 1
+"""
+# The terminal run's retention was cleared (`sessionView.clearTerminal`).
+_TERMINAL_CLEARED = """
+SELECT 1 FROM run_bindings WHERE run_id = :r AND terminal_cleared_at IS NOT NULL
 """
 # Its terminal message is pending, or its first turn is open or ended less than 60 s
 # ago: the terminal run stays in view.
@@ -118,10 +123,30 @@ def retained_terminal_run(reader: Reader, run_id: str, now_ms: int) -> bool:
     """The latest terminal run stays while its terminal message is pending or its first
     turn is open, and for `TERMINAL_RETENTION_MS` after that turn ends (the server's
     injectable clock)."""
+    if reader.fetch_value(_TERMINAL_CLEARED, {"r": run_id}) is not None:
+        return False
     found = reader.fetch_value(
         _TERMINAL_RETAINED, {"r": run_id, "now": now_ms, "keep": TERMINAL_RETENTION_MS}
     )
     return found is not None
+
+
+def clear_terminal(db: Database, session_id: str) -> str | None:
+    """`sessionView.clearTerminal`: stop retaining the session's terminal run, if it is
+    shown. Only the binding's marker changes (its trigger moves the view revision); no
+    workflow state does. Returns the cleared run ID, None when nothing was retained."""
+    with db.write() as tx:
+        now = tx.now
+        if tx.fetch_value(_ACTIVE_RUN, {"s": session_id}) is not None:
+            return None  # an active run is shown, not a terminal one
+        latest = tx.fetch_value(_LATEST_TERMINAL_RUN, {"s": session_id})
+        if latest is None or not retained_terminal_run(tx, str(latest), now):
+            return None
+        tx.execute(
+            "UPDATE run_bindings SET terminal_cleared_at = :now WHERE run_id = :r",
+            {"r": str(latest), "now": now},
+        )
+        return str(latest)
 
 
 def _record(row: MessageRow) -> dict[str, Any]:

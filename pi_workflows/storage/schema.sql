@@ -321,6 +321,8 @@ CREATE TABLE run_bindings (
     reserved INTEGER NOT NULL CHECK (reserved IN (0, 1)),
     created_at INTEGER NOT NULL,
     released_at INTEGER,
+    -- `sessionView.clearTerminal`: the session view no longer retains this terminal run.
+    terminal_cleared_at INTEGER,
     CHECK ((execution_mode = 'interactive') = (origin_session_id IS NOT NULL)),
     CHECK (reserved = 0 OR execution_mode = 'interactive')
 ) STRICT;

@@ -351,3 +351,50 @@ def test_a_terminal_run_stays_for_its_terminal_message_and_60_s_after_its_first_
         assert shown()[0] == "run-j"
     finally:
         db.close()
+
+
+def test_clear_terminal_removes_the_retained_terminal_view_and_changes_no_workflow_state(
+    state_dir: Path,
+) -> None:
+    """`sessionView.clearTerminal` over the socket. The terminal run and its pending
+    terminal message are written before the server starts (nothing creates terminal
+    messages yet)."""
+    session = str(INTERACTIVE["origin_session_id"])
+    db = open_database(state_dir / "state.sqlite")
+    try:
+        enqueue(db, "run-i", **INTERACTIVE)
+        with db.write() as tx:
+            cancel_run(tx, "run-i")
+            insert_message(
+                tx,
+                run_id="run-i",
+                session_id=session,
+                kind="terminal",
+                source_id="run-i",
+                content={"outcome": "cancelled"},
+            )
+    finally:
+        db.close()
+    server = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)
+    server.start()
+    watcher = Watcher(server.socket_path)
+    try:
+        watcher.subscribe({"kind": "sessionView", "sessionId": session})
+        shown = session_snapshot(watcher, lambda v: v["activeRun"] is not None, "the run")
+        assert shown["activeRun"]["runId"] == "run-i"
+        assert shown["activeRun"]["display"]["status"] == "cancelled"
+        cleared = watcher.request("sessionView.clearTerminal", {"sessionId": session})
+        assert cleared["outcome"] == "accepted", cleared
+        assert cleared["receipt"] == {"clearedRunId": "run-i"}
+        gone = session_snapshot(watcher, lambda v: v["activeRun"] is None, "no run")
+        assert gone["revision"] > shown["revision"]
+        again = watcher.request("sessionView.clearTerminal", {"sessionId": session})
+        assert again["receipt"] == {"clearedRunId": None}
+    finally:
+        watcher.close()
+        server.stop("test teardown")
+    # No workflow state changed: the run, its revision and its message are as they were.
+    assert rows(state_dir, "SELECT status, revision FROM runs WHERE run_id = 'run-i'") == [
+        ("cancelled", 2)
+    ]
+    assert rows(state_dir, "SELECT kind, state FROM workflow_messages") == [("terminal", "pending")]
