@@ -545,7 +545,15 @@ def _request_in_origin_session(
         contract=contract,
         target_session_id=session_id,
     )
-    supersede_earlier_requests(tx, attempt_id)
+    if supersede_earlier_requests(tx, attempt_id):
+        # A superseded request's pending step message can never be answered.
+        tx.execute(
+            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
+            "WHERE run_id = :r AND kind = 'step' AND state = 'pending' AND source_id IN "
+            "(SELECT request_id FROM interactive_requests WHERE run_id = :r "
+            "AND status = 'cancelled')",
+            {"r": view.run_id, "now": tx.now},
+        )
 
     def present(tx: Tx) -> None:
         insert_message(
