@@ -234,7 +234,7 @@ def test_only_the_active_coordinator_gets_the_next_message_and_a_newer_claim_fen
         # A second coordinator for the same session fences the first.
         second.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
         taken = session_snapshot(second, lambda view: view["nextMessage"] is not None, "one")
-        fenced = session_snapshot(first, lambda view: True, "a fenced snapshot")
+        fenced = session_snapshot(first, lambda view: not view["coordinator"], "a fenced view")
         assert fenced["coordinator"] is False and fenced["nextMessage"] is None
         assert taken["nextMessage"]["messageId"] == message["messageId"]
         # Closing the active connection releases its epoch; the fenced one stays fenced
