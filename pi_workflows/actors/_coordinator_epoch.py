@@ -7,6 +7,7 @@ replacement connection fences the old one." Epochs live only in this process.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 
 __all__ = [
+    "ActiveEpochs",
     "CheckCoordinator",
     "ClaimCoordinator",
     "CoordinatorEpochActor",
@@ -61,6 +63,36 @@ class ReleaseConnection:
     connection_id: str
 
 
+class ActiveEpochs:
+    """The active grant of each session, published by the actor for view reads.
+
+    Written only by `CoordinatorEpochActor` (its one owner); the session-view reader
+    reads it to decide whether a subscription still holds the active epoch, without a
+    round trip through the actor on every poll. A lock keeps each read consistent.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: dict[str, CoordinatorGrant] = {}
+
+    def is_active(self, session_id: str, connection_id: str, epoch: int) -> bool:
+        with self._lock:
+            return self._active.get(session_id) == CoordinatorGrant(
+                session_id, connection_id, epoch
+            )
+
+    def holds(self, session_id: str, connection_id: str) -> bool:
+        """`connection_id` holds the session's active epoch (whatever its number)."""
+        with self._lock:
+            grant = self._active.get(session_id)
+            return grant is not None and grant.connection_id == connection_id
+
+    def publish(self, active: dict[str, CoordinatorGrant]) -> None:
+        """The actor's new table (only the actor calls this)."""
+        with self._lock:
+            self._active = dict(active)
+
+
 class CoordinatorEpochActor(ServerActor):
     """Owns: the active coordinator epoch of each origin session (in memory only).
 
@@ -74,10 +106,13 @@ class CoordinatorEpochActor(ServerActor):
 
     name = "coordinator-epoch"
 
-    def __init__(self, on_actor_failure: ActorFailureHandler) -> None:
+    def __init__(
+        self, on_actor_failure: ActorFailureHandler, published: ActiveEpochs | None = None
+    ) -> None:
         super().__init__(on_actor_failure)
         self._next_epoch = 0
         self._active: dict[str, CoordinatorGrant] = {}
+        self._published = published if published is not None else ActiveEpochs()
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -85,6 +120,7 @@ class CoordinatorEpochActor(ServerActor):
                 self._next_epoch += 1
                 grant = CoordinatorGrant(session, connection, self._next_epoch)
                 self._active[session] = grant
+                self._published.publish(self._active)
                 reply(Reply(grant))
             case CheckCoordinator(
                 session_id=session, connection_id=connection, epoch=epoch, reply=reply
@@ -96,6 +132,7 @@ class CoordinatorEpochActor(ServerActor):
                 for session, grant in list(self._active.items()):
                     if grant.connection_id == connection:
                         del self._active[session]
+                self._published.publish(self._active)
             case _:
                 raise TypeError(f"coordinator-epoch actor got {type(message).__name__}")
         return None

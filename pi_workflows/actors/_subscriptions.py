@@ -89,6 +89,10 @@ class ViewSpec:
     """The run of a `run` view."""
     session_id: str | None = None
     """The origin session of a `sessionView`."""
+    connection_id: str | None = None
+    """A coordinator's `sessionView`: the connection granted `epoch` (its own view)."""
+    epoch: int | None = None
+    """The coordinator epoch that connection was granted for the session."""
 
 
 @dataclass(frozen=True, slots=True)

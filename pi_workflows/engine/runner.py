@@ -1019,6 +1019,9 @@ class Execution:
         """Pi's agent folder (`models.json`, `auth.json`, `settings.json`)."""
         self.compiled = compiled
         self.run_id = str(envelope["runId"])
+        origin = state.get("originSessionId")
+        self.origin_session_id: str | None = origin if isinstance(origin, str) else None
+        """The Pi session an interactive run is bound to: its agent steps run there."""
         # Outputs and results by full compiled path; each node's context sees them
         # projected to its include scope. A resumed runner rebuilds the scopes by replaying
         # the committed attempts in order (outputs are the latest completed per path).
@@ -1259,6 +1262,8 @@ class Execution:
         rpc` child, registered with the server before its first prompt, runs the step's
         turns; it and everything it started are stopped before the step ends.
         """
+        if self.origin_session_id is not None:
+            return self._request_in_origin_session(node, spec, ctx, self.origin_session_id)
         # `tools=None` on the node means no built-in tool beside `workflow`.
         options = PiOptions(
             spec.provider, spec.model, spec.thinking, spec.tools if spec.tools is not None else ()
@@ -1315,6 +1320,39 @@ class Execution:
             str(prompt), self.compiled.name, node.path, self.attempt_id, spec, resumed=resumed
         )
         return self._drive_pi(node.path, launch, message, requested=requested, deadline=deadline)
+
+    def _request_in_origin_session(
+        self, node: CompiledNode, spec: AgentNode, ctx: EngineContext, session_id: str
+    ) -> Any:
+        """An interactive agent step: propose the request with its step prompt; no pi here.
+
+        The node's deadline was committed with `node.started`. The server commits the
+        request and the origin session's `step` message, parks the run (waiting) and
+        releases the claim: this runner then stops. A resumed runner whose request already
+        has an accepted submission adopts that output instead
+        (workflow-server.md § Interactive Pi execution).
+        """
+        prompt = spec.prompt(ctx) if callable(spec.prompt) else spec.prompt
+        contract = {
+            "step": node.path,
+            "attempt": self.attempt_id,
+            "outputSchema": spec.output_schema,
+            "validate": spec.validate is not None,
+        }
+        text = step_prompt(str(prompt), self.compiled.name, node.path, self.attempt_id, spec)
+        requested = {
+            "interactionId": f"request-{self.attempt_id}",
+            "interactionKind": "agent",
+            "contractHash": sha256_digest(contract),
+            # The server keeps the prompt as the step message's content, not the contract.
+            "request": {**contract, "prompt": text},
+            "targetSessionId": session_id,
+        }
+        deadline = None if spec.timeout_ms is None else time.monotonic() + spec.timeout_ms / 1000
+        result = self._request(requested, deadline)
+        if "acceptedSubmissionId" in result:
+            return result.get("value")
+        raise RunnerStopped("the step waits for its origin Pi session")
 
     def _request(self, requested: Mapping[str, Any], deadline: float | None) -> dict[str, Any]:
         """Propose the attempt's request. While an output of this step's interrupted

@@ -35,6 +35,8 @@ class StatusFacts:
     """The run has an effect in state `ambiguous`."""
     runner_active: bool
     """The run has a starting or ready runner epoch."""
+    turn_open: bool = False
+    """An exact origin-session model turn of the run is open (`workflow_turns`)."""
 
 
 def display_status(facts: StatusFacts) -> str:
@@ -45,6 +47,10 @@ def display_status(facts: StatusFacts) -> str:
         return "ambiguous"  # 2: an ambiguous effect on a nonterminal run
     if facts.paused:
         return "paused"  # 3: only the durable pause flag
+    if facts.turn_open:
+        # 5 before 4: an exact origin-session turn shows its waiting step as running
+        # (presentation only; the run stays waiting).
+        return "running"
     if facts.run_status == "waiting":
         return "waiting"  # 4: a pending request (a checkpoint, a decision, a session step)
     if facts.queue_state in ("starting", "running") or facts.runner_active:
@@ -61,5 +67,6 @@ def summary_status(summary: RunSummary) -> str:
             queue_state=summary.queue_state,
             ambiguous_effect=bool(summary.ambiguous_effect),
             runner_active=bool(summary.runner_active),
+            turn_open=bool(summary.turn_open),
         )
     )

@@ -37,6 +37,7 @@ from pi_workflows.storage import (
     CommandRequest,
     Database,
     EffectRecoveryError,
+    ExecutionMode,
     InvalidTransitionError,
     LookupOutcome,
     NewRun,
@@ -67,6 +68,8 @@ from pi_workflows.storage import (
     take_over_claim,
     verify,
 )
+from pi_workflows.storage._messages import present_resumed_steps
+from pi_workflows.storage._queries import SELECT_SESSION_RESERVATION
 from pi_workflows.supervision import crash_point
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
@@ -433,11 +436,16 @@ def _transition(name: str, apply: Callable[..., Any]) -> Operation:
                 _refuse_during_launch(tx, run_id, ctx.owner_id)
             if held is None and name == "cancel":
                 held = _control_claim_for_stale_row(tx, run_id, ctx.owner_id)
+            extra: dict[str, Any] = {}
+            if name == "resume":
+                # A paused origin-session step is presented again in the same commit.
+                extra["change"] = lambda tx: present_resumed_steps(tx, run_id)
             result = apply(
                 tx,
                 run_id,
                 claim=held,
                 expected_revision=request.get("expectedRevision"),
+                **extra,
             )
             body = {"runId": run_id, "state": result.phase.value, "operation": name}
             return run_id, result.revision, body
@@ -496,13 +504,20 @@ class StartRequest:
     workflow: str
     project_path: str | None
     input: Any
+    origin_session_id: str | None = None
+    """`payload.originSessionId`: the Pi session the run is bound to (interactive mode);
+    None for a headless run."""
 
 
 def start_request_fields(request: RequestMessage) -> StartRequest:
-    """The workflow name, project path and input of a `run.start` request.
+    """The workflow name, project path, input and origin session of a `run.start` request.
+
+    `payload.originSessionId` binds the run to that Pi session (`execution_mode =
+    interactive`); `payload.mode`, when given, must agree with it.
 
     Raises:
-        OperationError: a missing name or a relative project path.
+        OperationError: a missing name, a relative project path, a bad session ID, or a
+            mode that contradicts the session.
     """
     payload = request["payload"]
     name = payload.get("workflow")
@@ -511,7 +526,31 @@ def start_request_fields(request: RequestMessage) -> StartRequest:
     project = payload.get("projectPath")
     if project is not None and (not isinstance(project, str) or not Path(project).is_absolute()):
         raise OperationError("rejected", "projectPathInvalid", "projectPath must be absolute")
-    return StartRequest(name, project, payload.get("input", {}))
+    return StartRequest(name, project, payload.get("input", {}), _origin_session(payload))
+
+
+MAX_SESSION_ID_CHARS: Final = 256
+"""The schema's bound on an opaque ID (`$defs/id`)."""
+
+
+def _origin_session(payload: Mapping[str, Any]) -> str | None:
+    """The origin session a start names, checked against its optional `mode`."""
+    session = payload.get("originSessionId")
+    if session is not None and not (
+        isinstance(session, str)
+        and 0 < len(session) <= MAX_SESSION_ID_CHARS
+        and not any(ord(char) < 0x20 or ord(char) == 0x7F for char in session)
+    ):
+        raise OperationError("rejected", "sessionIdInvalid", "originSessionId must be an opaque ID")
+    mode = payload.get("mode")
+    expected = "headless" if session is None else "interactive"
+    if mode is not None and mode != expected:
+        raise OperationError(
+            "rejected",
+            "executionModeInvalid",
+            "an interactive run names its originSessionId; a headless run names none",
+        )
+    return session
 
 
 ORIGIN_SESSION_KINDS: Final = frozenset({"assistant"})
@@ -573,11 +612,20 @@ def start_run(
             raise OperationError(
                 "rejected", "definitionInvalid", "the definition snapshot does not match its digest"
             )
-        if isinstance(definition, Mapping):
+        interactive = start.origin_session_id is not None
+        if isinstance(definition, Mapping) and not interactive:
             _refuse_headless_visible_steps(definition)
         # The snapshot stays stored under the run's definition digest: the server checks
         # checkpoint answers against it without loading workflow code.
         run_id = f"run-{uuid.uuid4().hex}"
+        if interactive and tx.fetch_value(
+            SELECT_SESSION_RESERVATION, {"origin_session_id": start.origin_session_id}
+        ):
+            raise OperationError(
+                "rejected",
+                "sessionReserved",
+                "another run of this Pi session is not finished yet; wait for it or cancel it",
+            )
         result = enqueue_run(
             tx,
             NewRun(
@@ -591,6 +639,8 @@ def start_run(
                 input_hash=resolved["inputHash"],
                 input=resolved["input"],
                 title=resolved.get("title"),
+                execution_mode=ExecutionMode.INTERACTIVE if interactive else ExecutionMode.HEADLESS,
+                origin_session_id=start.origin_session_id,
             ),
         )
         return run_id, result.revision, {"runId": run_id, "state": result.phase.value}

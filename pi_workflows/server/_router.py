@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,12 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply
-from pi_workflows.actors._coordinator_epoch import ReleaseConnection
+from pi_workflows.actors._coordinator_epoch import (
+    ActiveEpochs,
+    ClaimCoordinator,
+    CoordinatorGrant,
+    ReleaseConnection,
+)
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._runner_host import RunCommand
@@ -50,6 +55,11 @@ from pi_workflows.server._operations import (
     start_request_fields,
     start_run,
 )
+from pi_workflows.server._origin_reports import (
+    clear_terminal_view,
+    report_branch,
+    report_turn,
+)
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
 from pi_workflows.server._state_prune import start_state_prune
 from pi_workflows.storage import run_view_revision
@@ -59,6 +69,9 @@ from pi_workflows.wire.protocol import RequestMessage, client_operations
 __all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
 
 log = logging.getLogger(__name__)
+
+OriginReport = Callable[..., dict[str, Any]]
+"""`report_branch` or `report_turn`: (db, request, connection_id, epochs) -> response."""
 
 DEFAULT_DRAIN_S = 30.0
 """How long a graceful stop lets applying effects and running shell commands settle."""
@@ -92,6 +105,8 @@ class RouterPorts:
     end_request: Callable[[], None]
     stop: Callable[[str, float], None]
     """Asks for a graceful stop with a drain period (non-blocking)."""
+    epochs: ActiveEpochs = field(default_factory=ActiveEpochs)
+    """The coordinator epochs the coordinator actor publishes (origin-session reports)."""
 
 
 @dataclass(eq=False)
@@ -135,6 +150,11 @@ class Router:
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
             "state.prune": self._state_prune,
+            "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
+            "workflowTurn.report": functools.partial(self._origin_report, report_turn),
+            "sessionView.clearTerminal": functools.partial(
+                self._origin_report, clear_terminal_view
+            ),
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
@@ -205,6 +225,19 @@ class Router:
         work = functools.partial(update_interaction, request=pending.request)
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "interaction.update"))
+
+    def _origin_report(self, report: OriginReport, pending: Pending) -> None:
+        """A coordinator's branch or turn report: one transaction, which checks that this
+        connection holds the session's active epoch."""
+        ports = self._ports
+        work = functools.partial(
+            report,
+            request=pending.request,
+            connection_id=pending.connection_id,
+            epochs=ports.epochs,
+        )
+        done = functools.partial(self._answer, pending, True)
+        ports.database.tell(Transact(work, done, pending.request["operation"]))
 
     def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
         """On the database actor's thread: answer, then wake the scheduler for a command."""
@@ -320,6 +353,9 @@ class Router:
         except OperationError as exc:
             pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
             return
+        if spec.kind == "sessionView" and pending.request["payload"].get("coordinator") is True:
+            self._claim_coordinator(pending, spec)
+            return
         if spec.run_id is None:
             self._install(pending, spec, revision)
             return
@@ -345,13 +381,44 @@ class Router:
             Read(lambda db: run_view_revision(db, run_id), then, "view.subscribe")
         )
 
-    def _install(self, pending: Pending, spec: ViewSpec, revision: int | None) -> None:
+    def _claim_coordinator(self, pending: Pending, spec: ViewSpec) -> None:
+        """A coordinator's session view: take the session's active epoch (fencing any
+        other connection's), then install a view of its own that names the next message
+        while that epoch stays active."""
+        assert spec.session_id is not None
+        connection_id = pending.connection_id
+
+        def granted(reply: Reply) -> None:
+            # On the coordinator actor's thread; never raises (that would stop it).
+            try:
+                if reply.error is not None or not isinstance(reply.value, CoordinatorGrant):
+                    pending.respond(internal_error(pending.request))
+                    return
+                held = ViewSpec(
+                    "sessionView",
+                    session_id=spec.session_id,
+                    connection_id=connection_id,
+                    epoch=reply.value.epoch,
+                )
+                self._install(pending, held, None, epoch=reply.value.epoch)
+            except Exception:
+                log.exception("view.subscribe failed", extra={"action": "operation.error"})
+                with contextlib.suppress(Exception):
+                    pending.respond(internal_error(pending.request))
+
+        self._ports.coordinators.tell(ClaimCoordinator(spec.session_id, connection_id, granted))
+
+    def _install(
+        self, pending: Pending, spec: ViewSpec, revision: int | None, *, epoch: int | None = None
+    ) -> None:
         request = pending.request
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
 
         def answer(installed: Reply) -> None:
             if installed.value:
-                receipt = {"subscriptionId": subscription_id, "kind": spec.kind}
+                receipt: dict[str, Any] = {"subscriptionId": subscription_id, "kind": spec.kind}
+                if epoch is not None:
+                    receipt["coordinatorEpoch"] = epoch
                 pending.respond(response(request, "accepted", receipt=receipt))
             else:
                 pending.respond(

@@ -165,6 +165,19 @@ def reason_words(code: str) -> tuple[str, str | None]:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenTurn:
+    turn_id: str
+    message_id: str
+    started_at: int
+
+
+_OPEN_TURN = """
+SELECT turn_id, message_id, started_at FROM workflow_turns
+WHERE run_id = :r AND status = 'open' ORDER BY started_at DESC LIMIT 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
 class _Facts:
     """Everything one view reads, from one snapshot."""
 
@@ -177,6 +190,8 @@ class _Facts:
     checkpoint_node: str | None
     ambiguous: list[dict[str, Any]]
     runner: RunnerEpochRow | None
+    turn: OpenTurn | None = None
+    """The run's open origin-session model turn, if any."""
 
 
 def build_run_view(db: Database, run_id: str) -> dict[str, Any] | None:
@@ -203,6 +218,7 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         checkpoint_node=decision.node_path if decision is not None else None,
         ambiguous=[effect.to_wire() for effect in list_ambiguous_effects(db, run_id)],
         runner=active_runner(db, run_id),
+        turn=db.fetch_one(_OPEN_TURN, {"r": run_id}, OpenTurn),
     )
 
 
@@ -262,7 +278,7 @@ def _display(db: Reader, facts: _Facts) -> dict[str, Any]:
     status = _status(facts)
     display: dict[str, Any] = {
         "status": status,
-        "activity": _activity(facts.runner),
+        "activity": _activity(facts.runner, facts.turn),
         "controls": _controls(facts, status),
     }
     current = facts.current
@@ -302,6 +318,7 @@ def _status(facts: _Facts) -> str:
             queue_state=facts.queue.state if facts.queue is not None else None,
             ambiguous_effect=bool(facts.ambiguous),
             runner_active=facts.runner is not None,
+            turn_open=facts.turn is not None,
         )
     )
 
@@ -335,9 +352,16 @@ def _node_code(reason: str | None) -> str | None:
     return parts[2] if len(parts) >= 3 and parts[2] in _REASONS else None
 
 
-def _activity(runner: RunnerEpochRow | None) -> dict[str, Any] | None:
-    """The supervised runner, reported apart from status (an origin-session Pi turn
-    joins it with the origin-session issue)."""
+def _activity(runner: RunnerEpochRow | None, turn: OpenTurn | None) -> dict[str, Any] | None:
+    """The supervised runner or the exact origin-session model turn, apart from status."""
+    if turn is not None:
+        return {
+            "kind": "piTurn",
+            "state": "open",
+            "since": turn.started_at,
+            "turnId": turn.turn_id,
+            "messageId": turn.message_id,
+        }
     if runner is None:
         return None
     return {"kind": "runner", "state": runner.status, "since": runner.started_at}

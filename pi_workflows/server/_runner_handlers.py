@@ -79,6 +79,7 @@ from pi_workflows.storage._interactions import (
     submission_value,
     supersede_earlier_requests,
 )
+from pi_workflows.storage._messages import insert_message
 from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
 from pi_workflows.supervision._crash import RUNNER_MESSAGE_POINTS
 from pi_workflows.wire.canonical import dumps, sha256_digest
@@ -446,8 +447,12 @@ def _on_interaction_requested(
     resumed runner, gets the stored request and any accepted output to adopt."""
     body = message.body
     assert isinstance(body, InteractionRequested) and message.attempt_id is not None
-    if body.interaction_kind != "agent" or body.target_session_id is not None:
+    if body.interaction_kind != "agent":
         raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
+    origin = origin_session_of(tx, view.run_id)
+    if body.target_session_id != origin:
+        # A runner may name only its run's own origin session (none for a headless run).
+        raise InvalidTransitionError(view.run_id, "another session", "request interaction")
     if read_request_for_attempt(tx, message.attempt_id) is None:
         # A runner died after the step's output was accepted: adopt it, ask nothing.
         earlier = adoptable_submission(tx, message.attempt_id)
@@ -461,6 +466,10 @@ def _on_interaction_requested(
         if earlier_submission_validating(tx, message.attempt_id):
             # Nothing is written: the runner asks again once that outcome is stored.
             return read_head(tx, view.run_id).revision, {"status": "validating"}
+    if origin is not None:
+        return _request_in_origin_session(
+            tx, view, message.attempt_id, body, session_id=origin, delta=delta
+        )
     written = request_interaction(
         tx,
         view.claim,
@@ -488,6 +497,78 @@ def _on_interaction_requested(
         result["acceptedSubmissionId"] = accepted.submission_id
         result["value"] = submission_value(tx, accepted)
     return read_head(tx, view.run_id).revision, result
+
+
+def origin_session_of(tx: Tx, run_id: str) -> str | None:
+    """The origin Pi session of an interactive run; None for a headless run."""
+    value = tx.fetch_value(
+        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
+        "AND execution_mode = 'interactive'",
+        {"r": run_id},
+    )
+    return None if value is None else str(value)
+
+
+def _request_in_origin_session(
+    tx: Tx,
+    view: RunnerView,
+    attempt_id: str,
+    body: InteractionRequested,
+    *,
+    session_id: str,
+    delta: Delta,
+) -> tuple[int, Any]:
+    """An interactive agent step (workflow-server.md § Interactive Pi execution).
+
+    In one transaction: the request, one pending `step` message (reason `initial`) whose
+    content is the step prompt and its tool contract, the attempt `waiting`, the queue
+    parked and the claim released. The runner then stops; the origin session's
+    coordinator presents the message. A repeat for the same attempt writes nothing.
+    """
+    prompt = body.request.get("prompt")
+    contract = {key: value for key, value in body.request.items() if key != "prompt"}
+    existing = read_request_for_attempt(tx, attempt_id)
+    if existing is not None:
+        result: dict[str, Any] = {"requestId": existing.request_id, "status": existing.status}
+        if existing.accepted_submission_id is not None:
+            accepted = read_submission(tx, existing.accepted_submission_id)
+            assert accepted is not None
+            result["acceptedSubmissionId"] = accepted.submission_id
+            result["value"] = submission_value(tx, accepted)
+        return read_head(tx, view.run_id).revision, result
+    request_interaction(
+        tx,
+        view.claim,
+        attempt_id=attempt_id,
+        request_id=body.interaction_id,
+        kind="agent",
+        contract=contract,
+        target_session_id=session_id,
+    )
+    if supersede_earlier_requests(tx, attempt_id):
+        # A superseded request's pending step message can never be answered.
+        tx.execute(
+            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
+            "WHERE run_id = :r AND kind = 'step' AND state = 'pending' AND source_id IN "
+            "(SELECT request_id FROM interactive_requests WHERE run_id = :r "
+            "AND status = 'cancelled')",
+            {"r": view.run_id, "now": tx.now},
+        )
+
+    def present(tx: Tx) -> None:
+        insert_message(
+            tx,
+            run_id=view.run_id,
+            session_id=session_id,
+            kind="step",
+            reason="initial",
+            source_id=body.interaction_id,
+            content={"prompt": prompt, "contract": contract},
+        )
+
+    waited = wait_run(tx, view.claim, reason="interaction", attempt_id=attempt_id, change=present)
+    delta.settled = True
+    return waited.revision, {"requestId": body.interaction_id, "status": "waiting"}
 
 
 _EARLIER_REQUEST = """

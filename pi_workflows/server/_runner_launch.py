@@ -138,4 +138,12 @@ def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
         merged["unfinished"] = wire["unfinished"]
     merged["outputs"].update(answers)
     merged["runId"] = run_id
+    # An interactive run's agent steps run in its origin Pi session, not in a pi child.
+    origin = reader.fetch_value(
+        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r AND "
+        "execution_mode = 'interactive'",
+        {"r": run_id},
+    )
+    if origin is not None:
+        merged["originSessionId"] = origin
     return merged, parent_attempt

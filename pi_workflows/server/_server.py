@@ -10,6 +10,7 @@ Nothing here runs runner or client logic: the actors and the router do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
-from pi_workflows.actors._coordinator_epoch import CoordinatorEpochActor
+from pi_workflows.actors._coordinator_epoch import ActiveEpochs, CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._process_supervisor import (
     ProcessSupervisorActor,
@@ -347,9 +348,13 @@ class WorkflowServer:
         )
         runner_host.tell(ConnectScheduler(self._scheduler))
         reader = ReaderActor.start(db.path, self.clock, fail)
-        self._subscriptions = SubscriptionActor.start(reader, read_view, fail)
+        # The coordinator actor publishes its epochs; a coordinator's session view reads them.
+        epochs = ActiveEpochs()
+        self._subscriptions = SubscriptionActor.start(
+            reader, functools.partial(read_view, epochs=epochs), fail
+        )
         database.tell(WatchCommits(self._subscriptions))  # live views refresh on commit
-        self._coordinators = CoordinatorEpochActor.start(fail)
+        self._coordinators = CoordinatorEpochActor.start(fail, epochs)
         validations = ValidationsActor.start(
             ValidationsConfig(self.state_dir, agent_dir, validate_timeout_from_env()),
             fail,
@@ -403,6 +408,7 @@ class WorkflowServer:
                     begin_request=self._begin_request,
                     end_request=self._end_request,
                     stop=self.stop_async,
+                    epochs=epochs,
                 )
             )
         )

@@ -8,21 +8,27 @@ view is built only when its revision differs from the one the actor last read.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
+from pi_workflows.actors._coordinator_epoch import ActiveEpochs
 from pi_workflows.actors._subscriptions import ViewGone, ViewSnapshot, ViewSpec
 from pi_workflows.server._operations import build_run_list
 from pi_workflows.server._run_view import build_run_view
+from pi_workflows.server._session_view import build_session_view
 from pi_workflows.storage import Database, run_view_revision
-from pi_workflows.wire.protocol import SESSION_VIEW_SCHEMA
 
-__all__ = ["RUN_GONE", "read_view", "run_view_read", "session_view"]
+__all__ = ["RUN_GONE", "read_view", "run_view_read", "session_view_read"]
 
 RUN_GONE: Final = ViewGone("runNotFound", "the run no longer exists (it was pruned)")
 
 
-def read_view(db: Database, spec: ViewSpec, since: int) -> ViewSnapshot | ViewGone | None:
-    """The view `spec` names if its revision differs from `since`; None when unchanged."""
+def read_view(
+    db: Database, spec: ViewSpec, since: int, *, epochs: ActiveEpochs | None = None
+) -> ViewSnapshot | ViewGone | None:
+    """The view `spec` names if its revision differs from `since`; None when unchanged.
+
+    `epochs`: the coordinator epochs the server published, for a coordinator's view.
+    """
     match spec.kind:
         case "runList":
             built = build_run_list(db, since)
@@ -30,7 +36,7 @@ def read_view(db: Database, spec: ViewSpec, since: int) -> ViewSnapshot | ViewGo
         case "run" if spec.run_id is not None:
             return run_view_read(db, spec.run_id, since)
         case "sessionView" if spec.session_id is not None:
-            return None if since == 0 else ViewSnapshot(0, session_view(spec.session_id))
+            return session_view_read(db, spec, since, epochs)
         case _:
             raise ValueError(f"no view of kind {spec.kind}")
 
@@ -49,13 +55,19 @@ def run_view_read(db: Database, run_id: str, since: int) -> ViewSnapshot | ViewG
     return ViewSnapshot(int(view["revision"]), view)
 
 
-def session_view(session_id: str) -> dict[str, Any]:
-    """`pi-workflows.session-view.v1`, the shape only: the origin-session issue fills it."""
-    return {
-        "schema": SESSION_VIEW_SCHEMA,
-        "sessionId": session_id,
-        "revision": 0,
-        "activeRun": None,
-        "messages": {"count": 0, "items": []},
-        "nextMessage": None,
-    }
+def session_view_read(
+    db: Database, spec: ViewSpec, since: int, epochs: ActiveEpochs | None
+) -> ViewSnapshot | None:
+    """An origin session's view; a coordinator subscription's names the next message
+    while its epoch is the session's active one."""
+    assert spec.session_id is not None
+    held = spec.connection_id is not None and spec.epoch is not None
+    active = (
+        held
+        and epochs is not None
+        and epochs.is_active(spec.session_id, str(spec.connection_id), int(spec.epoch or 0))
+    )
+    read = build_session_view(
+        db, spec.session_id, coordinator=active, fenced=held and not active, since=since
+    )
+    return None if read is None else ViewSnapshot(read.revision, read.payload)

@@ -269,6 +269,12 @@ def _close_run_work(tx: Tx, run_id: str, attempt_status: str, reason: str, *, fa
     tx.execute(q.UPDATE_PENDING_EFFECTS_CANCEL, params)
     kinds = ("step", "decision", "follow_up") if failed else ("step", "decision")
     _cancel_pending_messages(tx, run_id, kinds)
+    # Its open origin-session turns end as `lost`; a late matching end adopts that.
+    tx.execute(
+        "UPDATE workflow_turns SET status = 'lost', ended_at = :now "
+        "WHERE run_id = :run_id AND status = 'open'",
+        params,
+    )
     tx.execute(q.UPDATE_BINDING_RELEASE, params)
 
 

@@ -246,11 +246,15 @@ _runner_active = (
     "EXISTS (SELECT 1 FROM runner_epochs AS x"
     " WHERE x.run_id = r.run_id AND x.status IN ('starting', 'ready'))"
 )
+_turn_open = (
+    "EXISTS (SELECT 1 FROM workflow_turns AS t WHERE t.run_id = r.run_id AND t.status = 'open')"
+)
 _summary_columns = f"""
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused,
        r.revision + r.view_changes AS revision, q.state AS queue_state, q.park_reason,
        r.created_at, r.updated_at, r.finished_at, r.failure_class, b.execution_mode,
-       {_ambiguous_effect} AS ambiguous_effect, {_runner_active} AS runner_active
+       {_ambiguous_effect} AS ambiguous_effect, {_runner_active} AS runner_active,
+       {_turn_open} AS turn_open
 FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
 LEFT JOIN run_bindings AS b ON b.run_id = r.run_id"""
 # The run list, newest first, keyset-paged by (created_at, run_id).
@@ -262,7 +266,7 @@ LIMIT :limit
 
 
 def display_status_sql(
-    status: str, paused: str, queue_state: str, ambiguous: str, runner: str
+    status: str, paused: str, queue_state: str, ambiguous: str, runner: str, *, turn: str = "0"
 ) -> str:
     """The display status of a run in SQL over the given column expressions: the rule of
     server/_display_status.py `display_status`, for the run list's status filter
@@ -271,13 +275,14 @@ def display_status_sql(
     WHEN {status} IN ('completed', 'failed', 'timed_out', 'cancelled') THEN {status}
     WHEN {ambiguous} THEN 'ambiguous'
     WHEN {paused} = 1 THEN 'paused'
+    WHEN {turn} THEN 'running'
     WHEN {status} = 'waiting' THEN 'waiting'
     WHEN {queue_state} IN ('starting', 'running') OR {runner} THEN 'running'
     ELSE 'queued' END"""
 
 
 _display_status_case = display_status_sql(
-    "r.status", "r.paused", "q.state", _ambiguous_effect, _runner_active
+    "r.status", "r.paused", "q.state", _ambiguous_effect, _runner_active, turn=_turn_open
 )
 
 # The index-driven conditions ("drivers") that find the runs of each display status, so
@@ -297,6 +302,7 @@ _STATUS_DRIVERS: dict[str, str] = {
         "r.run_id IN (SELECT run_id FROM run_queue WHERE state IN ('starting', 'running')"
         " UNION SELECT run_id FROM runner_epochs WHERE status IN ('starting', 'ready'))"
     ),
+    "turn": "r.run_id IN (SELECT run_id FROM workflow_turns WHERE status = 'open')",
 }
 # Which drivers find every run of a display status (the rule of `display_status_sql`).
 DRIVERS_OF_DISPLAY: dict[str, tuple[str, ...]] = {
@@ -307,7 +313,7 @@ DRIVERS_OF_DISPLAY: dict[str, tuple[str, ...]] = {
     "ambiguous": ("ambiguous",),
     "paused": ("paused",),
     "waiting": ("waiting",),
-    "running": ("active",),
+    "running": ("active", "turn"),
     "queued": ("queued", "running"),
 }
 

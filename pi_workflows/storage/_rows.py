@@ -70,6 +70,8 @@ class RunSummary:
     """1 when the run has an effect in state `ambiguous` (an indexed EXISTS, not a load)."""
     runner_active: int = 0
     """1 when the run has a starting or ready runner epoch."""
+    turn_open: int = 0
+    """1 when an origin-session model turn of the run is open."""
 
 
 @dataclass(frozen=True, slots=True)

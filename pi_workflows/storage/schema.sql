@@ -321,6 +321,8 @@ CREATE TABLE run_bindings (
     reserved INTEGER NOT NULL CHECK (reserved IN (0, 1)),
     created_at INTEGER NOT NULL,
     released_at INTEGER,
+    -- `sessionView.clearTerminal`: the session view no longer retains this terminal run.
+    terminal_cleared_at INTEGER,
     CHECK ((execution_mode = 'interactive') = (origin_session_id IS NOT NULL)),
     CHECK (reserved = 0 OR execution_mode = 'interactive')
 ) STRICT;
@@ -414,6 +416,24 @@ CREATE UNIQUE INDEX workflow_messages_one_pending_step ON workflow_messages (sou
     WHERE kind = 'step' AND state = 'pending';
 CREATE INDEX workflow_messages_by_run ON workflow_messages (run_id, state);
 CREATE INDEX workflow_messages_by_source ON workflow_messages (source_id);
+
+-- Model turns of origin sessions as their coordinator reported them (workflowTurn.report).
+CREATE TABLE workflow_turns (
+    turn_id TEXT PRIMARY KEY,
+    message_id TEXT NOT NULL REFERENCES workflow_messages (message_id) ON DELETE CASCADE,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    session_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('open', 'completed', 'aborted', 'error', 'lost')),
+    response_entry_id TEXT,
+    started_at INTEGER NOT NULL,
+    ended_at INTEGER,
+    CHECK ((ended_at IS NULL) = (status = 'open'))
+) STRICT;
+-- Pi runs one model turn at a time: at most one open turn per origin session.
+CREATE UNIQUE INDEX workflow_turns_one_open ON workflow_turns (session_id)
+    WHERE status = 'open';
+CREATE INDEX workflow_turns_by_message ON workflow_turns (message_id);
+CREATE INDEX workflow_turns_by_run ON workflow_turns (run_id, status);
 
 -- Runner epochs: several per run and generation over time, at most one active.
 CREATE TABLE runner_epochs (

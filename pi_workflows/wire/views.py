@@ -347,15 +347,23 @@ class RunPage(TypedDict):
 
 class SessionMessages(TypedDict):
     count: int
+    """The complete count of the recovery window."""
     items: list[dict[str, Any]]
+    """Message records in session order, at most 256 and 256 KiB."""
+    complete: bool
+    """Every counted record is in `items`."""
 
 
 class SessionView(TypedDict):
-    """`pi-workflows.session-view.v1`: an origin session (its shape only, in issue 13)."""
+    """`pi-workflows.session-view.v1`: an origin session's active (or retained terminal)
+    run, its message window, and the next message for its active coordinator."""
 
     schema: Literal["pi-workflows.session-view.v1"]
     sessionId: str
     revision: int
     activeRun: RunView | None
+    coordinator: bool
+    """This subscription holds the session's active coordinator epoch."""
     messages: SessionMessages
-    nextMessage: str | None
+    nextMessage: dict[str, Any] | None
+    """The next eligible pending message with its content (coordinator only)."""

@@ -138,18 +138,22 @@ def test_the_list_and_the_view_show_the_same_status(db: Database, case: str) -> 
 
 def test_the_sql_rule_and_the_python_rule_agree_in_every_case() -> None:
     """`display_status_sql` (the list's filter) equals `display_status` for every
-    combination of run status, pause flag, queue state, ambiguous effect and runner."""
+    combination of run status, pause flag, queue state, ambiguous effect, runner and open
+    origin-session turn."""
     statuses = ("queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled")
     queue_states = (None, "queued", "starting", "running", "parked", "done", "failed")
-    sql = "SELECT " + display_status_sql("?1", "?2", "?3", "?4", "?5")
+    sql = "SELECT " + display_status_sql("?1", "?2", "?3", "?4", "?5", turn="?6")
     db = sqlite3.connect(":memory:")
     checked = set()
     try:
-        for status, paused, state, ambiguous, runner in itertools.product(
-            statuses, (0, 1), queue_states, (0, 1), (0, 1)
+        for status, paused, state, ambiguous, runner, turn in itertools.product(
+            statuses, (0, 1), queue_states, (0, 1), (0, 1), (0, 1)
         ):
-            (from_sql,) = db.execute(sql, (status, paused, state, ambiguous, runner)).fetchone()
-            facts = StatusFacts(status, bool(paused), state, bool(ambiguous), bool(runner))
+            row = (status, paused, state, ambiguous, runner, turn)
+            (from_sql,) = db.execute(sql, row).fetchone()
+            facts = StatusFacts(
+                status, bool(paused), state, bool(ambiguous), bool(runner), bool(turn)
+            )
             assert from_sql == display_status(facts), facts
             checked.add(from_sql)
     finally:

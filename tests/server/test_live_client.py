@@ -198,7 +198,8 @@ def test_watch_session_yields_the_session_view_shape(
         view: SessionView = next(sessions)
         assert view["schema"] == "pi-workflows.session-view.v1"
         assert view["sessionId"] == "session-1" and view["activeRun"] is None
-        assert view["messages"] == {"count": 0, "items": []}
+        assert view["messages"] == {"count": 0, "items": [], "complete": True}
+        assert view["coordinator"] is False and view["nextMessage"] is None
         sessions.close()
 
 

@@ -141,7 +141,9 @@ def test_a_revision_the_server_does_not_retain_gets_a_snapshot(
         watcher.close()
 
 
-def test_a_session_view_subscription_has_the_shape_only(server: WorkflowServer) -> None:
+def test_a_session_view_subscription_of_an_unknown_session_is_empty(
+    server: WorkflowServer,
+) -> None:
     watcher = Watcher(server.socket_path)
     try:
         subscription = watcher.subscribe({"kind": "sessionView", "sessionId": "session-1"})
@@ -153,7 +155,8 @@ def test_a_session_view_subscription_has_the_shape_only(server: WorkflowServer) 
             "sessionId": "session-1",
             "revision": 0,
             "activeRun": None,
-            "messages": {"count": 0, "items": []},
+            "coordinator": False,
+            "messages": {"count": 0, "items": [], "complete": True},
             "nextMessage": None,
         }
         for bad in ("", "s" * 300, 7, "a\nb"):

@@ -42,6 +42,7 @@ EXPECTED_TABLES = {
     "interactive_requests",
     "interactive_submissions",
     "workflow_messages",
+    "workflow_turns",
     "runner_epochs",
     "runner_messages",
     "run_view_content",

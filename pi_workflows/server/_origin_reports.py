@@ -1,0 +1,497 @@
+"""Active-branch and model-turn reports from an origin session's coordinator.
+
+Implements workflow-server.md § Live client protocol (`workflowMessage.reportBranch`,
+`workflowTurn.report`), § Origin-session activity and § Interactive Pi execution.
+Only the connection that holds the session's active coordinator epoch may report. Each
+report is one database transaction: every message or turn it changes gets an event and
+a revision on its run. A report stores no command receipt: it is idempotent by its own
+rows (a repeat finds them and adopts), so a polling session creates no durable command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pi_workflows.actors._coordinator_epoch import ActiveEpochs
+from pi_workflows.server._operations import OperationError, rejected, response
+from pi_workflows.server._session_view import clear_terminal
+from pi_workflows.storage import (
+    ClaimLostError,
+    Database,
+    InvalidTransitionError,
+    Tx,
+    pause_run,
+    requeue_run,
+)
+from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._interactions import (
+    EVENT_UNPRODUCTIVE_TURN,
+    UNPRODUCTIVE_TURN_LIMIT,
+    read_request,
+    record_interaction_event,
+)
+from pi_workflows.storage._messages import (
+    MessageRow,
+    TurnRow,
+    absent_from_branch,
+    end_turn,
+    insert_message,
+    insert_step_again,
+    insert_turn,
+    mark_sent,
+    open_turns,
+    read_message,
+    read_turn,
+)
+from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
+from pi_workflows.wire.canonical import dumps
+from pi_workflows.wire.protocol import RequestMessage
+
+__all__ = [
+    "MAX_BRANCH_ENTRIES",
+    "TURN_END_RESULTS",
+    "clear_terminal_view",
+    "report_branch",
+    "report_turn",
+]
+
+MAX_BRANCH_ENTRIES: Final = 256
+"""A report names at most the window's item limit of entries."""
+MAX_ID_CHARS: Final = 256
+TURN_END_RESULTS: Final = frozenset({"completed", "aborted", "error"})
+"""The `stopReason` of an ended turn, derived by the extension from Pi's messages."""
+
+EVENT_MESSAGE_SENT: Final = "workflow_message_sent"
+EVENT_MESSAGE_CREATED: Final = "workflow_message_created"
+EVENT_TURN_STARTED: Final = "workflow_turn_started"
+EVENT_TURN_ENDED: Final = "workflow_turn_ended"
+
+
+def _opaque_id(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_ID_CHARS
+        and not any(ord(char) < 0x20 or ord(char) == 0x7F for char in value)
+    )
+
+
+def _required_id(payload: Mapping[str, Any], name: str) -> str:
+    value = payload.get(name)
+    if not _opaque_id(value):
+        raise OperationError("rejected", f"{name}Invalid", f"{name} must be an opaque ID")
+    return str(value)
+
+
+def _required_bool(payload: Mapping[str, Any], name: str) -> bool:
+    value = payload.get(name)
+    if not isinstance(value, bool):
+        raise OperationError("rejected", f"{name}Invalid", f"{name} must be true or false")
+    return value
+
+
+def _fenced(request: RequestMessage) -> dict[str, Any]:
+    return rejected(
+        request,
+        "claimLost",
+        "coordinatorFenced",
+        "this connection does not hold the session's active coordinator epoch",
+    )
+
+
+# --- workflowMessage.reportBranch ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Branch:
+    session_id: str
+    entries: list[tuple[str, str]]
+    """(message ID, Pi entry ID) found on the active branch."""
+    is_idle: bool
+    has_pending: bool
+
+
+def _branch(request: RequestMessage) -> _Branch:
+    payload = request["payload"]
+    session = _required_id(payload, "sessionId")
+    raw = payload.get("entries", [])
+    if not isinstance(raw, list) or len(raw) > MAX_BRANCH_ENTRIES:
+        raise OperationError(
+            "rejected", "entriesInvalid", f"entries must be a list of at most {MAX_BRANCH_ENTRIES}"
+        )
+    entries: list[tuple[str, str]] = []
+    for entry in raw:
+        if not isinstance(entry, Mapping):
+            raise OperationError("rejected", "entriesInvalid", "an entry is an object")
+        entries.append((_required_id(entry, "messageId"), _required_id(entry, "entryId")))
+    return _Branch(
+        session,
+        entries,
+        _required_bool(payload, "isIdle"),
+        _required_bool(payload, "hasPendingMessages"),
+    )
+
+
+def report_branch(
+    db: Database, request: RequestMessage, *, connection_id: str, epochs: ActiveEpochs
+) -> dict[str, Any]:
+    """Adopt the branch's entries; when Pi is idle with nothing pending, close the
+    session's proved-lost turns and present again each pending step that is absent."""
+    try:
+        branch = _branch(request)
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    if not epochs.holds(branch.session_id, connection_id):
+        return _fenced(request)
+    try:
+        with db.write() as tx:
+            adopted = _adopt(tx, branch)
+            closed: list[str] = []
+            created: list[str] = []
+            # Absence proves something only on an idle Pi with no queued input.
+            if branch.is_idle and not branch.has_pending:
+                for turn in open_turns(tx, branch.session_id):
+                    _end(tx, turn, "lost", None)
+                    closed.append(turn.turn_id)
+                created = _present_again(tx, branch)
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    return response(
+        request,
+        "accepted",
+        receipt={"adopted": adopted, "created": created, "closedTurns": closed},
+    )
+
+
+def _adopt(tx: Tx, branch: _Branch) -> list[str]:
+    adopted: list[str] = []
+    for message_id, entry_id in branch.entries:
+        message = read_message(tx, message_id)
+        if message is None or message.target_session_id != branch.session_id:
+            # Rolls the whole report back: it may name only this session's messages.
+            raise OperationError(
+                "rejected", "messageNotInWindow", "an entry names no message of this session"
+            )
+        if message.state == "sent":
+            continue  # already confirmed: the first entry evidence stays
+        mark_sent(tx, message, entry_id)
+        record_interaction_event(
+            tx,
+            message.run_id,
+            EVENT_MESSAGE_SENT,
+            {"messageId": message.message_id, "kind": message.kind},
+        )
+        adopted.append(message.message_id)
+    return adopted
+
+
+def _present_again(tx: Tx, branch: _Branch) -> list[str]:
+    """A branch change: one `resumed` step for each pending request none of whose sent
+    step messages is on this branch (a repeat finds the pending one and adds none)."""
+    present = dumps([message_id for message_id, _ in branch.entries]).decode()
+    created: list[str] = []
+    for source in absent_from_branch(tx, branch.session_id, present):
+        message_id = insert_step_again(tx, source, branch.session_id, "resumed")
+        record_interaction_event(
+            tx,
+            source.run_id,
+            EVENT_MESSAGE_CREATED,
+            {"messageId": message_id, "kind": "step", "reason": "resumed"},
+        )
+        created.append(message_id)
+    return created
+
+
+# --- workflowTurn.report -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _TurnReport:
+    phase: str
+    session_id: str
+    message_id: str
+    turn_id: str
+    run_id: str
+    stop_reason: str | None
+    response_entry_id: str | None
+
+
+def _turn_report(request: RequestMessage) -> _TurnReport:
+    payload = request["payload"]
+    phase = payload.get("phase")
+    if phase not in ("started", "ended"):
+        raise OperationError("rejected", "phaseInvalid", "phase must be started or ended")
+    run_id = request.get("runId")
+    if not _opaque_id(run_id):
+        raise OperationError("rejected", "runIdRequired", "a turn report names its runId")
+    stop_reason: str | None = None
+    entry: str | None = None
+    if phase == "ended":
+        stop_reason = payload.get("stopReason")
+        if stop_reason not in TURN_END_RESULTS:
+            raise OperationError(
+                "rejected", "stopReasonInvalid", "stopReason must be completed, aborted or error"
+            )
+        raw_entry = payload.get("responseEntryId")
+        if raw_entry is not None and not _opaque_id(raw_entry):
+            raise OperationError(
+                "rejected", "responseEntryIdInvalid", "responseEntryId is an ID or null"
+            )
+        entry = raw_entry
+    return _TurnReport(
+        str(phase),
+        _required_id(payload, "sessionId"),
+        _required_id(payload, "messageId"),
+        _required_id(payload, "turnId"),
+        str(run_id),
+        stop_reason,
+        entry,
+    )
+
+
+def _receipt(ownership: str, turn: TurnRow | None) -> dict[str, Any]:
+    receipt: dict[str, Any] = {"version": 1, "ownership": ownership}
+    if turn is not None:
+        receipt["turn"] = {
+            "turnId": turn.turn_id,
+            "messageId": turn.message_id,
+            "runId": turn.run_id,
+            "sessionId": turn.session_id,
+            "status": turn.status,
+            "responseEntryId": turn.response_entry_id,
+            "startedAt": turn.started_at,
+            "endedAt": turn.ended_at,
+        }
+    return receipt
+
+
+def report_turn(
+    db: Database, request: RequestMessage, *, connection_id: str, epochs: ActiveEpochs
+) -> dict[str, Any]:
+    """Record the exact start or end of a model turn; the receipt says whether the turn
+    is workflow work (`active`), has ended (`settled`), or is not (`absent`)."""
+    try:
+        report = _turn_report(request)
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    if not epochs.holds(report.session_id, connection_id):
+        return _fenced(request)
+    try:
+        with db.write() as tx:
+            apply = _start if report.phase == "started" else _finish
+            receipt = apply(tx, report)
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    return response(request, "accepted", receipt=receipt)
+
+
+def _same_turn(turn: TurnRow, report: _TurnReport) -> None:
+    if (turn.message_id, turn.run_id, turn.session_id) != (
+        report.message_id,
+        report.run_id,
+        report.session_id,
+    ):
+        raise OperationError(
+            "conflict", "turnConflict", "this turn ID was reported for another message"
+        )
+
+
+def _start(tx: Tx, report: _TurnReport) -> dict[str, Any]:
+    existing = read_turn(tx, report.turn_id)
+    if existing is not None:
+        _same_turn(existing, report)  # a repeat adopts the saved turn
+        return _receipt("active" if existing.status == "open" else "settled", existing)
+    message = read_message(tx, report.message_id)
+    if (
+        message is None
+        or message.target_session_id != report.session_id
+        or message.run_id != report.run_id
+        or not _message_open(tx, message)
+    ):
+        return _receipt("absent", None)
+    # Pi runs one turn at a time: a newer start proves an older open turn is over.
+    for older in open_turns(tx, report.session_id):
+        _end(tx, older, "lost", None)
+    insert_turn(tx, turn_id=report.turn_id, message=message)
+    record_interaction_event(
+        tx,
+        message.run_id,
+        EVENT_TURN_STARTED,
+        {"turnId": report.turn_id, "messageId": message.message_id},
+    )
+    turn = read_turn(tx, report.turn_id)
+    return _receipt("active", turn)
+
+
+def _message_open(tx: Tx, message: MessageRow) -> bool:
+    """A sent step is open while its request is pending and its run is not paused; a
+    sent terminal or follow-up message until its first turn ends; others never."""
+    if message.state != "sent":
+        return False
+    if message.kind == "step":
+        request = read_request(tx, message.source_id)
+        paused = tx.fetch_value(
+            "SELECT paused FROM runs WHERE run_id = :r AND finished_at IS NULL",
+            {"r": message.run_id},
+        )
+        return request is not None and request.status == "pending" and paused == 0
+    if message.kind in ("terminal", "follow_up"):
+        ended = tx.fetch_value(
+            "SELECT 1 FROM workflow_turns WHERE message_id = :m AND status != 'open'",
+            {"m": message.message_id},
+        )
+        return ended is None
+    return False
+
+
+def _finish(tx: Tx, report: _TurnReport) -> dict[str, Any]:
+    turn = read_turn(tx, report.turn_id)
+    if turn is None:
+        return _receipt("absent", None)
+    _same_turn(turn, report)
+    if turn.status != "open":
+        return _receipt("settled", turn)  # a repeat, or a turn closed as lost meanwhile
+    assert report.stop_reason is not None
+    _end(tx, turn, report.stop_reason, report.response_entry_id)
+    return _receipt("settled", read_turn(tx, report.turn_id))
+
+
+def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
+    """End one open turn with its consequences, in the caller's transaction: an aborted
+    step turn pauses its run (which cancels its pending step messages)."""
+    end_turn(tx, turn, status, entry)
+    record_interaction_event(
+        tx, turn.run_id, EVENT_TURN_ENDED, {"turnId": turn.turn_id, "status": status}
+    )
+    message = read_message(tx, turn.message_id)
+    if message is None or message.kind != "step":
+        return
+    if status != "aborted":
+        _count_unproductive(tx, message)
+        return
+    paused = tx.fetch_value(
+        "SELECT paused FROM runs WHERE run_id = :r AND finished_at IS NULL", {"r": turn.run_id}
+    )
+    if paused == 0:
+        try:
+            pause_run(tx, turn.run_id)
+        except (InvalidTransitionError, ClaimLostError):  # a live claim holds it: no pause
+            return
+
+
+# --- reminders and unproductive turns ------------------------------------------------
+
+# The step's request is still pending, its run not paused and not terminal, and it has
+# no accepted or validating submission: the ended turn was unproductive.
+_UNPRODUCTIVE = """
+SELECT i.unproductive_turn_ends FROM interactive_requests i
+JOIN runs r ON r.run_id = i.run_id
+WHERE i.request_id = :q AND i.status = 'pending' AND i.accepted_submission_id IS NULL
+  AND r.paused = 0 AND r.finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM interactive_submissions s
+                  WHERE s.request_id = i.request_id AND s.outcome = 'validating')
+"""
+REMINDER_NOTE: Final = (
+    "This workflow step is still waiting for its output (reason: reminder). Complete it "
+    "by calling the `workflow` tool with action submit, as the step contract says."
+)
+
+
+def _count_unproductive(tx: Tx, message: MessageRow) -> None:
+    """A completed, failed or lost turn of an open step with no accepted or validating
+    submission: values 1 and 2 of the durable counter present one `reminder` step (at
+    most one pending), a value above 2 fails the attempt (`agentUnproductive`)."""
+    counted = tx.fetch_value(_UNPRODUCTIVE, {"q": message.source_id})
+    if counted is None:
+        return
+    count = int(counted) + 1
+    tx.execute(
+        "UPDATE interactive_requests SET unproductive_turn_ends = :c, updated_at = :now "
+        "WHERE request_id = :q",
+        {"c": count, "q": message.source_id, "now": tx.now},
+    )
+    record_interaction_event(
+        tx,
+        message.run_id,
+        EVENT_UNPRODUCTIVE_TURN,
+        {"requestId": message.source_id, "count": count},
+    )
+    if count > UNPRODUCTIVE_TURN_LIMIT:
+        _fail_unproductive(tx, message, count)
+        return
+    pending = tx.fetch_value(
+        "SELECT 1 FROM workflow_messages WHERE source_id = :q AND kind = 'step' "
+        "AND state = 'pending'",
+        {"q": message.source_id},
+    )
+    if pending is not None:
+        return  # a pending step (a reminder or a re-presentation) is already there
+    first = read_json_blob(tx, message.content_digest)
+    contract = first.get("contract") if isinstance(first, Mapping) else None
+    reminder = insert_message(
+        tx,
+        run_id=message.run_id,
+        session_id=message.target_session_id,
+        kind="step",
+        reason="reminder",
+        source_id=message.source_id,
+        content={"prompt": REMINDER_NOTE, "contract": contract, "reminder": count},
+    )
+    record_interaction_event(
+        tx,
+        message.run_id,
+        EVENT_MESSAGE_CREATED,
+        {"messageId": reminder, "kind": "step", "reason": "reminder"},
+    )
+
+
+def _fail_unproductive(tx: Tx, message: MessageRow, count: int) -> None:
+    """Above the limit: the attempt fails and its request closes, and the run goes back
+    to the admission line, so a new runner routes the failure (or fails the run)."""
+    request = read_request(tx, message.source_id)
+    assert request is not None
+    error = (
+        f"agentUnproductive: the agent ended {count} turns without an accepted workflow submission"
+    )
+
+    def fail(tx: Tx) -> None:
+        tx.execute(
+            UPDATE_ATTEMPT_FINISH,
+            {
+                "attempt_id": request.attempt_id,
+                "status": "failed",
+                "output_hash": None,
+                "error": error,
+                "next_node_path": None,
+                "now": tx.now,
+            },
+        )
+        tx.execute(
+            "UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, "
+            "updated_at = :now WHERE request_id = :q AND status = 'pending'",
+            {"q": request.request_id, "now": tx.now},
+        )
+        tx.execute(
+            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
+            "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
+            {"q": request.request_id, "now": tx.now},
+        )
+
+    requeue_run(tx, message.run_id, reason="agentUnproductive", change=fail)
+
+
+# --- sessionView.clearTerminal -------------------------------------------------------
+
+
+def clear_terminal_view(
+    db: Database, request: RequestMessage, *, connection_id: str, epochs: ActiveEpochs
+) -> dict[str, Any]:
+    """`/workflow clear`: the session view drops its retained terminal run. A user
+    control, not a coordinator report: any connection of the user may send it."""
+    del connection_id, epochs
+    try:
+        session = _required_id(request["payload"], "sessionId")
+    except OperationError as exc:
+        return rejected(request, exc.outcome, exc.code, str(exc))
+    return response(request, "accepted", receipt={"clearedRunId": clear_terminal(db, session)})

@@ -1,0 +1,326 @@
+"""Workflow messages and origin-session turns (workflow-server.md § Durable protocol records).
+
+A message is content Pi must add to an origin conversation: target session, kind, source,
+content digest (a blob, never logged), session order, state and confirmed Pi entry. Every
+write runs in the caller's transaction, which holds the claim check, event and revision.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pi_workflows.storage._content import put_json_blob
+from pi_workflows.storage._db import Reader, Tx
+from pi_workflows.storage._view_reads import store_view_blob
+
+__all__ = [
+    "MESSAGE_KINDS",
+    "STEP_REASONS",
+    "MessageRow",
+    "RepresentSource",
+    "TurnRow",
+    "absent_from_branch",
+    "end_turn",
+    "insert_message",
+    "insert_step_again",
+    "insert_turn",
+    "mark_sent",
+    "open_turns",
+    "present_resumed_steps",
+    "read_message",
+    "read_turn",
+    "session_messages",
+    "session_messages_count",
+    "touch_run_view",
+]
+
+MESSAGE_KINDS: Final = frozenset({"step", "decision", "notification", "terminal", "follow_up"})
+STEP_REASONS: Final = frozenset({"initial", "reminder", "resumed"})
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    message_id: str
+    run_id: str
+    target_session_id: str
+    kind: str
+    reason: str | None
+    source_id: str
+    content_digest: str
+    session_order: int
+    state: str
+    pi_entry_id: str | None
+
+
+_COLUMNS = (
+    "message_id, run_id, target_session_id, kind, reason, source_id, content_digest, "
+    "session_order, state, pi_entry_id"
+)
+
+# The recovery window (client-protocol.md § Run and session views): every nonterminal
+# message (pending) and every sent message that is still open, i.e. a sent step of a
+# request that is still pending. Terminal and follow-up turns are not tracked yet, so
+# a sent terminal or follow-up message stays in the window while its run is retained.
+_WINDOW_WHERE = """
+m.target_session_id = :session AND (
+    m.state = 'pending'
+    OR (m.state = 'sent' AND m.kind = 'step' AND EXISTS (
+        SELECT 1 FROM interactive_requests i
+        WHERE i.request_id = m.source_id AND i.status = 'pending'))
+)
+"""
+
+
+def touch_run_view(tx: Tx, run_id: str) -> None:
+    """A message changed: the run's (and so its session's) view revision moves."""
+    tx.execute("UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = :r", {"r": run_id})
+
+
+def insert_message(
+    tx: Tx,
+    *,
+    run_id: str,
+    session_id: str,
+    kind: str,
+    source_id: str,
+    content: Any,
+    reason: str | None = None,
+) -> str:
+    """Add one pending message at the end of the session's order; returns its ID.
+
+    Raises:
+        ValueError: an unknown kind, or a reason that does not match the kind.
+        sqlite3.IntegrityError: a second pending step message for the same request.
+    """
+    if kind not in MESSAGE_KINDS or (kind == "step") != (reason in STEP_REASONS):
+        raise ValueError(f"no {kind} message with reason {reason}")
+    digest = put_json_blob(tx, content)
+    store_view_blob(tx, run_id, digest)  # a large content is referenced from the view
+    message_id = f"message-{uuid.uuid4().hex}"
+    order = tx.fetch_value(
+        "SELECT coalesce(max(session_order), 0) + 1 FROM workflow_messages "
+        "WHERE target_session_id = :s",
+        {"s": session_id},
+    )
+    tx.execute(
+        "INSERT INTO workflow_messages (message_id, run_id, target_session_id, kind, reason, "
+        "source_id, content_digest, session_order, state, created_at, updated_at) VALUES "
+        "(:m, :r, :s, :k, :reason, :source, :digest, :order, 'pending', :now, :now)",
+        {
+            "m": message_id,
+            "r": run_id,
+            "s": session_id,
+            "k": kind,
+            "reason": reason,
+            "source": source_id,
+            "digest": digest,
+            "order": order,
+            "now": tx.now,
+        },
+    )
+    touch_run_view(tx, run_id)
+    return message_id
+
+
+def session_messages(reader: Reader, session_id: str, limit: int) -> list[MessageRow]:
+    """The session's recovery window, in session order, at most `limit` rows."""
+    return reader.fetch_all(
+        f"SELECT {_COLUMNS} FROM workflow_messages AS m WHERE {_WINDOW_WHERE} "
+        "ORDER BY m.session_order LIMIT :limit",
+        {"session": session_id, "limit": limit},
+        MessageRow,
+    )
+
+
+def session_messages_count(reader: Reader, session_id: str) -> int:
+    """The complete count of the session's recovery window."""
+    count = reader.fetch_value(
+        f"SELECT count(*) FROM workflow_messages AS m WHERE {_WINDOW_WHERE}",
+        {"session": session_id},
+    )
+    return int(count or 0)
+
+
+def read_message(reader: Reader, message_id: str) -> MessageRow | None:
+    return reader.fetch_one(
+        f"SELECT {_COLUMNS} FROM workflow_messages AS m WHERE m.message_id = :m",
+        {"m": message_id},
+        MessageRow,
+    )
+
+
+def mark_sent(tx: Tx, message: MessageRow, entry_id: str) -> None:
+    """Branch evidence: a pending or cancelled message is `sent` with its Pi entry."""
+    tx.execute(
+        "UPDATE workflow_messages SET state = 'sent', pi_entry_id = :e, updated_at = :now "
+        "WHERE message_id = :m",
+        {"e": entry_id, "m": message.message_id, "now": tx.now},
+    )
+    touch_run_view(tx, message.run_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RepresentSource:
+    """A pending interactive request of the session whose step must be presented again."""
+
+    request_id: str
+    run_id: str
+    content_digest: str
+
+
+# Pending agent requests of the session, their run not paused, with no pending step
+# message, that were presented (a sent step message exists) but none of whose sent step
+# messages is on the reported branch (`present` is the JSON list of reported IDs).
+_ABSENT_FROM_BRANCH = """
+SELECT i.request_id, i.run_id,
+       (SELECT m.content_digest FROM workflow_messages m WHERE m.source_id = i.request_id
+        AND m.kind = 'step' ORDER BY m.session_order LIMIT 1) AS content_digest
+FROM interactive_requests i JOIN runs r ON r.run_id = i.run_id
+WHERE i.target_session_id = :s AND i.status = 'pending' AND i.kind = 'agent'
+  AND r.paused = 0 AND r.finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+                  AND m.kind = 'step' AND m.state = 'pending')
+  AND EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+              AND m.kind = 'step' AND m.state = 'sent')
+  AND NOT EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+                  AND m.kind = 'step' AND m.state = 'sent'
+                  AND m.message_id IN (SELECT value FROM json_each(:present)))
+ORDER BY i.created_at, i.request_id
+"""
+
+
+def absent_from_branch(reader: Reader, session_id: str, present_json: str) -> list[RepresentSource]:
+    return reader.fetch_all(
+        _ABSENT_FROM_BRANCH, {"s": session_id, "present": present_json}, RepresentSource
+    )
+
+
+def insert_step_again(tx: Tx, source: RepresentSource, session_id: str, reason: str) -> str:
+    """One more step message for a pending request, with the first one's content (the
+    partial unique index keeps it to one pending)."""
+    order = tx.fetch_value(
+        "SELECT coalesce(max(session_order), 0) + 1 FROM workflow_messages "
+        "WHERE target_session_id = :s",
+        {"s": session_id},
+    )
+    message_id = f"message-{uuid.uuid4().hex}"
+    tx.execute(
+        "INSERT INTO workflow_messages (message_id, run_id, target_session_id, kind, reason, "
+        "source_id, content_digest, session_order, state, created_at, updated_at) VALUES "
+        "(:m, :r, :s, 'step', :reason, :source, :digest, :order, 'pending', :now, :now)",
+        {
+            "m": message_id,
+            "r": source.run_id,
+            "s": session_id,
+            "reason": reason,
+            "source": source.request_id,
+            "digest": source.content_digest,
+            "order": order,
+            "now": tx.now,
+        },
+    )
+    touch_run_view(tx, source.run_id)
+    return message_id
+
+
+# --- turns ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    turn_id: str
+    message_id: str
+    run_id: str
+    session_id: str
+    status: str
+    response_entry_id: str | None
+    started_at: int
+    ended_at: int | None
+
+
+_TURN_COLUMNS = (
+    "turn_id, message_id, run_id, session_id, status, response_entry_id, started_at, ended_at"
+)
+
+
+def read_turn(reader: Reader, turn_id: str) -> TurnRow | None:
+    return reader.fetch_one(
+        f"SELECT {_TURN_COLUMNS} FROM workflow_turns WHERE turn_id = :t", {"t": turn_id}, TurnRow
+    )
+
+
+def open_turns(reader: Reader, session_id: str) -> list[TurnRow]:
+    return reader.fetch_all(
+        f"SELECT {_TURN_COLUMNS} FROM workflow_turns WHERE session_id = :s AND status = 'open'",
+        {"s": session_id},
+        TurnRow,
+    )
+
+
+def insert_turn(tx: Tx, *, turn_id: str, message: MessageRow) -> None:
+    tx.execute(
+        "INSERT INTO workflow_turns (turn_id, message_id, run_id, session_id, status, "
+        "started_at) VALUES (:t, :m, :r, :s, 'open', :now)",
+        {
+            "t": turn_id,
+            "m": message.message_id,
+            "r": message.run_id,
+            "s": message.target_session_id,
+            "now": tx.now,
+        },
+    )
+    touch_run_view(tx, message.run_id)
+
+
+def end_turn(tx: Tx, turn: TurnRow, status: str, response_entry_id: str | None) -> None:
+    """End an open turn (`completed`, `aborted`, `error` or `lost`)."""
+    tx.execute(
+        "UPDATE workflow_turns SET status = :st, response_entry_id = :e, ended_at = :now "
+        "WHERE turn_id = :t AND status = 'open'",
+        {"st": status, "e": response_entry_id, "t": turn.turn_id, "now": tx.now},
+    )
+    touch_run_view(tx, turn.run_id)
+
+
+# Pending origin-session agent requests of a run, presented before (a step message
+# exists), with no pending step message: a resume presents each again.
+_RESUMABLE_STEPS = """
+SELECT i.request_id, i.run_id,
+       (SELECT m.content_digest FROM workflow_messages m WHERE m.source_id = i.request_id
+        AND m.kind = 'step' ORDER BY m.session_order LIMIT 1) AS content_digest,
+       i.target_session_id
+FROM interactive_requests i
+WHERE i.run_id = :r AND i.status = 'pending' AND i.kind = 'agent'
+  AND i.target_session_id IS NOT NULL
+  AND EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+              AND m.kind = 'step')
+  AND NOT EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
+                  AND m.kind = 'step' AND m.state = 'pending')
+ORDER BY i.created_at, i.request_id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumable:
+    request_id: str
+    run_id: str
+    content_digest: str
+    target_session_id: str
+
+
+def present_resumed_steps(tx: Tx, run_id: str) -> list[str]:
+    """Inside a resume's transaction: each pending submitted-output step of the run gets
+    its request revision + 1 and one `resumed` step message (workflow-server.md §
+    Origin-session activity). A protected decision starts no turn, so it gets none."""
+    created: list[str] = []
+    for row in tx.fetch_all(_RESUMABLE_STEPS, {"r": run_id}, _Resumable):
+        tx.execute(
+            "UPDATE interactive_requests SET revision = revision + 1, updated_at = :now "
+            "WHERE request_id = :q",
+            {"q": row.request_id, "now": tx.now},
+        )
+        source = RepresentSource(row.request_id, row.run_id, row.content_digest)
+        created.append(insert_step_again(tx, source, row.target_session_id, "resumed"))
+    return created
