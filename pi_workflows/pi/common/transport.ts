@@ -1,5 +1,5 @@
 /**
- * How the bridge reaches the workflow server: one request out, its response back, over
+ * How the bridge and the Pi extension reach the workflow server: one request out, its response back, over
  * the server's Unix socket (`config.socketPath`) as an ordinary `pi-workflows.client.v1`
  * client (client-protocol.md § Transports, § Commands and uncertain results).
  *
@@ -67,17 +67,17 @@ class RetryableError extends Error {
 }
 
 /** The peer broke the protocol on this connection (a retry would not help). */
-class ProtocolError extends Error {
+export class ProtocolError extends Error {
   override name = "ProtocolError";
 }
 
-const NEWLINE = 0x0a;
+export const NEWLINE = 0x0a;
 
 /**
  * Splits a byte stream into frame bodies (without their newlines), never buffering
  * past the frame limit, as Python's `FrameDecoder` does.
  */
-class FrameSplitter {
+export class FrameSplitter {
   private buffer: Buffer = Buffer.alloc(0);
 
   feed(chunk: Buffer): Uint8Array[] {
@@ -117,7 +117,7 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
 }
 
 /** The connection-level refusal: an `unavailable` event whose subscription is the connection. */
-function isRefusal(message: ClientMessage, connectionId: string | null): boolean {
+export function isRefusal(message: ClientMessage, connectionId: string | null): boolean {
   return message.type === "event" && message.kind === "unavailable" && message.subscriptionId === connectionId;
 }
 
@@ -126,6 +126,8 @@ export class SocketTransport implements ServerTransport {
   constructor(
     readonly socketPath: string,
     readonly retry: RetryPolicy = DEFAULT_RETRY,
+    /** Names this client's transport attempts (`bridge-<uuid>`, `extension-<uuid>`). */
+    readonly requestPrefix: string = "bridge",
   ) {}
 
   async exchange(request: RequestMessage, signal?: AbortSignal): Promise<ResponseMessage> {
@@ -135,7 +137,7 @@ export class SocketTransport implements ServerTransport {
       if (signal?.aborted) throw new AbortedError();
       // A new request ID per transport attempt: a late answer to an abandoned attempt
       // can never settle this one; the idempotency key and payload stay the same.
-      const requestId = `bridge-${randomUUID()}`;
+      const requestId = `${this.requestPrefix}-${randomUUID()}`;
       const frame = encodeClientMessage({ ...request, requestId });
       try {
         const response = await this.attempt(frame, requestId, signal);
