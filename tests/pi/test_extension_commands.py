@@ -1,0 +1,298 @@
+"""The Pi extension (pi_workflows/pi/extension) in the real `pi --mode rpc`, loaded with
+`-e`, against a real workflow server started by the test (issue 14, items 1 and 2).
+
+In RPC mode a prompt that starts with `/` runs an extension command, and the
+extension's `ctx.ui.notify`, `setWidget` and `setStatus` arrive on pi's stdout as
+`extension_ui_request` events (docs/rpc.md § Extension UI protocol): the tests drive
+`/workflow ...` through `prompt` and read what the user would see there, and check the
+server's own view of the same run with `WorkflowClient`.
+
+The extension finds the server as the CLI does: `<PI_CODING_AGENT_DIR>/workflows`, or
+`PI_WORKFLOWS_STATE_DIR`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions
+from pi_workflows.pi import extension_path
+from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider
+from tests.conftest import write_workflow
+from tests.pi.agents import running_server
+from tests.server.runs import TERMINAL, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+UI_TIMEOUT_S = 30.0
+STARTED = re.compile(r"^Started workflow (\S+): (run-[0-9a-f]+)$")
+
+APPROVAL = """
+from pi_workflows import checkpoint, compute, define_workflow
+
+workflow = define_workflow(
+    name="approval",
+    start_at="ask",
+    nodes={
+        "ask": checkpoint(summary="Ship it?", input_schema={
+            "type": "object", "required": ["approved"],
+            "properties": {"approved": {"type": "boolean"}}}),
+        "done": compute(lambda ctx: {"shipped": ctx.outputs["ask"]["approved"]}),
+    },
+    edges=[{"from": "ask", "to": "done"}],
+)
+"""
+
+
+@dataclass
+class Origin:
+    """One real pi with the extension, and everything it showed the user so far."""
+
+    child: PiChild
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, text: str) -> None:
+        """Send `text` as a prompt (an extension command) and wait for pi to take it."""
+        response = self.child.wait_response(
+            self.child.send({"type": "prompt", "message": text}), UI_TIMEOUT_S
+        )
+        assert response.get("success"), response
+
+    def wait_ui(
+        self, method: str, matches: Callable[[dict[str, Any]], bool], timeout: float = UI_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """The next `extension_ui_request` of `method` that `matches` (read in order)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.child.next_event(max(0.0, deadline - time.monotonic()))
+            if event.get("type") != "extension_ui_request":
+                continue
+            self.seen.append(event)
+            if event.get("method") == method and matches(event):
+                return event
+
+    def notice(self, text: str, *, level: str | None = None) -> str:
+        """Run a command and return the next notification's text."""
+        self.run(text)
+        event = self.wait_ui("notify", lambda _: True)
+        if level is not None:
+            assert event.get("notifyType", "info") == level, event
+        return str(event["message"])
+
+    def widget_with(self, words: str) -> list[str]:
+        """Wait for the widget to show a line containing `words`; its lines."""
+        event = self.wait_ui(
+            "setWidget",
+            lambda e: any(words in line for line in e.get("widgetLines") or []),
+        )
+        return list(event["widgetLines"])
+
+    def start(self, name: str, raw_input: str = "") -> str:
+        message = self.notice(f"/workflow start {name} {raw_input}".rstrip(), level="info")
+        found = STARTED.match(message)
+        assert found is not None and found.group(1) == name, message
+        return found.group(2)
+
+
+@dataclass
+class Rig:
+    root: Path
+    provider: FakeProvider
+    binary: Path
+    children: list[PiChild]
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.root / "agent"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.agent_dir / "workflows"
+
+    @property
+    def project(self) -> Path:
+        return self.root / "project"
+
+    def spawn(self, **extra_env: str) -> Origin:
+        launch = PiLaunch.build(
+            environ={**os.environ, PI_BINARY_ENV: str(self.binary)},
+            bridge=extension_path(),
+            cwd=self.project,
+            options=PiOptions(provider=FAKE_PROVIDER, model=FAKE_MODEL),
+            agent_dir=self.agent_dir,
+            tmpdir=self.root / "tmp",
+            extra_env=extra_env,
+            stderr_path=self.root / "pi.stderr.log",
+        )
+        child = PiChild.spawn(launch)
+        self.children.append(child)
+        child.wait_ready(60)
+        return Origin(child)
+
+
+@pytest.fixture
+def rig(pi_binary: Path, provider: FakeProvider, pi_slot: None, short_tmp: Path) -> Iterator[Rig]:
+    for folder in ("project", "tmp"):
+        (short_tmp / folder).mkdir()
+    provider.write_agent_dir(short_tmp / "agent")
+    provider.script()  # no model turn is expected: commands never prompt the model
+    setup = Rig(short_tmp, provider, pi_binary, [])
+    try:
+        yield setup
+    finally:
+        for child in setup.children:
+            child.stop()  # by PID: pi's keeper and its group
+
+
+@pytest.fixture
+def server(rig: Rig) -> Iterator[WorkflowServer]:
+    with running_server(rig.state_dir) as instance:
+        yield instance
+
+
+def _view(state_dir: Path, run_id: str) -> dict[str, Any]:
+    with WorkflowClient(state_dir, autostart=False) as client:
+        receipt: dict[str, Any] = client.call("run.get", run_id=run_id)["receipt"]
+    return receipt
+
+
+def _settle(state_dir: Path, run_id: str, wanted: set[str]) -> dict[str, Any]:
+    with WorkflowClient(state_dir, autostart=False) as client:
+        return wait_for(client, run_id, wanted)
+
+
+def _controls_line(display: dict[str, Any]) -> str:
+    controls = display.get("controls") or []
+    return f"controls: {', '.join(controls)}" if controls else "controls: none"
+
+
+# --- start, the widget and the status line ----------------------------------------------
+
+
+def test_workflow_start_starts_a_run_in_pis_project_and_the_widget_shows_the_servers_display(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    origin = rig.spawn()
+    run_id = origin.start("hello", '{"name": "Ada"}')
+    final = _settle(rig.state_dir, run_id, TERMINAL)
+    assert final["display"]["status"] == "completed", final
+    view = _view(rig.state_dir, run_id)
+    assert view["workflow"] == "hello"
+    assert view["result"] is not None
+    lines = origin.widget_with(f"{run_id}: completed")
+    assert lines == [f"workflow hello {run_id}: completed", _controls_line(view["display"])]
+    status = origin.wait_ui("setStatus", lambda e: "completed" in str(e.get("statusText")))
+    assert status["statusText"] == "workflow hello: completed"
+    assert status["statusKey"] == "pi-workflows"
+    with WorkflowClient(rig.state_dir, autostart=False) as client:
+        listed = client.call("run.list")["receipt"]["items"]
+    assert [item["runId"] for item in listed] == [run_id], "exactly one run was started"
+
+
+def test_list_and_status_show_the_servers_runs(rig: Rig, server: WorkflowServer) -> None:
+    origin = rig.spawn()
+    run_id = origin.start("hello")
+    _settle(rig.state_dir, run_id, TERMINAL)
+    listed = origin.notice("/workflow list", level="info")
+    assert listed.splitlines() == [f"{run_id}  completed  hello"], listed
+    status = origin.notice("/workflow status", level="info").splitlines()
+    view = _view(rig.state_dir, run_id)
+    assert status[0] == f"{run_id}  completed  hello", status
+    assert _controls_line(view["display"]) in status
+    assert f"revision {view['revision']}" in status
+    named = origin.notice(f"/workflow status {run_id}", level="info")
+    assert named.splitlines()[0] == status[0]
+    viewer = origin.notice("/piw", level="info")
+    assert "not built yet" in viewer and f"{run_id}  completed  hello" in viewer
+
+
+# --- pause, resume, answer, cancel ---------------------------------------------------
+
+
+def test_pause_resume_and_answer_a_checkpoint_from_pi(rig: Rig, server: WorkflowServer) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    origin = rig.spawn()
+    run_id = origin.start("approval")
+    waiting = _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+    assert waiting["display"]["status"] == "waiting", waiting
+    origin.widget_with(f"{run_id}: waiting")
+
+    assert origin.notice("/workflow pause", level="info") == f"pause: {run_id}"
+    assert _view(rig.state_dir, run_id)["display"]["status"] == "paused"
+    paused = origin.widget_with(f"{run_id}: paused")
+    assert _controls_line(_view(rig.state_dir, run_id)["display"]) in paused
+
+    assert origin.notice("/workflow resume", level="info") == f"resume: {run_id}"
+    assert _settle(rig.state_dir, run_id, {"waiting"})["display"]["status"] == "waiting"
+    origin.widget_with(f"{run_id}: waiting")
+
+    answered = origin.notice('/workflow answer {"approved": true}', level="info")
+    found = re.fullmatch(rf"Answered {run_id}; the workflow continues as (run-[0-9a-f]+)", answered)
+    assert found is not None, answered
+    continuation = found.group(1)
+    done = _settle(rig.state_dir, continuation, TERMINAL)
+    assert done["display"]["status"] == "completed", done
+    origin.widget_with(f"{continuation}: completed")  # the widget follows the continuation
+
+
+def test_cancel_from_pi_and_a_refused_command_says_why(rig: Rig, server: WorkflowServer) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    origin = rig.spawn()
+    run_id = origin.start("approval")
+    _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+    refused = origin.notice('/workflow answer {"approved": "yes"}', level="error")
+    assert refused.startswith("rejected (answerInvalid):"), refused
+    assert origin.notice(f"/workflow cancel {run_id}", level="info") == f"cancel: {run_id}"
+    assert _settle(rig.state_dir, run_id, TERMINAL)["display"]["status"] == "cancelled"
+    origin.widget_with(f"{run_id}: cancelled")
+    again = origin.notice("/workflow resume", level="error")
+    assert again.startswith("rejected"), again
+
+
+# --- bad input and no server ---------------------------------------------------------
+
+
+def test_bad_json_and_bad_arguments_are_refused_before_anything_is_sent(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    origin = rig.spawn()
+    bad = origin.notice("/workflow start hello {name: Ada", level="error")
+    assert bad == 'The workflow input is not valid JSON; pass a value such as {"name": "Ada"}.'
+    assert "not valid JSON" in origin.notice("/workflow answer {oops", level="error")
+    assert "No run was started in this Pi session" in origin.notice(
+        "/workflow status", level="error"
+    )
+    assert origin.notice("/workflow frobnicate", level="error").startswith(
+        'Unknown /workflow command "frobnicate".'
+    )
+    refused = origin.notice("/workflow start no-such-workflow", level="error")
+    assert refused.startswith("rejected (workflowNotFound):"), refused
+    with WorkflowClient(rig.state_dir, autostart=False) as client:
+        assert client.call("run.list")["receipt"]["items"] == [], "no run was started"
+
+
+def test_without_a_server_commands_say_how_to_start_one_and_work_once_it_runs(
+    rig: Rig, short_tmp: Path
+) -> None:
+    elsewhere = short_tmp / "state"  # PI_WORKFLOWS_STATE_DIR wins over the agent dir
+    origin = rig.spawn(PI_WORKFLOWS_STATE_DIR=str(elsewhere))
+    message = origin.notice("/workflow list", level="error")
+    assert message == (
+        "The workflow server is not running. Start it with `pi-workflows server start` "
+        "in a terminal, then try again."
+    )
+    assert str(short_tmp) not in message, "the error names no user path"
+    with running_server(elsewhere):
+        run_id = origin.start("hello")
+        assert _settle(elsewhere, run_id, TERMINAL)["display"]["status"] == "completed"
+        origin.widget_with(f"{run_id}: completed")
+    assert not (rig.state_dir / "host").exists(), "the agent dir's state folder was not used"
