@@ -296,3 +296,21 @@ def test_without_a_server_commands_say_how_to_start_one_and_work_once_it_runs(
         assert _settle(elsewhere, run_id, TERMINAL)["display"]["status"] == "completed"
         origin.widget_with(f"{run_id}: completed")
     assert not (rig.state_dir / "host").exists(), "the agent dir's state folder was not used"
+
+
+def test_the_widget_recovers_after_the_server_restarts(rig: Rig) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    with running_server(rig.state_dir):
+        origin = rig.spawn()
+        run_id = origin.start("approval")
+        _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+        origin.widget_with(f"{run_id}: waiting")
+    lost = origin.widget_with("connection to the workflow server lost")
+    assert lost[0] == f"workflow approval {run_id}: waiting", "the last view stays, with a note"
+    with running_server(rig.state_dir):
+        with WorkflowClient(rig.state_dir, autostart=False) as client:
+            client.call("run.answer", {"answer": {"approved": True}}, run_id=run_id)
+        done = _settle(rig.state_dir, run_id, TERMINAL)
+        assert done["display"]["status"] == "completed"
+        # One subscription, sent again on the new connection with the revision it holds.
+        origin.widget_with(f"{run_id}: completed")
