@@ -13,8 +13,12 @@ The extension finds the server as the CLI does: `<PI_CODING_AGENT_DIR>/workflows
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +28,7 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions
+from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions, PiTimeout
 from pi_workflows.pi import extension_path
 from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider
 from tests.conftest import write_workflow
@@ -73,7 +77,15 @@ class Origin:
         """The next `extension_ui_request` of `method` that `matches` (read in order)."""
         deadline = time.monotonic() + timeout
         while True:
-            event = self.child.next_event(max(0.0, deadline - time.monotonic()))
+            try:
+                event = self.child.next_event(max(0.0, deadline - time.monotonic()))
+            except PiTimeout:
+                shown = [
+                    (e.get("method"), e.get("message") or e.get("widgetLines")) for e in self.seen
+                ]
+                raise AssertionError(
+                    f"no {method} as wanted; the last UI events: {shown[-6:]}"
+                ) from None
             if event.get("type") != "extension_ui_request":
                 continue
             self.seen.append(event)
@@ -314,3 +326,107 @@ def test_the_widget_recovers_after_the_server_restarts(rig: Rig) -> None:
         assert done["display"]["status"] == "completed"
         # One subscription, sent again on the new connection with the revision it holds.
         origin.widget_with(f"{run_id}: completed")
+
+
+# --- a lost response: the retry adopts ------------------------------------------------
+
+
+class DroppingRelay:
+    """A Unix-socket relay to the server that swallows the first response to one
+    operation and drops that connection: the server committed, the client never heard
+    (client-protocol.md § Commands and uncertain results)."""
+
+    def __init__(self, listen: Path, upstream: Path, operation: str) -> None:
+        self.upstream = upstream
+        self.operation = operation
+        self.requests: list[dict[str, Any]] = []
+        self.responses: list[dict[str, Any]] = []
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(listen))
+        self._server.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        for sock in [self._server, *list(self._sockets)]:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(str(self.upstream))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, outbound: bool) -> None:
+        with contextlib.suppress(OSError):
+            self._relay(source, sink, outbound)
+        for sock in (source, sink):  # one side ended, or a response was dropped: both go
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _relay(self, source: socket.socket, sink: socket.socket, outbound: bool) -> None:
+        buffer = b""
+        while chunk := source.recv(65536):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not self._forward(json.loads(line), outbound):
+                    return
+                sink.sendall(line + b"\n")
+
+    def _forward(self, message: dict[str, Any], outbound: bool) -> bool:
+        with self._lock:
+            if outbound:
+                if message.get("type") == "request":
+                    self.requests.append(message)
+                return True
+            if message.get("type") != "response":
+                return True
+            ours = [r for r in self.requests if r["operation"] == self.operation]
+            if any(r["requestId"] == message["requestId"] for r in ours):
+                self.responses.append(message)
+                if self.dropped == 0:
+                    self.dropped = 1
+                    return False
+            return True
+
+
+@contextlib.contextmanager
+def dropping_relay(listen: Path, upstream: Path, operation: str) -> Iterator[DroppingRelay]:
+    listen.parent.mkdir(parents=True, exist_ok=True)
+    relay = DroppingRelay(listen, upstream, operation)
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+def test_a_start_whose_response_was_lost_is_retried_with_the_same_key_and_adopted(
+    rig: Rig, server: WorkflowServer, short_tmp: Path
+) -> None:
+    relayed = short_tmp / "relay"
+    with dropping_relay(
+        relayed / "host" / "host.sock", rig.state_dir / "host" / "host.sock", "run.start"
+    ) as relay:
+        origin = rig.spawn(PI_WORKFLOWS_STATE_DIR=str(relayed))
+        run_id = origin.start("hello")
+        assert relay.dropped == 1, "the first response never reached the extension"
+        starts = [r for r in relay.requests if r["operation"] == "run.start"]
+        assert len(starts) == 2, starts
+        first, retry = starts
+        assert first["requestId"] != retry["requestId"], "a new request ID per attempt"
+        assert first["idempotencyKey"] == retry["idempotencyKey"], "one durable identity"
+        assert first["payload"] == retry["payload"]
+        assert first["payload"]["projectPath"] == str(rig.project), "pi's cwd is the project"
+        assert [r["outcome"] for r in relay.responses] == ["accepted", "adopted"]
+        with WorkflowClient(rig.state_dir, autostart=False) as client:
+            runs = client.call("run.list")["receipt"]["items"]
+        assert [item["runId"] for item in runs] == [run_id], "exactly one run"
