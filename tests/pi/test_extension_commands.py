@@ -59,13 +59,21 @@ workflow = define_workflow(
 
 @dataclass
 class Origin:
-    """One real pi with the extension, and everything it showed the user so far."""
+    """One real pi with the extension, and everything it showed the user so far.
+
+    The widget follows the server's subscription, so its update for a command may reach
+    pi's stdout before or after the command's own notification: a wait looks at every
+    UI event since the last command was sent that no earlier wait took, then reads on.
+    """
 
     child: PiChild
     seen: list[dict[str, Any]] = field(default_factory=list)
+    taken: set[int] = field(default_factory=set)
+    mark: int = 0
 
     def run(self, text: str) -> None:
         """Send `text` as a prompt (an extension command) and wait for pi to take it."""
+        self.mark = len(self.seen)
         response = self.child.wait_response(
             self.child.send({"type": "prompt", "message": text}), UI_TIMEOUT_S
         )
@@ -74,9 +82,17 @@ class Origin:
     def wait_ui(
         self, method: str, matches: Callable[[dict[str, Any]], bool], timeout: float = UI_TIMEOUT_S
     ) -> dict[str, Any]:
-        """The next `extension_ui_request` of `method` that `matches` (read in order)."""
+        """The first `extension_ui_request` of `method` that `matches`, since the last
+        command, not taken by an earlier wait."""
+        index = self.mark
         deadline = time.monotonic() + timeout
         while True:
+            while index < len(self.seen):
+                event = self.seen[index]
+                if index not in self.taken and event.get("method") == method and matches(event):
+                    self.taken.add(index)
+                    return event
+                index += 1
             try:
                 event = self.child.next_event(max(0.0, deadline - time.monotonic()))
             except PiTimeout:
@@ -86,11 +102,8 @@ class Origin:
                 raise AssertionError(
                     f"no {method} as wanted; the last UI events: {shown[-6:]}"
                 ) from None
-            if event.get("type") != "extension_ui_request":
-                continue
-            self.seen.append(event)
-            if event.get("method") == method and matches(event):
-                return event
+            if event.get("type") == "extension_ui_request":
+                self.seen.append(event)
 
     def notice(self, text: str, *, level: str | None = None) -> str:
         """Run a command and return the next notification's text."""
