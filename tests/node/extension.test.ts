@@ -6,10 +6,11 @@
  */
 
 import assert from "node:assert/strict";
-import { homedir } from "node:os";
+import { homedir, tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
+import { NoServerError, ServerClient } from "../../pi_workflows/pi/extension/client.ts";
 import { parseWorkflowArgs } from "../../pi_workflows/pi/extension/commands.ts";
 import { socketPathFor, stateDir } from "../../pi_workflows/pi/extension/locate.ts";
 import { applyPatch, PatchError } from "../../pi_workflows/pi/extension/patch.ts";
@@ -91,4 +92,16 @@ test("a patch leaves its input unchanged and refuses a path the view lacks", () 
   assert.throws(() => applyPatch(before, [{ op: "replace", path: "/missing", value: 1 }]), PatchError);
   assert.throws(() => applyPatch(before, [{ op: "remove", path: "/a/5" }]), PatchError);
   assert.throws(() => applyPatch(before, [{ op: "remove", path: "" }]), PatchError);
+});
+
+test("a command with no server behind the socket fails at once, saying how to start one", async () => {
+  const client = new ServerClient(join(tmpdir(), `piw-no-server-${process.pid}.sock`), "extension-test");
+  const started = Date.now();
+  await assert.rejects(client.call("run.list", { limit: 1 }), NoServerError);
+  await assert.rejects(client.call("run.list"), /Start it with `pi-workflows server start`/);
+  assert.ok(Date.now() - started < 5000, "two attempts, no long back-off");
+  const one = client.request("run.pause", {}, { runId: "run-1" });
+  const two = client.request("run.pause", {}, { runId: "run-1" });
+  assert.notEqual(one.idempotencyKey, two.idempotencyKey, "each user command is its own durable request");
+  assert.equal(one.runId, "run-1");
 });

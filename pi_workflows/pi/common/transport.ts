@@ -59,11 +59,24 @@ export class AbortedError extends Error {
 /** Every attempt lost its connection (or the server was unavailable each time). */
 export class ServerUnreachableError extends Error {
   override name = "ServerUnreachableError";
+  constructor(
+    message: string,
+    /** The last attempt's connect error code (`ENOENT`: no socket file; `ECONNREFUSED`: nobody listens), if it failed so. */
+    readonly connectCode: string | null = null,
+  ) {
+    super(message);
+  }
 }
 
 /** One attempt failed in a way a retry with the same identity may fix. */
 class RetryableError extends Error {
   override name = "RetryableError";
+  constructor(
+    message: string,
+    readonly connectCode: string | null = null,
+  ) {
+    super(message);
+  }
 }
 
 /** The peer broke the protocol on this connection (a retry would not help). */
@@ -133,6 +146,7 @@ export class SocketTransport implements ServerTransport {
   async exchange(request: RequestMessage, signal?: AbortSignal): Promise<ResponseMessage> {
     let delay = this.retry.firstDelayMs;
     let last = "no attempt was made";
+    let connectCode: string | null = null;
     for (let attempt = 1; attempt <= this.retry.attempts; attempt += 1) {
       if (signal?.aborted) throw new AbortedError();
       // A new request ID per transport attempt: a late answer to an abandoned attempt
@@ -143,16 +157,18 @@ export class SocketTransport implements ServerTransport {
         const response = await this.attempt(frame, requestId, signal);
         if (response.outcome !== "unavailable") return response;
         last = `the server was unavailable (${response.error?.code ?? "unavailable"})`;
+        connectCode = null;
       } catch (error) {
         if (!(error instanceof RetryableError)) throw error;
         last = error.message;
+        connectCode = error.connectCode;
       }
       if (attempt < this.retry.attempts) {
         await sleep(delay, signal);
         delay = Math.min(delay * 2, this.retry.maxDelayMs);
       }
     }
-    throw new ServerUnreachableError(`The workflow server could not be reached after ${this.retry.attempts} attempts: ${last}.`);
+    throw new ServerUnreachableError(`The workflow server could not be reached after ${this.retry.attempts} attempts: ${last}.`, connectCode);
   }
 
   /** One connection: hello, the request frame, then wait for the matching response. */
@@ -205,7 +221,8 @@ export class SocketTransport implements ServerTransport {
       // Connection refused, no socket file, reset, or closed before the response: the
       // server may be restarting; a retry adopts whatever it stored.
       socket.on("error", (error: NodeJS.ErrnoException) => {
-        finish(new RetryableError(`connection failed (${error.code ?? error.name})`));
+        const code = error.code ?? error.name;
+        finish(new RetryableError(`connection failed (${code})`, connectionId === null ? code : null));
       });
       socket.on("close", () => finish(new RetryableError("the connection closed before the response")));
     });

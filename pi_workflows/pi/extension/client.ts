@@ -80,7 +80,7 @@ export class ServerClient {
     try {
       return await this.transport.exchange(request, signal);
     } catch (error) {
-      if (error instanceof ServerUnreachableError && /\((ENOENT|ECONNREFUSED)\)/.test(error.message)) {
+      if (error instanceof ServerUnreachableError && (error.connectCode === "ENOENT" || error.connectCode === "ECONNREFUSED")) {
         throw new NoServerError();
       }
       if (error instanceof AbortedError) {

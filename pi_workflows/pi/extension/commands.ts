@@ -11,7 +11,7 @@ export const USAGE = [
   "  /workflow list                   the newest runs",
   "  /workflow status [RUN_ID]        one run (default: the run this session started)",
   "  /workflow pause|resume|cancel [RUN_ID]",
-  "  /workflow answer [RUN_ID] [JSON] answer the checkpoint the run waits at",
+  "  /workflow answer [RUN_ID] JSON   answer the checkpoint the run waits at",
   "  /piw                             how to watch the run",
 ].join("\n");
 

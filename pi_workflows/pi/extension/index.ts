@@ -140,6 +140,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   pi.on("session_shutdown", async () => {
     watch?.stop();
     watch = null;
+    ui = null; // a replaced session's UI is stale (docs/extensions.md, session replacement)
   });
 
   pi.registerCommand("workflow", {
