@@ -30,7 +30,7 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions, PiTimeout
 from pi_workflows.pi import extension_path
-from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider
+from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider, text_turn
 from tests.conftest import write_workflow
 from tests.pi.agents import running_server
 from tests.server.runs import TERMINAL, wait_for
@@ -147,7 +147,9 @@ class Rig:
     def project(self) -> Path:
         return self.root / "project"
 
-    def spawn(self, **extra_env: str) -> Origin:
+    def spawn(self, session: Path | None = None, **extra_env: str) -> Origin:
+        """A pi with the extension; with `session`, on that session file (a restart of pi
+        on the same file is a Pi restart), else with no session file."""
         launch = PiLaunch.build(
             environ={**os.environ, PI_BINARY_ENV: str(self.binary)},
             bridge=extension_path(),
@@ -158,6 +160,13 @@ class Rig:
             extra_env=extra_env,
             stderr_path=self.root / "pi.stderr.log",
         )
+        if session is not None:
+            argv = list(launch.argv)
+            argv[argv.index("--no-session") : argv.index("--no-session") + 1] = [
+                "--session",
+                str(session),
+            ]
+            launch = PiLaunch(tuple(argv), launch.env, launch.cwd, launch.stderr_path)
         child = PiChild.spawn(launch)
         self.children.append(child)
         child.wait_ready(60)
@@ -446,3 +455,33 @@ def test_a_start_whose_response_was_lost_is_retried_with_the_same_key_and_adopte
         with WorkflowClient(rig.state_dir, autostart=False) as client:
             runs = client.call("run.list")["receipt"]["items"]
         assert [item["runId"] for item in runs] == [run_id], "exactly one run"
+
+
+# --- a Pi restart ------------------------------------------------------------------------
+
+
+def test_a_restarted_pi_on_the_same_session_follows_the_run_it_started(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    session = rig.root / "sessions" / "origin.jsonl"
+    session.parent.mkdir()
+    first = rig.spawn(session)
+    # pi writes a session file only once it holds a model reply (SessionManager defers
+    # every entry until then): an ordinary conversation comes first.
+    rig.provider.script(text_turn("Hello."))
+    assert first.child.run_turn("Hi", 60).stop_reason == "stop"
+    run_id = first.start("approval")
+    _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+    first.widget_with(f"{run_id}: waiting")
+    first.child.stop()
+    entries = [json.loads(line) for line in session.read_text().splitlines()]
+    recorded = [e for e in entries if e.get("customType") == "pi-workflows.run"]
+    assert [e["data"] for e in recorded] == [{"runId": run_id}], entries
+
+    again = rig.spawn(session)  # nothing typed yet: the widget is back from the session
+    assert again.widget_with(f"{run_id}: waiting")[0] == f"workflow approval {run_id}: waiting"
+    status = again.notice("/workflow status", level="info")
+    assert status.splitlines()[0] == f"{run_id}  waiting  approval", status
+    answered = again.notice('/workflow answer {"approved": false}', level="info")
+    assert answered.startswith(f"Answered {run_id}; the workflow continues as run-"), answered

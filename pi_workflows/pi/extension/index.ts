@@ -10,7 +10,9 @@
  * (found as locate.ts says). It never opens SQLite, never runs workflow code and never
  * derives a status: what it shows is the server's `display` object. It uses only
  * documented extension APIs: `registerCommand`, `ctx.ui.notify`, `ctx.ui.setWidget`,
- * `ctx.ui.setStatus`, `ctx.cwd`, and the `session_start` / `session_shutdown` events.
+ * `ctx.ui.setStatus`, `ctx.cwd`, `pi.appendEntry` with `ctx.sessionManager.getBranch()`
+ * (the run the session follows survives a Pi restart), and the `session_start` /
+ * `session_shutdown` events.
  *
  * Not built yet (issue 14): the origin-session coordinator (workflow messages, turn
  * reports), the `workflow` tool for interactive agent steps, `/workflow clear`, the
@@ -31,6 +33,8 @@ import { listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetLin
 type Ui = ExtensionContext["ui"];
 
 const LIST_LIMIT = 20;
+/** The custom session entry naming the run this session follows (`pi.appendEntry`; not model context). */
+export const RUN_ENTRY = "pi-workflows.run";
 const CONNECTION_WORDS: Partial<Record<WatchState, string>> = {
   lost: "connection to the workflow server lost; reconnecting",
   notFound: "the server has no such run",
@@ -59,6 +63,23 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     if (words === undefined) return;
     // A connection condition, not a run status: the last view stays, with a note.
     ui?.setWidget(WIDGET_KEY, [...(lastLines ?? [`workflow run ${runId ?? ""}`]), words]);
+  }
+
+  /** The run named by the newest `RUN_ENTRY` on the session's active branch, if any. */
+  function restoredRun(ctx: ExtensionContext): string | null {
+    let found: string | null = null;
+    for (const entry of ctx.sessionManager.getBranch()) {
+      if (entry.type !== "custom" || entry.customType !== RUN_ENTRY) continue;
+      const data = entry.data as { runId?: unknown } | undefined;
+      if (typeof data?.runId === "string") found = data.runId;
+    }
+    return found;
+  }
+
+  /** Follow `id` from now on, and record it in the session so a restarted Pi follows it too. */
+  function adopt(id: string): void {
+    if (runId !== id) pi.appendEntry(RUN_ENTRY, { runId: id });
+    follow(id);
   }
 
   function follow(id: string): void {
@@ -90,7 +111,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         const payload = { workflow: parsed.workflow, input: parsed.input, projectPath: cwd };
         const { receipt } = await client.call("run.start", payload);
         const started = String(receipt.runId);
-        follow(started);
+        adopt(started);
         notify(`Started workflow ${parsed.workflow}: ${started}`);
         return;
       }
@@ -118,7 +139,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         const id = targetRun(parsed.runId, "answer");
         const { receipt } = await client.call("run.answer", { answer: parsed.answer }, { runId: id });
         const continuation = typeof receipt.continuationRunId === "string" ? receipt.continuationRunId : null;
-        if (continuation !== null && (parsed.runId === null || parsed.runId === runId)) follow(continuation);
+        if (continuation !== null && (parsed.runId === null || parsed.runId === runId)) adopt(continuation);
         notify(`Answered ${id}${continuation ? `; the workflow continues as ${continuation}` : ""}`);
         return;
       }
@@ -135,6 +156,9 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
 
   pi.on("session_start", async (_event, ctx) => {
     ui = ctx.ui;
+    // A restarted Pi (or a resumed session) follows the run the session started.
+    const restored = restoredRun(ctx);
+    if (restored !== null) follow(restored);
   });
 
   pi.on("session_shutdown", async () => {
