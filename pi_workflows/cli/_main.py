@@ -156,6 +156,8 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "workflows list": (0, EXIT_USAGE),
     "debug crash-points": (0, EXIT_USAGE),
     "completion": (0, EXIT_USAGE),
+    "pi-extension path": (0,),
+    "pi-extension install": (0, EXIT_FAILED),
     "piw": (EXIT_USAGE,),
 }
 """Exit codes by command path; any other command gives `CLIENT_EXITS`."""
@@ -181,6 +183,8 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", EXIT_USAGE): "always: the viewer is not built yet",
+    ("pi-extension install", 0): "linked, or already linked",
+    ("pi-extension install", EXIT_FAILED): "another file has the link's name",
 }
 ENV_WORDS = {
     AGENT_DIR_ENV: "Pi's agent directory; the state folder is its workflows/ (default: "
@@ -217,6 +221,8 @@ STARTS_NO_SERVER = frozenset(
         "workflows list",
         "debug crash-points",
         "completion",
+        "pi-extension path",
+        "pi-extension install",
     }
 )
 """Commands that never start a server on demand (the rest may)."""
@@ -1012,6 +1018,7 @@ def piw_main(run_id: str | None) -> None:
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _completion,
+    _pi_extension,
     _run_list,
     _run_show,
     _run_watch,

@@ -4,6 +4,11 @@
 (pi compiles TypeScript itself with jiti, so there is no build step). It registers the
 `workflow` tool and reads the step it serves from a canonical JSON file that the runner
 writes and names in `PI_WORKFLOWS_BRIDGE_CONFIG` (one pi child serves one attempt).
+
+`extension/` is the Pi extension for people in a Pi session (`/workflow`, `/piw`, the
+widget and status line); `pi-workflows pi-extension install` links it into Pi's
+extensions folder. `common/` is the protocol client both share (canonical JSON, the
+`client.v1` codec, `SocketTransport`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ __all__ = [
     "BRIDGE_CONFIG_SCHEMA",
     "BridgeConfig",
     "bridge_extension_path",
+    "extension_dir",
+    "extension_path",
     "write_bridge_config",
 ]
 
@@ -35,6 +42,20 @@ def bridge_extension_path() -> Path:
     """
     entry = resources.files(__name__).joinpath("bridge", "workflow-bridge.ts")
     return Path(str(entry)).absolute()
+
+
+def extension_dir() -> Path:
+    """The absolute path of the Pi extension's folder (its entry is `index.ts`).
+
+    pi loads it from a link in `<agent dir>/extensions/` or with `-e`; it imports
+    `../common/` and the wire schemas, so the folder is linked, never copied.
+    """
+    return Path(str(resources.files(__name__).joinpath("extension"))).absolute()
+
+
+def extension_path() -> Path:
+    """The absolute path of the Pi extension's entry file, for pi's `-e`."""
+    return extension_dir() / "index.ts"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { decodeClientMessage, type RequestMessage } from "../../pi_workflows/pi/bridge/protocol.ts";
-import { AbortedError, SocketTransport } from "../../pi_workflows/pi/bridge/transport.ts";
+import { decodeClientMessage, type RequestMessage } from "../../pi_workflows/pi/common/protocol.ts";
+import { AbortedError, SocketTransport } from "../../pi_workflows/pi/common/transport.ts";
 import { BRIDGE_CONFIG_SCHEMA, buildRequest, toolResult, type BridgeConfig } from "../../pi_workflows/pi/bridge/workflow-tool.ts";
 
 function required(name: string): string {

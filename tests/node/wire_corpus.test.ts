@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { CanonicalJSONError, dumps, loads } from "../../pi_workflows/pi/bridge/canonical.ts";
+import { CanonicalJSONError, dumps, loads } from "../../pi_workflows/pi/common/canonical.ts";
 import {
   FrameTooLargeError,
   MAX_FRAME_BYTES,
@@ -17,7 +17,7 @@ import {
   decodeFrame,
   encodeFrame,
   type SchemaName,
-} from "../../pi_workflows/pi/bridge/protocol.ts";
+} from "../../pi_workflows/pi/common/protocol.ts";
 
 const corpus = new URL("../fixtures/wire/", import.meta.url);
 const manifest = JSON.parse(readFileSync(new URL("manifest.json", corpus), "utf8")) as {

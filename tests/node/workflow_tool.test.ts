@@ -10,9 +10,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { dumps } from "../../pi_workflows/pi/bridge/canonical.ts";
-import { CLIENT_SCHEMA, decodeClientMessage, type ResponseMessage } from "../../pi_workflows/pi/bridge/protocol.ts";
-import { SocketTransport, UnconfiguredTransport, selectTransport } from "../../pi_workflows/pi/bridge/transport.ts";
+import { dumps } from "../../pi_workflows/pi/common/canonical.ts";
+import { CLIENT_SCHEMA, decodeClientMessage, type ResponseMessage } from "../../pi_workflows/pi/common/protocol.ts";
+import { SocketTransport, UnconfiguredTransport, selectTransport } from "../../pi_workflows/pi/common/transport.ts";
 import {
   BRIDGE_CONFIG_ENV,
   BRIDGE_CONFIG_SCHEMA,

@@ -17,7 +17,7 @@
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 
-import { selectTransport } from "./transport.ts";
+import { selectTransport } from "../common/transport.ts";
 import {
   TOOL_NAME,
   buildRequest,

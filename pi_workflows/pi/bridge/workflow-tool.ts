@@ -11,8 +11,8 @@
 import { createHash, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 
-import { canonicalText, loads, type JsonValue } from "./canonical.ts";
-import { CLIENT_SCHEMA, encodeClientMessage, type RequestMessage, type ResponseMessage } from "./protocol.ts";
+import { canonicalText, loads, type JsonValue } from "../common/canonical.ts";
+import { CLIENT_SCHEMA, encodeClientMessage, type RequestMessage, type ResponseMessage } from "../common/protocol.ts";
 
 export const BRIDGE_CONFIG_ENV = "PI_WORKFLOWS_BRIDGE_CONFIG";
 export const BRIDGE_CONFIG_SCHEMA = "pi-workflows.bridge-config.v1";

@@ -1,5 +1,5 @@
 /**
- * How the bridge reaches the workflow server: one request out, its response back, over
+ * How the bridge and the Pi extension reach the workflow server: one request out, its response back, over
  * the server's Unix socket (`config.socketPath`) as an ordinary `pi-workflows.client.v1`
  * client (client-protocol.md § Transports, § Commands and uncertain results).
  *
@@ -59,25 +59,38 @@ export class AbortedError extends Error {
 /** Every attempt lost its connection (or the server was unavailable each time). */
 export class ServerUnreachableError extends Error {
   override name = "ServerUnreachableError";
+  constructor(
+    message: string,
+    /** The last attempt's connect error code (`ENOENT`: no socket file; `ECONNREFUSED`: nobody listens), if it failed so. */
+    readonly connectCode: string | null = null,
+  ) {
+    super(message);
+  }
 }
 
 /** One attempt failed in a way a retry with the same identity may fix. */
 class RetryableError extends Error {
   override name = "RetryableError";
+  constructor(
+    message: string,
+    readonly connectCode: string | null = null,
+  ) {
+    super(message);
+  }
 }
 
 /** The peer broke the protocol on this connection (a retry would not help). */
-class ProtocolError extends Error {
+export class ProtocolError extends Error {
   override name = "ProtocolError";
 }
 
-const NEWLINE = 0x0a;
+export const NEWLINE = 0x0a;
 
 /**
  * Splits a byte stream into frame bodies (without their newlines), never buffering
  * past the frame limit, as Python's `FrameDecoder` does.
  */
-class FrameSplitter {
+export class FrameSplitter {
   private buffer: Buffer = Buffer.alloc(0);
 
   feed(chunk: Buffer): Uint8Array[] {
@@ -117,7 +130,7 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
 }
 
 /** The connection-level refusal: an `unavailable` event whose subscription is the connection. */
-function isRefusal(message: ClientMessage, connectionId: string | null): boolean {
+export function isRefusal(message: ClientMessage, connectionId: string | null): boolean {
   return message.type === "event" && message.kind === "unavailable" && message.subscriptionId === connectionId;
 }
 
@@ -126,31 +139,36 @@ export class SocketTransport implements ServerTransport {
   constructor(
     readonly socketPath: string,
     readonly retry: RetryPolicy = DEFAULT_RETRY,
+    /** Names this client's transport attempts (`bridge-<uuid>`, `extension-<uuid>`). */
+    readonly requestPrefix: string = "bridge",
   ) {}
 
   async exchange(request: RequestMessage, signal?: AbortSignal): Promise<ResponseMessage> {
     let delay = this.retry.firstDelayMs;
     let last = "no attempt was made";
+    let connectCode: string | null = null;
     for (let attempt = 1; attempt <= this.retry.attempts; attempt += 1) {
       if (signal?.aborted) throw new AbortedError();
       // A new request ID per transport attempt: a late answer to an abandoned attempt
       // can never settle this one; the idempotency key and payload stay the same.
-      const requestId = `bridge-${randomUUID()}`;
+      const requestId = `${this.requestPrefix}-${randomUUID()}`;
       const frame = encodeClientMessage({ ...request, requestId });
       try {
         const response = await this.attempt(frame, requestId, signal);
         if (response.outcome !== "unavailable") return response;
         last = `the server was unavailable (${response.error?.code ?? "unavailable"})`;
+        connectCode = null;
       } catch (error) {
         if (!(error instanceof RetryableError)) throw error;
         last = error.message;
+        connectCode = error.connectCode;
       }
       if (attempt < this.retry.attempts) {
         await sleep(delay, signal);
         delay = Math.min(delay * 2, this.retry.maxDelayMs);
       }
     }
-    throw new ServerUnreachableError(`The workflow server could not be reached after ${this.retry.attempts} attempts: ${last}.`);
+    throw new ServerUnreachableError(`The workflow server could not be reached after ${this.retry.attempts} attempts: ${last}.`, connectCode);
   }
 
   /** One connection: hello, the request frame, then wait for the matching response. */
@@ -203,7 +221,8 @@ export class SocketTransport implements ServerTransport {
       // Connection refused, no socket file, reset, or closed before the response: the
       // server may be restarting; a retry adopts whatever it stored.
       socket.on("error", (error: NodeJS.ErrnoException) => {
-        finish(new RetryableError(`connection failed (${error.code ?? error.name})`));
+        const code = error.code ?? error.name;
+        finish(new RetryableError(`connection failed (${code})`, connectionId === null ? code : null));
       });
       socket.on("close", () => finish(new RetryableError("the connection closed before the response")));
     });

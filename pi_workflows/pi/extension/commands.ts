@@ -1,0 +1,86 @@
+/**
+ * Parsing `/workflow` arguments. Pure functions: no I/O, so node's test runner covers them.
+ */
+
+import type { JsonValue } from "../common/canonical.ts";
+import { canonicalText } from "../common/canonical.ts";
+
+export const USAGE = [
+  "Usage:",
+  "  /workflow start NAME [JSON]      start a workflow run in this project",
+  "  /workflow list                   the newest runs",
+  "  /workflow status [RUN_ID]        one run (default: the run this session started)",
+  "  /workflow pause|resume|cancel [RUN_ID]",
+  "  /workflow answer [RUN_ID] JSON   answer the checkpoint the run waits at",
+  "  /piw                             how to watch the run",
+].join("\n");
+
+export type Parsed =
+  | { kind: "start"; workflow: string; input: JsonValue }
+  | { kind: "list" }
+  | { kind: "status" | "pause" | "resume" | "cancel"; runId: string | null }
+  | { kind: "answer"; runId: string | null; answer: JsonValue }
+  | { kind: "help" }
+  | { kind: "error"; message: string };
+
+const RUN_ID = /^run-[A-Za-z0-9_-]+$/;
+
+function splitFirst(text: string): [string, string] {
+  const trimmed = text.trim();
+  const space = trimmed.search(/\s/);
+  return space < 0 ? [trimmed, ""] : [trimmed.slice(0, space), trimmed.slice(space + 1).trim()];
+}
+
+/** `/workflow ARGS` as a command. */
+export function parseWorkflowArgs(args: string): Parsed {
+  const [sub, rest] = splitFirst(args);
+  switch (sub) {
+    case "":
+    case "help":
+      return { kind: "help" };
+    case "start": {
+      const [workflow, json] = splitFirst(rest);
+      if (!workflow) return { kind: "error", message: "Name the workflow: /workflow start NAME [JSON]." };
+      if (!json) return { kind: "start", workflow, input: {} };
+      const input = parseInput(json, "workflow input", '{"name": "Ada"}');
+      return "message" in input ? input : { kind: "start", workflow, input: input.value };
+    }
+    case "list":
+      return rest ? { kind: "error", message: "/workflow list takes no arguments." } : { kind: "list" };
+    case "status":
+    case "pause":
+    case "resume":
+    case "cancel": {
+      if (!rest) return { kind: sub, runId: null };
+      if (!RUN_ID.test(rest)) return { kind: "error", message: `/workflow ${sub} takes one run ID (run-…), or none for this session's run.` };
+      return { kind: sub, runId: rest };
+    }
+    case "answer": {
+      let [first, json] = splitFirst(rest);
+      let runId: string | null = null;
+      if (RUN_ID.test(first)) runId = first;
+      else json = rest;
+      if (!json) return { kind: "error", message: 'Give the answer as JSON: /workflow answer {"approved": true}.' };
+      const answer = parseInput(json, "answer", '{"approved": true}');
+      return "message" in answer ? answer : { kind: "answer", runId, answer: answer.value };
+    }
+    default:
+      return { kind: "error", message: `Unknown /workflow command "${sub.slice(0, 40)}".\n${USAGE}` };
+  }
+}
+
+/** JSON the user typed; the value must have a canonical form (no 1e400). */
+function parseInput(text: string, what: string, example: string): { value: JsonValue } | { kind: "error"; message: string } {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return { kind: "error", message: `The ${what} is not valid JSON; pass a value such as ${example}.` };
+  }
+  try {
+    canonicalText(value);
+  } catch {
+    return { kind: "error", message: `The ${what} has no JSON form the server accepts (a number out of range?).` };
+  }
+  return { value: value as JsonValue };
+}

@@ -1,0 +1,193 @@
+/**
+ * pi-workflows' Pi extension: `/workflow` and `/piw` commands, and a widget and status
+ * line for the run this session started.
+ *
+ * Install it with `pi-workflows pi-extension install` (a link in Pi's extensions folder)
+ * or load it once with `pi -e "$(pi-workflows pi-extension path)"`. pi compiles it with
+ * jiti; there is no build step.
+ *
+ * It is an ordinary `pi-workflows.client.v1` client of the workflow server's Unix socket
+ * (found as locate.ts says). It never opens SQLite, never runs workflow code and never
+ * derives a status: what it shows is the server's `display` object. It uses only
+ * documented extension APIs: `registerCommand`, `ctx.ui.notify`, `ctx.ui.setWidget`,
+ * `ctx.ui.setStatus`, `ctx.cwd`, `pi.appendEntry` with `ctx.sessionManager.getBranch()`
+ * (the run the session follows survives a Pi restart), and the `session_start` /
+ * `session_shutdown` events.
+ *
+ * Not built yet (issue 14): the origin-session coordinator (workflow messages, turn
+ * reports), the `workflow` tool for interactive agent steps, `/workflow clear`, the
+ * session-view subscription and widget scrolling.
+ */
+
+import { randomUUID } from "node:crypto";
+
+import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+
+import type { JsonValue } from "../common/canonical.ts";
+import { ServerClient } from "./client.ts";
+import { parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
+import { RunWatch, type WatchState } from "./live.ts";
+import { socketPathFor, stateDir } from "./locate.ts";
+import { listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetLines } from "./render.ts";
+
+type Ui = ExtensionContext["ui"];
+
+const LIST_LIMIT = 20;
+/** The custom session entry naming the run this session follows (`pi.appendEntry`; not model context). */
+export const RUN_ENTRY = "pi-workflows.run";
+const CONNECTION_WORDS: Partial<Record<WatchState, string>> = {
+  lost: "connection to the workflow server lost; reconnecting",
+  notFound: "the server has no such run",
+  gone: "the run is no longer stored on the server",
+};
+
+export default function piWorkflowsExtension(pi: ExtensionAPI): void {
+  const clientId = `pi-extension-${randomUUID().slice(0, 12)}`;
+  const socketPath = socketPathFor(stateDir(process.env));
+  const client = new ServerClient(socketPath, clientId);
+  let ui: Ui | null = null;
+  let runId: string | null = null; // the run this session started (or answered into)
+  let watch: RunWatch | null = null;
+  let lastLines: string[] | undefined;
+
+  const notify = (text: string, level: "info" | "warning" | "error" = "info"): void => ui?.notify(text, level);
+
+  function showView(view: JsonValue): void {
+    lastLines = widgetLines(view);
+    ui?.setWidget(WIDGET_KEY, lastLines);
+    ui?.setStatus(STATUS_KEY, statusText(view));
+  }
+
+  function showState(state: WatchState): void {
+    const words = CONNECTION_WORDS[state];
+    if (words === undefined) return;
+    // A connection condition, not a run status: the last view stays, with a note.
+    ui?.setWidget(WIDGET_KEY, [...(lastLines ?? [`workflow run ${runId ?? ""}`]), words]);
+  }
+
+  /** The run named by the newest `RUN_ENTRY` on the session's active branch, if any. */
+  function restoredRun(ctx: ExtensionContext): string | null {
+    let found: string | null = null;
+    for (const entry of ctx.sessionManager.getBranch()) {
+      if (entry.type !== "custom" || entry.customType !== RUN_ENTRY) continue;
+      const data = entry.data as { runId?: unknown } | undefined;
+      if (typeof data?.runId === "string") found = data.runId;
+    }
+    return found;
+  }
+
+  /** Follow `id` from now on, and record it in the session so a restarted Pi follows it too. */
+  function adopt(id: string): void {
+    if (runId !== id) pi.appendEntry(RUN_ENTRY, { runId: id });
+    follow(id);
+  }
+
+  function follow(id: string): void {
+    if (runId === id && watch !== null) return;
+    watch?.stop();
+    runId = id;
+    lastLines = undefined;
+    watch = new RunWatch(socketPath, `${clientId}-watch`, id, { onView: showView, onState: showState });
+    watch.start();
+  }
+
+  function targetRun(explicit: string | null, verb: string): string {
+    const id = explicit ?? runId;
+    if (id === null) {
+      throw new Error(`No run was started in this Pi session; name one: /workflow ${verb} RUN_ID (see /workflow list).`);
+    }
+    return id;
+  }
+
+  async function runCommand(parsed: Parsed, cwd: string): Promise<void> {
+    switch (parsed.kind) {
+      case "help":
+        notify(USAGE);
+        return;
+      case "error":
+        notify(parsed.message, "error");
+        return;
+      case "start": {
+        const payload = { workflow: parsed.workflow, input: parsed.input, projectPath: cwd };
+        const { receipt } = await client.call("run.start", payload);
+        const started = String(receipt.runId);
+        adopt(started);
+        notify(`Started workflow ${parsed.workflow}: ${started}`);
+        return;
+      }
+      case "list": {
+        const { receipt } = await client.call("run.list", { limit: LIST_LIMIT });
+        const items = Array.isArray(receipt.items) ? receipt.items : [];
+        notify(listReport(items, receipt.nextCursor !== null && receipt.nextCursor !== undefined));
+        return;
+      }
+      case "status": {
+        const id = targetRun(parsed.runId, "status");
+        const { receipt } = await client.call("run.get", {}, { runId: id });
+        notify(statusReport(receipt));
+        return;
+      }
+      case "pause":
+      case "resume":
+      case "cancel": {
+        const id = targetRun(parsed.runId, parsed.kind);
+        const { response } = await client.call(`run.${parsed.kind}`, {}, { runId: id });
+        notify(`${parsed.kind}: ${id}${response.outcome === "adopted" ? " (already done)" : ""}`);
+        return;
+      }
+      case "answer": {
+        const id = targetRun(parsed.runId, "answer");
+        const { receipt } = await client.call("run.answer", { answer: parsed.answer }, { runId: id });
+        const continuation = typeof receipt.continuationRunId === "string" ? receipt.continuationRunId : null;
+        if (continuation !== null && (parsed.runId === null || parsed.runId === runId)) adopt(continuation);
+        notify(`Answered ${id}${continuation ? `; the workflow continues as ${continuation}` : ""}`);
+        return;
+      }
+    }
+  }
+
+  async function guarded(work: () => Promise<void>): Promise<void> {
+    try {
+      await work();
+    } catch (error) {
+      notify((error as Error).message, "error");
+    }
+  }
+
+  pi.on("session_start", async (_event, ctx) => {
+    ui = ctx.ui;
+    // A restarted Pi (or a resumed session) follows the run the session started.
+    const restored = restoredRun(ctx);
+    if (restored !== null) follow(restored);
+  });
+
+  pi.on("session_shutdown", async () => {
+    watch?.stop();
+    watch = null;
+    ui = null; // a replaced session's UI is stale (docs/extensions.md, session replacement)
+  });
+
+  pi.registerCommand("workflow", {
+    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer",
+    handler: async (args, ctx) => {
+      ui = ctx.ui;
+      await guarded(() => runCommand(parseWorkflowArgs(args), ctx.cwd));
+    },
+  });
+
+  pi.registerCommand("piw", {
+    description: "How to watch this session's workflow run",
+    handler: async (_args, ctx) => {
+      ui = ctx.ui;
+      await guarded(async () => {
+        const hint = "The piw viewer is not built yet; in a terminal, `pi-workflows run watch RUN_ID` follows a run.";
+        if (runId === null) {
+          notify(`${hint}\nNo run was started in this Pi session (see /workflow list).`);
+          return;
+        }
+        const { receipt } = await client.call("run.get", {}, { runId });
+        notify(`${hint}\n${statusReport(receipt)}`);
+      });
+    },
+  });
+}

@@ -1,0 +1,107 @@
+/**
+ * The Pi extension's pure parts: `/workflow` argument parsing, the widget and status
+ * text (copied from the server's `display`, never derived), the state folder rule, and
+ * `runPatch` application (cross-checked against Python's `diff_views` by
+ * tests/pi/test_extension_typescript.py through tests/node/patch_apply.ts).
+ */
+
+import assert from "node:assert/strict";
+import { homedir, tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+
+import { NoServerError, ServerClient } from "../../pi_workflows/pi/extension/client.ts";
+import { parseWorkflowArgs } from "../../pi_workflows/pi/extension/commands.ts";
+import { socketPathFor, stateDir } from "../../pi_workflows/pi/extension/locate.ts";
+import { applyPatch, PatchError } from "../../pi_workflows/pi/extension/patch.ts";
+import { listReport, statusReport, statusText, widgetLines } from "../../pi_workflows/pi/extension/render.ts";
+
+test("start takes a name and optional JSON input", () => {
+  assert.deepEqual(parseWorkflowArgs("start hello"), { kind: "start", workflow: "hello", input: {} });
+  assert.deepEqual(parseWorkflowArgs('  start   hello   {"name": "Ada", "n": [1, 2]} '), {
+    kind: "start",
+    workflow: "hello",
+    input: { name: "Ada", n: [1, 2] },
+  });
+  assert.deepEqual(parseWorkflowArgs("start hello null"), { kind: "start", workflow: "hello", input: null });
+  assert.equal(parseWorkflowArgs("start").kind, "error");
+});
+
+test("bad JSON and values without a canonical form are refused", () => {
+  const bad = parseWorkflowArgs("start hello {name: 1}");
+  assert.equal(bad.kind, "error");
+  assert.match((bad as { message: string }).message, /not valid JSON/);
+  const huge = parseWorkflowArgs("start hello 1e400");
+  assert.match((huge as { message: string }).message, /no JSON form/);
+  assert.match((parseWorkflowArgs("answer {x") as { message: string }).message, /answer is not valid JSON/);
+});
+
+test("run commands take an optional run ID; answer takes one before its JSON", () => {
+  assert.deepEqual(parseWorkflowArgs("status"), { kind: "status", runId: null });
+  assert.deepEqual(parseWorkflowArgs("pause run-ab12"), { kind: "pause", runId: "run-ab12" });
+  assert.equal(parseWorkflowArgs("cancel not-a-run").kind, "error");
+  assert.equal(parseWorkflowArgs("resume run-1 run-2").kind, "error");
+  assert.deepEqual(parseWorkflowArgs('answer {"approved": true}'), { kind: "answer", runId: null, answer: { approved: true } });
+  assert.deepEqual(parseWorkflowArgs("answer run-9 false"), { kind: "answer", runId: "run-9", answer: false });
+  assert.equal(parseWorkflowArgs("answer").kind, "error");
+  assert.equal(parseWorkflowArgs("list extra").kind, "error");
+  assert.equal(parseWorkflowArgs("").kind, "help");
+  assert.equal(parseWorkflowArgs("nope").kind, "error");
+});
+
+const view = {
+  runId: "run-1",
+  workflow: "review",
+  revision: 12,
+  status: "running", // the stored status is NOT what is shown; display is
+  display: { status: "waiting", activity: null, controls: ["pause", "cancel", "answer"], waitingOn: "review/approve", reasonText: "needs a human\nmore" },
+};
+
+test("the widget and status line copy the server's display", () => {
+  assert.deepEqual(widgetLines(view), [
+    "workflow review run-1: waiting",
+    "waiting on: review/approve",
+    "reason: needs a human",
+    "controls: pause, cancel, answer",
+  ]);
+  assert.equal(statusText(view), "workflow review: waiting (review/approve)");
+  assert.equal(widgetLines({ runId: "run-1" }), undefined, "no display, no widget");
+  assert.match(statusReport(view), /^run-1 {2}waiting {2}review\n/);
+  assert.match(statusReport(view), /revision 12$/);
+  assert.equal(listReport([view], true), "run-1  waiting  review  at review/approve\n… older runs: pi-workflows run list");
+  assert.match(listReport([], false), /No workflow runs yet/);
+});
+
+test("the state folder: PI_WORKFLOWS_STATE_DIR, else <agent dir>/workflows", () => {
+  assert.equal(stateDir({ PI_WORKFLOWS_STATE_DIR: "/s" }), "/s");
+  assert.equal(stateDir({ PI_CODING_AGENT_DIR: "/a", PI_WORKFLOWS_STATE_DIR: " " }), "/a/workflows");
+  assert.equal(stateDir({}), join(homedir(), ".pi", "agent", "workflows"));
+  assert.equal(stateDir({ PI_CODING_AGENT_DIR: "~/x" }), join(homedir(), "x", "workflows"));
+  assert.equal(socketPathFor("/s"), "/s/host/host.sock");
+});
+
+test("a patch leaves its input unchanged and refuses a path the view lacks", () => {
+  const before = { a: [1, 2], b: { c: 1 } };
+  const after = applyPatch(before, [
+    { op: "add", path: "/a/-", value: 3 },
+    { op: "replace", path: "/b/c", value: 2 },
+    { op: "add", path: "/__proto__", value: 1 },
+  ]);
+  assert.deepEqual(before, { a: [1, 2], b: { c: 1 } });
+  assert.deepEqual(Object.keys(after as object), ["a", "b", "__proto__"]);
+  assert.throws(() => applyPatch(before, [{ op: "replace", path: "/missing", value: 1 }]), PatchError);
+  assert.throws(() => applyPatch(before, [{ op: "remove", path: "/a/5" }]), PatchError);
+  assert.throws(() => applyPatch(before, [{ op: "remove", path: "" }]), PatchError);
+});
+
+test("a command with no server behind the socket fails at once, saying how to start one", async () => {
+  const client = new ServerClient(join(tmpdir(), `piw-no-server-${process.pid}.sock`), "extension-test");
+  const started = Date.now();
+  await assert.rejects(client.call("run.list", { limit: 1 }), NoServerError);
+  await assert.rejects(client.call("run.list"), /Start it with `pi-workflows server start`/);
+  assert.ok(Date.now() - started < 5000, "two attempts, no long back-off");
+  const one = client.request("run.pause", {}, { runId: "run-1" });
+  const two = client.request("run.pause", {}, { runId: "run-1" });
+  assert.notEqual(one.idempotencyKey, two.idempotencyKey, "each user command is its own durable request");
+  assert.equal(one.runId, "run-1");
+});

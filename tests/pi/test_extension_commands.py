@@ -1,0 +1,487 @@
+"""The Pi extension (pi_workflows/pi/extension) in the real `pi --mode rpc`, loaded with
+`-e`, against a real workflow server started by the test (issue 14, items 1 and 2).
+
+In RPC mode a prompt that starts with `/` runs an extension command, and the
+extension's `ctx.ui.notify`, `setWidget` and `setStatus` arrive on pi's stdout as
+`extension_ui_request` events (docs/rpc.md § Extension UI protocol): the tests drive
+`/workflow ...` through `prompt` and read what the user would see there, and check the
+server's own view of the same run with `WorkflowClient`.
+
+The extension finds the server as the CLI does: `<PI_CODING_AGENT_DIR>/workflows`, or
+`PI_WORKFLOWS_STATE_DIR`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions, PiTimeout
+from pi_workflows.pi import extension_path
+from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider, text_turn
+from tests.conftest import write_workflow
+from tests.pi.agents import running_server
+from tests.server.runs import TERMINAL, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+UI_TIMEOUT_S = 30.0
+STARTED = re.compile(r"^Started workflow (\S+): (run-[0-9a-f]+)$")
+
+APPROVAL = """
+from pi_workflows import checkpoint, compute, define_workflow
+
+workflow = define_workflow(
+    name="approval",
+    start_at="ask",
+    nodes={
+        "ask": checkpoint(summary="Ship it?", input_schema={
+            "type": "object", "required": ["approved"],
+            "properties": {"approved": {"type": "boolean"}}}),
+        "done": compute(lambda ctx: {"shipped": ctx.outputs["ask"]["approved"]}),
+    },
+    edges=[{"from": "ask", "to": "done"}],
+)
+"""
+
+
+@dataclass
+class Origin:
+    """One real pi with the extension, and everything it showed the user so far.
+
+    The widget follows the server's subscription, so its update for a command may reach
+    pi's stdout before or after the command's own notification: a wait looks at every
+    UI event since the last command was sent that no earlier wait took, then reads on.
+    """
+
+    child: PiChild
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    taken: set[int] = field(default_factory=set)
+    mark: int = 0
+
+    def run(self, text: str) -> None:
+        """Send `text` as a prompt (an extension command) and wait for pi to take it."""
+        self.mark = len(self.seen)
+        response = self.child.wait_response(
+            self.child.send({"type": "prompt", "message": text}), UI_TIMEOUT_S
+        )
+        assert response.get("success"), response
+
+    def wait_ui(
+        self, method: str, matches: Callable[[dict[str, Any]], bool], timeout: float = UI_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """The first `extension_ui_request` of `method` that `matches`, since the last
+        command, not taken by an earlier wait."""
+        index = self.mark
+        deadline = time.monotonic() + timeout
+        while True:
+            while index < len(self.seen):
+                event = self.seen[index]
+                if index not in self.taken and event.get("method") == method and matches(event):
+                    self.taken.add(index)
+                    return event
+                index += 1
+            try:
+                event = self.child.next_event(max(0.0, deadline - time.monotonic()))
+            except PiTimeout:
+                shown = [
+                    (e.get("method"), e.get("message") or e.get("widgetLines")) for e in self.seen
+                ]
+                raise AssertionError(
+                    f"no {method} as wanted; the last UI events: {shown[-6:]}"
+                ) from None
+            if event.get("type") == "extension_ui_request":
+                self.seen.append(event)
+
+    def notice(self, text: str, *, level: str | None = None) -> str:
+        """Run a command and return the next notification's text."""
+        self.run(text)
+        event = self.wait_ui("notify", lambda _: True)
+        if level is not None:
+            assert event.get("notifyType", "info") == level, event
+        return str(event["message"])
+
+    def widget_with(self, words: str) -> list[str]:
+        """Wait for the widget to show a line containing `words`; its lines."""
+        event = self.wait_ui(
+            "setWidget",
+            lambda e: any(words in line for line in e.get("widgetLines") or []),
+        )
+        return list(event["widgetLines"])
+
+    def start(self, name: str, raw_input: str = "") -> str:
+        message = self.notice(f"/workflow start {name} {raw_input}".rstrip(), level="info")
+        found = STARTED.match(message)
+        assert found is not None and found.group(1) == name, message
+        return found.group(2)
+
+
+@dataclass
+class Rig:
+    root: Path
+    provider: FakeProvider
+    binary: Path
+    children: list[PiChild]
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.root / "agent"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.agent_dir / "workflows"
+
+    @property
+    def project(self) -> Path:
+        return self.root / "project"
+
+    def spawn(self, session: Path | None = None, **extra_env: str) -> Origin:
+        """A pi with the extension; with `session`, on that session file (a restart of pi
+        on the same file is a Pi restart), else with no session file."""
+        launch = PiLaunch.build(
+            environ={**os.environ, PI_BINARY_ENV: str(self.binary)},
+            bridge=extension_path(),
+            cwd=self.project,
+            options=PiOptions(provider=FAKE_PROVIDER, model=FAKE_MODEL),
+            agent_dir=self.agent_dir,
+            tmpdir=self.root / "tmp",
+            extra_env=extra_env,
+            stderr_path=self.root / "pi.stderr.log",
+        )
+        if session is not None:
+            argv = list(launch.argv)
+            argv[argv.index("--no-session") : argv.index("--no-session") + 1] = [
+                "--session",
+                str(session),
+            ]
+            launch = PiLaunch(tuple(argv), launch.env, launch.cwd, launch.stderr_path)
+        child = PiChild.spawn(launch)
+        self.children.append(child)
+        child.wait_ready(60)
+        return Origin(child)
+
+
+@pytest.fixture
+def rig(pi_binary: Path, provider: FakeProvider, pi_slot: None, short_tmp: Path) -> Iterator[Rig]:
+    for folder in ("project", "tmp"):
+        (short_tmp / folder).mkdir()
+    provider.write_agent_dir(short_tmp / "agent")
+    provider.script()  # no model turn is expected: commands never prompt the model
+    setup = Rig(short_tmp, provider, pi_binary, [])
+    try:
+        yield setup
+    finally:
+        for child in setup.children:
+            child.stop()  # by PID: pi's keeper and its group
+
+
+@pytest.fixture
+def server(rig: Rig) -> Iterator[WorkflowServer]:
+    with running_server(rig.state_dir) as instance:
+        yield instance
+
+
+def _view(state_dir: Path, run_id: str) -> dict[str, Any]:
+    with WorkflowClient(state_dir, autostart=False) as client:
+        receipt: dict[str, Any] = client.call("run.get", run_id=run_id)["receipt"]
+    return receipt
+
+
+def _settle(state_dir: Path, run_id: str, wanted: set[str]) -> dict[str, Any]:
+    with WorkflowClient(state_dir, autostart=False) as client:
+        return wait_for(client, run_id, wanted)
+
+
+def _controls_line(display: dict[str, Any]) -> str:
+    controls = display.get("controls") or []
+    return f"controls: {', '.join(controls)}" if controls else "controls: none"
+
+
+# --- start, the widget and the status line ----------------------------------------------
+
+
+def test_workflow_start_starts_a_run_in_pis_project_and_the_widget_shows_the_servers_display(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    origin = rig.spawn()
+    run_id = origin.start("hello", '{"name": "Ada"}')
+    final = _settle(rig.state_dir, run_id, TERMINAL)
+    assert final["display"]["status"] == "completed", final
+    view = _view(rig.state_dir, run_id)
+    assert view["workflow"] == "hello"
+    assert view["result"] is not None
+    lines = origin.widget_with(f"{run_id}: completed")
+    assert lines == [f"workflow hello {run_id}: completed", _controls_line(view["display"])]
+    status = origin.wait_ui("setStatus", lambda e: "completed" in str(e.get("statusText")))
+    assert status["statusText"] == "workflow hello: completed"
+    assert status["statusKey"] == "pi-workflows"
+    with WorkflowClient(rig.state_dir, autostart=False) as client:
+        listed = client.call("run.list")["receipt"]["items"]
+    assert [item["runId"] for item in listed] == [run_id], "exactly one run was started"
+
+
+def test_list_and_status_show_the_servers_runs(rig: Rig, server: WorkflowServer) -> None:
+    origin = rig.spawn()
+    run_id = origin.start("hello")
+    _settle(rig.state_dir, run_id, TERMINAL)
+    listed = origin.notice("/workflow list", level="info")
+    assert listed.splitlines() == [f"{run_id}  completed  hello"], listed
+    status = origin.notice("/workflow status", level="info").splitlines()
+    view = _view(rig.state_dir, run_id)
+    assert status[0] == f"{run_id}  completed  hello", status
+    assert _controls_line(view["display"]) in status
+    # The run's revision may still move after it completed (its runner's exit is
+    # recorded): the report names the revision it read, never a later one.
+    (reported,) = [int(line.split()[1]) for line in status if line.startswith("revision ")]
+    assert 0 < reported <= view["revision"], (status, view["revision"])
+    named = origin.notice(f"/workflow status {run_id}", level="info")
+    assert named.splitlines()[0] == status[0]
+    viewer = origin.notice("/piw", level="info")
+    assert "not built yet" in viewer and f"{run_id}  completed  hello" in viewer
+
+
+# --- pause, resume, answer, cancel ---------------------------------------------------
+
+
+def test_pause_resume_and_answer_a_checkpoint_from_pi(rig: Rig, server: WorkflowServer) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    origin = rig.spawn()
+    run_id = origin.start("approval")
+    waiting = _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+    assert waiting["display"]["status"] == "waiting", waiting
+    origin.widget_with(f"{run_id}: waiting")
+
+    assert origin.notice("/workflow pause", level="info") == f"pause: {run_id}"
+    assert _view(rig.state_dir, run_id)["display"]["status"] == "paused"
+    paused = origin.widget_with(f"{run_id}: paused")
+    assert _controls_line(_view(rig.state_dir, run_id)["display"]) in paused
+
+    assert origin.notice("/workflow resume", level="info") == f"resume: {run_id}"
+    assert _settle(rig.state_dir, run_id, {"waiting"})["display"]["status"] == "waiting"
+    origin.widget_with(f"{run_id}: waiting")
+
+    answered = origin.notice('/workflow answer {"approved": true}', level="info")
+    found = re.fullmatch(rf"Answered {run_id}; the workflow continues as (run-[0-9a-f]+)", answered)
+    assert found is not None, answered
+    continuation = found.group(1)
+    done = _settle(rig.state_dir, continuation, TERMINAL)
+    assert done["display"]["status"] == "completed", done
+    origin.widget_with(f"{continuation}: completed")  # the widget follows the continuation
+
+
+def test_cancel_from_pi_and_a_refused_command_says_why(rig: Rig, server: WorkflowServer) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    origin = rig.spawn()
+    run_id = origin.start("approval")
+    _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+    refused = origin.notice('/workflow answer {"approved": "yes"}', level="error")
+    assert refused.startswith("rejected (answerInvalid):"), refused
+    assert origin.notice(f"/workflow cancel {run_id}", level="info") == f"cancel: {run_id}"
+    assert _settle(rig.state_dir, run_id, TERMINAL)["display"]["status"] == "cancelled"
+    origin.widget_with(f"{run_id}: cancelled")
+    again = origin.notice("/workflow resume", level="error")
+    assert again.startswith("rejected"), again
+
+
+# --- bad input and no server ---------------------------------------------------------
+
+
+def test_bad_json_and_bad_arguments_are_refused_before_anything_is_sent(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    origin = rig.spawn()
+    bad = origin.notice("/workflow start hello {name: Ada", level="error")
+    assert bad == 'The workflow input is not valid JSON; pass a value such as {"name": "Ada"}.'
+    assert "not valid JSON" in origin.notice("/workflow answer {oops", level="error")
+    assert "No run was started in this Pi session" in origin.notice(
+        "/workflow status", level="error"
+    )
+    assert origin.notice("/workflow frobnicate", level="error").startswith(
+        'Unknown /workflow command "frobnicate".'
+    )
+    refused = origin.notice("/workflow start no-such-workflow", level="error")
+    assert refused.startswith("rejected (workflowNotFound):"), refused
+    with WorkflowClient(rig.state_dir, autostart=False) as client:
+        assert client.call("run.list")["receipt"]["items"] == [], "no run was started"
+
+
+def test_without_a_server_commands_say_how_to_start_one_and_work_once_it_runs(
+    rig: Rig, short_tmp: Path
+) -> None:
+    elsewhere = short_tmp / "state"  # PI_WORKFLOWS_STATE_DIR wins over the agent dir
+    origin = rig.spawn(PI_WORKFLOWS_STATE_DIR=str(elsewhere))
+    message = origin.notice("/workflow list", level="error")
+    assert message == (
+        "The workflow server is not running. Start it with `pi-workflows server start` "
+        "in a terminal, then try again."
+    )
+    assert str(short_tmp) not in message, "the error names no user path"
+    with running_server(elsewhere):
+        run_id = origin.start("hello")
+        assert _settle(elsewhere, run_id, TERMINAL)["display"]["status"] == "completed"
+        origin.widget_with(f"{run_id}: completed")
+    assert not (rig.state_dir / "host").exists(), "the agent dir's state folder was not used"
+
+
+def test_the_widget_recovers_after_the_server_restarts(rig: Rig) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    with running_server(rig.state_dir):
+        origin = rig.spawn()
+        run_id = origin.start("approval")
+        _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+        origin.widget_with(f"{run_id}: waiting")
+    lost = origin.widget_with("connection to the workflow server lost")
+    assert lost[0] == f"workflow approval {run_id}: waiting", "the last view stays, with a note"
+    with running_server(rig.state_dir):
+        with WorkflowClient(rig.state_dir, autostart=False) as client:
+            client.call("run.answer", {"answer": {"approved": True}}, run_id=run_id)
+        done = _settle(rig.state_dir, run_id, TERMINAL)
+        assert done["display"]["status"] == "completed"
+        # One subscription, sent again on the new connection with the revision it holds.
+        origin.widget_with(f"{run_id}: completed")
+
+
+# --- a lost response: the retry adopts ------------------------------------------------
+
+
+class DroppingRelay:
+    """A Unix-socket relay to the server that swallows the first response to one
+    operation and drops that connection: the server committed, the client never heard
+    (client-protocol.md § Commands and uncertain results)."""
+
+    def __init__(self, listen: Path, upstream: Path, operation: str) -> None:
+        self.upstream = upstream
+        self.operation = operation
+        self.requests: list[dict[str, Any]] = []
+        self.responses: list[dict[str, Any]] = []
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(listen))
+        self._server.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        for sock in [self._server, *list(self._sockets)]:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(str(self.upstream))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, outbound: bool) -> None:
+        with contextlib.suppress(OSError):
+            self._relay(source, sink, outbound)
+        for sock in (source, sink):  # one side ended, or a response was dropped: both go
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _relay(self, source: socket.socket, sink: socket.socket, outbound: bool) -> None:
+        buffer = b""
+        while chunk := source.recv(65536):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not self._forward(json.loads(line), outbound):
+                    return
+                sink.sendall(line + b"\n")
+
+    def _forward(self, message: dict[str, Any], outbound: bool) -> bool:
+        with self._lock:
+            if outbound:
+                if message.get("type") == "request":
+                    self.requests.append(message)
+                return True
+            if message.get("type") != "response":
+                return True
+            ours = [r for r in self.requests if r["operation"] == self.operation]
+            if any(r["requestId"] == message["requestId"] for r in ours):
+                self.responses.append(message)
+                if self.dropped == 0:
+                    self.dropped = 1
+                    return False
+            return True
+
+
+@contextlib.contextmanager
+def dropping_relay(listen: Path, upstream: Path, operation: str) -> Iterator[DroppingRelay]:
+    listen.parent.mkdir(parents=True, exist_ok=True)
+    relay = DroppingRelay(listen, upstream, operation)
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+def test_a_start_whose_response_was_lost_is_retried_with_the_same_key_and_adopted(
+    rig: Rig, server: WorkflowServer, short_tmp: Path
+) -> None:
+    relayed = short_tmp / "relay"
+    with dropping_relay(
+        relayed / "host" / "host.sock", rig.state_dir / "host" / "host.sock", "run.start"
+    ) as relay:
+        origin = rig.spawn(PI_WORKFLOWS_STATE_DIR=str(relayed))
+        run_id = origin.start("hello")
+        assert relay.dropped == 1, "the first response never reached the extension"
+        starts = [r for r in relay.requests if r["operation"] == "run.start"]
+        assert len(starts) == 2, starts
+        first, retry = starts
+        assert first["requestId"] != retry["requestId"], "a new request ID per attempt"
+        assert first["idempotencyKey"] == retry["idempotencyKey"], "one durable identity"
+        assert first["payload"] == retry["payload"]
+        assert first["payload"]["projectPath"] == str(rig.project), "pi's cwd is the project"
+        assert [r["outcome"] for r in relay.responses] == ["accepted", "adopted"]
+        with WorkflowClient(rig.state_dir, autostart=False) as client:
+            runs = client.call("run.list")["receipt"]["items"]
+        assert [item["runId"] for item in runs] == [run_id], "exactly one run"
+
+
+# --- a Pi restart ------------------------------------------------------------------------
+
+
+def test_a_restarted_pi_on_the_same_session_follows_the_run_it_started(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    write_workflow(rig.project, "approval", APPROVAL)
+    session = rig.root / "sessions" / "origin.jsonl"
+    session.parent.mkdir()
+    first = rig.spawn(session)
+    # pi writes a session file only once it holds a model reply (SessionManager defers
+    # every entry until then): an ordinary conversation comes first.
+    rig.provider.script(text_turn("Hello."))
+    assert first.child.run_turn("Hi", 60).stop_reason == "stop"
+    run_id = first.start("approval")
+    _settle(rig.state_dir, run_id, {"waiting"} | TERMINAL)
+    first.widget_with(f"{run_id}: waiting")
+    first.child.stop()
+    entries = [json.loads(line) for line in session.read_text().splitlines()]
+    recorded = [e for e in entries if e.get("customType") == "pi-workflows.run"]
+    assert [e["data"] for e in recorded] == [{"runId": run_id}], entries
+
+    again = rig.spawn(session)  # nothing typed yet: the widget is back from the session
+    assert again.widget_with(f"{run_id}: waiting")[0] == f"workflow approval {run_id}: waiting"
+    status = again.notice("/workflow status", level="info")
+    assert status.splitlines()[0] == f"{run_id}  waiting  approval", status
+    answered = again.notice('/workflow answer {"approved": false}', level="info")
+    assert answered.startswith(f"Answered {run_id}; the workflow continues as run-"), answered
