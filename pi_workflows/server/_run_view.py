@@ -373,6 +373,8 @@ def _controls(facts: _Facts, status: str) -> list[str]:
         # An unresolved effect of a finished run can only be reviewed (`ambiguousEffects`).
         return ["restart", "review"] if facts.ambiguous else ["restart"]
     if status == "ambiguous":
+        if facts.queue is None or facts.queue.state != "parked":
+            return ["cancel"]  # its runner is still parking it: recovery waits for that
         return ["recoverConfirm", "recoverRetry", "cancel"]
     if status == "paused":
         return ["resume", "cancel"]

@@ -585,6 +585,11 @@ class Lab:
     def wait_status(self, run_id: str, *statuses: str) -> dict[str, Any]:
         return self.wait_run(run_id, lambda view: view["display"]["status"] in statuses)
 
+    def wait_recoverable(self, run_id: str) -> dict[str, Any]:
+        """Ambiguous and parked: the display offers recovery only once the run is parked
+        (its status is `ambiguous` from the effect's commit, one commit earlier)."""
+        return self.wait_run(run_id, lambda view: "recoverConfirm" in view["display"]["controls"])
+
     def wait_reason(self, run_id: str, reason: str) -> dict[str, Any]:
         return self.wait_run(run_id, lambda view: view["display"].get("reason") == reason)
 

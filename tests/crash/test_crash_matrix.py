@@ -1049,7 +1049,7 @@ def _park_crash(lab: Lab, point: str) -> None:
 
 def _recover_crash(lab: Lab, point: str) -> None:
     armed, run_id = _ambiguous_charge(lab, point)
-    lab.wait_status(run_id, "ambiguous")
+    lab.wait_recoverable(run_id)
     confirm = lab.command("run.recover", {"action": "confirm"}, run_id=run_id)
     assert confirm.lost
     lab.expect_server_crash(armed)

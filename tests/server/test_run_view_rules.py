@@ -83,6 +83,16 @@ def test_a_missing_run_has_no_view(db: Database) -> None:
     assert build_run_view(db, "run-none") is None
 
 
+def test_rule_2_recovery_is_offered_only_once_the_ambiguous_run_is_parked(
+    db: Database,
+) -> None:
+    claim = running(db)
+    _ambiguous_effect(db, claim)  # its runner has not parked the run yet
+    display = view(db)["display"]
+    assert display["status"] == "ambiguous"
+    assert display["controls"] == ["cancel"], "run.recover refuses a run not parked yet"
+
+
 def test_rule_2_an_ambiguous_effect_on_a_nonterminal_run_is_ambiguous(db: Database) -> None:
     claim = running(db)
     _ambiguous_effect(db, claim)
