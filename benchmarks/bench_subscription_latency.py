@@ -4,11 +4,14 @@ Issue 13 target: 100 subscribers on a run that commits a step every 10 ms see ea
 commit within 50 ms (p99). A real `server run` process executes a workflow whose one
 node loops on itself, sleeping 10 ms per visit, so every visit commits its attempt.
 The subscribers are raw sockets in this process, read by one selector thread that
-only notes when each event arrived and its revision (the envelope's, the last
-`"revision":` of the line). The commit time of each revision is its event's
-`recorded_at` in the database, read afterwards. A commit's delay, for one subscriber,
-is the arrival of its first event at that revision or later (a coalesced revision
-counts until the newer one arrives). Baseline: the same run with 1 subscriber.
+only notes when each event arrived and the run's `updatedAt` it carries (a snapshot's
+field, or a patch's `/updatedAt` replacement): the commit time of the run's newest
+event. (The envelope's revision is the view's presentation revision, which also
+counts changes that write no event, so it cannot be matched with `events.revision`.)
+Each event's `recorded_at` is read from the database afterwards. A commit's delay,
+for one subscriber, is the arrival of its first event showing that commit or a later
+one (a coalesced commit counts until the newer one arrives). Baseline: the same run
+with 1 subscriber.
 
 Run: .venv/bin/python benchmarks/bench_subscription_latency.py [--subscribers 100]
      [--steps 300] [--step-ms 10]
@@ -20,6 +23,7 @@ import argparse
 import contextlib
 import itertools
 import os
+import re
 import selectors
 import socket
 import sqlite3
@@ -101,8 +105,19 @@ def subscribe(socket_path: Path, run_id: str) -> socket.socket:
     return sock
 
 
+_UPDATED_AT = re.compile(
+    rb'(?:"path":"/updatedAt","value":|^\{"kind":"runSnapshot","payload":\{.*?"updatedAt":)(\d+)'
+)
+
+
+def shown_commit(line: bytes) -> int | None:
+    """The run's `updatedAt` (ms) an event line shows, if it changes it."""
+    match = _UPDATED_AT.search(line)
+    return int(match.group(1)) if match else None
+
+
 class Arrivals(threading.Thread):
-    """Reads every subscriber socket; notes (revision, arrival time) of each event."""
+    """Reads every subscriber socket; notes (updatedAt, arrival time) of each event."""
 
     def __init__(self, sockets: list[socket.socket]) -> None:
         super().__init__(daemon=True)
@@ -126,22 +141,21 @@ class Arrivals(threading.Thread):
                 lines = (pending[index] + data).split(b"\n")
                 pending[index] = lines.pop()
                 for line in lines:
-                    at = line.rfind(b',"revision":')
-                    if at < 0 or b'"type":"event"' not in line:
-                        continue
-                    end = line.index(b",", at + 12)
-                    self.seen[index].append((int(line[at + 12 : end]), now))
+                    shown = shown_commit(line) if b'"type":"event"' in line else None
+                    if shown is not None:
+                        self.seen[index].append((shown, now))
 
 
 def commit_times(state: Path, run_id: str) -> dict[int, float]:
+    """Each commit's `recorded_at` (ms) and the same time in seconds."""
     database = sqlite3.connect(f"file:{state / 'state.sqlite'}?mode=ro", uri=True)
     try:
         rows = database.execute(
-            "SELECT revision, recorded_at FROM events WHERE run_id = ?", (run_id,)
+            "SELECT DISTINCT recorded_at FROM events WHERE run_id = ?", (run_id,)
         ).fetchall()
     finally:
         database.close()
-    return {int(revision): recorded / 1000 for revision, recorded in rows}
+    return {int(recorded): recorded / 1000 for (recorded,) in rows}
 
 
 def measure(state: Path, project: Path, subscribers: int) -> tuple[list[float], float]:
@@ -161,7 +175,7 @@ def measure(state: Path, project: Path, subscribers: int) -> tuple[list[float], 
                 time.sleep(0.2)
             final_view = client.call("run.get", run_id=run_id)["receipt"]
             assert final_view["display"]["status"] == "completed", final_view["display"]
-            final = final_view["revision"]
+            final = final_view["updatedAt"]
             deadline = time.monotonic() + 30
             while any(not s or s[-1][0] < final for s in arrivals.seen):
                 assert time.monotonic() < deadline, "a subscriber never saw the final revision"
@@ -172,14 +186,14 @@ def measure(state: Path, project: Path, subscribers: int) -> tuple[list[float], 
             for sock in sockets:
                 sock.close()
     commits = {
-        revision: at
-        for revision, at in commit_times(state, run_id).items()
+        recorded: at
+        for recorded, at in commit_times(state, run_id).items()
         if at > watching_since + 0.05  # every subscriber is installed by then
     }
     delays: list[float] = []
     for seen in arrivals.seen:
-        for revision, committed in commits.items():
-            arrived = next(at for rev, at in seen if rev >= revision)
+        for recorded, committed in commits.items():
+            arrived = next(at for shown, at in seen if shown >= recorded)
             delays.append(max(0.0, arrived - committed))
     times = sorted(commits.values())
     gaps = sorted(b - a for a, b in itertools.pairwise(times))
