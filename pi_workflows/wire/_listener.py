@@ -398,9 +398,17 @@ async def _open_writing_half(
 
 @dataclass(eq=False, slots=True)
 class _Slot:
-    """One admitted connection's place under the cap; released once."""
+    """One admitted connection's place under the cap; released once.
+
+    A slot is silent (evictable) from the moment it is admitted, before its task has
+    built the `Connection`: under a burst of accepts the tasks lag behind, and a
+    cap full of not-yet-served slots must not turn a new client away.
+    """
 
     held: bool = True
+    connection: Connection | None = None
+    evicted: bool = False
+    """Evicted before its connection existed: refuse it as soon as it does."""
 
 
 class _Rejections:
@@ -491,8 +499,8 @@ class ClientListener:
         self._ids = itertools.count(1)
         self._connections: set[Connection] = set()
         self._admitted = 0
-        self._silent: dict[Connection, _Slot] = {}
-        """Connections that have not sent a complete frame yet, oldest first."""
+        self._silent: dict[_Slot, None] = {}
+        """Admitted slots whose connection has not sent a complete frame yet, oldest first."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.rejections = _Rejections(self._loop)
 
@@ -687,6 +695,7 @@ class ClientListener:
             return
         self._admitted += 1
         slot = _Slot()
+        self._silent[slot] = None
         task = self._loop.create_task(self._serve_socket(client, slot))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -695,9 +704,13 @@ class ClientListener:
         """Close the oldest connection that has sent nothing, to admit a new one."""
         if not self._silent:
             return False
-        connection = next(iter(self._silent))
-        self._release(self._silent.pop(connection))
-        connection._refuse_now(EVICTED_AT_CAP)
+        slot = next(iter(self._silent))
+        del self._silent[slot]
+        self._release(slot)
+        if slot.connection is None:
+            slot.evicted = True  # its task refuses it once the connection exists
+        else:
+            slot.connection._refuse_now(EVICTED_AT_CAP)
         self.rejections.note("evictedSilent")
         return True
 
@@ -731,6 +744,7 @@ class ClientListener:
                 return
             await self._serve(reader, writer, slot)
         finally:
+            self._silent.pop(slot, None)
             self._release(slot)
 
     # --- stopping ------------------------------------------------------------------------
@@ -773,17 +787,19 @@ class ClientListener:
             _loop_thread_id=threading.get_ident(),
         )
         self._connections.add(connection)
-        self._silent[connection] = slot
+        slot.connection = connection
         writer_task = self._loop.create_task(connection._write_loop())
         try:
             connection._outbox.append(encode_frame(self._hello(connection.connection_id)))
             connection._wake.set()
+            if slot.evicted:
+                connection._refuse_now(EVICTED_AT_CAP)
             self._require_handler().on_connect(connection)
-            await self._read_requests(connection, AsyncFrameReader(reader))
+            await self._read_requests(connection, slot, AsyncFrameReader(reader))
         except (ConnectionError, OSError):
             pass  # the peer went away; nothing to answer
         finally:
-            self._silent.pop(connection, None)
+            self._silent.pop(slot, None)
             connection._close_now()
             writer_task.cancel()
             with contextlib.suppress(BaseException):
@@ -803,7 +819,7 @@ class ClientListener:
         }
 
     async def _first_message(
-        self, connection: Connection, frames: AsyncFrameReader
+        self, connection: Connection, slot: _Slot, frames: AsyncFrameReader
     ) -> dict[str, Any] | None:
         """The first frame, within the deadline; a late connection is refused and closed."""
         try:
@@ -815,16 +831,18 @@ class ClientListener:
                 self.rejections.note("firstFrameTimeout")
             return None
         finally:
-            self._silent.pop(connection, None)
+            self._silent.pop(slot, None)
 
-    async def _read_requests(self, connection: Connection, frames: AsyncFrameReader) -> None:
+    async def _read_requests(
+        self, connection: Connection, slot: _Slot, frames: AsyncFrameReader
+    ) -> None:
         first = True
         while not connection.closed:
             await connection._slots.acquire()  # backpressure: stop reading a flooding peer
             try:
                 if first:
                     first = False
-                    message = await self._first_message(connection, frames)
+                    message = await self._first_message(connection, slot, frames)
                 else:
                     message = await frames.read_message()
             except (FrameError, PiWorkflowsError) as exc:

@@ -209,6 +209,41 @@ def test_a_thousand_idle_connections_under_256_descriptors_leave_a_client_served
     ]
 
 
+def test_a_burst_accepted_in_one_batch_evicts_older_silent_slots_and_serves_the_newest(
+    state_dir: Path,
+) -> None:
+    """Slots admitted in one accept batch are evictable before their tasks have run.
+
+    The server is stopped while the connections queue, so one batch admits far more
+    than the cap before any connection object exists: the newest is still served.
+    """
+    queued = 100
+    with server_process(state_dir, PI_WORKFLOWS_MAX_CONNECTIONS="4") as child:
+        socket_path = state_dir / "host" / "host.sock"
+        held: list[socket.socket] = []
+        child.send_signal(signal.SIGSTOP)
+        try:
+            try:
+                for _ in range(queued):
+                    held.append(connect_when_queued(socket_path))
+                newest = held[-1]
+                newest.sendall(request_frame("server.status", "newest"))
+            finally:
+                child.send_signal(signal.SIGCONT)
+            reader = SocketFrameReader(newest)
+            hello = reader.read_message()
+            assert hello is not None and hello["type"] == "hello"
+            response = reader.read_message()
+            assert response is not None and response["type"] == "response", response
+            assert response["outcome"] == "accepted"
+            refusal = read_refusal(SocketFrameReader(held[0]))
+            assert refusal["payload"]["code"] == "tooManyConnections"
+        finally:
+            for sock in held:
+                sock.close()
+        stop_gracefully(child)
+
+
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_at_start(state_dir: Path) -> None:
     with server_process(state_dir, nofile=(256, 512)) as child:
         soft, hard = psutil.Process(child.pid).rlimit(psutil.RLIMIT_NOFILE)
