@@ -1,4 +1,5 @@
-"""Fixtures for server tests: an embedded server with fast ticks and a client."""
+"""Fixtures for server tests: an embedded server with fast ticks, a client, and a bare
+database on a manual clock (for views and handlers built straight from storage)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.storage import Database, ManualClock, open_database
 from tests.conftest import write_workflow
 
 
@@ -17,6 +19,16 @@ def project(short_tmp: Path) -> Path:
     folder = short_tmp / "project"
     write_workflow(folder, "hello")
     return folder
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    """A real database file at `<tmp>/workflows/state.sqlite`, on a manual clock."""
+    database = open_database(tmp_path / "workflows" / "state.sqlite", clock=ManualClock())
+    try:
+        yield database
+    finally:
+        database.close()
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,14 +22,12 @@ from pi_workflows.server._run_list import RunListQuery, run_list_page
 from pi_workflows.server._run_view import build_run_view
 from pi_workflows.storage import (
     Database,
-    ManualClock,
     RunListFilter,
     RunnerOutcome,
     complete_run,
     finish_node_attempt,
     list_runs_filtered,
     open_checkpoint_decision,
-    open_database,
     park_run,
     pause_run,
     record_runner_exit,
@@ -42,15 +39,6 @@ from tests.server.test_run_view_rules import _ambiguous_effect, _start
 from tests.storage.storage_helpers import enqueue, running
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "state.sqlite", clock=ManualClock())
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def _terminal_with_effect_and_cleanup(db: Database) -> None:

@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from pi_workflows.server._operations import (
     origin_session_steps,
     start_run,
 )
-from pi_workflows.storage import Database, ManualClock, open_database
+from pi_workflows.storage import Database
 from pi_workflows.wire.canonical import dumps, sha256_digest
 from tests.conftest import write_workflow
 
@@ -90,15 +89,6 @@ def _start(db: Database, tmp: Path, resolved: dict[str, Any], key: str) -> dict[
 def resolved(tmp_path: Path) -> dict[str, Any]:
     write_workflow(tmp_path / "project", "ask", ASK)
     return _resolved(tmp_path / "project", tmp_path)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "state" / "state.sqlite", clock=ManualClock())
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 @pytest.mark.parametrize("marking", [{"kind": "assistant"}, {"visible": True}])

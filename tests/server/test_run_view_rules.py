@@ -9,8 +9,6 @@ against the run-view schema.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +18,6 @@ from pi_workflows.storage import (
     Claim,
     Database,
     FailureClass,
-    ManualClock,
     RunnerOutcome,
     complete_run,
     declare_effect_ambiguous,
@@ -28,7 +25,6 @@ from pi_workflows.storage import (
     finish_node_attempt,
     mark_runner_live,
     open_checkpoint_decision,
-    open_database,
     park_run,
     pause_run,
     record_runner_exit,
@@ -41,15 +37,6 @@ from pi_workflows.wire import protocol
 from tests.storage.storage_helpers import INTERACTIVE, enqueue, launch, running
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "state.sqlite", clock=ManualClock())
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def view(db: Database, run_id: str = "run-1") -> dict[str, Any]:

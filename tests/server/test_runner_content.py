@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +20,7 @@ from pi_workflows.server._runner_content import INLINE_FRAME_LIMIT
 from pi_workflows.server._runner_exits import record_exit
 from pi_workflows.server._runner_handlers import apply_message
 from pi_workflows.server._runner_launch import launch_state, prepare_launch, record_spawn
-from pi_workflows.storage import Database, NewRun, enqueue_run, open_database
+from pi_workflows.storage import Database, NewRun, enqueue_run
 from pi_workflows.supervision import identity_of
 from pi_workflows.wire.canonical import dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
@@ -34,15 +32,6 @@ pytestmark = pytest.mark.timeout(60)
 BIG = 700_000
 """Characters of one large output: two of them make a state over the frame limit."""
 PART = 512 * 1024
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "workflows" / "state.sqlite")
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 class Runner:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +18,6 @@ import pytest
 from pi_workflows.storage import (
     Database,
     get_run,
-    open_database,
     read_json_blob,
     read_resume_state,
 )
@@ -29,15 +26,6 @@ from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from tests.server.test_runner_content import PART, Runner, _enqueue
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "workflows" / "state.sqlite")
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 RESULT = {"exitCode": 0, "stdout": "\x00" * 200_000, "stderr": "", "truncated": False}

@@ -11,13 +11,12 @@ attempt goes on counting and says `resumed`.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pi_workflows.storage import Database, open_database
+from pi_workflows.storage import Database
 from pi_workflows.storage._interactions import read_request, record_submission
 from pi_workflows.wire.canonical import sha256_digest
 from tests.server.test_runner_content import Runner, _enqueue
@@ -25,15 +24,6 @@ from tests.server.test_runner_content import Runner, _enqueue
 pytestmark = pytest.mark.timeout(60)
 
 CONTRACT = {"step": "ask", "attempt": "a", "outputSchema": None, "validate": False}
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "workflows" / "state.sqlite")
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def _agent_step(runner: Runner, attempt: str) -> dict[str, Any]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +21,9 @@ from pi_workflows.server._view_content import CHUNK_BYTES, ViewRequestError, vie
 from pi_workflows.storage import (
     Database,
     FailureClass,
-    ManualClock,
     fail_node_attempt,
     fail_run,
     finish_node_attempt,
-    open_database,
     put_json_blob,
     start_node_attempt,
 )
@@ -40,15 +36,6 @@ pytestmark = pytest.mark.timeout(60)
 BIG_OUTPUT = {"text": "o" * 600_000}
 BIG_REASON = "nodeFailed: big: " + "r" * 100_000
 BIG_ERROR = "nodeFailed: " + "e" * 40_000
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "state.sqlite", clock=ManualClock())
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def _view(db: Database, run_id: str = "run-1") -> dict[str, Any]:

@@ -11,8 +11,6 @@ only the selected range.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,10 +21,8 @@ from pi_workflows.server._view_pages import PAGE_BYTES, run_page
 from pi_workflows.storage import (
     Claim,
     Database,
-    ManualClock,
     fail_node_attempt,
     finish_node_attempt,
-    open_database,
     put_traceback,
     start_node_attempt,
 )
@@ -36,15 +32,6 @@ from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from tests.storage.storage_helpers import running
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "state.sqlite", clock=ManualClock())
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def _view(db: Database) -> dict[str, Any]:

@@ -10,8 +10,7 @@ a request, a decision, stored content, a restart of the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -19,14 +18,12 @@ from pi_workflows.server._run_view import build_run_view
 from pi_workflows.storage import (
     Claim,
     Database,
-    ManualClock,
     RunnerOutcome,
     declare_effect_ambiguous,
     enqueue_run,
     get_run,
     mark_runner_live,
     open_checkpoint_decision,
-    open_database,
     put_view_content,
     record_runner_exit,
     renew_claim,
@@ -39,15 +36,6 @@ from pi_workflows.storage._interactions import record_unproductive_turn, request
 from tests.storage.storage_helpers import enqueue, launch, new_run, running
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "state.sqlite", clock=ManualClock())
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def _event_revision(db: Database, run_id: str = "run-1") -> int:
