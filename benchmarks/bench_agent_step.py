@@ -31,7 +31,6 @@ import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
+from _server import workflow_server as start_server
 
 from pi_workflows import WorkflowClient
 from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions
@@ -199,28 +199,8 @@ class RssSampler:
 # --- the server path ------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def workflow_server(state_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    env = dict(
-        os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent), **{PI_BINARY_ENV: str(PI_BIN)}
-    )
-    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir)]
-    child = subprocess.Popen(
-        [*command, "server", "run", "--idle-exit", "0"], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        if "running" not in line:
-            raise RuntimeError(f"the server did not start: {line!r}")
-        yield child
-    finally:
-        child.terminate()
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(10)
+def workflow_server(state_dir: Path) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
+    return start_server(state_dir, env={PI_BINARY_ENV: str(PI_BIN)})
 
 
 class ServerPath:

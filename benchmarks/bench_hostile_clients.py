@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+
+from _server import workflow_server as start_server
 
 from pi_workflows import WorkflowClient
 
@@ -160,35 +161,11 @@ def _limit(soft: int, hard: int) -> Callable[[], None]:
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-@contextlib.contextmanager
 def workflow_server(
     state_dir: Path, *, execute: bool, nofile: int | None = None
-) -> Iterator[subprocess.Popen[str]]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
-    command = [
-        sys.executable,
-        "-m",
-        "pi_workflows.cli",
-        "--state-dir",
-        str(state_dir),
-        "server",
-        "run",
-        "--idle-exit",
-        "0",
-    ]
-    child = subprocess.Popen(
-        [*command, "--execute" if execute else "--no-execute"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=_limit(nofile, nofile) if nofile else None,  # noqa: PLW1509
-    )
-    try:
-        assert child.stdout is not None and "running" in child.stdout.readline()
-        yield child
-    finally:
-        child.terminate()
-        child.wait(60)
+) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
+    args = ["--execute" if execute else "--no-execute"]
+    return start_server(state_dir, args, preexec_fn=_limit(nofile, nofile) if nofile else None)
 
 
 def helper(script: str, *args: str, stdin: bool = False) -> subprocess.Popen[str]:

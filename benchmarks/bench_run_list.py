@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _server import workflow_server as start_server
 from bench_run_view import ATTEMPTS, RUN_ID, _measured_run
 
 from pi_workflows import WorkflowClient
@@ -83,18 +81,8 @@ def populate(db: Database, runs: int, events: int) -> None:
             )
 
 
-@contextlib.contextmanager
-def workflow_server(state_dir: Path) -> Iterator[None]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
-    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir)]
-    command += ["server", "run", "--idle-exit", "0", "--no-execute"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert child.stdout is not None and "running" in child.stdout.readline()
-        yield
-    finally:
-        child.terminate()
-        child.wait(30)
+def workflow_server(state_dir: Path) -> contextlib.AbstractContextManager[object]:
+    return start_server(state_dir, ["--no-execute"])
 
 
 def percentile(samples: list[float], fraction: float) -> float:

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from _server import workflow_server
 from bench_runs import THREE_WORKFLOW, Runner, percentile, zygote_fork_s
 
 WARMUP = 3
@@ -43,28 +40,9 @@ CONFIGS = {
 }
 
 
-@contextlib.contextmanager
-def server(state_dir: Path, extra_env: dict[str, str]) -> Iterator[None]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent), **extra_env)
-    for key in ("PI_WORKFLOWS_DEFINITION_CACHE", "PI_WORKFLOWS_ZYGOTE_SPARES"):
-        if key not in extra_env:
-            env.pop(key, None)
-    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir)]
-    command += ["server", "run", "--idle-exit", "0", "--max-workers", "4"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        if "running" not in line:
-            raise RuntimeError(f"the server did not start: {line!r}")
-        yield
-    finally:
-        child.terminate()
-        try:
-            child.wait(20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(10)
+def server(state_dir: Path, extra_env: dict[str, str]) -> contextlib.AbstractContextManager[object]:
+    unset = [key for key in CONFIGS["baseline"] if key not in extra_env]
+    return workflow_server(state_dir, ["--max-workers", "4"], env=extra_env, unset=unset)
 
 
 def one_round(folder: Path, extra_env: dict[str, str], runs: int) -> tuple[list[float], list[int]]:

@@ -33,9 +33,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from _server import workflow_server as start_server
 
 from pi_workflows import WorkflowClient
 from pi_workflows.errors import PiWorkflowsError
@@ -80,36 +81,8 @@ def percentile(samples: list[float], fraction: float) -> float:
 # --- pi-workflows --------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def workflow_server(state_dir: Path) -> Iterator[None]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
-    command = [
-        sys.executable,
-        "-m",
-        "pi_workflows.cli",
-        "--state-dir",
-        str(state_dir),
-        "server",
-        "run",
-        "--idle-exit",
-        "0",
-        "--max-workers",
-        str(WORKERS),
-    ]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        if "running" not in line:
-            raise RuntimeError(f"the server did not start: {line!r}")
-        yield
-    finally:
-        child.terminate()
-        try:
-            child.wait(20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(10)
+def workflow_server(state_dir: Path) -> contextlib.AbstractContextManager[object]:
+    return start_server(state_dir, ["--max-workers", str(WORKERS)])
 
 
 class Runner:

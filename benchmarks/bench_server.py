@@ -10,7 +10,6 @@ Run: .venv/bin/python benchmarks/bench_server.py
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import statistics
@@ -20,6 +19,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from _server import workflow_server as start_server
 
 from pi_workflows import WorkflowClient
 from pi_workflows.wire.framing import SocketFrameReader, encode_frame
@@ -107,32 +108,9 @@ def echo_server(folder: Path) -> Iterator[Path]:
         child.wait(10)
 
 
-@contextlib.contextmanager
-def workflow_server(state_dir: Path) -> Iterator[None]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pi_workflows.cli",
-            "--state-dir",
-            str(state_dir),
-            "server",
-            "run",
-            "--idle-exit",
-            "0",
-            "--no-execute",  # the benchmark measures the protocol, not runners
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert child.stdout is not None and "running" in child.stdout.readline()
-        yield
-    finally:
-        child.terminate()
-        child.wait(20)
+def workflow_server(state_dir: Path) -> contextlib.AbstractContextManager[object]:
+    # --no-execute: the benchmark measures the protocol, not runners
+    return start_server(state_dir, ["--no-execute"])
 
 
 def echo_caller(path: Path, frame: bytes) -> Callable[[], object]:

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from _server import workflow_server
 from bench_runs import THREE_WORKFLOW, percentile
 
 from pi_workflows import WorkflowClient
@@ -34,26 +31,9 @@ from pi_workflows import WorkflowClient
 WARMUP = 5
 
 
-@contextlib.contextmanager
-def server(state_dir: Path, cache: bool) -> Iterator[None]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
-    env["PI_WORKFLOWS_DEFINITION_CACHE"] = "1" if cache else "0"
-    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir)]
-    command += ["server", "run", "--idle-exit", "0", "--no-execute"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        if "running" not in line:
-            raise RuntimeError(f"the server did not start: {line!r}")
-        yield
-    finally:
-        child.terminate()
-        try:
-            child.wait(20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(10)
+def server(state_dir: Path, cache: bool) -> contextlib.AbstractContextManager[object]:
+    env = {"PI_WORKFLOWS_DEFINITION_CACHE": "1" if cache else "0"}
+    return workflow_server(state_dir, ["--no-execute"], env=env)
 
 
 def measure(folder: Path, cache: bool, samples: int) -> dict[str, list[float]]:

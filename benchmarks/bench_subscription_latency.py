@@ -22,18 +22,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import os
 import re
 import selectors
 import socket
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from _server import workflow_server
 
 from pi_workflows import WorkflowClient
 from pi_workflows.wire.framing import SocketFrameReader, encode_frame
@@ -59,24 +58,8 @@ workflow = define_workflow(
 TERMINAL = frozenset({"completed", "failed", "timed_out", "cancelled"})
 
 
-@contextlib.contextmanager
-def server_process(state: Path) -> Iterator[subprocess.Popen[str]]:
-    env = dict(os.environ, PI_CODING_AGENT_DIR=str(state.parent))
-    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state)]
-    server = subprocess.Popen(
-        [*command, "server", "run", "--idle-exit", "0"], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert server.stdout is not None and "running" in server.stdout.readline()
-        yield server
-    finally:
-        with contextlib.suppress(Exception), WorkflowClient(state, autostart=False) as client:
-            client.call("server.stop", {"drainSeconds": 0})
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+def server_process(state: Path) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
+    return workflow_server(state)
 
 
 def subscribe(socket_path: Path, run_id: str) -> socket.socket:
