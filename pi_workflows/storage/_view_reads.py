@@ -137,41 +137,10 @@ class LineageLinks:
 
 
 @dataclass(frozen=True, slots=True)
-class NumberedAttempt:
+class NumberedAttempt(NodeAttemptRow):
     """One `node_attempts` row and its attempt number within its node visit."""
 
-    attempt_id: str
-    run_id: str
-    node_path: str
-    node_type: str
-    visit: int
-    generation: int
-    status: str
-    started_at: int
-    deadline_at: int | None
-    finished_at: int | None
-    output_hash: str | None
-    error: str | None
-    next_node_path: str | None
     number: int
-
-    @property
-    def row(self) -> NodeAttemptRow:
-        return NodeAttemptRow(
-            self.attempt_id,
-            self.run_id,
-            self.node_path,
-            self.node_type,
-            self.visit,
-            self.generation,
-            self.status,
-            self.started_at,
-            self.deadline_at,
-            self.finished_at,
-            self.output_hash,
-            self.error,
-            self.next_node_path,
-        )
 
 
 @dataclass(frozen=True, slots=True)
