@@ -89,6 +89,7 @@ __all__ = [
     "SELECT_BLOB_LOCATION",
     "SELECT_COMMAND_BY_KEY",
     "SELECT_COMMAND_BY_REQUEST",
+    "SELECT_CONTENT_PART",
     "SELECT_CONTINUATION_DECISION",
     "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
@@ -1061,11 +1062,19 @@ WHERE b.execution_mode = 'interactive'
   AND (r.status IN ('completed', 'failed', 'timed_out', 'cancelled')) = (b.reserved = 1)
 """
 # Every blob with its bytes, for the verifier's digest check (streamed row by row).
-SELECT_BLOB_CONTENTS = "SELECT digest, byte_length, content FROM blobs"
-# Every view content row with its bytes, for the same check.
-SELECT_VIEW_CONTENTS = (
-    "SELECT run_id, digest, media_type, byte_length, content FROM run_view_content"
+SELECT_BLOB_CONTENTS = (
+    "SELECT rowid, digest, byte_length, typeof(content) = 'blob', length(content) FROM blobs"
 )
+# Every view content row, for the same check (its bytes are read in parts).
+SELECT_VIEW_CONTENTS = (
+    "SELECT rowid, run_id, digest, media_type, byte_length, typeof(content) = 'blob', "
+    "length(content) FROM run_view_content"
+)
+# One part of a content row's bytes (1-based start), by table.
+SELECT_CONTENT_PART = {
+    table: f"SELECT substr(content, :start, :length) FROM {table} WHERE rowid = :row_id"
+    for table in ("blobs", "run_view_content")
+}
 
 
 # --- Checkpoint decisions -----------------------------------------------------------

@@ -166,21 +166,44 @@ def _lifecycle_pairs(conn: sqlite3.Connection) -> Iterator[Finding]:
         yield Finding(code, run_id, f"run {status}, queue {state}")
 
 
+VERIFY_PART_BYTES = 1024 * 1024
+"""Content is hashed in parts of this size, so one large blob never sits in memory whole."""
+
+
 def _digests(conn: sqlite3.Connection) -> Iterator[Finding]:
-    for digest, byte_length, content in conn.execute(q.SELECT_BLOB_CONTENTS):
-        if not _matches(digest, byte_length, content):
+    for row_id, digest, byte_length, is_blob, length in conn.execute(q.SELECT_BLOB_CONTENTS):
+        stored = _Stored(digest, byte_length, length if is_blob else None)
+        if not _matches(conn, "blobs", row_id, stored):
             yield Finding(FindingCode.BLOB_DIGEST_MISMATCH, None, str(digest))
-    for run_id, digest, media_type, byte_length, content in conn.execute(q.SELECT_VIEW_CONTENTS):
-        if not _matches(digest, byte_length, content):
+    for row in conn.execute(q.SELECT_VIEW_CONTENTS):
+        row_id, run_id, digest, media_type, byte_length, is_blob, length = row
+        stored = _Stored(digest, byte_length, length if is_blob else None)
+        if not _matches(conn, "run_view_content", row_id, stored):
             yield Finding(
                 FindingCode.VIEW_CONTENT_DIGEST_MISMATCH, run_id, f"{digest} {media_type}"
             )
 
 
-def _matches(digest: object, byte_length: object, content: object) -> bool:
-    if not isinstance(content, bytes):
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What a content row claims about its bytes, and their real length."""
+
+    digest: object
+    byte_length: object
+    length: int | None
+    """None when the stored value is not a blob at all."""
+
+
+def _matches(conn: sqlite3.Connection, table: str, row_id: int, stored: _Stored) -> bool:
+    """The stored length and digest match the bytes, hashed part by part."""
+    if stored.length is None or stored.byte_length != stored.length:
         return False
-    return byte_length == len(content) and digest == "sha256:" + hashlib.sha256(content).hexdigest()
+    hasher = hashlib.sha256()
+    sql = q.SELECT_CONTENT_PART[table]
+    for start in range(1, stored.length + 1, VERIFY_PART_BYTES):
+        part = conn.execute(sql, {"start": start, "length": VERIFY_PART_BYTES, "row_id": row_id})
+        hasher.update(part.fetchone()[0])
+    return stored.digest == "sha256:" + hasher.hexdigest()
 
 
 def _sql_check(conn: sqlite3.Connection, code: FindingCode, sql: str) -> Iterator[Finding]:

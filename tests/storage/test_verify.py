@@ -3,6 +3,7 @@ broken database per finding code. It never raises, and never reports payloads or
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from pi_workflows.storage import (
     verify_backup,
     wait_run,
 )
+from pi_workflows.storage._verify import VERIFY_PART_BYTES
 from tests.storage.storage_helpers import enqueue, launch, running
 
 SECRETS: list[str] = []
@@ -315,6 +317,25 @@ def test_deleting_a_terminal_run_cascades_cleanly(built: Path) -> None:
         assert db.fetch_value("SELECT count(*) FROM human_decision_resolutions", {}) == 0
     finally:
         db.close()
+
+
+def test_a_blob_larger_than_one_part_is_hashed_part_by_part(built: Path) -> None:
+    """A clean multi-part blob verifies; one changed byte in its last part is found."""
+    large = bytes(range(256)) * (VERIFY_PART_BYTES // 128 + 3)  # just over two parts
+    db = open_database(built, clock=ManualClock())
+    try:
+        with db.write() as tx:
+            put_blob(tx, large)
+        assert verify(db) == []
+    finally:
+        db.close()
+    with contextlib.closing(sqlite3.connect(built)) as conn, conn:
+        conn.execute(
+            "UPDATE blobs SET content = ? WHERE byte_length = ?",
+            (large[:-1] + b"\x00", len(large)),
+        )
+    findings = verify_backup(built)
+    assert FindingCode.BLOB_DIGEST_MISMATCH in {finding.code for finding in findings}
 
 
 def test_expired_claims_are_recoverable_state_not_findings(built: Path) -> None:
