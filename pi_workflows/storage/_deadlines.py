@@ -1,18 +1,17 @@
-"""The active time of an interactive agent step: the node timeout while no runner exists.
+"""The active time of an interactive agent step: its node timeout while no runner exists.
 
-Implements workflow-server.md § Interactive Pi execution ("The server continues to
-enforce the durable deadline while no runner exists") and § Recovery step 8: the node
-timeout is consumed only during reported model turns of a connected active session. A
-disconnect (the coordinator epoch ends), a pause, a turn's end and a server restart
-suspend it; a turn start and a branch report of the active epoch with the turn still
-open resume it; earlier active time is kept.
-
-Durable form, on `interactive_requests`: `active_ms` (time used) and `active_since` (the
-start of the running span, NULL while suspended). The budget is the waiting attempt's
-resolved node timeout, `deadline_at - started_at`, committed with `node.started`. Each
-change happens in the transaction of the report or transition that causes it. This
-module depends only on the connection, so the lifecycle can call it.
+Implements workflow-server.md § Interactive Pi execution and § Recovery step 8: the
+timeout runs only during reported model turns of a connected active origin session.
 """
+
+# Durable form, on `interactive_requests`: `active_ms` (time used) and `active_since`
+# (the start of the running span, NULL while suspended). The budget is the waiting
+# attempt's resolved node timeout, `deadline_at - started_at`, committed with
+# `node.started`. A turn start, and a branch report of the active epoch with the turn
+# still open, run it; a turn's end, the epoch's end (disconnect or a replacement
+# connection), a pause and a server's death stop it, keeping the time used. Each change
+# is written in the transaction of the report or transition that causes it. This module
+# depends only on the connection, so the lifecycle can call it.
 
 from __future__ import annotations
 
@@ -81,7 +80,8 @@ SELECT i.request_id, i.run_id, i.attempt_id,
 FROM interactive_requests i
 JOIN node_attempts a ON a.attempt_id = i.attempt_id
 JOIN runs r ON r.run_id = i.run_id
-WHERE i.status = 'pending' AND a.status = 'waiting' AND a.deadline_at IS NOT NULL
+WHERE i.status = 'pending' AND i.target_session_id IS NOT NULL AND a.status = 'waiting'
+  AND a.deadline_at IS NOT NULL
   AND r.status = 'waiting' AND r.paused = 0
 """
 
