@@ -472,3 +472,37 @@ def test_recovery_times_out_a_step_whose_budget_ran_out_before_the_server_died(
         assert step.wait_terminal()["display"]["status"] == "timed_out"
     finally:
         server.stop("test teardown")
+
+
+def test_after_a_restart_nothing_is_offered_until_a_matching_session_connects(
+    state_dir: Path, clock: ManualClock, project: Path
+) -> None:
+    server = serve(state_dir, clock)
+    try:
+        with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+            run_id = start(client, project, "timed", SESSION)["receipt"]["runId"]
+            wait_for(client, run_id, {"waiting"})
+    finally:
+        server.stop("restart")
+    [(message_id,)] = rows(state_dir, "SELECT message_id FROM workflow_messages")
+    server = serve(state_dir, clock)
+    viewer, coordinator = Watcher(server.socket_path), Watcher(server.socket_path)
+    try:
+        # Recovery step 7: the pending step message is restored as it was; step 11: a
+        # view that holds no coordinator epoch is offered nothing to send.
+        viewer.subscribe({"kind": "sessionView", "sessionId": SESSION})
+        seen = session_snapshot(viewer, lambda v: v["activeRun"] is not None, "the run")
+        assert seen["nextMessage"] is None
+        assert [m["messageId"] for m in seen["messages"]["items"]] == [message_id]
+        assert seen["messages"]["items"][0]["state"] == "pending"
+        stays(lambda: rows(state_dir, "SELECT count(*) FROM workflow_turns") == [(0,)], "a turn")
+        # The matching session connects: the same message, once, and only to it.
+        coordinator.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
+        offered = session_snapshot(coordinator, lambda v: v["nextMessage"] is not None, "one")
+        assert offered["nextMessage"]["messageId"] == message_id
+        assert offered["messages"]["count"] == 1
+        assert rows(state_dir, "SELECT count(*) FROM workflow_messages") == [(1,)]
+    finally:
+        viewer.close()
+        coordinator.close()
+        server.stop("test teardown")
