@@ -1131,7 +1131,9 @@ def _step_timeout_crash(lab: Lab, point: str) -> None:
         assert (request, attempt) == (
             ("cancelled", "timed_out") if committed else ("pending", "waiting")
         )
-        assert _queue(db, run_id) == ("queued" if committed else "parked")
+        # Committed: queued, or already claimed for its timeout-resume runner (the
+        # scheduler may admit it before the process dies); recovery requeues that claim.
+        assert _queue(db, run_id) in (("queued", "starting") if committed else ("parked",))
     lab.start_server()
     if not committed:
         # The step's time may not have run out by the dead server's last heartbeat: a
