@@ -7,12 +7,18 @@ replacement connection fences the old one." Epochs live only in this process.
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pykka
+
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._database import Transact
+from pi_workflows.server._deadlines import suspend_session
 
 __all__ = [
     "ActiveEpochs",
@@ -22,6 +28,8 @@ __all__ = [
     "CoordinatorGrant",
     "ReleaseConnection",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,9 @@ class CoordinatorEpochActor(ServerActor):
     """Owns: the active coordinator epoch of each origin session (in memory only).
 
     Receives: `ClaimCoordinator`, `CheckCoordinator`, `ReleaseConnection`.
-    Sends: replies only.
+    Sends: replies; when an epoch ends (fenced or released), `Transact(suspend_session)`
+        to the database, told before the new grant's reply, so the suspension commits
+        before any report of the new epoch can resume the session's step timer.
     Invariants: at most one active epoch per session; epochs only increase, so a
         fenced connection can never become active again with its old epoch.
     On failure: reported to the server; epochs are process-local by design, so
@@ -107,9 +117,13 @@ class CoordinatorEpochActor(ServerActor):
     name = "coordinator-epoch"
 
     def __init__(
-        self, on_actor_failure: ActorFailureHandler, published: ActiveEpochs | None = None
+        self,
+        on_actor_failure: ActorFailureHandler,
+        published: ActiveEpochs | None = None,
+        database: pykka.ActorRef[Any] | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
+        self._database = database
         self._next_epoch = 0
         self._active: dict[str, CoordinatorGrant] = {}
         self._published = published if published is not None else ActiveEpochs()
@@ -119,6 +133,8 @@ class CoordinatorEpochActor(ServerActor):
             case ClaimCoordinator(session_id=session, connection_id=connection, reply=reply):
                 self._next_epoch += 1
                 grant = CoordinatorGrant(session, connection, self._next_epoch)
+                if session in self._active:
+                    self._epoch_ended(session)
                 self._active[session] = grant
                 self._published.publish(self._active)
                 reply(Reply(grant))
@@ -132,7 +148,29 @@ class CoordinatorEpochActor(ServerActor):
                 for session, grant in list(self._active.items()):
                     if grant.connection_id == connection:
                         del self._active[session]
+                        self._epoch_ended(session)
                 self._published.publish(self._active)
             case _:
                 raise TypeError(f"coordinator-epoch actor got {type(message).__name__}")
         return None
+
+    def _epoch_ended(self, session_id: str) -> None:
+        """No connected active session any more: its interactive step timer stops."""
+        if self._database is not None:
+            self._database.tell(
+                Transact(
+                    functools.partial(suspend_session, session_id=session_id),
+                    _logged,
+                    "coordinator.epoch_ended",
+                    hold_when_full=True,  # ordered before the next epoch's reports
+                )
+            )
+
+
+def _logged(reply: Reply) -> None:
+    """On the database actor's thread: the suspension's outcome, for the log only."""
+    if reply.error is not None:
+        log.warning(
+            "step timer suspension failed",
+            extra={"action": "coordinator.suspend_failed", "reason": type(reply.error).__name__},
+        )

@@ -58,6 +58,7 @@ SAFE_FIELDS = (
     "runner_epochs_orphaned",
     "runs_requeued",
     "runs_parked",
+    "steps_timed_out",
 )
 """The `extra` fields a log line may carry."""
 

@@ -26,6 +26,11 @@ from pi_workflows.storage import (
     requeue_run,
 )
 from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._deadlines import (
+    resume_session_time,
+    start_active_time,
+    suspend_request_time,
+)
 from pi_workflows.storage._interactions import (
     EVENT_UNPRODUCTIVE_TURN,
     UNPRODUCTIVE_TURN_LIMIT,
@@ -155,6 +160,8 @@ def report_branch(
                     _end(tx, turn, "lost", None)
                     closed.append(turn.turn_id)
                 created = _present_again(tx, branch)
+            # The active epoch reported: a step turn still open runs its timer again.
+            resume_session_time(tx, branch.session_id)
     except OperationError as exc:
         return rejected(request, exc.outcome, exc.code, str(exc))
     return response(
@@ -314,6 +321,8 @@ def _start(tx: Tx, report: _TurnReport) -> dict[str, Any]:
     for older in open_turns(tx, report.session_id):
         _end(tx, older, "lost", None)
     insert_turn(tx, turn_id=report.turn_id, message=message)
+    if message.kind == "step":
+        start_active_time(tx, message.source_id)  # the node timeout runs in this turn
     record_interaction_event(
         tx,
         message.run_id,
@@ -367,6 +376,7 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
     message = read_message(tx, turn.message_id)
     if message is None or message.kind != "step":
         return
+    suspend_request_time(tx, message.source_id)  # the time used in this turn is kept
     if status != "aborted":
         _count_unproductive(tx, message)
         return

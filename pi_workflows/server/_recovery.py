@@ -15,8 +15,13 @@ inside recovery (a crash point sits there) is recovered by the next start:
    A run the server died under `MAX_RUNNER_CRASHES` times with no node finishing in
    between parks with `serverCrashLoop`: it may be what kills the server, and the next
    server must stay up.
-4. Later parts (origin sessions, interactive requests, channels, retention) plug in at
-   `LATER_STEPS`.
+4. Design steps 7 and 8: pending interactive requests, workflow messages and turns are
+   left as they are (no Pi state changes; the step timers were already stopped at the
+   old server's last heartbeat, in the transaction that took the new epoch), and every
+   request whose node timeout ran out during reported model turns takes the timeout
+   path (`server/_deadlines.py::expire_due`) before any actor exists, so before
+   anything else is scheduled, a validation resumed or a report accepted.
+5. Later parts (channels, retention) plug in at `LATER_STEPS`.
 
 Design step 9 (validate every `validating` submission again in a new child) needs the
 actors, so it runs after them: `WorkflowServer` tells the validations actor
@@ -29,6 +34,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pi_workflows.server._deadlines import expire_due
 from pi_workflows.server._runner_exits import MAX_RUNNER_CRASHES
 from pi_workflows.storage import (
     Database,
@@ -66,6 +72,8 @@ class RecoveryReport:
     runner_epochs_orphaned: int
     runs_requeued: int
     runs_parked: int
+    steps_timed_out: int = 0
+    """Interactive steps whose node timeout had run out (design step 8)."""
 
 
 def recover_at_startup(
@@ -114,9 +122,10 @@ def recover_at_startup(
             "the server died under this run again and again; parked for review",
             extra={"action": "run.server_crash_loop", "run_id": run_id},
         )
+    timed_out = expire_due(db, owner_id)
     for step in LATER_STEPS:
         step(db)
-    report = RecoveryReport(stopped, len(stale), requeued, parked)
+    report = RecoveryReport(stopped, len(stale), requeued, parked, len(timed_out))
     log.info(
         "startup recovery finished",
         extra={
@@ -125,6 +134,7 @@ def recover_at_startup(
             "runner_epochs_orphaned": report.runner_epochs_orphaned,
             "runs_requeued": report.runs_requeued,
             "runs_parked": report.runs_parked,
+            "steps_timed_out": report.steps_timed_out,
         },
     )
     return report

@@ -28,6 +28,7 @@ from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs, CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
+from pi_workflows.actors._deadlines import DeadlinesActor
 from pi_workflows.actors._process_supervisor import (
     ProcessSupervisorActor,
     ResolverPort,
@@ -75,6 +76,7 @@ from pi_workflows.storage import (
     server_has_work,
     workflows_dir,
 )
+from pi_workflows.storage._deadlines import suspend_after_server_death
 from pi_workflows.supervision import ProcessIdentity, ServerLock, crash_point
 from pi_workflows.supervision._zygote_client import Zygote
 from pi_workflows.wire._listener import ClientListener, ConnectionLimits, raise_descriptor_limit
@@ -289,6 +291,9 @@ class WorkflowServer:
         # Holding the lock proves no other server lives, so its lease may be taken over
         # at once: a crash restart never waits out the old lease.
         with db.write() as tx:
+            # No coordinator epoch outlives its server: interactive step timers stop at
+            # the old server's last heartbeat, in the transaction that ends its epoch.
+            suspend_after_server_death(tx)
             claim = acquire_server_epoch(
                 tx,
                 owner_id=self.owner_id,
@@ -354,7 +359,16 @@ class WorkflowServer:
             reader, functools.partial(read_view, epochs=epochs), fail
         )
         database.tell(WatchCommits(self._subscriptions))  # live views refresh on commit
-        self._coordinators = CoordinatorEpochActor.start(fail, epochs)
+        self._coordinators = CoordinatorEpochActor.start(fail, epochs, database)
+        deadlines = DeadlinesActor.start(
+            database=database,
+            reader=reader,
+            scheduler=self._scheduler,
+            clock=self.clock,
+            owner_id=self.owner_id,
+            on_actor_failure=fail,
+        )
+        database.tell(WatchCommits(deadlines))  # a turn's start or end moves the timer
         validations = ValidationsActor.start(
             ValidationsConfig(self.state_dir, agent_dir, validate_timeout_from_env()),
             fail,
@@ -376,6 +390,7 @@ class WorkflowServer:
             self._subscriptions,
             self._coordinators,
             validations,
+            deadlines,
         ]
         self._ticker = Ticker(self.tick_s)
         for ref in (
@@ -385,6 +400,7 @@ class WorkflowServer:
             supervisor,
             runner_host,
             validations,
+            deadlines,
         ):
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held

@@ -22,6 +22,7 @@ from pi_workflows.storage._claims import (
     read_head,
 )
 from pi_workflows.storage._db import Tx
+from pi_workflows.storage._deadlines import suspend_run_time
 from pi_workflows.storage._errors import (
     ClaimLostError,
     ClaimLostReason,
@@ -488,6 +489,7 @@ def pause_run(
     def stop(tx: Tx) -> None:
         tx.execute(q.UPDATE_RUNNING_ATTEMPTS_INTERRUPTED, {"run_id": run_id, "now": tx.now})
         _cancel_pending_messages(tx, run_id, ("step",))
+        suspend_run_time(tx, run_id)  # paused time does not consume a step's timeout
         if change is not None:
             change(tx)
 

@@ -363,6 +363,11 @@ CREATE TABLE interactive_requests (
     unproductive_turn_ends INTEGER NOT NULL DEFAULT 0 CHECK (unproductive_turn_ends >= 0),
     -- The last unproductive turn's reason (a provider error, bounded) for the run view.
     last_turn_error TEXT CHECK (last_turn_error IS NULL OR length(last_turn_error) <= 2048),
+    -- The node timeout runs only during reported model turns of a connected active
+    -- session: active_ms is the time used so far, active_since the start of the running
+    -- span (NULL: suspended). The budget is the attempt's deadline_at - started_at.
+    active_ms INTEGER NOT NULL DEFAULT 0 CHECK (active_ms >= 0),
+    active_since INTEGER,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     settled_at INTEGER,
@@ -370,6 +375,9 @@ CREATE TABLE interactive_requests (
 ) STRICT;
 CREATE INDEX interactive_requests_by_run ON interactive_requests (run_id, status);
 CREATE INDEX interactive_requests_by_contract ON interactive_requests (contract_hash);
+-- The deadline timer's scan: pending requests only.
+CREATE INDEX interactive_requests_pending ON interactive_requests (active_since)
+    WHERE status = 'pending';
 
 -- Submissions against one interactive request; repeated keys return the same receipt.
 CREATE TABLE interactive_submissions (

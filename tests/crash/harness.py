@@ -234,6 +234,16 @@ workflow = define_workflow(
     edges=[{"from": "build", "to": "z"}],
 )
 """,
+    # ask: an agent step of an origin-session run, with a 1 s node timeout and no edge.
+    "timedask": """
+from pi_workflows import agent
+
+workflow = define_workflow(
+    name="timedask",
+    start_at="ask",
+    nodes={"ask": agent(prompt="Summarise", output_schema={"type": "object"}, timeout=1)},
+)
+""",
     # build (a shell command: a managed effect without read-back) -> z.
     "build": """
 workflow = define_workflow(

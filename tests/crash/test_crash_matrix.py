@@ -42,6 +42,7 @@ from tests.conftest import Processes, write_workflow
 from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
 from tests.pi.agents import ATTEMPT_IN_PROMPT
 from tests.pi.conftest import pi_binary, pi_slot, provider  # noqa: F401 - for NeedsPi cases
+from tests.server.watchers import Watcher
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -1081,6 +1082,77 @@ def _requeue_crash(lab: Lab, point: str) -> None:
 
 for _point in ("server.lifecycle.requeue.before_commit", "server.lifecycle.requeue.after_commit"):
     scenario(_point, "runner-killed")(functools.partial(_requeue_crash, point=_point))
+
+
+SESSION = "pi-session-crash"
+
+
+def _coordinate(lab: Lab, *, start_turn: bool) -> Watcher:
+    """The origin session's coordinator: claim the epoch, report the branch with the
+    step message on it (Pi busy), and, with `start_turn`, report the turn's start."""
+    coordinator = Watcher(lab.state_dir / "host" / "host.sock")
+    coordinator.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
+    with lab.database() as db:
+        message = _row(db, "SELECT message_id FROM workflow_messages")
+    branch = {
+        "sessionId": SESSION,
+        "entries": [{"messageId": message, "entryId": "entry-1"}],
+        "isIdle": False,
+        "hasPendingMessages": False,
+    }
+    assert coordinator.request("workflowMessage.reportBranch", branch)["outcome"] == "accepted"
+    if start_turn:
+        with lab.database() as db:
+            run_id = _row(db, "SELECT run_id FROM runs")
+        turn = {"sessionId": SESSION, "messageId": message, "turnId": "turn-1", "phase": "started"}
+        answer = coordinator.request("workflowTurn.report", turn, runId=run_id)
+        assert answer["receipt"]["ownership"] == "active", answer
+    return coordinator
+
+
+def _step_timeout_crash(lab: Lab, point: str) -> None:
+    """The timer's transaction of an interactive step (no runner alive) is the point."""
+    armed = lab.start_server(point)
+    payload = {
+        "workflow": "timedask",
+        "input": {},
+        "projectPath": str(lab.project),
+        "originSessionId": SESSION,
+    }
+    run_id = lab.command("run.start", payload).new_run
+    lab.wait_status(run_id, "waiting")
+    coordinator = _coordinate(lab, start_turn=True)
+    lab.expect_server_crash(armed)  # 1 s of turn later, in the control claim's commit
+    coordinator.close()
+    committed = point.endswith("after_commit")
+    with lab.database() as db:
+        request = _row(db, "SELECT status FROM interactive_requests")
+        attempt = _row(db, "SELECT status FROM node_attempts")
+        assert (request, attempt) == (
+            ("cancelled", "timed_out") if committed else ("pending", "waiting")
+        )
+        # Committed: queued, or already claimed for its timeout-resume runner (the
+        # scheduler may admit it before the process dies); recovery requeues that claim.
+        assert _queue(db, run_id) in (("queued", "starting") if committed else ("parked",))
+    lab.start_server()
+    if not committed:
+        # The step's time may not have run out by the dead server's last heartbeat: a
+        # new coordinator reports the still-open turn, which runs what is left of it.
+        coordinator = _coordinate(lab, start_turn=False)
+    lab.wait_status(run_id, "timed_out")
+    coordinator.close()
+    with lab.database() as db:
+        events = _row(db, "SELECT count(*) FROM events WHERE event_type = 'interaction_timed_out'")
+        assert events == 1, "timed out once"
+        assert db.execute("SELECT status FROM node_attempts").fetchall() == [("timed_out",)]
+        assert _row(db, "SELECT reserved FROM run_bindings") == 0
+    lab.finish({run_id: "timed_out"})
+
+
+for _point in ("server.lifecycle.requeue.before_commit", "server.lifecycle.requeue.after_commit"):
+    scenario(_point, "interactive-step-timeout")(
+        functools.partial(_step_timeout_crash, point=_point)
+    )
 
 
 @scenario("runner.effect.after_read_back", "runner-killed-while-applying")

@@ -208,7 +208,8 @@ def test_a_branch_change_creates_one_resumed_step_message_and_a_repeat_none(
         (parked.message_id, "initial", "sent", "entry-1"),
         (created, "resumed", "pending", None),
     ]
-    # Events queued before the fork still name the initial message: wait for the new one.
+    # Wait for the resumed message by its ID: an earlier snapshot (still naming the
+    # initial message, before it was sent) may be queued ahead of it.
     view = session_snapshot(
         parked.coordinator,
         lambda v: (v["nextMessage"] or {}).get("messageId") == created,

@@ -1,0 +1,157 @@
+"""The timeout path of an interactive agent step while no runner exists.
+
+Implements workflow-server.md § Interactive Pi execution ("If the deadline passes, one
+control claim atomically closes the stale request and schedules a supervised
+timeout-resume child") and § Recovery step 8. Units of database work over data; the
+deadlines actor (`actors/_deadlines.py`) decides when to run them, startup recovery
+runs `expire_due` before anything else is scheduled.
+
+One transaction per expired request, under a new control claim (a new generation, so
+anything still holding the old one is fenced):
+
+1. the waiting attempt ends `timed_out` (the same attempt row, its `deadline_at` kept),
+2. the request is closed (`cancelled`) and its pending step messages are cancelled, so
+   a late submission, or a validation that reports after this, cannot be accepted,
+3. one `interaction_timed_out` event, then the run is requeued (`nodeTimedOut`), which
+   releases the control claim.
+
+The timeout-resume child is the next runner the scheduler launches through the process
+supervisor: its state names the attempt `timed_out`, so it follows a `$result.outcome`
+edge for `timed_out`, or ends the run `timed_out` (terminal: the session reservation is
+released in that transaction). This is the same vocabulary and the same runner rule as a
+headless node that overran its deadline (`server/_runner_exits.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from pi_workflows.storage import (
+    ClaimHeldError,
+    ClaimLostError,
+    Database,
+    InvalidTransitionError,
+    OwnerType,
+    Tx,
+    acquire_claim,
+    protected_write,
+    requeue_run,
+)
+from pi_workflows.storage._deadlines import DueRequest, due_requests, next_due_at
+from pi_workflows.storage._deadlines import suspend_session_time as _suspend_session
+from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
+
+__all__ = [
+    "EVENT_INTERACTION_TIMED_OUT",
+    "TIMED_OUT_ERROR",
+    "TIMEOUT_CLAIM_TTL_MS",
+    "TIMEOUT_REASON",
+    "expire_due",
+    "next_deadline",
+    "suspend_session",
+]
+
+log = logging.getLogger(__name__)
+
+EVENT_INTERACTION_TIMED_OUT: Final = "interaction_timed_out"
+TIMEOUT_REASON: Final = "nodeTimedOut"
+"""The requeue reason, as for a headless node stopped past its deadline."""
+TIMED_OUT_ERROR: Final = (
+    "nodeTimedOut: the step used its timeout during model turns of its origin session"
+)
+TIMEOUT_CLAIM_TTL_MS: Final = 30_000
+"""The control claim lives only inside its transaction (the requeue releases it)."""
+
+
+def next_deadline(db: Database) -> int | None:
+    """A read for the deadlines actor: the earliest instant a budget runs out."""
+    return next_due_at(db, db.clock.now_ms())
+
+
+def expire_due(db: Database, owner_id: str) -> list[str]:
+    """Time out every pending request whose budget ran out; returns their run IDs.
+
+    Each request is its own `write()` (a savepoint of the group commit), so one that
+    changed meanwhile (a submission was accepted first, the run was paused or
+    cancelled) is skipped and the others still commit.
+    """
+    expired: list[str] = []
+    now = db.clock.now_ms()
+    for due in due_requests(db):
+        if not due.expired(now):
+            continue
+        try:
+            with db.write() as tx:
+                if _expire(tx, due, owner_id):
+                    expired.append(due.run_id)
+        except (InvalidTransitionError, ClaimHeldError, ClaimLostError) as exc:
+            log.info(
+                "interaction deadline not applied",
+                extra={
+                    "action": "interaction.timeout_skipped",
+                    "run_id": due.run_id,
+                    "reason": type(exc).__name__,
+                },
+            )
+    return expired
+
+
+def _expire(tx: Tx, due: DueRequest, owner_id: str) -> bool:
+    """The one transaction: re-check inside it, take the control claim, close, requeue."""
+    current = next((row for row in due_requests(tx) if row.request_id == due.request_id), None)
+    if current is None or not current.expired(tx.now):
+        return False  # settled, paused or resumed since the read: nothing to do
+    claim = acquire_claim(
+        tx,
+        due.run_id,
+        owner_type=OwnerType.CONTROL,
+        owner_id=owner_id,
+        ttl_ms=TIMEOUT_CLAIM_TTL_MS,
+    )
+
+    def close(tx: Tx) -> None:
+        tx.execute(
+            UPDATE_ATTEMPT_FINISH,
+            {
+                "attempt_id": due.attempt_id,
+                "status": "timed_out",
+                "output_hash": None,
+                "error": TIMED_OUT_ERROR,
+                "next_node_path": None,
+                "now": tx.now,
+            },
+        )
+        tx.execute(
+            "UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, "
+            "updated_at = :now, active_ms = active_ms + "
+            "CASE WHEN active_since IS NULL THEN 0 ELSE max(0, :now - active_since) END, "
+            "active_since = NULL WHERE request_id = :q AND status = 'pending'",
+            {"q": due.request_id, "now": tx.now},
+        )
+        tx.execute(
+            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
+            "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
+            {"q": due.request_id, "now": tx.now},
+        )
+
+    protected_write(
+        tx,
+        claim,
+        event_type=EVENT_INTERACTION_TIMED_OUT,
+        payload={"requestId": due.request_id, "attemptId": due.attempt_id},
+        change=close,
+    )
+    requeue_run(tx, due.run_id, reason=TIMEOUT_REASON, claim=claim)
+    log.info(
+        "interactive step timed out",
+        extra={"action": "interaction.timed_out", "run_id": due.run_id},
+    )
+    return True
+
+
+def suspend_session(db: Database, session_id: str) -> int:
+    """A unit for the coordinator-epoch actor: the session's epoch ended, so its
+    running spans stop (their time so far is kept)."""
+    with db.write() as tx:
+        return _suspend_session(tx, session_id)
