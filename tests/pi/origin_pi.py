@@ -79,11 +79,17 @@ class OriginPi:
             return
 
     def wait_event(
-        self, matches: Callable[[dict[str, Any]], bool], what: str, timeout: float = WAIT_S
+        self,
+        matches: Callable[[dict[str, Any]], bool],
+        what: str,
+        timeout: float = WAIT_S,
+        *,
+        since: int = 0,
     ) -> dict[str, Any]:
-        """The first kept event that matches, reading on until one does."""
+        """The first kept event from index `since` that matches, reading on until one
+        does."""
         deadline = time.monotonic() + timeout
-        index = 0
+        index = since
         while True:
             while index < len(self.events):
                 if matches(self.events[index]):
@@ -92,6 +98,12 @@ class OriginPi:
             left = deadline - time.monotonic()
             assert left > 0, f"pi sent no {what}; last events: {self.kinds()[-12:]}"
             self.drain(min(left, 0.5))
+
+    def last_index(self, kind: str) -> int:
+        """The index of the newest kept event of `kind` (0 if none)."""
+        self.drain()
+        found = [i for i, event in enumerate(self.events) if event.get("type") == kind]
+        return found[-1] if found else 0
 
     def count(self, matches: Callable[[dict[str, Any]], bool]) -> int:
         self.drain()
