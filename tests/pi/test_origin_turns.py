@@ -59,7 +59,8 @@ def open_turn(rig: OriginRig, run_id: str, origin: OriginPi) -> tuple[str, str]:
     )
     since = origin.last_index("agent_start")
     origin.wait_event(lambda e: e.get("type") == "message_update", "the stream", since=since)
-    return found[0]
+    turn, message = found[0]
+    return str(turn), str(message)
 
 
 def test_abort_pauses_after_the_turn_end_and_resume_presents_the_step_once(
