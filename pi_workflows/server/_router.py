@@ -37,7 +37,7 @@ from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe, ViewSpec
 from pi_workflows.actors._validations import ConnectionGone, Submit
 from pi_workflows.server._definition_cache import DefinitionCache
-from pi_workflows.server._interactions import update_interaction
+from pi_workflows.server._interactions import SessionAuthority, update_interaction
 from pi_workflows.server._operations import (
     COMMANDS,
     READS,
@@ -222,7 +222,11 @@ class Router:
 
     def _update_interaction(self, pending: Pending) -> None:
         ports = self._ports
-        work = functools.partial(update_interaction, request=pending.request)
+        work = functools.partial(
+            update_interaction,
+            request=pending.request,
+            authority=SessionAuthority(pending.connection_id, ports.epochs),
+        )
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "interaction.update"))
 
