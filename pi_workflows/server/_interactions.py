@@ -27,12 +27,18 @@ output requeues the waiting run in the settlement's transaction
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs
-from pi_workflows.server._operations import rejected, response
+from pi_workflows.server._operations import (
+    OperationContext,
+    handle_operation,
+    rejected,
+    response,
+)
 from pi_workflows.server._runner_launch import launch_state
 from pi_workflows.storage import (
     CommandRequest,
@@ -45,6 +51,7 @@ from pi_workflows.storage import (
     record_receipt,
 )
 from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._decisions import decision_audience
 from pi_workflows.storage._interactions import (
     SubmissionRow,
     binding_refusal,
@@ -61,11 +68,13 @@ from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = [
     "MAX_REJECTION_CHARS",
+    "PROTECTED_REFUSAL",
     "SUBMISSION_REJECTED",
     "SessionAuthority",
     "SettledSubmission",
     "SubmitStep",
     "ValidationJob",
+    "answer_from_session",
     "held_answer",
     "settle_validation",
     "submit_interaction",
@@ -367,7 +376,9 @@ def update_interaction(
         client_id=request["clientId"],
         operation=request["operation"],
         idempotency_key=request["idempotencyKey"],
-        payload=dict(payload),
+        # The epoch is transport authority, like the request ID: a retry after a
+        # reconnect carries a newer one and must still adopt.
+        payload=_without_epoch(payload),
     )
     try:
         session = _sender_session(request, authority)
@@ -417,6 +428,67 @@ def update_interaction(
     result = response(request, "accepted", receipt=body)
     result["revision"] = revision
     return result
+
+
+def _without_epoch(payload: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in payload.items() if key != "coordinatorEpoch"}
+
+
+# --- run.answer from an origin session -----------------------------------------------
+
+PROTECTED_REFUSAL = (
+    "a protected human decision is answered only by a person, with /workflow answer or "
+    "`pi-workflows run answer`; the workflow tool cannot answer it"
+)
+
+
+def answer_from_session(
+    db: Database,
+    request: RequestMessage,
+    ctx: OperationContext,
+    authority: SessionAuthority | None = None,
+) -> dict[str, Any]:
+    """`run.answer` with an origin session's coordinator authority (the model-facing
+    `answer` of an ordinary checkpoint).
+
+    Authority, the run's session binding and the decision's kind are checked before the
+    receipt lookup; then it is the CLI's `run.answer` (`answer_checkpoint`: one
+    resolution, the continuation run, the parent settled by it, one transaction), with
+    the epoch left out of the stored fingerprint so a retry with a newer epoch adopts.
+    """
+    try:
+        session = _sender_session(request, authority)
+    except _RefusedError as refused:
+        return refused.answer
+    run_id = request.get("runId")
+    if session is None or not isinstance(run_id, str):
+        return rejected(
+            request,
+            "rejected",
+            "payloadInvalid",
+            "an origin-session answer names its runId, sessionId and coordinatorEpoch",
+        )
+    bound = db.fetch_value(
+        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
+        "AND execution_mode = 'interactive'",
+        {"r": run_id},
+    )
+    if get_run(db, run_id) is None:
+        return rejected(request, "notFound", "runNotFound", "no such run")
+    if bound != session:
+        return rejected(
+            request,
+            "rejected",
+            "answerRefused",
+            "the run does not belong to this origin session",
+        )
+    # No protected decision kind exists yet (every decision is `checkpoint`); once one
+    # does, this keeps the model's tool from answering it (tested with a stored row).
+    audience = decision_audience(db, run_id)
+    if audience is not None and audience != "checkpoint":
+        return rejected(request, "rejected", "protectedDecision", PROTECTED_REFUSAL)
+    stripped = cast(RequestMessage, {**request, "payload": _without_epoch(request["payload"])})
+    return handle_operation(db, stripped, ctx)
 
 
 def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[str, str] | None:

@@ -283,3 +283,191 @@ def test_an_update_takes_the_same_authority_and_a_retry_adopts(waiting: Waiting)
         "SELECT count(*) FROM events WHERE run_id = ? AND event_type = 'interaction_update'",
         waiting.run_id,
     ) == [(1,)]
+
+
+# --- the checkpoint `answer` action from an origin session ---------------------------------
+
+GATED = """
+from pi_workflows import agent, checkpoint, define_workflow
+
+workflow = define_workflow(
+    name="gated",
+    start_at="gate",
+    nodes={
+        "gate": checkpoint(summary="Go on?", input_schema={
+            "type": "object", "required": ["go"], "properties": {"go": {"type": "boolean"}}}),
+        "ask": agent(
+            prompt=lambda ctx: "Summarise after " + str(ctx.outputs["gate"]["go"]),
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            timeout=600,
+        ),
+    },
+    edges=[{"from": "gate", "to": "ask"}],
+)
+"""
+
+
+@dataclass
+class Gated:
+    server: WorkflowServer
+    run_id: str
+    coordinator: WorkflowClient
+    epoch: int
+
+    def answer(
+        self,
+        value: Any,
+        *,
+        client: WorkflowClient | None = None,
+        session: str = SESSION,
+        epoch: int | None = None,
+        key: str | None = None,
+    ) -> dict[str, Any]:
+        payload = {"answer": value, "sessionId": session, "coordinatorEpoch": epoch or self.epoch}
+        return dict(
+            (client or self.coordinator).request(
+                "run.answer", payload, run_id=self.run_id, idempotency_key=key
+            )
+        )
+
+
+@pytest.fixture
+def gated(running: WorkflowServer, short_tmp: Path) -> Iterator[Gated]:
+    project = short_tmp / "project"
+    write_workflow(project, "gated", GATED)
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        run_id = start(client, project, "gated", SESSION)["receipt"]["runId"]
+        wait_for(client, run_id, {"waiting"})
+    coordinator = WorkflowClient(running.state_dir, autostart=False, timeout=60)
+    try:
+        yield Gated(running, run_id, coordinator, claim(coordinator))
+    finally:
+        coordinator.close()
+
+
+def test_the_coordinators_answer_continues_the_run_in_the_same_origin_session(
+    gated: Gated,
+) -> None:
+    invalid = gated.answer({"go": "yes"}, key="answer-bad")
+    assert invalid["outcome"] == "rejected", invalid
+    assert invalid["error"]["code"] == "answerInvalid"
+    answer = gated.answer({"go": True}, key="answer-1")
+    assert answer["outcome"] == "accepted", answer
+    continuation = answer["receipt"]["continuationRunId"]
+    state = gated.server.state_dir
+    with WorkflowClient(state, autostart=False, timeout=30) as client:
+        wait_for(client, continuation, {"waiting"})
+    # The continuation holds the origin session's reservation; the parent handed it over.
+    bindings = dict(
+        (run, (mode, session, reserved))
+        for run, mode, session, reserved in rows(
+            state, "SELECT run_id, execution_mode, origin_session_id, reserved FROM run_bindings"
+        )
+    )
+    assert bindings == {
+        gated.run_id: ("interactive", SESSION, 0),
+        continuation: ("interactive", SESSION, 1),
+    }
+    assert rows(state, "SELECT status FROM runs WHERE run_id = ?", gated.run_id) == [("completed",)]
+    # Its agent step waits in the same session, with the answer in its prompt.
+    [(request_id, target)] = rows(
+        state,
+        "SELECT request_id, target_session_id FROM interactive_requests WHERE run_id = ?",
+        continuation,
+    )
+    assert target == SESSION
+    assert rows(
+        state,
+        "SELECT kind, reason, state FROM workflow_messages WHERE run_id = ?",
+        continuation,
+    ) == [("step", "initial", "pending")]
+    # A retry with the same key after a reconnect (a new epoch) adopts the stored answer.
+    gated.coordinator.close()
+    newer = claim(gated.coordinator)
+    assert newer > gated.epoch
+    again = gated.answer({"go": True}, key="answer-1", epoch=newer)
+    assert again["outcome"] == "adopted", again
+    assert again["receipt"]["continuationRunId"] == continuation
+    # The continuation's step takes the coordinator's submission like any other.
+    submitted = gated.coordinator.request(
+        "interaction.submit",
+        {
+            "interactionId": request_id,
+            "submissionId": "submission-after-gate",
+            "value": {"summary": "went on"},
+            "sessionId": SESSION,
+            "coordinatorEpoch": newer,
+        },
+        run_id=continuation,
+    )
+    assert submitted["outcome"] == "accepted", submitted
+    with WorkflowClient(state, autostart=False, timeout=30) as client:
+        wait_for(client, continuation, {"completed"})
+    assert rows(state, "SELECT count(*) FROM runs") == [(2,)]
+
+
+def test_an_answer_without_the_sessions_authority_is_rejected_and_continues_nothing(
+    gated: Gated,
+) -> None:
+    with WorkflowClient(gated.server.state_dir, autostart=False, timeout=30) as other:
+        answer = other.request(
+            "view.subscribe",
+            {"kind": "sessionView", "sessionId": "pi-session-other", "coordinator": True},
+        )
+        other_epoch = int(answer["receipt"]["coordinatorEpoch"])
+        wrong = gated.answer(
+            {"go": True}, client=other, session="pi-session-other", epoch=other_epoch
+        )
+        fenced = gated.answer({"go": True}, client=other)  # its epoch is not this session's
+    assert wrong["outcome"] == "rejected", wrong
+    assert wrong["error"] == {
+        "code": "answerRefused",
+        "message": "the run does not belong to this origin session",
+    }
+    assert fenced["outcome"] == "rejected" and fenced["error"]["code"] == "coordinatorFenced"
+    state = gated.server.state_dir
+    assert rows(state, "SELECT count(*) FROM runs") == [(1,)]
+    assert rows(state, "SELECT status FROM human_decisions") == [("pending",)]
+    # No receipt was stored for them: the same key is free for the real answer.
+    assert rows(state, "SELECT count(*) FROM host_commands WHERE operation = 'run.answer'") == [
+        (0,)
+    ]
+
+
+def test_a_protected_decision_is_never_answered_by_the_workflow_tool(state_dir: Path) -> None:
+    """No protected decision kind exists yet: a stored decision row of another audience
+    stands in for one, so the refusal path is proved before that kind is built."""
+    from pi_workflows.storage import open_database  # noqa: PLC0415 - this test only
+    from pi_workflows.storage._content import put_json_blob  # noqa: PLC0415
+    from tests.storage.storage_helpers import enqueue  # noqa: PLC0415
+
+    db = open_database(state_dir / "state.sqlite")
+    try:
+        enqueue(db, "run-p", execution_mode="interactive", origin_session_id=SESSION)
+        with db.write() as tx:
+            tx.execute(
+                "INSERT INTO human_decisions (decision_id, run_id, node_path, audience, "
+                "request_digest, request_hash, status, created_at, updated_at) VALUES "
+                "('decision-p', 'run-p', 'approve', 'human', 'sha256:x', :h, 'pending', "
+                ":now, :now)",
+                {"h": put_json_blob(tx, {"question": "Deploy?"}), "now": tx.now},
+            )
+    finally:
+        db.close()
+    server = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)
+    server.start()
+    try:
+        with WorkflowClient(state_dir, autostart=False, timeout=30) as coordinator:
+            epoch = claim(coordinator)
+            refused = coordinator.request(
+                "run.answer",
+                {"answer": {"ok": True}, "sessionId": SESSION, "coordinatorEpoch": epoch},
+                run_id="run-p",
+            )
+    finally:
+        server.stop("test teardown")
+    assert refused["outcome"] == "rejected", refused
+    assert refused["error"]["code"] == "protectedDecision"
+    assert "/workflow answer" in refused["error"]["message"]
+    assert rows(state_dir, "SELECT status FROM human_decisions") == [("pending",)]
