@@ -12,7 +12,9 @@ import re
 import pytest
 
 from pi_workflows import WorkflowServer
-from pi_workflows.testing import text_turn
+from pi_workflows.testing import text_turn, workflow_submit_turn
+from tests.conftest import write_workflow
+from tests.pi.agents import attempt_of
 from tests.pi.origin_pi import (
     OriginPi,
     OriginRig,
@@ -28,11 +30,77 @@ __all__ = ["origin_rig", "origin_server"]
 
 STARTED = re.compile(r"^Started workflow ask: (run-[0-9a-f]+)$")
 
+CHECKED = """
+from pi_workflows import agent, compute, define_workflow
+
+
+def check(output, ctx):
+    if output["summary"] == "bad":
+        raise ValueError("the summary must say what changed")
+    return {"summary": output["summary"].upper()}
+
+
+workflow = define_workflow(
+    name="ask",
+    start_at="ask",
+    nodes={
+        "ask": agent(
+            prompt=lambda ctx: "Summarise the diff",
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            validate=check,
+            timeout=600,
+        ),
+        "after": compute(lambda ctx: {"seen": ctx.outputs["ask"]["summary"]}),
+    },
+    edges=[{"from": "ask", "to": "after"}],
+)
+"""
+
 
 def _start(origin: OriginPi, text: str = "/workflow start ask") -> str:
     found = STARTED.match(origin.notice(text))
     assert found is not None
     return found.group(1)
+
+
+def test_a_step_started_from_pi_is_presented_once_submitted_by_the_model_and_completes(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    write_workflow(origin_rig.project, "ask", CHECKED)
+    origin_rig.provider.script(
+        lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "bad"}),
+        lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "tests pass"}),
+    )
+    origin = origin_rig.spawn()
+    run_id = _start(origin)
+    wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
+    view = origin_rig.view(run_id)
+    assert "TESTS PASS" in json.dumps(view["result"]), "the validated value went on"
+    # The step message appeared once, and its one turn ended after the accepted submit.
+    messages = origin_rig.messages(run_id)
+    assert [(kind, reason, state) for _, kind, reason, state, _ in messages[:1]] == [
+        ("step", "initial", "sent")
+    ]
+    assert [m for m in messages if m[1] == "step" and m[2] != "initial"] == []
+    origin.drain()
+    shown = [message_id_of(e) for e in origin.events if is_workflow_message(e)]
+    assert shown.count(messages[0][0]) == 1
+    # One turn. The run may complete before pi's turn end arrives: the terminal
+    # transaction then ends the open turn as `lost` and the late end adopts that.
+    wait_until(lambda: all(s != "open" for *_, s in origin_rig.turns(run_id)), "the turn's end")
+    [(_, message, status)] = origin_rig.turns(run_id)
+    assert message == messages[0][0] and status in {"completed", "lost"}
+    # The model saw the validation error and corrected itself in the same turn.
+    requests = origin_rig.provider.chat_requests()
+    assert len(requests) == 2
+    assert "the summary must say what changed" in json.dumps(requests[1].body)
+    [(status, accepted)] = origin_rig.rows(
+        "SELECT status, accepted_submission_id IS NOT NULL FROM interactive_requests "
+        "WHERE run_id = ?",
+        run_id,
+    )
+    assert accepted == 1, status
 
 
 def test_unproductive_turns_get_two_reminders_then_the_step_fails(

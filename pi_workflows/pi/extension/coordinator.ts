@@ -173,6 +173,29 @@ export class WorkflowMessageCoordinator {
     return this.link.live && this.view?.coordinator === true;
   }
 
+  /** The active epoch of this connection, once it is the coordinator; else null. */
+  get epoch(): number | null {
+    return this.isCoordinator ? this.link.epoch : null;
+  }
+
+  /**
+   * Wait until this connection is the session's coordinator (the poll reconnects);
+   * the epoch. Rejects after `timeoutMs` or when `signal` aborts.
+   */
+  async whenCoordinator(timeoutMs: number, signal?: AbortSignal): Promise<number> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const epoch = this.epoch;
+      if (epoch !== null) return epoch;
+      if (signal?.aborted) throw new Error("The workflow tool call was aborted.");
+      if (this.stopped || Date.now() > deadline) {
+        throw new Error("This Pi session is not connected to the workflow server as its coordinator; try again shortly.");
+      }
+      this.pump();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+
   // --- Pi events ---------------------------------------------------------------------
 
   agentStart(): void {
@@ -413,8 +436,14 @@ export class WorkflowMessageCoordinator {
       return;
     }
     this.queued.set(messageId, { runId, kind, confirmed: false });
-    const details: JsonObject = { messageId, runId, kind };
+    const details: JsonObject = { messageId, runId, kind, sourceId: String(next.sourceId) };
     if (reason !== null) details.reason = reason;
+    const contract = isObject(content.value) ? content.value.contract : undefined;
+    if (isObject(contract) && typeof contract.step === "string" && typeof contract.attempt === "string") {
+      // The workflow tool finds the step's request from this entry (hidden from the model).
+      details.step = contract.step;
+      details.attempt = contract.attempt;
+    }
     this.pi.send({ customType: MESSAGE_TYPE, content: text, display: true, details }, TURN_KINDS.has(kind));
     this.events.onSent?.(messageId);
   }

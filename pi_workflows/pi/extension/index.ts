@@ -12,7 +12,7 @@
  * documented extension APIs: `registerCommand`, `ctx.ui.notify`, `ctx.ui.setWidget`,
  * `ctx.ui.setStatus`, `ctx.cwd`, `pi.appendEntry` with `ctx.sessionManager.getBranch()`
  * (the run the session follows survives a Pi restart), `pi.sendMessage`,
- * `ctx.isIdle()`, `ctx.hasPendingMessages()`, `ctx.sessionManager.getSessionId()`, and
+ * `pi.registerTool` (the model's `workflow` tool, tool.ts), `ctx.isIdle()`, `ctx.hasPendingMessages()`, `ctx.sessionManager.getSessionId()`, and
  * the `session_start`, `session_shutdown`, `agent_start`, `agent_end` and `message_end`
  * events.
  *
@@ -30,12 +30,14 @@
 import { randomUUID } from "node:crypto";
 
 import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import { Type } from "typebox";
 
 import type { JsonValue } from "../common/canonical.ts";
 import { ServerClient } from "./client.ts";
 import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type PiSide } from "./coordinator.ts";
 import { parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { RunWatch, type WatchState } from "./live.ts";
+import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
 import { listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetLines } from "./render.ts";
 
@@ -237,6 +239,24 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       ui = ctx.ui;
       context = ctx;
       await guarded(() => runCommand(parseWorkflowArgs(args), ctx.cwd));
+    },
+  });
+
+  const tool = new WorkflowTool(
+    () => coordinator,
+    () => side.branch(),
+    (continuation) => adopt(continuation),
+  );
+  pi.registerTool({
+    name: TOOL_NAME,
+    label: "Workflow",
+    promptSnippet: "workflow: submit a workflow step's output, report its progress, or answer a workflow checkpoint",
+    // One call at a time: a submission's outcome decides whether the next call is needed.
+    executionMode: "sequential",
+    description: TOOL_DESCRIPTION,
+    parameters: Type.Unsafe<ToolParams>(TOOL_PARAMETERS),
+    async execute(toolCallId: string, params: ToolParams, signal: AbortSignal | undefined): Promise<ToolResult> {
+      return tool.execute(toolCallId, params, signal);
     },
   });
 

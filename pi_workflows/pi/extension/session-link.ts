@@ -53,6 +53,8 @@ export class SessionLink {
   private socket: Socket | null = null;
   private connectionId: string | null = null;
   private subscriptionId: string | null = null;
+  /** The coordinator epoch this connection's subscription was granted. */
+  epoch: number | null = null;
   private readonly waiting = new Map<string, Waiting>();
   private stopped = false;
   /** Connections that reached a hello (tests and diagnostics). */
@@ -131,6 +133,7 @@ export class SessionLink {
     this.socket = null;
     this.connectionId = null;
     this.subscriptionId = null;
+    this.epoch = null;
     const waiting = [...this.waiting.values()];
     this.waiting.clear();
     for (const entry of waiting) entry.reject(new LinkLostError());
@@ -156,6 +159,8 @@ export class SessionLink {
       resolve: (response) => {
         if (response.outcome === "accepted" || response.outcome === "adopted") {
           this.subscriptionId = String(response.receipt?.subscriptionId ?? "");
+          const epoch = response.receipt?.coordinatorEpoch;
+          this.epoch = typeof epoch === "number" ? epoch : null;
         } else {
           socket.destroy(); // refused (stopping, or at a cap): the next poll tries again
         }
