@@ -149,12 +149,15 @@ def report_branch(
             adopted = _adopt(tx, branch)
             closed: list[str] = []
             created: list[str] = []
-            # Absence proves something only on an idle Pi with no queued input.
+            # Absence proves something only on an idle Pi with no queued input. The
+            # branch's re-presentation comes first: a turn lost with the old branch (a
+            # fork) then counts against the step, and the pending `resumed` message
+            # (full content) stands instead of a reminder.
             if branch.is_idle and not branch.has_pending:
+                created = _present_again(tx, branch)
                 for turn in open_turns(tx, branch.session_id):
                     _end(tx, turn, "lost", None)
                     closed.append(turn.turn_id)
-                created = _present_again(tx, branch)
     except OperationError as exc:
         return rejected(request, exc.outcome, exc.code, str(exc))
     return response(
