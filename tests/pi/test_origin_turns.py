@@ -8,7 +8,12 @@ origin session have one active coordinator, and only it sends.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from typing import Any
 
 import psutil
 import pytest
@@ -183,3 +188,53 @@ def test_two_pi_on_one_origin_session_have_one_coordinator_and_only_it_sends(
     assert shown(second) == sent[1:]
     assert origin_rig.rows("SELECT paused FROM runs WHERE run_id = ?", run_id) == [(0,)]
     assert origin_rig.turns(run_id)[0][0] == turn
+
+
+def _run_show(rig: OriginRig, run_id: str) -> dict[str, Any]:
+    """`pi-workflows run show RUN_ID --json`: the CLI's own view of the run."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_workflows.cli", "run", "show", run_id, "--json"],
+        env={**os.environ, "PI_CODING_AGENT_DIR": str(rig.agent_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    shown: dict[str, Any] = json.loads(done.stdout)
+    return shown
+
+
+def _widget(origin: OriginPi, run_id: str, status: str) -> list[str]:
+    event = origin.wait_event(
+        lambda e: (
+            e.get("type") == "extension_ui_request"
+            and e.get("method") == "setWidget"
+            and f"{run_id}: {status}" in " ".join(e.get("widgetLines") or [])
+        ),
+        f"the widget showing {status}",
+    )
+    return list(event["widgetLines"])
+
+
+def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_controls(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    origin_rig.provider.script(Stall("Working"))
+    origin = origin_rig.spawn()
+    run_id = start(origin)
+    open_turn(origin_rig, run_id, origin)
+    session = origin_rig.origin_session(run_id)
+    for status in ("running", "paused"):
+        if status == "paused":
+            origin.rpc({"type": "abort"})
+            wait_until(lambda: origin_rig.status(run_id) == "paused", "the durable pause")
+        shown = _run_show(origin_rig, run_id)["display"]
+        viewed = origin_rig.session_view(session)["activeRun"]["display"]
+        lines = _widget(origin, run_id, status)
+        assert shown["status"] == viewed["status"] == status
+        assert shown["controls"] == viewed["controls"]
+        controls = ", ".join(shown["controls"]) if shown["controls"] else "none"
+        assert lines[0] == f"workflow ask {run_id}: {status}"
+        assert lines[-1] == f"controls: {controls}"
+    # `paused` appeared only once the aborted turn had ended.
+    assert [s for *_, s in origin_rig.turns(run_id)] == ["aborted"]
