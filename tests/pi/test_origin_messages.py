@@ -12,7 +12,7 @@ import re
 import pytest
 
 from pi_workflows import WorkflowServer
-from pi_workflows.testing import text_turn, workflow_submit_turn
+from pi_workflows.testing import ToolCall, Turn, text_turn, workflow_submit_turn
 from tests.conftest import write_workflow
 from tests.pi.agents import attempt_of
 from tests.pi.origin_pi import (
@@ -137,3 +137,55 @@ def test_unproductive_turns_get_two_reminders_then_the_step_fails(
     assert count == 3
     header = json.loads(origin_rig.session.read_text().splitlines()[0])
     assert session == header["id"], "the origin session is pi's own session ID"
+
+
+GATED = """
+from pi_workflows import agent, checkpoint, define_workflow
+
+workflow = define_workflow(
+    name="gated",
+    start_at="gate",
+    nodes={
+        "gate": checkpoint(summary="Go on?", input_schema={
+            "type": "object", "required": ["go"], "properties": {"go": {"type": "boolean"}}}),
+        "ask": agent(
+            prompt=lambda ctx: "Summarise after " + str(ctx.outputs["gate"]["go"]),
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            timeout=600,
+        ),
+    },
+    edges=[{"from": "gate", "to": "ask"}],
+)
+"""
+
+
+def test_the_model_answers_an_ordinary_checkpoint_and_submits_the_continuations_step(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    write_workflow(origin_rig.project, "gated", GATED)
+    origin_rig.provider.script(
+        Turn(tool_calls=(ToolCall("workflow", {"action": "answer", "answer": {"go": "yes"}}),)),
+        Turn(tool_calls=(ToolCall("workflow", {"action": "answer", "answer": {"go": True}}),)),
+        lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "went on"}),
+    )
+    origin = origin_rig.spawn()
+    found = re.match(
+        r"^Started workflow gated: (run-[0-9a-f]+)$", origin.notice("/workflow start gated")
+    )
+    assert found is not None
+    parent = found.group(1)
+    wait_until(lambda: origin_rig.status(parent) == "waiting", "the checkpoint")
+    # An ordinary checkpoint: the model answers it with the tool (a wrong answer first).
+    outcome = origin.child.run_turn("Answer the workflow's checkpoint.", 120)
+    assert [call.is_error for call in outcome.tool_executions] == [True, False], outcome
+    [(continuation,)] = origin_rig.rows(
+        "SELECT run_id FROM runs WHERE run_id != ? ORDER BY rowid", parent
+    )
+    assert origin_rig.status(parent) == "completed"
+    # The continuation is interactive in the same origin session; its step comes here.
+    assert origin_rig.origin_session(continuation) == origin_rig.origin_session(parent)
+    wait_until(lambda: origin_rig.status(continuation) == "completed", "the continuation", 120)
+    [(_, kind, reason, state, _)] = origin_rig.messages(continuation)
+    assert (kind, reason, state) == ("step", "initial", "sent")
+    assert "Summarise after True" in json.dumps(origin_rig.provider.chat_requests()[-1].body)
