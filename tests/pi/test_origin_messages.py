@@ -12,7 +12,7 @@ import re
 import pytest
 
 from pi_workflows import WorkflowServer
-from pi_workflows.testing import ToolCall, Turn, text_turn, workflow_submit_turn
+from pi_workflows.testing import Stall, ToolCall, Turn, text_turn, workflow_submit_turn
 from tests.conftest import write_workflow
 from tests.pi.agents import attempt_of
 from tests.pi.origin_pi import (
@@ -186,6 +186,41 @@ def test_the_model_answers_an_ordinary_checkpoint_and_submits_the_continuations_
     # The continuation is interactive in the same origin session; its step comes here.
     assert origin_rig.origin_session(continuation) == origin_rig.origin_session(parent)
     wait_until(lambda: origin_rig.status(continuation) == "completed", "the continuation", 120)
-    [(_, kind, reason, state, _)] = origin_rig.messages(continuation)
+    [(message, kind, reason, state, _)] = origin_rig.messages(continuation)
     assert (kind, reason, state) == ("step", "initial", "sent")
+    # The session showed it once.
+    origin.drain()
+    assert [message_id_of(e) for e in origin.events if is_workflow_message(e)] == [message]
     assert "Summarise after True" in json.dumps(origin_rig.provider.chat_requests()[-1].body)
+
+
+def test_a_step_message_pending_while_pi_is_busy_waits_and_is_sent_once(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    origin_rig.provider.script(Stall("Let me think"), text_turn("Done."))
+    origin = origin_rig.spawn()
+    origin.child.send({"type": "prompt", "message": "Think about it"})
+    origin.wait_event(lambda e: e.get("type") == "message_update", "the user's turn streaming")
+    run_id = _start(origin)  # an extension command runs even while pi streams
+    [(message, *_)] = wait_until(
+        lambda: [m for m in origin_rig.messages(run_id) if m[3] == "pending"], "a pending step"
+    )
+    # Pi is busy: the message stays pending and nothing is sent.
+    polls = origin_rig.rows("SELECT count(*) FROM host_commands")
+    wait_until(
+        lambda: origin_rig.session_view(origin_rig.origin_session(run_id))["messages"]["count"],
+        "the session view to name it",
+    )
+    assert origin.count(is_workflow_message) == 0
+    assert origin_rig.messages(run_id)[0][3] == "pending"
+    origin.rpc({"type": "abort"})  # the user's own turn ends: pi is idle
+    wait_until(lambda: origin_rig.messages(run_id)[0][3] == "sent", "the step sent")
+    wait_until(lambda: [t for t in origin_rig.turns(run_id) if t[2] != "open"], "its turn's end")
+    origin.drain()
+    assert [message_id_of(e) for e in origin.events if is_workflow_message(e)] == [message]
+    # One turn on it; the ordinary turn was never reported as workflow work (a later
+    # turn, if any, is a reminder's), and polling wrote no command.
+    turns = origin_rig.turns(run_id)
+    assert [(m, s) for _, m, s in turns][:1] == [(message, "completed")]
+    assert [t for t in turns if t[1] == message] == turns[:1]
+    assert origin_rig.rows("SELECT count(*) FROM host_commands") == polls
