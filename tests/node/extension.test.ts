@@ -124,7 +124,8 @@ test("a workflow message's text is its prompt; a reminder names its contract", (
   assert.equal(messageText("step", { prompt: "Do it", contract: { step: "ask", attempt: "a-1" } }), "Do it");
   assert.match(messageText("step", { prompt: "Still waiting", contract: { step: "ask", attempt: "a-1" }, reminder: 1 }), /step "ask", attempt "a-1"/);
   assert.equal(messageText("notification", { text: "Deployed" }), "Deployed");
-  assert.match(messageText("terminal", { outcome: "completed" }), /^Workflow terminal message:/);
+  assert.match(messageText("terminal", { runId: "run-1", workflow: "ask", outcome: "failed", reason: "boom" }), /^Workflow ask \(run-1\) finished: failed\.\nReason: boom/);
+  assert.match(messageText("follow_up", { other: 1 }), /^Workflow follow_up message:/);
 });
 
 test("the tool finds the presented step from the branch's hidden entry details", () => {

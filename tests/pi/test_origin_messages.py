@@ -71,6 +71,7 @@ def test_a_step_started_from_pi_is_presented_once_submitted_by_the_model_and_com
     origin_rig.provider.script(
         lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "bad"}),
         lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "tests pass"}),
+        text_turn("The workflow finished."),
     )
     origin = origin_rig.spawn()
     run_id = _start(origin)
@@ -86,15 +87,30 @@ def test_a_step_started_from_pi_is_presented_once_submitted_by_the_model_and_com
     origin.drain()
     shown = [message_id_of(e) for e in origin.events if is_workflow_message(e)]
     assert shown.count(messages[0][0]) == 1
-    # One turn. The run may complete before pi's turn end arrives: the terminal
-    # transaction then ends the open turn as `lost` and the late end adopts that.
-    wait_until(lambda: all(s != "open" for *_, s in origin_rig.turns(run_id)), "the turn's end")
-    [(_, message, status)] = origin_rig.turns(run_id)
-    assert message == messages[0][0] and status in {"completed", "lost"}
+    # One turn on the step. The run may complete before pi's turn end arrives: the
+    # terminal transaction then ends the open turn as `lost` and the late end adopts it.
+    wait_until(
+        lambda: [s for _, m, s in origin_rig.turns(run_id) if m == messages[0][0] and s != "open"],
+        "the step turn's end",
+    )
+    [(_, status)] = [(m, s) for _, m, s in origin_rig.turns(run_id) if m == messages[0][0]]
+    assert status in {"completed", "lost"}
     # The model saw the validation error and corrected itself in the same turn.
     requests = origin_rig.provider.chat_requests()
-    assert len(requests) == 2
     assert "the summary must say what changed" in json.dumps(requests[1].body)
+    # The terminal message appears once, with its one turn.
+    terminal = wait_until(
+        lambda: [m for m in origin_rig.messages(run_id) if m[1] == "terminal" and m[3] == "sent"],
+        "the terminal message sent",
+    )
+    assert len(terminal) == 1
+    wait_until(lambda: origin.count(is_workflow_message) == 2, "the terminal message shown")
+    assert [message_id_of(e) for e in origin.events if is_workflow_message(e)] == [
+        messages[0][0],
+        terminal[0][0],
+    ]
+    final = wait_until(lambda: origin_rig.provider.chat_requests()[2:], "the terminal turn")
+    assert "finished: completed" in json.dumps(final[0].body)
     [(status, accepted)] = origin_rig.rows(
         "SELECT status, accepted_submission_id IS NOT NULL FROM interactive_requests "
         "WHERE run_id = ?",
@@ -106,18 +122,25 @@ def test_a_step_started_from_pi_is_presented_once_submitted_by_the_model_and_com
 def test_unproductive_turns_get_two_reminders_then_the_step_fails(
     origin_rig: OriginRig, origin_server: WorkflowServer
 ) -> None:
-    origin_rig.provider.script(text_turn("Thinking."), text_turn("Still."), text_turn("Hm."))
+    origin_rig.provider.script(
+        text_turn("Thinking."), text_turn("Still."), text_turn("Hm."), text_turn("It failed.")
+    )
     origin = origin_rig.spawn()
     run_id = _start(origin)
     # The run is this Pi session's: interactive, bound to pi's own session ID.
     session = origin_rig.origin_session(run_id)
     failed = wait_until(lambda: origin_rig.status(run_id) == "failed", "the step to fail", 120)
     assert failed
+    # The failed run's terminal message comes last; its one turn ends too.
+    wait_until(
+        lambda: [t for t in origin_rig.turns(run_id) if t[2] != "open"][3:], "the terminal turn"
+    )
     messages = origin_rig.messages(run_id)
     assert [(kind, reason, state) for _, kind, reason, state, _ in messages] == [
         ("step", "initial", "sent"),
         ("step", "reminder", "sent"),
         ("step", "reminder", "sent"),
+        ("terminal", None, "sent"),
     ]
     # Each message appeared in the session exactly once, as the entry the server adopted.
     origin.drain()
@@ -129,8 +152,10 @@ def test_unproductive_turns_get_two_reminders_then_the_step_fails(
     assert [(message, status) for _, message, status in turns] == [
         (message_id, "completed") for message_id, *_ in messages
     ]
-    assert len(origin_rig.provider.chat_requests()) == 3
-    assert "Summarise the diff" in json.dumps(origin_rig.provider.chat_requests()[0].body)
+    requests = origin_rig.provider.chat_requests()
+    assert len(requests) == 4
+    assert "Summarise the diff" in json.dumps(requests[0].body)
+    assert "finished: failed" in json.dumps(requests[3].body)
     [(count,)] = origin_rig.rows(
         "SELECT unproductive_turn_ends FROM interactive_requests WHERE run_id = ?", run_id
     )
@@ -168,6 +193,7 @@ def test_the_model_answers_an_ordinary_checkpoint_and_submits_the_continuations_
         Turn(tool_calls=(ToolCall("workflow", {"action": "answer", "answer": {"go": "yes"}}),)),
         Turn(tool_calls=(ToolCall("workflow", {"action": "answer", "answer": {"go": True}}),)),
         lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "went on"}),
+        text_turn("Finished."),
     )
     origin = origin_rig.spawn()
     found = re.match(
@@ -186,12 +212,17 @@ def test_the_model_answers_an_ordinary_checkpoint_and_submits_the_continuations_
     # The continuation is interactive in the same origin session; its step comes here.
     assert origin_rig.origin_session(continuation) == origin_rig.origin_session(parent)
     wait_until(lambda: origin_rig.status(continuation) == "completed", "the continuation", 120)
-    [(message, kind, reason, state, _)] = origin_rig.messages(continuation)
+    assert "Summarise after True" in json.dumps(origin_rig.provider.chat_requests()[2].body)
+    # Only the final leaf gets a terminal message: the parent settled by its continuation
+    # has none. The session showed each message once.
+    wait_until(lambda: origin.count(is_workflow_message) == 2, "the terminal message shown")
+    [(message, kind, reason, state, _), (terminal, *_)] = origin_rig.messages(continuation)
     assert (kind, reason, state) == ("step", "initial", "sent")
-    # The session showed it once.
-    origin.drain()
-    assert [message_id_of(e) for e in origin.events if is_workflow_message(e)] == [message]
-    assert "Summarise after True" in json.dumps(origin_rig.provider.chat_requests()[-1].body)
+    assert origin_rig.messages(parent) == []
+    assert [message_id_of(e) for e in origin.events if is_workflow_message(e)] == [
+        message,
+        terminal,
+    ]
 
 
 def test_a_step_message_pending_while_pi_is_busy_waits_and_is_sent_once(

@@ -165,7 +165,9 @@ def test_two_pi_on_one_origin_session_have_one_coordinator_and_only_it_sends(
 ) -> None:
     first = origin_rig.spawn()
     converse(origin_rig, first)
-    origin_rig.provider.script(Stall("Working"), text_turn("One."), text_turn("Two."))
+    origin_rig.provider.script(
+        Stall("Working"), text_turn("One."), text_turn("Two."), text_turn("Failed.")
+    )
     run_id = start(first)
     turn, initial = open_turn(origin_rig, run_id, first)
     # A second pi on the same session file: the same origin session. Its coordinator
@@ -182,8 +184,9 @@ def test_two_pi_on_one_origin_session_have_one_coordinator_and_only_it_sends(
     first.rpc({"type": "abort"})
     first.wait_event(lambda e: e.get("type") == "agent_end", "the first pi's turn end")
     wait_until(lambda: origin_rig.status(run_id) == "failed", "three unproductive turns", 120)
+    wait_until(lambda: len(shown(second)) == 3, "the terminal message in the second pi")
     sent = [m[0] for m in origin_rig.messages(run_id)]
-    assert len(sent) == 3 and sent[0] == initial
+    assert len(sent) == 4 and sent[0] == initial  # three steps and the terminal message
     assert shown(first) == [initial]
     assert shown(second) == sent[1:]
     assert origin_rig.rows("SELECT paused FROM runs WHERE run_id = ?", run_id) == [(0,)]

@@ -94,6 +94,14 @@ export function entryMessageId(entry: BranchEntry): string | null {
 
 /** The text Pi shows and the model reads for one workflow message. */
 export function messageText(kind: string, value: JsonValue): string {
+  if (kind === "terminal" && isObject(value) && typeof value.outcome === "string") {
+    const lines = [`Workflow ${String(value.workflow ?? "")} (${String(value.runId ?? "")}) finished: ${value.outcome}.`];
+    if (typeof value.reason === "string") lines.push(`Reason: ${value.reason}`);
+    if ("output" in value) lines.push(`Output: ${JSON.stringify(value.output)}`);
+    if (value.outputTooLarge === true) lines.push("Its output is too large to show here: see /workflow status.");
+    lines.push("Tell the user the outcome briefly.");
+    return lines.join("\n");
+  }
   if (isObject(value)) {
     const prompt = typeof value.prompt === "string" ? value.prompt : typeof value.text === "string" ? value.text : null;
     if (prompt !== null) {
