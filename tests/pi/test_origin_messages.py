@@ -255,3 +255,41 @@ def test_a_step_message_pending_while_pi_is_busy_waits_and_is_sent_once(
     assert [(m, s) for _, m, s in turns][:1] == [(message, "completed")]
     assert [t for t in turns if t[1] == message] == turns[:1]
     assert origin_rig.rows("SELECT count(*) FROM host_commands") == polls
+
+
+def test_workflow_clear_removes_the_retained_terminal_run_and_changes_no_workflow_state(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    write_workflow(origin_rig.project, "ask", CHECKED)
+    origin_rig.provider.script(
+        lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "ok"}),
+        text_turn("Finished."),
+    )
+    origin = origin_rig.spawn()
+    run_id = _start(origin)
+    session = origin_rig.origin_session(run_id)
+    wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
+    terminal = wait_until(
+        lambda: [t for t in origin_rig.turns(run_id) if t[2] == "completed" and t[1] != run_id][
+            -1:
+        ],
+        "a settled turn",
+    )
+    wait_until(
+        lambda: [m for m in origin_rig.messages(run_id) if m[1] == "terminal" and m[3] == "sent"],
+        "the terminal message sent",
+    )
+    wait_until(
+        lambda: all(status != "open" for *_, status in origin_rig.turns(run_id)),
+        "the terminal turn's end",
+    )
+    assert terminal
+    # Its first turn ended just now: the session view still shows the finished run.
+    kept = origin_rig.session_view(session)
+    assert kept["activeRun"]["runId"] == run_id
+    assert kept["activeRun"]["display"]["status"] == "completed"
+    before = origin_rig.rows("SELECT status, revision FROM runs WHERE run_id = ?", run_id)
+    assert origin.notice("/workflow clear") == f"Cleared {run_id} from this session's view."
+    assert origin_rig.session_view(session)["activeRun"] is None
+    assert origin.notice("/workflow clear") == "Nothing to clear: no finished run is shown."
+    assert origin_rig.rows("SELECT status, revision FROM runs WHERE run_id = ?", run_id) == before
