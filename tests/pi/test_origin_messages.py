@@ -269,21 +269,14 @@ def test_workflow_clear_removes_the_retained_terminal_run_and_changes_no_workflo
     run_id = _start(origin)
     session = origin_rig.origin_session(run_id)
     wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
-    terminal = wait_until(
-        lambda: [t for t in origin_rig.turns(run_id) if t[2] == "completed" and t[1] != run_id][
-            -1:
-        ],
-        "a settled turn",
-    )
-    wait_until(
+    [(terminal, *_)] = wait_until(
         lambda: [m for m in origin_rig.messages(run_id) if m[1] == "terminal" and m[3] == "sent"],
         "the terminal message sent",
     )
     wait_until(
-        lambda: all(status != "open" for *_, status in origin_rig.turns(run_id)),
-        "the terminal turn's end",
+        lambda: [s for _, m, s in origin_rig.turns(run_id) if m == terminal and s != "open"],
+        "the terminal message's first turn to end",
     )
-    assert terminal
     # Its first turn ended just now: the session view still shows the finished run.
     kept = origin_rig.session_view(session)
     assert kept["activeRun"]["runId"] == run_id
