@@ -286,3 +286,43 @@ def test_workflow_clear_removes_the_retained_terminal_run_and_changes_no_workflo
     assert origin_rig.session_view(session)["activeRun"] is None
     assert origin.notice("/workflow clear") == "Nothing to clear: no finished run is shown."
     assert origin_rig.rows("SELECT status, revision FROM runs WHERE run_id = ?", run_id) == before
+
+
+BIG = """
+from pi_workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="big",
+    start_at="ask",
+    nodes={
+        "ask": agent(
+            prompt=lambda ctx: "Summarise this: " + "word " * 6000,
+            output_schema={"type": "object", "properties": {"summary": {"type": "string"}},
+                           "required": ["summary"]},
+            timeout=600,
+        ),
+    },
+    edges=[],
+)
+"""
+
+
+def test_a_step_message_over_16_kib_is_loaded_by_reference_and_presented_whole(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    write_workflow(origin_rig.project, "big", BIG)
+    origin_rig.provider.script(
+        lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "words"}),
+        text_turn("Finished."),
+    )
+    origin = origin_rig.spawn()
+    found = re.match(
+        r"^Started workflow big: (run-[0-9a-f]+)$", origin.notice("/workflow start big")
+    )
+    assert found is not None
+    run_id = found.group(1)
+    wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
+    event = origin.wait_event(is_workflow_message, "the step message")
+    content = event["message"]["content"]
+    assert len(content.encode()) > 16 * 1024, "the whole prompt, not a preview"
+    assert content.count("word ") == 6000 and "Workflow step contract" in content

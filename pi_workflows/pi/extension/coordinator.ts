@@ -24,7 +24,7 @@
  * Nothing here writes to stdout or stderr: prompts and results are private.
  */
 
-import { randomUUID } from "node:crypto";
+import { createHash, randomUUID } from "node:crypto";
 
 import type { JsonValue } from "../common/canonical.ts";
 import type { ResponseMessage } from "../common/protocol.ts";
@@ -135,6 +135,9 @@ export class WorkflowMessageCoordinator {
   private branchDirty = true;
   private readonly queued = new Map<string, { runId: string; kind: string; confirmed: boolean }>();
   private readonly turns: Turn[] = [];
+  /** Referenced message contents (over 16 KiB) loaded with `view.content`, by message ID. */
+  private readonly contents = new Map<string, JsonValue>();
+  private readonly loading = new Set<string>();
   private timer: NodeJS.Timeout | null = null;
   private busy = false;
   private again = false;
@@ -415,14 +418,56 @@ export class WorkflowMessageCoordinator {
     return this.pi.branch().some((entry) => entryMessageId(entry) === messageId);
   }
 
+  /**
+   * The message's content value: inline, or a referenced value once loaded and checked
+   * against its digest (undefined until then; the load pumps again when done).
+   */
+  private contentOf(messageId: string, runId: string, content: JsonValue | undefined): JsonValue | undefined {
+    if (!isObject(content)) return undefined;
+    if ("value" in content) return content.value ?? null;
+    if (this.contents.has(messageId)) return this.contents.get(messageId);
+    const ref = content.ref;
+    if (!isObject(ref) || typeof ref.digest !== "string" || typeof ref.mediaType !== "string") return undefined;
+    if (!this.loading.has(messageId)) {
+      this.loading.add(messageId);
+      void this.load(runId, ref.digest, ref.mediaType)
+        .then((loaded) => {
+          if (loaded !== undefined) this.contents.set(messageId, loaded);
+        })
+        .catch(() => undefined) // a lost connection: the next view loads it again
+        .finally(() => {
+          this.loading.delete(messageId);
+          this.pump();
+        });
+    }
+    return undefined;
+  }
+
+  /** `view.content` chunks of one reference, assembled and verified. */
+  private async load(runId: string, digest: string, mediaType: string): Promise<JsonValue | undefined> {
+    const chunks: Buffer[] = [];
+    let offset = 0;
+    for (;;) {
+      const response = await this.link.request("view.content", { digest, mediaType, offset }, { runId });
+      if (!accepted(response)) return undefined;
+      const receipt = response.receipt ?? {};
+      chunks.push(Buffer.from(String(receipt.data ?? ""), "base64"));
+      if (typeof receipt.nextOffset !== "number") break;
+      offset = receipt.nextOffset;
+    }
+    const bytes = Buffer.concat(chunks);
+    if (`sha256:${createHash("sha256").update(bytes).digest("hex")}` !== digest) return undefined;
+    return JSON.parse(bytes.toString("utf8")) as JsonValue;
+  }
+
   /** Send the view's next message if every condition holds (synchronous to the call). */
   private maybeSend(): void {
     const next = this.view?.nextMessage;
     if (!isObject(next) || typeof next.messageId !== "string") return;
     const messageId = next.messageId;
     if (this.queued.has(messageId)) return;
-    const content = next.content;
-    if (!isObject(content) || !("value" in content)) return; // a referenced content: not yet supported
+    const value = this.contentOf(messageId, String(next.runId), next.content);
+    if (value === undefined) return; // a referenced content still loading (or unavailable)
     if (this.branchHas(messageId)) {
       this.branchDirty = true; // on the branch already: report it, never send it again
       this.again = true;
@@ -430,7 +475,7 @@ export class WorkflowMessageCoordinator {
     }
     const kind = String(next.kind);
     const runId = String(next.runId);
-    const text = messageText(kind, content.value ?? null);
+    const text = messageText(kind, value);
     const reason = typeof next.reason === "string" ? next.reason : null;
     // The final check and the send, with no await between them.
     if (
@@ -446,7 +491,7 @@ export class WorkflowMessageCoordinator {
     this.queued.set(messageId, { runId, kind, confirmed: false });
     const details: JsonObject = { messageId, runId, kind, sourceId: String(next.sourceId) };
     if (reason !== null) details.reason = reason;
-    const contract = isObject(content.value) ? content.value.contract : undefined;
+    const contract = isObject(value) ? value.contract : undefined;
     if (isObject(contract) && typeof contract.step === "string" && typeof contract.attempt === "string") {
       // The workflow tool finds the step's request from this entry (hidden from the model).
       details.step = contract.step;
