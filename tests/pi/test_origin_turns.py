@@ -241,3 +241,31 @@ def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_contr
         assert lines[-1] == f"controls: {controls}"
     # `paused` appeared only once the aborted turn had ended.
     assert [s for *_, s in origin_rig.turns(run_id)] == ["aborted"]
+
+
+def test_a_message_pending_across_a_server_restart_is_sent_once_after_the_branch_report(
+    origin_rig: OriginRig,
+) -> None:
+    """The step message is pending (pi busy with a user turn) when the server stops;
+    pi becomes idle while nobody listens, so nothing may be sent; once the server is
+    back, the coordinator reconnects, reports the branch, and sends it exactly once."""
+    origin_rig.provider.script(Stall("Let me think"), text_turn("On it."), text_turn("Done."))
+    with running_server(origin_rig.state_dir):
+        origin = origin_rig.spawn()
+        origin.child.send({"type": "prompt", "message": "Think about it"})
+        origin.wait_event(lambda e: e.get("type") == "message_update", "the user's turn")
+        run_id = start(origin)
+        [(message, *_)] = wait_until(
+            lambda: [m for m in origin_rig.messages(run_id) if m[3] == "pending"], "the step"
+        )
+    origin.rpc({"type": "abort"})  # pi is idle now, with the server down
+    origin.wait_event(lambda e: e.get("type") == "agent_end", "the user's turn end")
+    assert shown(origin) == []
+    with running_server(origin_rig.state_dir):
+        assert origin_rig.messages(run_id)[0][:4] == (message, "step", "initial", "pending")
+        wait_until(lambda: origin_rig.messages(run_id)[0][3] == "sent", "the step sent")
+        wait_until(lambda: [t for t in origin_rig.turns(run_id) if t[2] != "open"], "its turn")
+        # Sent once (a reminder for its unproductive turn may follow it).
+        assert shown(origin)[:1] == [message] and shown(origin).count(message) == 1
+        assert [t[1] for t in origin_rig.turns(run_id)][:1] == [message]
+        assert [t for t in origin_rig.turns(run_id) if t[1] == message][1:] == []
