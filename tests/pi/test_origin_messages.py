@@ -248,7 +248,8 @@ def test_a_step_message_pending_while_pi_is_busy_waits_and_is_sent_once(
     wait_until(lambda: origin_rig.messages(run_id)[0][3] == "sent", "the step sent")
     wait_until(lambda: [t for t in origin_rig.turns(run_id) if t[2] != "open"], "its turn's end")
     origin.drain()
-    assert [message_id_of(e) for e in origin.events if is_workflow_message(e)] == [message]
+    shown = [message_id_of(e) for e in origin.events if is_workflow_message(e)]
+    assert shown[:1] == [message] and shown.count(message) == 1  # a reminder may follow
     # One turn on it; the ordinary turn was never reported as workflow work (a later
     # turn, if any, is a reminder's), and polling wrote no command.
     turns = origin_rig.turns(run_id)
