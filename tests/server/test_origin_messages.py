@@ -459,6 +459,15 @@ def test_follow_ups_wait_for_the_final_outcome_and_its_terminal_turn_then_come_i
         # Exactly one follow-up is presented at a time, after the one before it ended.
         [message_id] = pending_follow_up_messages(state, leaf)
         delivered.append(content_of(state, message_id)["text"])
+        # The coordinator's view names it next (a queued older snapshot may come first).
+        view = session_snapshot(
+            coordinator,
+            lambda v, wanted=message_id: (
+                v["nextMessage"] is not None and v["nextMessage"]["messageId"] == wanted
+            ),
+            "the follow-up message next",
+        )
+        assert view["nextMessage"]["kind"] == "follow_up"
         show_and_end(coordinator, leaf, message_id, f"turn-follow-{index}")
     assert delivered == ["first", "second", "third"]
     assert pending_follow_up_messages(state, leaf) == []
