@@ -12,7 +12,7 @@ view shows both, and names them as the next message to the active coordinator.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +407,15 @@ def show_and_end(coordinator: Coordinator, run_id: str, message_id: str, turn_id
     assert ended["receipt"]["ownership"] == "settled", ended
 
 
+def names(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    """A session-view check: it names `message_id` as the next message."""
+
+    def check(view: dict[str, Any]) -> bool:
+        return view["nextMessage"] is not None and view["nextMessage"]["messageId"] == message_id
+
+    return check
+
+
 def pending_follow_up_messages(state_dir: Path, run_id: str) -> list[str]:
     return [
         message_id
@@ -460,13 +469,7 @@ def test_follow_ups_wait_for_the_final_outcome_and_its_terminal_turn_then_come_i
         [message_id] = pending_follow_up_messages(state, leaf)
         delivered.append(content_of(state, message_id)["text"])
         # The coordinator's view names it next (a queued older snapshot may come first).
-        view = session_snapshot(
-            coordinator,
-            lambda v, wanted=message_id: (
-                v["nextMessage"] is not None and v["nextMessage"]["messageId"] == wanted
-            ),
-            "the follow-up message next",
-        )
+        view = session_snapshot(coordinator, names(message_id), "the follow-up message next")
         assert view["nextMessage"]["kind"] == "follow_up"
         show_and_end(coordinator, leaf, message_id, f"turn-follow-{index}")
     assert delivered == ["first", "second", "third"]
