@@ -52,6 +52,11 @@ from pi_workflows.storage import (
 )
 from pi_workflows.storage._content import read_json_blob
 from pi_workflows.storage._decisions import decision_audience
+from pi_workflows.storage._follow_ups import (
+    MAX_FOLLOW_UP_CHARS,
+    add_follow_up,
+    chain_leaf,
+)
 from pi_workflows.storage._interactions import (
     SubmissionRow,
     binding_refusal,
@@ -74,6 +79,7 @@ __all__ = [
     "SettledSubmission",
     "SubmitStep",
     "ValidationJob",
+    "add_follow_up_command",
     "answer_from_session",
     "held_answer",
     "settle_validation",
@@ -502,3 +508,100 @@ def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[
     if tx.fetch_value("SELECT paused FROM runs WHERE run_id = :r", {"r": run_id}):
         return "rejected", "the run is paused"
     return None
+
+
+# --- followUp.add ----------------------------------------------------------------------
+
+EVENT_FOLLOW_UP_ADDED = "follow_up_added"
+
+
+def add_follow_up_command(db: Database, request: RequestMessage) -> dict[str, Any]:
+    """`followUp.add` (`payload: {text}`, `runId`): queue text for the run's origin
+    session, delivered after its chain's final completed outcome and terminal turn, in
+    order (`storage/_follow_ups.py`). A user command with a stored receipt; the text is
+    a blob and appears in no event."""
+    payload = request["payload"]
+    text = payload.get("text")
+    run_id = request.get("runId")
+    if not isinstance(run_id, str) or not isinstance(text, str) or not text.strip():
+        return rejected(
+            request, "rejected", "payloadInvalid", "followUp.add needs a runId and payload.text"
+        )
+    if len(text) > MAX_FOLLOW_UP_CHARS:
+        return rejected(
+            request,
+            "rejected",
+            "followUpTooLong",
+            f"a follow-up is at most {MAX_FOLLOW_UP_CHARS} characters",
+        )
+    command = CommandRequest(
+        request_id=request["requestId"],
+        client_id=request["clientId"],
+        operation=request["operation"],
+        idempotency_key=request["idempotencyKey"],
+        payload=dict(payload),
+    )
+    with db.write() as tx:
+        found = lookup_receipt(tx, command)
+        if found.outcome is LookupOutcome.ADOPTED:
+            assert found.receipt is not None
+            return response(request, "adopted", receipt=found.receipt.receipt)
+        if found.outcome is LookupOutcome.CONFLICT:
+            return rejected(
+                request,
+                "conflict",
+                "idempotencyConflict",
+                "this request ID or idempotency key was already used with another payload",
+            )
+        if get_run(tx, run_id) is None:
+            return rejected(request, "notFound", "runNotFound", "no such run")
+        session = tx.fetch_value(
+            "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
+            "AND execution_mode = 'interactive'",
+            {"r": run_id},
+        )
+        if session is None:
+            return rejected(
+                request,
+                "rejected",
+                "noOriginSession",
+                "a follow-up goes to the run's origin Pi session; a headless run has none",
+            )
+        ended = tx.fetch_value(
+            "SELECT status FROM runs WHERE run_id = :r AND status IN "
+            "('failed', 'timed_out', 'cancelled')",
+            {"r": chain_leaf(tx, run_id)},
+        )
+        if ended is not None:
+            return rejected(
+                request,
+                "rejected",
+                "runNotCompleted",
+                f"the run is {ended}: follow-ups are delivered only after a completed outcome",
+            )
+        row = add_follow_up(tx, run_id, str(session), text)
+        revision = record_interaction_event(
+            tx, run_id, EVENT_FOLLOW_UP_ADDED, {"followUpId": row.follow_up_id}
+        )
+        if row.message_id is not None:  # everything it waits for was done: presented now
+            leaf = chain_leaf(tx, run_id)
+            created = record_interaction_event(
+                tx,
+                leaf,
+                "workflow_message_created",
+                {"messageId": row.message_id, "kind": "follow_up"},
+            )
+            if leaf == run_id:
+                revision = created
+        body = {"followUpId": row.follow_up_id, "state": row.state}
+        record_receipt(
+            tx,
+            command,
+            outcome=ReceiptOutcome.ACCEPTED,
+            receipt=body,
+            run_id=run_id,
+            accepted_revision=revision,
+        )
+    result = response(request, "accepted", receipt=body)
+    result["revision"] = revision
+    return result

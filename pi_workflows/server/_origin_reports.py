@@ -26,6 +26,7 @@ from pi_workflows.storage import (
     requeue_run,
 )
 from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._follow_ups import present_next_follow_up
 from pi_workflows.storage._interactions import (
     EVENT_UNPRODUCTIVE_TURN,
     UNPRODUCTIVE_TURN_LIMIT,
@@ -368,6 +369,8 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
         tx, turn.run_id, EVENT_TURN_ENDED, {"turnId": turn.turn_id, "status": status}
     )
     message = read_message(tx, turn.message_id)
+    if message is not None and message.kind in ("terminal", "follow_up"):
+        _present_follow_up(tx, message.run_id)
     if message is None or message.kind != "step":
         return
     if status != "aborted":
@@ -381,6 +384,15 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
             pause_run(tx, turn.run_id)
         except (InvalidTransitionError, ClaimLostError):  # a live claim holds it: no pause
             return
+
+
+def _present_follow_up(tx: Tx, run_id: str) -> None:
+    """A terminal or follow-up turn ended: the chain's next follow-up may now be due."""
+    created = present_next_follow_up(tx, run_id)
+    if created is not None:
+        record_interaction_event(
+            tx, run_id, EVENT_MESSAGE_CREATED, {"messageId": created, "kind": "follow_up"}
+        )
 
 
 # --- reminders and unproductive turns ------------------------------------------------

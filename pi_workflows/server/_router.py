@@ -39,6 +39,7 @@ from pi_workflows.actors._validations import ConnectionGone, Submit
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._interactions import (
     SessionAuthority,
+    add_follow_up_command,
     answer_from_session,
     update_interaction,
 )
@@ -153,6 +154,7 @@ class Router:
             "run.start": self._start_run,
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
+            "followUp.add": self._add_follow_up,
             "state.prune": self._state_prune,
             "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
             "workflowTurn.report": functools.partial(self._origin_report, report_turn),
@@ -234,6 +236,12 @@ class Router:
         )
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "interaction.update"))
+
+    def _add_follow_up(self, pending: Pending) -> None:
+        ports = self._ports
+        work = functools.partial(add_follow_up_command, request=pending.request)
+        done = functools.partial(self._answer, pending, False)
+        ports.database.tell(Transact(work, done, "followUp.add"))
 
     def _answer_checkpoint(self, pending: Pending) -> None:
         """`run.answer`: a person's (the CLI's), or with `sessionId` and

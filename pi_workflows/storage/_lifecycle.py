@@ -29,6 +29,7 @@ from pi_workflows.storage._errors import (
     RevisionConflictError,
     RunNotFoundError,
 )
+from pi_workflows.storage._follow_ups import cancel_chain_follow_ups
 from pi_workflows.storage._messages import present_terminal
 from pi_workflows.storage._phases import (
     NONTERMINAL_PHASES,
@@ -621,6 +622,8 @@ def _finish(
 
     def close(tx: Tx) -> None:
         _close_run_work(tx, run_id, attempt_status, reason, failed=failed)
+        if failed:  # its chain ends without a completed outcome
+            cancel_chain_follow_ups(tx, run_id)
         # An interactive run's final leaf tells its origin session, same transaction.
         present_terminal(tx, run_id, target.value, reason=reason, event_payload=payload)
         if change is not None:

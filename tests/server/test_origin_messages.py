@@ -12,7 +12,7 @@ view shows both, and names them as the next message to the active coordinator.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +368,146 @@ def test_a_notify_node_adds_one_passive_notification_that_opens_no_turn(
         "the step next",
     )
     assert after["messages"]["count"] == 1  # the sent notification left the window
+
+
+# --- follow-ups ----------------------------------------------------------------------------
+
+
+def follow_ups(state_dir: Path) -> list[tuple[str, str]]:
+    return [
+        (json.loads(bytes(blob))["text"], follow_up_state)
+        for blob, follow_up_state in rows(
+            state_dir,
+            "SELECT b.content, f.state FROM follow_ups f JOIN blobs b ON b.digest = f.content_hash "
+            "ORDER BY f.created_at, f.rowid",
+        )
+    ]
+
+
+def show_and_end(coordinator: Coordinator, run_id: str, message_id: str, turn_id: str) -> None:
+    """Pi shows the message and its turn runs to the end (branch report, start, end)."""
+    adopted = coordinator.request(
+        "workflowMessage.reportBranch",
+        {
+            "sessionId": SESSION,
+            "entries": [{"messageId": message_id, "entryId": f"entry-{turn_id}"}],
+            "isIdle": False,
+            "hasPendingMessages": False,
+        },
+    )
+    assert adopted["receipt"]["adopted"] == [message_id], adopted
+    base = {"sessionId": SESSION, "messageId": message_id, "turnId": turn_id}
+    started = coordinator.request("workflowTurn.report", {**base, "phase": "started"}, runId=run_id)
+    assert started["receipt"]["ownership"] == "active", started
+    ended = coordinator.request(
+        "workflowTurn.report",
+        {**base, "phase": "ended", "stopReason": "completed", "responseEntryId": None},
+        runId=run_id,
+    )
+    assert ended["receipt"]["ownership"] == "settled", ended
+
+
+def names(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    """A session-view check: it names `message_id` as the next message."""
+
+    def check(view: dict[str, Any]) -> bool:
+        return view["nextMessage"] is not None and view["nextMessage"]["messageId"] == message_id
+
+    return check
+
+
+def pending_follow_up_messages(state_dir: Path, run_id: str) -> list[str]:
+    return [
+        message_id
+        for (message_id,) in rows(
+            state_dir,
+            "SELECT message_id FROM workflow_messages WHERE run_id = ? AND kind = 'follow_up' "
+            "AND state = 'pending' ORDER BY session_order",
+            run_id,
+        )
+    ]
+
+
+def test_follow_ups_wait_for_the_final_outcome_and_its_terminal_turn_then_come_in_order(
+    running: WorkflowServer, project: Path, coordinator: Coordinator
+) -> None:
+    from pi_workflows.storage import open_database  # noqa: PLC0415 - a read of the counts
+    from pi_workflows.storage._follow_ups import pending_follow_up_count  # noqa: PLC0415
+
+    state = running.state_dir
+    with WorkflowClient(state, autostart=False, timeout=30) as client:
+        parent = start(client, project, "gated", SESSION)["receipt"]["runId"]
+        wait_for(client, parent, {"waiting"})
+        first = client.request(
+            "followUp.add", {"text": "first"}, run_id=parent, idempotency_key="fu-1"
+        )
+        assert first["outcome"] == "accepted", first
+        assert first["receipt"]["state"] == "pending"
+        again = client.request(
+            "followUp.add", {"text": "first"}, run_id=parent, idempotency_key="fu-1"
+        )
+        assert again["outcome"] == "adopted" and again["receipt"] == first["receipt"]
+        client.call("followUp.add", {"text": "second"}, run_id=parent)
+        leaf = client.call("run.answer", {"answer": {}}, run_id=parent)["receipt"][
+            "continuationRunId"
+        ]
+        assert finish(client, leaf) == "completed"
+        # Added to the continuation: the same chain, after the two.
+        client.call("followUp.add", {"text": "third"}, run_id=leaf)
+    # The final outcome is there, but its terminal turn has not run: nothing presented.
+    assert follow_ups(state) == [("first", "pending"), ("second", "pending"), ("third", "pending")]
+    assert pending_follow_up_messages(state, leaf) == []
+    [(terminal,)] = rows(
+        state,
+        "SELECT message_id FROM workflow_messages WHERE run_id = ? AND kind = 'terminal'",
+        leaf,
+    )
+    show_and_end(coordinator, leaf, terminal, "turn-terminal")
+    delivered: list[str] = []
+    for index in range(3):
+        # Exactly one follow-up is presented at a time, after the one before it ended.
+        [message_id] = pending_follow_up_messages(state, leaf)
+        delivered.append(content_of(state, message_id)["text"])
+        # The coordinator's view names it next (a queued older snapshot may come first).
+        view = session_snapshot(coordinator, names(message_id), "the follow-up message next")
+        assert view["nextMessage"]["kind"] == "follow_up"
+        show_and_end(coordinator, leaf, message_id, f"turn-follow-{index}")
+    assert delivered == ["first", "second", "third"]
+    assert pending_follow_up_messages(state, leaf) == []
+    assert [follow_up_state for _, follow_up_state in follow_ups(state)] == ["presented"] * 3
+    db = open_database(state / "state.sqlite")
+    try:
+        assert pending_follow_up_count(db) == 0
+    finally:
+        db.close()
+
+
+def content_of(state_dir: Path, message_id: str) -> dict[str, Any]:
+    [(blob,)] = rows(
+        state_dir,
+        "SELECT b.content FROM workflow_messages m JOIN blobs b ON b.digest = m.content_digest "
+        "WHERE m.message_id = ?",
+        message_id,
+    )
+    value = json.loads(bytes(blob))
+    assert isinstance(value, dict)
+    return value
+
+
+def test_cancellation_cancels_pending_follow_ups_and_refuses_new_ones(
+    running: WorkflowServer, project: Path
+) -> None:
+    state = running.state_dir
+    with WorkflowClient(state, autostart=False, timeout=30) as client:
+        run_id = start(client, project, "gated", SESSION)["receipt"]["runId"]
+        wait_for(client, run_id, {"waiting"})
+        client.call("followUp.add", {"text": "later"}, run_id=run_id)
+        client.call("run.cancel", {"reason": "user"}, run_id=run_id)
+        refused = client.request("followUp.add", {"text": "more"}, run_id=run_id)
+        headless = start(client, project, "told", None)["receipt"]["runId"]
+        no_session = client.request("followUp.add", {"text": "x"}, run_id=headless)
+    assert follow_ups(state) == [("later", "cancelled")]
+    assert refused["outcome"] == "rejected" and refused["error"]["code"] == "runNotCompleted"
+    assert no_session["outcome"] == "rejected"
+    assert no_session["error"]["code"] == "noOriginSession"
+    assert rows(state, "SELECT count(*) FROM workflow_messages WHERE kind = 'follow_up'") == [(0,)]

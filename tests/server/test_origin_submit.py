@@ -471,3 +471,74 @@ def test_a_protected_decision_is_never_answered_by_the_workflow_tool(state_dir: 
     assert refused["error"]["code"] == "protectedDecision"
     assert "/workflow answer" in refused["error"]["message"]
     assert rows(state_dir, "SELECT status FROM human_decisions") == [("pending",)]
+
+
+def test_an_accepted_output_survives_a_restart_before_any_runner_takes_it(
+    state_dir: Path, short_tmp: Path
+) -> None:
+    """The acceptance and the requeue are one durable commit: a server that stops before
+    it launches the runner leaves a queued run with its waiting attempt and settled
+    request, and the next server completes that same attempt."""
+    project = short_tmp / "project"
+    write_workflow(project, "ask", WORKFLOW)
+
+    def server(execute: bool) -> WorkflowServer:
+        instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=execute)
+        instance.start()
+        return instance
+
+    first = server(True)
+    try:
+        with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+            run_id = start(client, project, "ask", SESSION)["receipt"]["runId"]
+            wait_for(client, run_id, {"waiting"})
+    finally:
+        first.stop("test: the step waits")
+    [(request_id, attempt_id)] = rows(
+        state_dir,
+        "SELECT request_id, attempt_id FROM interactive_requests WHERE run_id = ?",
+        run_id,
+    )
+    idle = server(False)  # records, admits nothing
+    try:
+        with WorkflowClient(state_dir, autostart=False, timeout=60) as coordinator:
+            epoch = claim(coordinator)
+            answer = coordinator.request(
+                "interaction.submit",
+                {
+                    "interactionId": request_id,
+                    "submissionId": "submission-durable",
+                    "value": {"summary": "kept"},
+                    "sessionId": SESSION,
+                    "coordinatorEpoch": epoch,
+                },
+                run_id=run_id,
+            )
+            assert answer["outcome"] == "accepted", answer
+    finally:
+        idle.stop("test: accepted, not yet run")
+    assert rows(
+        state_dir,
+        "SELECT r.status, q.state, a.status, i.status FROM runs r "
+        "JOIN run_queue q ON q.run_id = r.run_id JOIN node_attempts a ON a.attempt_id = ? "
+        "JOIN interactive_requests i ON i.request_id = ? WHERE r.run_id = ?",
+        attempt_id,
+        request_id,
+        run_id,
+    ) == [("queued", "queued", "waiting", "settled")]
+    last = server(True)
+    try:
+        with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+            wait_for(client, run_id, {"completed"})
+    finally:
+        last.stop("test teardown")
+    assert rows(state_dir, "SELECT status FROM node_attempts WHERE attempt_id = ?", attempt_id) == [
+        ("completed",)
+    ]
+    [(output,)] = rows(
+        state_dir,
+        "SELECT b.content FROM node_attempts a JOIN blobs b ON b.digest = a.output_hash "
+        "WHERE a.run_id = ? AND a.node_path = 'after'",
+        run_id,
+    )
+    assert b"KEPT" in bytes(output)
