@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from pi_workflows import WorkflowServer
+from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.testing import Stall, ToolCall, Turn, text_turn, workflow_submit_turn
 from tests.conftest import write_workflow
 from tests.pi.agents import attempt_of
@@ -327,3 +327,43 @@ def test_a_step_message_over_16_kib_is_loaded_by_reference_and_presented_whole(
     content = event["message"]["content"]
     assert len(content.encode()) > 16 * 1024, "the whole prompt, not a preview"
     assert content.count("word ") == 6000 and "Workflow step contract" in content
+
+
+def test_follow_ups_are_delivered_in_order_after_the_terminal_turn(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    write_workflow(origin_rig.project, "ask", CHECKED)
+    origin_rig.provider.script(
+        Stall("Working"),
+        lambda body: workflow_submit_turn("ask", attempt_of(body), {"summary": "ok"}),
+        text_turn("Finished."),
+        text_turn("First follow-up done."),
+        text_turn("Second follow-up done."),
+    )
+    origin = origin_rig.spawn()
+    run_id = _start(origin)
+    origin.wait_event(lambda e: e.get("type") == "message_update", "the step's turn streaming")
+    with WorkflowClient(origin_rig.state_dir, autostart=False, timeout=30) as client:
+        for text in ("Now write the changelog.", "Then tag the release."):
+            added = client.request("followUp.add", {"text": text}, run_id=run_id)
+            assert added["outcome"] == "accepted", added
+    origin.rpc({"type": "abort"})  # paused; resume presents the step again
+    wait_until(lambda: origin_rig.status(run_id) == "paused", "the pause")
+    assert origin.notice("/workflow resume") == f"resume: {run_id}"
+    wait_until(lambda: origin.count(is_workflow_message) == 5, "every message shown", 120)
+    kinds = {m[0]: m[1] for m in origin_rig.messages(run_id)}
+    shown = [message_id_of(e) for e in origin.events if is_workflow_message(e)]
+    assert [kinds[m] for m in shown] == ["step", "step", "terminal", "follow_up", "follow_up"]
+    texts = [e["message"]["content"] for e in origin.events if is_workflow_message(e)][3:]
+    assert texts == ["Now write the changelog.", "Then tag the release."]
+
+    # Each follow-up was presented only after the turn before it ended.
+    def settled() -> bool:
+        turns = origin_rig.turns(run_id)
+        return len(turns) >= 5 and all(status != "open" for *_, status in turns)
+
+    try:
+        wait_until(settled, "five settled turns")
+    finally:
+        print(origin_rig.turns(run_id), origin_rig.messages(run_id))
+    assert [t[1] for t in origin_rig.turns(run_id)] == shown
