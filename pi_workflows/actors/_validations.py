@@ -30,12 +30,15 @@ from typing import Any, Protocol
 import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._coordinator_epoch import ActiveEpochs
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._process_supervisor import ChildExited, KillChild, Spawn
 from pi_workflows.actors._reader import Read
+from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.engine.validate import VALIDATOR_FD_ENV
 from pi_workflows.server._interactions import (
+    SessionAuthority,
     SettledSubmission,
     SubmitStep,
     ValidationJob,
@@ -243,9 +246,15 @@ class ValidationsActor(ServerActor):
         reader: pykka.ActorRef[Any],
         supervisor: pykka.ActorRef[Any],
         listener: ChannelListener,
+        epochs: ActiveEpochs | None = None,
+        scheduler: pykka.ActorRef[Any] | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._config = config
+        self._epochs = epochs if epochs is not None else ActiveEpochs()
+        """The coordinator epochs (an origin-session submission needs the active one)."""
+        self._scheduler = scheduler
+        """Woken after an accepted origin-session output requeued its run."""
         self._database = database
         self._reader = reader
         self._supervisor = supervisor
@@ -278,7 +287,10 @@ class ValidationsActor(ServerActor):
 
     def _submit(self, held: Held) -> None:
         work = functools.partial(
-            submit_interaction, request=held.request, agent_dir=self._config.agent_dir
+            submit_interaction,
+            request=held.request,
+            agent_dir=self._config.agent_dir,
+            authority=SessionAuthority(held.connection_id, self._epochs),
         )
         self._transact(work, functools.partial(_Submitted, held), "interaction.submit")
 
@@ -438,6 +450,8 @@ class ValidationsActor(ServerActor):
 
     def _on_settled(self, sid: str, reply: Reply) -> None:
         child = self._children.pop(sid, None)
+        if reply.error is None and reply.value.requeued and self._scheduler is not None:
+            self._scheduler.tell(Wake())  # the accepted step's run is admissible again
         if child is None:
             return
         for waiter in child.waiters:

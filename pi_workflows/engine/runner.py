@@ -1053,6 +1053,11 @@ class Execution:
         unfinished = state.get("unfinished")
         if unfinished is not None:
             self.current = unfinished["nodePath"]
+        # A waiting attempt (an origin-session step whose output was accepted, or whose
+        # run was requeued) continues in place: same attempt, visit and deadline.
+        self.waiting: Mapping[str, Any] | None = (
+            unfinished if unfinished is not None and unfinished.get("status") == "waiting" else None
+        )
         # A runner that died after its checkpoint completed and before the run waited
         # there: the answer does not exist yet, so wait again instead of going on.
         self.unanswered_checkpoint: str | None = None
@@ -1101,24 +1106,9 @@ class Execution:
 
     def _step(self, node: CompiledNode) -> bool:
         """Run one node; False when the run stopped here (parked or finished)."""
-        attempt_id = f"attempt-{uuid.uuid4().hex}"
-        self.attempt_id = attempt_id
-        started: dict[str, Any] = {
-            "nodePath": node.path,
-            "nodeKind": node.kind,
-            "visit": self.visits.get(node.path, 0) + 1,
-        }
-        if node.timeout_ms:
-            started["timeoutMs"] = node.timeout_ms
         pipelined = node.kind in PIPELINED_KINDS
-        if pipelined:
-            # A pure node may run again, so its start need not be confirmed before it
-            # runs; the reply must still carry the same visit (checked at the next wait).
-            self.channel.post("node.started", started, attempt_id, {"visit": started["visit"]})
-            visit = started["visit"]
-        else:
-            reply = self.channel.send("node.started", started, attempt_id)
-            visit = (reply.get("result") or {}).get("visit", started["visit"])
+        attempt_id, visit = self._start_attempt(node, pipelined)
+        self.attempt_id = attempt_id
         ctx = self.scopes.context(
             node,
             run_id=self.run_id,
@@ -1184,6 +1174,28 @@ class Execution:
             return False
         self.current = route
         return True
+
+    def _start_attempt(self, node: CompiledNode, pipelined: bool) -> tuple[str, int]:
+        """Start the node's attempt (or continue the waiting one): its ID and visit."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None and waiting.get("nodePath") == node.path:
+            # Its start was committed by an earlier runner: nothing to start again.
+            return str(waiting["attemptId"]), int(waiting["visit"])
+        attempt_id = f"attempt-{uuid.uuid4().hex}"
+        started: dict[str, Any] = {
+            "nodePath": node.path,
+            "nodeKind": node.kind,
+            "visit": self.visits.get(node.path, 0) + 1,
+        }
+        if node.timeout_ms:
+            started["timeoutMs"] = node.timeout_ms
+        if pipelined:
+            # A pure node may run again, so its start need not be confirmed before it
+            # runs; the reply must still carry the same visit (checked at the next wait).
+            self.channel.post("node.started", started, attempt_id, {"visit": started["visit"]})
+            return attempt_id, int(started["visit"])
+        reply = self.channel.send("node.started", started, attempt_id)
+        return attempt_id, int((reply.get("result") or {}).get("visit", started["visit"]))
 
     def _run_node(self, node: CompiledNode, ctx: EngineContext) -> Any:
         """`_execute` under the node's limits; every process it started is stopped after.

@@ -13,16 +13,32 @@ the responses and the validation children. The wire shapes are those of
   `notFound`;
 - update: `payload = {interactionId, update: {type, key, data}}` → `accepted`, recorded
   as a run event (the run's history), never the step's result.
+
+An interactive run's request (its step waits in the origin Pi session) takes both from
+that session's coordinator only: the payload adds `sessionId` and `coordinatorEpoch`
+(the epoch of the coordinator's `sessionView` grant), and the request must come on the
+connection that holds that active epoch. Session ownership, authority and request kind
+are checked before any receipt lookup or change; a wrong session or a fenced epoch is
+`rejected` (`submissionRefused`, `coordinatorFenced`). An accepted origin-session
+output requeues the waiting run in the settlement's transaction
+(`storage/_interactions.py` `continue_waiting_run`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pi_workflows.server._operations import rejected, response
+from pi_workflows.actors._coordinator_epoch import ActiveEpochs
+from pi_workflows.server._operations import (
+    OperationContext,
+    handle_operation,
+    rejected,
+    response,
+)
 from pi_workflows.server._runner_launch import launch_state
 from pi_workflows.storage import (
     CommandRequest,
@@ -35,8 +51,15 @@ from pi_workflows.storage import (
     record_receipt,
 )
 from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._decisions import decision_audience
+from pi_workflows.storage._follow_ups import (
+    MAX_FOLLOW_UP_CHARS,
+    add_follow_up,
+    chain_leaf,
+)
 from pi_workflows.storage._interactions import (
     SubmissionRow,
+    binding_refusal,
     read_request,
     record_interaction_event,
     record_submission,
@@ -50,10 +73,14 @@ from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = [
     "MAX_REJECTION_CHARS",
+    "PROTECTED_REFUSAL",
     "SUBMISSION_REJECTED",
+    "SessionAuthority",
     "SettledSubmission",
     "SubmitStep",
     "ValidationJob",
+    "add_follow_up_command",
+    "answer_from_session",
     "held_answer",
     "settle_validation",
     "submit_interaction",
@@ -92,6 +119,8 @@ class SubmitStep:
 class SettledSubmission:
     submission_id: str
     receipt: dict[str, Any] = field(repr=False)
+    requeued: bool = False
+    """The acceptance put an origin-session step's waiting run back in the line."""
 
 
 def _id(payload: dict[str, Any], name: str) -> str | None:
@@ -99,6 +128,56 @@ def _id(payload: dict[str, Any], name: str) -> str | None:
     if isinstance(value, str) and 0 < len(value) <= _MAX_ID and value.isprintable():
         return value
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAuthority:
+    """Who sends a submission or update: the connection, and what it may hold."""
+
+    connection_id: str
+    epochs: ActiveEpochs = field(repr=False)
+
+
+class _RefusedError(Exception):
+    """A request the sender may not make (the answer is ready)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__(answer.get("error", {}).get("code", "refused"))
+        self.answer = answer
+
+
+def _sender_session(request: RequestMessage, authority: SessionAuthority | None) -> str | None:
+    """The origin session a request speaks for, once its coordinator authority is
+    checked; None when it names none (a headless bridge).
+
+    Raises:
+        _RefusedError: a malformed authority, or a connection without that active epoch.
+    """
+    payload = request["payload"]
+    if "sessionId" not in payload and "coordinatorEpoch" not in payload:
+        return None
+    session = _id(payload, "sessionId")
+    epoch = payload.get("coordinatorEpoch")
+    if session is None or isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+        raise _RefusedError(
+            rejected(
+                request,
+                "rejected",
+                "payloadInvalid",
+                "an origin-session request needs sessionId and a positive coordinatorEpoch",
+            )
+        )
+    if authority is None or not authority.epochs.is_active(session, authority.connection_id, epoch):
+        raise _RefusedError(
+            rejected(
+                request,
+                "rejected",
+                "coordinatorFenced",
+                "this connection does not hold the session's active coordinator epoch; "
+                "subscribe to the session view as its coordinator and use that epoch",
+            )
+        )
+    return session
 
 
 def held_answer(
@@ -117,9 +196,14 @@ def held_answer(
     )
 
 
-def submit_interaction(db: Database, request: RequestMessage, agent_dir: Path) -> SubmitStep:
-    """Resolve the request, check binding and kind, then adopt, refuse or record a
-    `validating` candidate (and the event) in one transaction."""
+def submit_interaction(
+    db: Database,
+    request: RequestMessage,
+    agent_dir: Path,
+    authority: SessionAuthority | None = None,
+) -> SubmitStep:
+    """Resolve the request, check binding, session authority and kind, then adopt,
+    refuse or record a `validating` candidate (and the event) in one transaction."""
     payload = request["payload"]
     interaction_id, submission_id = _id(payload, "interactionId"), _id(payload, "submissionId")
     if interaction_id is None or submission_id is None or "value" not in payload:
@@ -131,6 +215,10 @@ def submit_interaction(db: Database, request: RequestMessage, agent_dir: Path) -
                 "interaction.submit needs interactionId, submissionId and value",
             )
         )
+    try:
+        session = _sender_session(request, authority)
+    except _RefusedError as refused:
+        return SubmitStep(refused.answer)
     with db.write() as tx:
         found = read_request(tx, interaction_id)
         if found is not None and request.get("runId", found.run_id) != found.run_id:
@@ -145,6 +233,7 @@ def submit_interaction(db: Database, request: RequestMessage, agent_dir: Path) -
             submission_id=submission_id,
             idempotency_key=request["idempotencyKey"],
             value=payload["value"],
+            origin_session_id=session,
         )
         if result.status == "adopted":
             assert result.submission is not None
@@ -242,13 +331,25 @@ def settle_validation(
     if not accepted and error is None:
         error = {"code": SUBMISSION_REJECTED, "message": reason[:MAX_REJECTION_CHARS]}
     with db.write() as tx:
+        before = _run_status(tx, submission_id)
         if accepted and has_value:
             row = settle_submission(tx, submission_id=submission_id, accepted=True, value=value)
         else:
             row = settle_submission(tx, submission_id=submission_id, accepted=accepted, error=error)
         receipt = submission_receipt(tx, row)
         assert receipt is not None
-    return SettledSubmission(submission_id, receipt)
+        requeued = before == "waiting" and _run_status(tx, submission_id) == "queued"
+    return SettledSubmission(submission_id, receipt, requeued)
+
+
+def _run_status(tx: Tx, submission_id: str) -> str | None:
+    value = tx.fetch_value(
+        "SELECT r.status FROM interactive_submissions s "
+        "JOIN interactive_requests q ON q.request_id = s.request_id "
+        "JOIN runs r ON r.run_id = q.run_id WHERE s.submission_id = :s",
+        {"s": submission_id},
+    )
+    return None if value is None else str(value)
 
 
 def validations_to_resume(db: Database, agent_dir: Path) -> list[ValidationJob]:
@@ -259,8 +360,13 @@ def validations_to_resume(db: Database, agent_dir: Path) -> list[ValidationJob]:
     return [_job(reader, row, agent_dir) for row in validating_submissions(db)]
 
 
-def update_interaction(db: Database, request: RequestMessage) -> dict[str, Any]:
-    """Record a progress update as a run event, with a stored receipt (a retry adopts)."""
+def update_interaction(
+    db: Database, request: RequestMessage, authority: SessionAuthority | None = None
+) -> dict[str, Any]:
+    """Record a progress update as a run event, with a stored receipt (a retry adopts).
+
+    The binding and the sender's session authority are checked before the receipt
+    lookup; the request's state after it (so a retry of a recorded update adopts)."""
     payload = request["payload"]
     interaction_id = _id(payload, "interactionId")
     update = payload.get("update")
@@ -276,9 +382,21 @@ def update_interaction(db: Database, request: RequestMessage) -> dict[str, Any]:
         client_id=request["clientId"],
         operation=request["operation"],
         idempotency_key=request["idempotencyKey"],
-        payload=dict(payload),
+        # The epoch is transport authority, like the request ID: a retry after a
+        # reconnect carries a newer one and must still adopt.
+        payload=_without_epoch(payload),
     )
+    try:
+        session = _sender_session(request, authority)
+    except _RefusedError as refused:
+        return refused.answer
     with db.write() as tx:
+        row = read_request(tx, interaction_id)
+        if row is None or request.get("runId", row.run_id) != row.run_id:
+            return rejected(request, "notFound", "requestNotFound", "no such interactive request")
+        bound = binding_refusal(tx, row, session)
+        if bound is not None:
+            return _refusal(request, "rejected", bound)
         found = lookup_receipt(tx, command)
         if found.outcome is LookupOutcome.ADOPTED:
             assert found.receipt is not None
@@ -290,9 +408,6 @@ def update_interaction(db: Database, request: RequestMessage) -> dict[str, Any]:
                 "idempotencyConflict",
                 "this request ID or idempotency key was already used with another payload",
             )
-        row = read_request(tx, interaction_id)
-        if row is None or request.get("runId", row.run_id) != row.run_id:
-            return rejected(request, "notFound", "requestNotFound", "no such interactive request")
         refusal = _update_refusal(tx, row.run_id, row.status, row.attempt_id)
         if refusal is not None:
             return _refusal(request, refusal[0], refusal[1])
@@ -321,12 +436,68 @@ def update_interaction(db: Database, request: RequestMessage) -> dict[str, Any]:
     return result
 
 
-def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[str, str] | None:
-    mode = tx.fetch_value(
-        "SELECT execution_mode FROM run_bindings WHERE run_id = :r", {"r": run_id}
+def _without_epoch(payload: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in payload.items() if key != "coordinatorEpoch"}
+
+
+# --- run.answer from an origin session -----------------------------------------------
+
+PROTECTED_REFUSAL = (
+    "a protected human decision is answered only by a person, with /workflow answer or "
+    "`pi-workflows run answer`; the workflow tool cannot answer it"
+)
+
+
+def answer_from_session(
+    db: Database,
+    request: RequestMessage,
+    ctx: OperationContext,
+    authority: SessionAuthority | None = None,
+) -> dict[str, Any]:
+    """`run.answer` with an origin session's coordinator authority (the model-facing
+    `answer` of an ordinary checkpoint).
+
+    Authority, the run's session binding and the decision's kind are checked before the
+    receipt lookup; then it is the CLI's `run.answer` (`answer_checkpoint`: one
+    resolution, the continuation run, the parent settled by it, one transaction), with
+    the epoch left out of the stored fingerprint so a retry with a newer epoch adopts.
+    """
+    try:
+        session = _sender_session(request, authority)
+    except _RefusedError as refused:
+        return refused.answer
+    run_id = request.get("runId")
+    if session is None or not isinstance(run_id, str):
+        return rejected(
+            request,
+            "rejected",
+            "payloadInvalid",
+            "an origin-session answer names its runId, sessionId and coordinatorEpoch",
+        )
+    bound = db.fetch_value(
+        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
+        "AND execution_mode = 'interactive'",
+        {"r": run_id},
     )
-    if mode != "headless":
-        return "rejected", "the request is not bound to a headless run"
+    if get_run(db, run_id) is None:
+        return rejected(request, "notFound", "runNotFound", "no such run")
+    if bound != session:
+        return rejected(
+            request,
+            "rejected",
+            "answerRefused",
+            "the run does not belong to this origin session",
+        )
+    # No protected decision kind exists yet (every decision is `checkpoint`); once one
+    # does, this keeps the model's tool from answering it (tested with a stored row).
+    audience = decision_audience(db, run_id)
+    if audience is not None and audience != "checkpoint":
+        return rejected(request, "rejected", "protectedDecision", PROTECTED_REFUSAL)
+    stripped = cast(RequestMessage, {**request, "payload": _without_epoch(request["payload"])})
+    return handle_operation(db, stripped, ctx)
+
+
+def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[str, str] | None:
     if status != "pending":
         return "claimLost", f"the request is {status}"
     attempt = tx.fetch_value(
@@ -337,3 +508,100 @@ def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[
     if tx.fetch_value("SELECT paused FROM runs WHERE run_id = :r", {"r": run_id}):
         return "rejected", "the run is paused"
     return None
+
+
+# --- followUp.add ----------------------------------------------------------------------
+
+EVENT_FOLLOW_UP_ADDED = "follow_up_added"
+
+
+def add_follow_up_command(db: Database, request: RequestMessage) -> dict[str, Any]:
+    """`followUp.add` (`payload: {text}`, `runId`): queue text for the run's origin
+    session, delivered after its chain's final completed outcome and terminal turn, in
+    order (`storage/_follow_ups.py`). A user command with a stored receipt; the text is
+    a blob and appears in no event."""
+    payload = request["payload"]
+    text = payload.get("text")
+    run_id = request.get("runId")
+    if not isinstance(run_id, str) or not isinstance(text, str) or not text.strip():
+        return rejected(
+            request, "rejected", "payloadInvalid", "followUp.add needs a runId and payload.text"
+        )
+    if len(text) > MAX_FOLLOW_UP_CHARS:
+        return rejected(
+            request,
+            "rejected",
+            "followUpTooLong",
+            f"a follow-up is at most {MAX_FOLLOW_UP_CHARS} characters",
+        )
+    command = CommandRequest(
+        request_id=request["requestId"],
+        client_id=request["clientId"],
+        operation=request["operation"],
+        idempotency_key=request["idempotencyKey"],
+        payload=dict(payload),
+    )
+    with db.write() as tx:
+        found = lookup_receipt(tx, command)
+        if found.outcome is LookupOutcome.ADOPTED:
+            assert found.receipt is not None
+            return response(request, "adopted", receipt=found.receipt.receipt)
+        if found.outcome is LookupOutcome.CONFLICT:
+            return rejected(
+                request,
+                "conflict",
+                "idempotencyConflict",
+                "this request ID or idempotency key was already used with another payload",
+            )
+        if get_run(tx, run_id) is None:
+            return rejected(request, "notFound", "runNotFound", "no such run")
+        session = tx.fetch_value(
+            "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
+            "AND execution_mode = 'interactive'",
+            {"r": run_id},
+        )
+        if session is None:
+            return rejected(
+                request,
+                "rejected",
+                "noOriginSession",
+                "a follow-up goes to the run's origin Pi session; a headless run has none",
+            )
+        ended = tx.fetch_value(
+            "SELECT status FROM runs WHERE run_id = :r AND status IN "
+            "('failed', 'timed_out', 'cancelled')",
+            {"r": chain_leaf(tx, run_id)},
+        )
+        if ended is not None:
+            return rejected(
+                request,
+                "rejected",
+                "runNotCompleted",
+                f"the run is {ended}: follow-ups are delivered only after a completed outcome",
+            )
+        row = add_follow_up(tx, run_id, str(session), text)
+        revision = record_interaction_event(
+            tx, run_id, EVENT_FOLLOW_UP_ADDED, {"followUpId": row.follow_up_id}
+        )
+        if row.message_id is not None:  # everything it waits for was done: presented now
+            leaf = chain_leaf(tx, run_id)
+            created = record_interaction_event(
+                tx,
+                leaf,
+                "workflow_message_created",
+                {"messageId": row.message_id, "kind": "follow_up"},
+            )
+            if leaf == run_id:
+                revision = created
+        body = {"followUpId": row.follow_up_id, "state": row.state}
+        record_receipt(
+            tx,
+            command,
+            outcome=ReceiptOutcome.ACCEPTED,
+            receipt=body,
+            run_id=run_id,
+            accepted_revision=revision,
+        )
+    result = response(request, "accepted", receipt=body)
+    result["revision"] = revision
+    return result

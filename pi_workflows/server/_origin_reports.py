@@ -31,6 +31,7 @@ from pi_workflows.storage._deadlines import (
     start_active_time,
     suspend_request_time,
 )
+from pi_workflows.storage._follow_ups import present_next_follow_up
 from pi_workflows.storage._interactions import (
     EVENT_UNPRODUCTIVE_TURN,
     UNPRODUCTIVE_TURN_LIMIT,
@@ -154,12 +155,15 @@ def report_branch(
             adopted = _adopt(tx, branch)
             closed: list[str] = []
             created: list[str] = []
-            # Absence proves something only on an idle Pi with no queued input.
+            # Absence proves something only on an idle Pi with no queued input. The
+            # branch's re-presentation comes first: a turn lost with the old branch (a
+            # fork) then counts against the step, and the pending `resumed` message
+            # (full content) stands instead of a reminder.
             if branch.is_idle and not branch.has_pending:
+                created = _present_again(tx, branch)
                 for turn in open_turns(tx, branch.session_id):
                     _end(tx, turn, "lost", None)
                     closed.append(turn.turn_id)
-                created = _present_again(tx, branch)
             # The active epoch reported: a step turn still open runs its timer again.
             resume_session_time(tx, branch.session_id)
     except OperationError as exc:
@@ -374,6 +378,8 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
         tx, turn.run_id, EVENT_TURN_ENDED, {"turnId": turn.turn_id, "status": status}
     )
     message = read_message(tx, turn.message_id)
+    if message is not None and message.kind in ("terminal", "follow_up"):
+        _present_follow_up(tx, message.run_id)
     if message is None or message.kind != "step":
         return
     suspend_request_time(tx, message.source_id)  # the time used in this turn is kept
@@ -388,6 +394,15 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
             pause_run(tx, turn.run_id)
         except (InvalidTransitionError, ClaimLostError):  # a live claim holds it: no pause
             return
+
+
+def _present_follow_up(tx: Tx, run_id: str) -> None:
+    """A terminal or follow-up turn ended: the chain's next follow-up may now be due."""
+    created = present_next_follow_up(tx, run_id)
+    if created is not None:
+        record_interaction_event(
+            tx, run_id, EVENT_MESSAGE_CREATED, {"messageId": created, "kind": "follow_up"}
+        )
 
 
 # --- reminders and unproductive turns ------------------------------------------------

@@ -37,7 +37,12 @@ from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe, ViewSpec
 from pi_workflows.actors._validations import ConnectionGone, Submit
 from pi_workflows.server._definition_cache import DefinitionCache
-from pi_workflows.server._interactions import update_interaction
+from pi_workflows.server._interactions import (
+    SessionAuthority,
+    add_follow_up_command,
+    answer_from_session,
+    update_interaction,
+)
 from pi_workflows.server._operations import (
     COMMANDS,
     READS,
@@ -149,6 +154,7 @@ class Router:
             "run.start": self._start_run,
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
+            "followUp.add": self._add_follow_up,
             "state.prune": self._state_prune,
             "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
             "workflowTurn.report": functools.partial(self._origin_report, report_turn),
@@ -158,6 +164,7 @@ class Router:
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
+        table["run.answer"] = self._answer_checkpoint
         for operation in RUNNER_COMMANDS:
             table[operation] = self._runner_command
         for operation in SNAPSHOT_READS:
@@ -222,9 +229,36 @@ class Router:
 
     def _update_interaction(self, pending: Pending) -> None:
         ports = self._ports
-        work = functools.partial(update_interaction, request=pending.request)
+        work = functools.partial(
+            update_interaction,
+            request=pending.request,
+            authority=SessionAuthority(pending.connection_id, ports.epochs),
+        )
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "interaction.update"))
+
+    def _add_follow_up(self, pending: Pending) -> None:
+        ports = self._ports
+        work = functools.partial(add_follow_up_command, request=pending.request)
+        done = functools.partial(self._answer, pending, False)
+        ports.database.tell(Transact(work, done, "followUp.add"))
+
+    def _answer_checkpoint(self, pending: Pending) -> None:
+        """`run.answer`: a person's (the CLI's), or with `sessionId` and
+        `coordinatorEpoch` the origin session coordinator's (the model's tool)."""
+        payload = pending.request["payload"]
+        if "sessionId" not in payload and "coordinatorEpoch" not in payload:
+            self._database_operation(pending)
+            return
+        ports = self._ports
+        work = functools.partial(
+            answer_from_session,
+            request=pending.request,
+            ctx=ports.context,
+            authority=SessionAuthority(pending.connection_id, ports.epochs),
+        )
+        done = functools.partial(self._answer, pending, True)
+        ports.database.tell(Transact(work, done, "run.answer"))
 
     def _origin_report(self, report: OriginReport, pending: Pending) -> None:
         """A coordinator's branch or turn report: one transaction, which checks that this

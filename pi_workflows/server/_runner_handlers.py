@@ -79,7 +79,7 @@ from pi_workflows.storage._interactions import (
     submission_value,
     supersede_earlier_requests,
 )
-from pi_workflows.storage._messages import insert_message
+from pi_workflows.storage._messages import insert_message, present_notification
 from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
 from pi_workflows.supervision._crash import RUNNER_MESSAGE_POINTS
 from pi_workflows.wire.canonical import dumps, sha256_digest
@@ -343,14 +343,17 @@ def _on_node_finished(
     body = message.body
     assert isinstance(body, NodeFinished) and message.attempt_id is not None
     route = body.route
+    output = _uploaded(tx, view, body.output, body.output_ref)
     result = finish_node_attempt(
         tx,
         view.claim,
         attempt_id=message.attempt_id,
-        output=_uploaded(tx, view, body.output, body.output_ref),
+        output=output,
         next_node_path=route,
         payload={"nodePath": body.node_path, **({"route": route} if route else {})},
     )
+    # A notify node of an interactive run: its passive message, with its node result.
+    present_notification(tx, view.run_id, message.attempt_id, output)
     delta.attempt_ended = True
     return result.revision, None
 

@@ -376,6 +376,8 @@ class WorkflowServer:
             reader=reader,
             supervisor=supervisor,
             listener=self._listener,
+            epochs=epochs,
+            scheduler=self._scheduler,
         )
         validations.tell(ResumeValidations())  # recovery step 9, now that children can start
         # Stop order (reverse of this list, the database last): the runner host stops

@@ -92,7 +92,7 @@ WHERE m.target_session_id = :s AND m.state = 'pending' AND (
     OR (m.kind = 'decision' AND EXISTS (
         SELECT 1 FROM human_decisions d
         WHERE d.decision_id = m.source_id AND d.status = 'pending'))
-    OR m.kind IN ('notification', 'terminal')
+    OR m.kind IN ('notification', 'terminal', 'follow_up')
 )
 ORDER BY m.session_order LIMIT 1
 """

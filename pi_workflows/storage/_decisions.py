@@ -25,6 +25,7 @@ from pi_workflows.storage._errors import (
     StorageError,
 )
 from pi_workflows.storage._lifecycle import NewRun, complete_run, enqueue_run
+from pi_workflows.storage._phases import ExecutionMode
 from pi_workflows.storage._reads import get_run
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.schema_errors import first_violation
@@ -35,6 +36,7 @@ __all__ = [
     "PendingDecision",
     "answer_checkpoint",
     "checkpoint_answer_schema",
+    "decision_audience",
     "open_checkpoint_decision",
     "pending_decision",
     "read_continuation",
@@ -78,6 +80,12 @@ class CheckpointAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class _Binding:
+    execution_mode: str
+    origin_session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Continuation:
     decision_id: str
     run_id: str
@@ -108,6 +116,16 @@ def open_checkpoint_decision(
         },
     )
     return decision_id
+
+
+def decision_audience(reader: Reader, run_id: str) -> str | None:
+    """The audience of the run's latest decision (`checkpoint` for an ordinary one)."""
+    value = reader.fetch_value(
+        "SELECT audience FROM human_decisions WHERE run_id = :r "
+        "ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        {"r": run_id},
+    )
+    return None if value is None else str(value)
 
 
 def pending_decision(reader: Reader, run_id: str) -> PendingDecision | None:
@@ -146,6 +164,16 @@ def answer_checkpoint(
     response_hash = put_json_blob(tx, answer)
     answer_digest = sha256_digest(answer)
     continuation_id = f"run-{uuid.uuid4().hex}"
+    binding = tx.fetch_one(
+        "SELECT execution_mode, origin_session_id FROM run_bindings WHERE run_id = :r",
+        {"r": run_id},
+        _Binding,
+    )
+    interactive = binding is not None and binding.execution_mode == ExecutionMode.INTERACTIVE
+    if interactive:
+        # The continuation stays in the origin session: the parent hands its session
+        # reservation over in this transaction (its completion would release it anyway).
+        tx.execute(q.UPDATE_BINDING_RELEASE, {"run_id": run_id, "now": tx.now})
     started = enqueue_run(
         tx,
         NewRun(
@@ -158,6 +186,8 @@ def answer_checkpoint(
             input=read_source(parent.input),
             title=parent.title,
             continuation_of=run_id,
+            execution_mode=ExecutionMode.INTERACTIVE if interactive else ExecutionMode.HEADLESS,
+            origin_session_id=binding.origin_session_id if interactive and binding else None,
         ),
     )
     params = {

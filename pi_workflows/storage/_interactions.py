@@ -16,6 +16,7 @@ from pi_workflows.storage._claims import Claim, WriteResult, append_event, prote
 from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import InvalidTransitionError
+from pi_workflows.storage._lifecycle import requeue_run
 from pi_workflows.wire.canonical import dumps
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "SubmitResult",
     "TurnOutcome",
     "adoptable_submission",
+    "binding_refusal",
+    "continue_waiting_run",
     "read_request",
     "read_request_for_attempt",
     "read_submission",
@@ -215,17 +218,19 @@ def record_submission(
     idempotency_key: str,
     value: Any,
     kind: str = "agent",
+    origin_session_id: str | None = None,
 ) -> SubmitResult:
-    """Resolve the request, check binding and kind, then adopt or record a candidate."""
+    """Resolve the request, check binding and kind, then adopt or record a candidate.
+
+    `origin_session_id`: the origin session whose active coordinator sends this
+    submission (the caller checked its epoch); None for a headless run's bridge.
+    """
     request = read_request(tx, request_id)
     if request is None:
         return _refuse("notFound", "no such interactive request", None)
-    mode = tx.fetch_value(
-        "SELECT execution_mode FROM run_bindings WHERE run_id = :run_id",
-        {"run_id": request.run_id},
-    )
-    if mode != "headless" or request.target_session_id is not None:
-        return _refuse("rejected", "the request is not bound to a headless run", request)
+    refusal = binding_refusal(tx, request, origin_session_id)
+    if refusal is not None:
+        return _refuse("rejected", refusal, request)
     if request.kind != kind:
         return _refuse("rejected", f"the request takes no {kind} submission", request)
     payload_hash = put_json_blob(tx, value)
@@ -277,6 +282,49 @@ def record_submission(
     row = read_submission(tx, submission_id)
     assert row is not None
     return SubmitResult("new", row, request)
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    execution_mode: str
+    origin_session_id: str | None
+
+
+def binding_refusal(
+    reader: Reader, request: InteractionRequestRow, origin_session_id: str | None
+) -> str | None:
+    """Why this sender may not answer `request` (None: it may).
+
+    A headless run's request takes its bridge's submission (no session); an interactive
+    run's request takes only its origin session's coordinator. The message never names
+    another session.
+    """
+    binding = reader.fetch_one(
+        "SELECT execution_mode, origin_session_id FROM run_bindings WHERE run_id = :r",
+        {"r": request.run_id},
+        _Binding,
+    )
+    if binding is None:
+        return "the request's run has no execution binding"
+    if binding.execution_mode == "headless" and request.target_session_id is None:
+        if origin_session_id is not None:
+            return "the request belongs to a headless run; no origin session answers it"
+        return None
+    interactive = (
+        binding.execution_mode == "interactive"
+        and request.target_session_id is not None
+        and request.target_session_id == binding.origin_session_id
+    )
+    if not interactive:
+        return "the request is not bound to its run's execution mode"
+    if origin_session_id is None:
+        return (
+            "the request waits in its origin Pi session; only that session's coordinator "
+            "answers it (sessionId and coordinatorEpoch)"
+        )
+    if origin_session_id != request.target_session_id:
+        return "the request belongs to another origin session"
+    return None
 
 
 def record_interaction_event(tx: Tx, run_id: str, event_type: str, payload: Any) -> int:
@@ -366,9 +414,40 @@ def settle_submission(
         EVENT_SETTLED,
         {"requestId": row.request_id, "submissionId": submission_id, "outcome": outcome.value},
     )
+    if accepted and request.target_session_id is not None:
+        continue_waiting_run(tx, request)
     settled = read_submission(tx, submission_id)
     assert settled is not None
     return settled
+
+
+def continue_waiting_run(tx: Tx, request: InteractionRequestRow) -> bool:
+    """An origin-session step's output was accepted: in the settlement's transaction,
+    cancel the request's pending step messages and put its waiting run back in the
+    admission line (`requeue_run` from waiting). The next runner replays, proposes the
+    same attempt's request again, gets the accepted value and completes the attempt.
+
+    A run that is not waiting there (a runner is already on its way, or it ended) is
+    left as it is: whoever runs it next finds the accepted submission. True: requeued.
+    """
+    tx.execute(
+        "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
+        "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
+        {"q": request.request_id, "now": tx.now},
+    )
+    tx.execute(
+        "UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = :r", {"r": request.run_id}
+    )
+    waiting = tx.fetch_value(
+        "SELECT 1 FROM runs r JOIN run_queue q ON q.run_id = r.run_id "
+        "JOIN node_attempts a ON a.attempt_id = :a AND a.status = 'waiting' "
+        "WHERE r.run_id = :r AND r.status = 'waiting' AND q.state = 'parked' AND r.paused = 0",
+        {"r": request.run_id, "a": request.attempt_id},
+    )
+    if waiting is None:
+        return False
+    requeue_run(tx, request.run_id, reason="interactionAccepted")
+    return True
 
 
 def submission_receipt(reader: Reader, row: SubmissionRow) -> dict[str, Any] | None:

@@ -30,6 +30,8 @@ from pi_workflows.storage._errors import (
     RevisionConflictError,
     RunNotFoundError,
 )
+from pi_workflows.storage._follow_ups import cancel_chain_follow_ups
+from pi_workflows.storage._messages import present_terminal
 from pi_workflows.storage._phases import (
     NONTERMINAL_PHASES,
     TRANSITIONS,
@@ -622,6 +624,10 @@ def _finish(
 
     def close(tx: Tx) -> None:
         _close_run_work(tx, run_id, attempt_status, reason, failed=failed)
+        if failed:  # its chain ends without a completed outcome
+            cancel_chain_follow_ups(tx, run_id)
+        # An interactive run's final leaf tells its origin session, same transaction.
+        present_terminal(tx, run_id, target.value, reason=reason, event_payload=payload)
         if change is not None:
             change(tx)
 
@@ -657,8 +663,10 @@ def complete_run(
     makes pending effects `cancelled` and applying effects `ambiguous`, cancels pending
     step and decision messages, and releases the origin-session reservation.
 
-    **Durability:** the run is terminal once the enclosing `write()` commits; building
-    its terminal workflow message is a later, separate step that cannot undo it.
+    An interactive run that is the final leaf of its checkpoint-continuation chain gets
+    its one `terminal` workflow message in the same transaction (`present_terminal`).
+
+    **Durability:** the run is terminal once the enclosing `write()` commits.
 
     Raises:
         ClaimLostError: a running run without its live claim.

@@ -11,9 +11,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pi_workflows.storage._content import put_json_blob
+from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
+from pi_workflows.storage._errors import ContentUnavailableError
 from pi_workflows.storage._view_reads import store_view_blob
+from pi_workflows.wire.canonical import dumps
 
 __all__ = [
     "MESSAGE_KINDS",
@@ -28,7 +30,9 @@ __all__ = [
     "insert_turn",
     "mark_sent",
     "open_turns",
+    "present_notification",
     "present_resumed_steps",
+    "present_terminal",
     "read_message",
     "read_turn",
     "session_messages",
@@ -60,15 +64,18 @@ _COLUMNS = (
 )
 
 # The recovery window (client-protocol.md § Run and session views): every nonterminal
-# message (pending) and every sent message that is still open, i.e. a sent step of a
-# request that is still pending. Terminal and follow-up turns are not tracked yet, so
-# a sent terminal or follow-up message stays in the window while its run is retained.
+# message (pending) and every sent message that is still open: a sent step of a request
+# that is still pending, and a sent terminal or follow-up message until its first turn
+# ends (client-protocol.md § Origin-session activity).
 _WINDOW_WHERE = """
 m.target_session_id = :session AND (
     m.state = 'pending'
     OR (m.state = 'sent' AND m.kind = 'step' AND EXISTS (
         SELECT 1 FROM interactive_requests i
         WHERE i.request_id = m.source_id AND i.status = 'pending'))
+    OR (m.state = 'sent' AND m.kind IN ('terminal', 'follow_up') AND NOT EXISTS (
+        SELECT 1 FROM workflow_turns t
+        WHERE t.message_id = m.message_id AND t.status != 'open'))
 )
 """
 
@@ -324,3 +331,112 @@ def present_resumed_steps(tx: Tx, run_id: str) -> list[str]:
         source = RepresentSource(row.request_id, row.run_id, row.content_digest)
         created.append(insert_step_again(tx, source, row.target_session_id, "resumed"))
     return created
+
+
+# --- terminal and notification messages ------------------------------------------------
+
+MAX_TERMINAL_REASON_CHARS: Final = 1000
+"""The bound of a failure reason carried in a terminal message."""
+MAX_TERMINAL_OUTPUT_BYTES: Final = 4096
+"""A completed run's output rides in its terminal message only up to this size."""
+
+_ORIGIN_SESSION = """
+SELECT origin_session_id FROM run_bindings WHERE run_id = :r AND execution_mode = 'interactive'
+"""
+
+
+def _origin_session(reader: Reader, run_id: str) -> str | None:
+    value = reader.fetch_value(_ORIGIN_SESSION, {"r": run_id})
+    return None if value is None else str(value)
+
+
+def present_terminal(
+    tx: Tx, run_id: str, outcome: str, *, reason: str | None, event_payload: Any
+) -> str | None:
+    """In a run's terminal transaction: one `terminal` message to its origin session,
+    with its terminal outcome; returns its ID, or None for a headless run and for a
+    parent settled by its continuation (only the final leaf of a checkpoint-
+    continuation chain gets one). Its source is the run itself, so a second call finds
+    it and adds none."""
+    session = _origin_session(tx, run_id)
+    if session is None:
+        return None
+    if tx.fetch_value("SELECT 1 FROM runs WHERE continuation_of = :r", {"r": run_id}):
+        return None
+    if tx.fetch_value(
+        "SELECT 1 FROM workflow_messages WHERE source_id = :r AND kind = 'terminal'",
+        {"r": run_id},
+    ):
+        return None
+    workflow = tx.fetch_value("SELECT workflow_name FROM runs WHERE run_id = :r", {"r": run_id})
+    content: dict[str, Any] = {"runId": run_id, "workflow": workflow, "outcome": outcome}
+    if outcome != "completed" and reason:
+        content["reason"] = reason[:MAX_TERMINAL_REASON_CHARS]
+    if isinstance(event_payload, dict) and "output" in event_payload:
+        if len(dumps(event_payload["output"])) <= MAX_TERMINAL_OUTPUT_BYTES:
+            content["output"] = event_payload["output"]
+        else:
+            content["outputTooLarge"] = True  # the run view has it in full
+    return insert_message(
+        tx, run_id=run_id, session_id=session, kind="terminal", source_id=run_id, content=content
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    node_path: str
+    node_type: str
+    visit: int
+
+
+def present_notification(tx: Tx, run_id: str, attempt_id: str, output: Any) -> str | None:
+    """In the transaction of a notify node's result: one passive `notification` message
+    to the interactive run's origin session (never a model turn). Its source is the
+    node visit (`run:node:visit`, the runner's notification ID), so a notify node that
+    runs again after a crash adds none. None for another node kind or a headless run."""
+    attempt = tx.fetch_one(
+        "SELECT node_path, node_type, visit FROM node_attempts WHERE attempt_id = :a",
+        {"a": attempt_id},
+        _Attempt,
+    )
+    if attempt is None or attempt.node_type != "notify":
+        return None
+    session = _origin_session(tx, run_id)
+    if session is None:
+        return None
+    source = f"{run_id}:{attempt.node_path}:{attempt.visit}"
+    if tx.fetch_value(
+        "SELECT 1 FROM workflow_messages WHERE source_id = :s AND kind = 'notification'",
+        {"s": source},
+    ):
+        return None
+    text = output.get("text") if isinstance(output, dict) else None
+    content = {
+        "runId": run_id,
+        "step": attempt.node_path,
+        "text": str(text) if text is not None else "",
+        "kind": _notify_kind(tx, run_id, attempt.node_path),
+    }
+    return insert_message(
+        tx,
+        run_id=run_id,
+        session_id=session,
+        kind="notification",
+        source_id=source,
+        content=content,
+    )
+
+
+def _notify_kind(reader: Reader, run_id: str, node_path: str) -> str:
+    """The node's declared kind (`progress` or `final`) from the run's definition snapshot."""
+    digest = reader.fetch_value(
+        "SELECT definition_digest FROM runs WHERE run_id = :r", {"r": run_id}
+    )
+    try:
+        snapshot = read_json_blob(reader, str(digest))
+    except ContentUnavailableError:
+        return "progress"
+    nodes = snapshot.get("nodes") if isinstance(snapshot, dict) else None
+    node = nodes.get(node_path) if isinstance(nodes, dict) else None
+    kind = node.get("notifyKind") if isinstance(node, dict) else None
+    return kind if kind in ("progress", "final") else "progress"

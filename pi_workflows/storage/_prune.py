@@ -82,6 +82,10 @@ _BLOCKERS: tuple[tuple[str, str], ...] = (
         f"SELECT 1 FROM workflow_messages WHERE run_id IN {_TREE} AND state = 'pending'",
     ),
     (
+        "queuedFollowUp",
+        f"SELECT 1 FROM follow_ups WHERE run_id IN {_TREE} AND state = 'pending'",
+    ),
+    (
         "unsettledEffect",
         f"SELECT 1 FROM effects WHERE run_id IN {_TREE}"
         " AND state IN ('pending', 'applying', 'ambiguous')",
@@ -125,6 +129,7 @@ _DIGEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("interactive_submissions", "receipt_hash"),
     ("runner_epochs", "diagnostic_hash"),
     ("runner_messages", "reply_hash"),
+    ("follow_ups", "content_hash"),
 )
 # The digests a tree's rows name, by the tables' path to the run.
 _TREE_DIGESTS = f"""
@@ -146,6 +151,7 @@ UNION SELECT s.receipt_hash FROM interactive_submissions AS s
 UNION SELECT diagnostic_hash FROM runner_epochs WHERE run_id IN {_TREE}
 UNION SELECT m.reply_hash FROM runner_messages AS m
     JOIN runner_epochs AS x ON x.runner_epoch = m.runner_epoch WHERE x.run_id IN {_TREE}
+UNION SELECT content_hash FROM follow_ups WHERE run_id IN {_TREE}
 """
 _TREE_EVENT_PAYLOADS = f"SELECT payload FROM events WHERE run_id IN {_TREE}"
 _EVENT_PAYLOADS_WITH_DIGESTS = "SELECT payload FROM events WHERE instr(payload, 'sha256:') > 0"

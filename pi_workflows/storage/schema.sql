@@ -443,6 +443,26 @@ CREATE UNIQUE INDEX workflow_turns_one_open ON workflow_turns (session_id)
 CREATE INDEX workflow_turns_by_message ON workflow_turns (message_id);
 CREATE INDEX workflow_turns_by_run ON workflow_turns (run_id, status);
 
+-- Follow-ups (`followUp.add`): text for the origin session, delivered as `follow_up`
+-- workflow messages, in order, after the continuation chain's final completed outcome,
+-- its terminal turn, earlier follow-ups and the release of the reservation. `chain_run_id`
+-- is the chain's first run; the text is a blob. Failure and cancellation cancel them.
+CREATE TABLE follow_ups (
+    follow_up_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    chain_run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    target_session_id TEXT NOT NULL,
+    content_hash TEXT NOT NULL REFERENCES blobs (digest),
+    state TEXT NOT NULL CHECK (state IN ('pending', 'presented', 'cancelled')),
+    message_id TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    CHECK ((state = 'presented') = (message_id IS NOT NULL))
+) STRICT;
+CREATE INDEX follow_ups_by_chain ON follow_ups (chain_run_id, state, created_at);
+CREATE INDEX follow_ups_by_run ON follow_ups (run_id);
+CREATE INDEX follow_ups_by_content ON follow_ups (content_hash);
+
 -- Runner epochs: several per run and generation over time, at most one active.
 CREATE TABLE runner_epochs (
     runner_epoch TEXT PRIMARY KEY,

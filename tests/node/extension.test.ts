@@ -12,6 +12,8 @@ import { test } from "node:test";
 
 import { NoServerError, ServerClient } from "../../pi_workflows/pi/extension/client.ts";
 import { parseWorkflowArgs } from "../../pi_workflows/pi/extension/commands.ts";
+import { entryMessageId, MESSAGE_TYPE, messageText, stopReasonOf } from "../../pi_workflows/pi/extension/coordinator.ts";
+import { callIdentity, presentedStep } from "../../pi_workflows/pi/extension/tool.ts";
 import { socketPathFor, stateDir } from "../../pi_workflows/pi/extension/locate.ts";
 import { applyPatch, PatchError } from "../../pi_workflows/pi/extension/patch.ts";
 import { listReport, statusReport, statusText, widgetLines } from "../../pi_workflows/pi/extension/render.ts";
@@ -104,4 +106,40 @@ test("a command with no server behind the socket fails at once, saying how to st
   const two = client.request("run.pause", {}, { runId: "run-1" });
   assert.notEqual(one.idempotencyKey, two.idempotencyKey, "each user command is its own durable request");
   assert.equal(one.runId, "run-1");
+});
+
+test("clear takes no arguments", () => {
+  assert.deepEqual(parseWorkflowArgs("clear"), { kind: "clear" });
+  assert.equal(parseWorkflowArgs("clear now").kind, "error");
+});
+
+test("a turn's end is derived from its assistant messages", () => {
+  assert.equal(stopReasonOf([{ role: "user" }, { role: "assistant", stopReason: "toolUse" }, { role: "assistant", stopReason: "stop" }]), "completed");
+  assert.equal(stopReasonOf([{ role: "assistant", stopReason: "stop" }, { role: "assistant", stopReason: "aborted" }]), "aborted");
+  assert.equal(stopReasonOf([{ role: "assistant", stopReason: "error" }, { role: "toolResult" }]), "error");
+  assert.equal(stopReasonOf([{ role: "custom" }]), "error");
+});
+
+test("a workflow message's text is its prompt; a reminder names its contract", () => {
+  assert.equal(messageText("step", { prompt: "Do it", contract: { step: "ask", attempt: "a-1" } }), "Do it");
+  assert.match(messageText("step", { prompt: "Still waiting", contract: { step: "ask", attempt: "a-1" }, reminder: 1 }), /step "ask", attempt "a-1"/);
+  assert.equal(messageText("notification", { text: "Deployed" }), "Deployed");
+  assert.match(messageText("terminal", { runId: "run-1", workflow: "ask", outcome: "failed", reason: "boom" }), /^Workflow ask \(run-1\) finished: failed\.\nReason: boom/);
+  assert.match(messageText("follow_up", { other: 1 }), /^Workflow follow_up message:/);
+});
+
+test("the tool finds the presented step from the branch's hidden entry details", () => {
+  const entry = (id: string, details: object) => ({ type: "custom_message", id, customType: MESSAGE_TYPE, details });
+  const branch = [
+    entry("e1", { messageId: "m1", kind: "step", step: "ask", attempt: "a-1", sourceId: "request-a-1", runId: "run-1" }),
+    { type: "custom_message", id: "e2", customType: "other", details: { messageId: "m2", kind: "step", step: "ask", attempt: "a-2", sourceId: "x", runId: "y" } },
+    entry("e3", { messageId: "m3", kind: "notification", sourceId: "n", runId: "run-1" }),
+  ];
+  assert.deepEqual(presentedStep(branch, "ask", "a-1"), { requestId: "request-a-1", runId: "run-1" });
+  assert.equal(presentedStep(branch, "ask", "a-2"), null, "only the extension's own entries count");
+  assert.equal(entryMessageId(branch[2]!), "m3");
+  const one = callIdentity("request-a-1", "call-1");
+  assert.deepEqual(callIdentity("request-a-1", "call-1"), one, "the same call, the same durable identity");
+  assert.notEqual(callIdentity("request-a-1", "call-2").idempotencyKey, one.idempotencyKey);
+  assert.match(one.submissionId, /^submission-[0-9a-f]{32}$/);
 });

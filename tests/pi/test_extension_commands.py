@@ -477,7 +477,8 @@ def test_a_restarted_pi_on_the_same_session_follows_the_run_it_started(
     first.child.stop()
     entries = [json.loads(line) for line in session.read_text().splitlines()]
     recorded = [e for e in entries if e.get("customType") == "pi-workflows.run"]
-    assert [e["data"] for e in recorded] == [{"runId": run_id}], entries
+    session_id = entries[0]["id"]  # the header: a run started here names this origin session
+    assert [e["data"] for e in recorded] == [{"runId": run_id, "originSessionId": session_id}]
 
     again = rig.spawn(session)  # nothing typed yet: the widget is back from the session
     assert again.widget_with(f"{run_id}: waiting")[0] == f"workflow approval {run_id}: waiting"

@@ -248,7 +248,7 @@ def test_only_the_active_coordinator_gets_the_next_message_and_a_newer_claim_fen
         second.close()
 
 
-def test_a_terminal_run_without_a_terminal_message_leaves_the_session_view(
+def test_a_cancelled_run_cancels_its_step_message_and_stays_for_its_terminal_message(
     running: WorkflowServer, ask_project: Path
 ) -> None:
     watcher = Watcher(running.socket_path)
@@ -260,15 +260,24 @@ def test_a_terminal_run_without_a_terminal_message_leaves_the_session_view(
             cancelled = client.request("run.cancel", {"reason": "test"}, run_id=run_id)
             assert cancelled["outcome"] == "accepted", cancelled
             view = session_snapshot(
-                watcher, lambda view: view["activeRun"] is None, "no active run"
+                watcher,
+                lambda view: (
+                    view["activeRun"] is not None
+                    and view["activeRun"]["display"]["status"] == "cancelled"
+                ),
+                "the cancelled run",
             )
     finally:
         watcher.close()
-    # The cancelled run's step message was cancelled with it: nothing left to recover.
-    assert view["messages"] == {"count": 0, "items": [], "complete": True}
-    assert rows(
-        running.state_dir, "SELECT state FROM workflow_messages WHERE run_id = ?", run_id
-    ) == [("cancelled",)]
+    # The step message was cancelled with the run; only its terminal message is left,
+    # and it keeps the terminal run in view until its first turn ends.
+    [item] = view["messages"]["items"]
+    assert (item["runId"], item["kind"], item["state"]) == (run_id, "terminal", "pending")
+    assert dict(
+        rows(
+            running.state_dir, "SELECT kind, state FROM workflow_messages WHERE run_id = ?", run_id
+        )
+    ) == {"step": "cancelled", "terminal": "pending"}
 
 
 def test_the_message_window_is_bounded_and_its_count_complete(
@@ -312,15 +321,10 @@ def test_a_terminal_run_stays_for_its_terminal_message_and_60_s_after_its_first_
     try:
         enqueue(db, "run-i", **INTERACTIVE)
         with db.write() as tx:
-            cancel_run(tx, "run-i")
-            terminal = insert_message(
-                tx,
-                run_id="run-i",
-                session_id=session,
-                kind="terminal",
-                source_id="run-i",
-                content={"outcome": "cancelled"},
-            )
+            cancel_run(tx, "run-i")  # its terminal message, in the same transaction
+        [(terminal,)] = db.connection.execute(
+            "SELECT message_id FROM workflow_messages WHERE kind = 'terminal'"
+        ).fetchall()
 
         def shown() -> tuple[str | None, int]:
             read = build_session_view(db, session)
@@ -356,23 +360,14 @@ def test_a_terminal_run_stays_for_its_terminal_message_and_60_s_after_its_first_
 def test_clear_terminal_removes_the_retained_terminal_view_and_changes_no_workflow_state(
     state_dir: Path,
 ) -> None:
-    """`sessionView.clearTerminal` over the socket. The terminal run and its pending
-    terminal message are written before the server starts (nothing creates terminal
-    messages yet)."""
+    """`sessionView.clearTerminal` over the socket. The terminal run (cancelled, which
+    writes its pending terminal message) is written before the server starts."""
     session = str(INTERACTIVE["origin_session_id"])
     db = open_database(state_dir / "state.sqlite")
     try:
         enqueue(db, "run-i", **INTERACTIVE)
         with db.write() as tx:
             cancel_run(tx, "run-i")
-            insert_message(
-                tx,
-                run_id="run-i",
-                session_id=session,
-                kind="terminal",
-                source_id="run-i",
-                content={"outcome": "cancelled"},
-            )
     finally:
         db.close()
     server = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)

@@ -382,11 +382,17 @@ def test_terminal_transition_settles_every_pending_fact(db: Database, clock: Man
     assert conn.execute("SELECT outcome FROM human_decision_resolutions").fetchall() == [
         ("cancelled",)
     ]
-    assert dict(conn.execute("SELECT message_id, state FROM workflow_messages")) == {
+    assert dict(
+        conn.execute("SELECT message_id, state FROM workflow_messages WHERE kind != 'terminal'")
+    ) == {
         "m-step": "cancelled",
         "m-follow": "cancelled",
         "m-note": "pending",
     }
+    # The interactive run is its chain's final leaf: one pending terminal message.
+    assert conn.execute(
+        "SELECT source_id, state FROM workflow_messages WHERE kind = 'terminal'"
+    ).fetchall() == [("run-1", "pending")]
     assert conn.execute("SELECT reserved FROM run_bindings").fetchall() == [(0,)]
     run = get_run(db, "run-1")
     assert run is not None and run.finished_at == clock.now_ms() and run.paused == 0

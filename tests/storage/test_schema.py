@@ -33,6 +33,7 @@ EXPECTED_TABLES = {
     "events",
     "node_attempts",
     "human_decisions",
+    "follow_ups",
     "human_decision_resolutions",
     "human_decision_answers",
     "effects",

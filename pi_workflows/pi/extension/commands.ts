@@ -12,12 +12,14 @@ export const USAGE = [
   "  /workflow status [RUN_ID]        one run (default: the run this session started)",
   "  /workflow pause|resume|cancel [RUN_ID]",
   "  /workflow answer [RUN_ID] JSON   answer the checkpoint the run waits at",
+  "  /workflow clear                  remove the finished run from this session's view",
   "  /piw                             how to watch the run",
 ].join("\n");
 
 export type Parsed =
   | { kind: "start"; workflow: string; input: JsonValue }
   | { kind: "list" }
+  | { kind: "clear" }
   | { kind: "status" | "pause" | "resume" | "cancel"; runId: string | null }
   | { kind: "answer"; runId: string | null; answer: JsonValue }
   | { kind: "help" }
@@ -47,6 +49,8 @@ export function parseWorkflowArgs(args: string): Parsed {
     }
     case "list":
       return rest ? { kind: "error", message: "/workflow list takes no arguments." } : { kind: "list" };
+    case "clear":
+      return rest ? { kind: "error", message: "/workflow clear takes no arguments." } : { kind: "clear" };
     case "status":
     case "pause":
     case "resume":

@@ -11,22 +11,33 @@
  * derives a status: what it shows is the server's `display` object. It uses only
  * documented extension APIs: `registerCommand`, `ctx.ui.notify`, `ctx.ui.setWidget`,
  * `ctx.ui.setStatus`, `ctx.cwd`, `pi.appendEntry` with `ctx.sessionManager.getBranch()`
- * (the run the session follows survives a Pi restart), and the `session_start` /
- * `session_shutdown` events.
+ * (the run the session follows survives a Pi restart), `pi.sendMessage`,
+ * `pi.registerTool` (the model's `workflow` tool, tool.ts), `ctx.isIdle()`, `ctx.hasPendingMessages()`, `ctx.sessionManager.getSessionId()`, and
+ * the `session_start`, `session_shutdown`, `agent_start`, `agent_end` and `message_end`
+ * events.
  *
- * Not built yet (issue 14): the origin-session coordinator (workflow messages, turn
- * reports), the `workflow` tool for interactive agent steps, `/workflow clear`, the
- * session-view subscription and widget scrolling.
+ * The session's `WorkflowMessageCoordinator` (coordinator.ts) presents the origin
+ * session's workflow messages and reports the branch and the model turns. The origin
+ * session is the Pi session's ID, or, on a branch that holds a run entry recorded with
+ * an origin (a fork copies it), that origin: a fork is a branch change of the same
+ * origin session.
+ *
+ * Not built yet (issue 14): widget scrolling, the widget projected from the session view
+ * (it follows the run's own view, which shows the same display), referenced (over
+ * 16 KiB) message content.
  */
 
 import { randomUUID } from "node:crypto";
 
 import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import { Type } from "typebox";
 
 import type { JsonValue } from "../common/canonical.ts";
 import { ServerClient } from "./client.ts";
+import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type PiSide } from "./coordinator.ts";
 import { parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { RunWatch, type WatchState } from "./live.ts";
+import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
 import { listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetLines } from "./render.ts";
 
@@ -49,6 +60,15 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   let runId: string | null = null; // the run this session started (or answered into)
   let watch: RunWatch | null = null;
   let lastLines: string[] | undefined;
+  let context: ExtensionContext | null = null; // the session's latest context
+  let coordinator: WorkflowMessageCoordinator | null = null;
+
+  const side: PiSide = {
+    isIdle: () => context?.isIdle() ?? false,
+    hasPendingMessages: () => context?.hasPendingMessages() ?? true,
+    branch: () => (context?.sessionManager.getBranch() ?? []) as unknown as BranchEntry[],
+    send: (message, triggerTurn) => pi.sendMessage(message, triggerTurn ? { triggerTurn: true } : {}),
+  };
 
   const notify = (text: string, level: "info" | "warning" | "error" = "info"): void => ui?.notify(text, level);
 
@@ -76,9 +96,23 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     return found;
   }
 
+  /** The origin session of this branch: the first recorded origin, else Pi's session ID. */
+  function originSession(ctx: ExtensionContext): string {
+    for (const entry of ctx.sessionManager.getBranch()) {
+      if (entry.type !== "custom" || entry.customType !== RUN_ENTRY) continue;
+      const data = entry.data as { originSessionId?: unknown } | undefined;
+      if (typeof data?.originSessionId === "string") return data.originSessionId;
+    }
+    return ctx.sessionManager.getSessionId();
+  }
+
   /** Follow `id` from now on, and record it in the session so a restarted Pi follows it too. */
   function adopt(id: string): void {
-    if (runId !== id) pi.appendEntry(RUN_ENTRY, { runId: id });
+    if (runId !== id) {
+      const data: { runId: string; originSessionId?: string } = { runId: id };
+      if (coordinator !== null) data.originSessionId = coordinator.sessionId;
+      pi.appendEntry(RUN_ENTRY, data);
+    }
     follow(id);
   }
 
@@ -108,11 +142,20 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         notify(parsed.message, "error");
         return;
       case "start": {
-        const payload = { workflow: parsed.workflow, input: parsed.input, projectPath: cwd };
+        const payload: { [key: string]: JsonValue } = { workflow: parsed.workflow, input: parsed.input, projectPath: cwd };
+        // Started from this Pi session: the run is interactive, its agent steps run here.
+        if (coordinator !== null) payload.originSessionId = coordinator.sessionId;
         const { receipt } = await client.call("run.start", payload);
         const started = String(receipt.runId);
         adopt(started);
         notify(`Started workflow ${parsed.workflow}: ${started}`);
+        return;
+      }
+      case "clear": {
+        if (coordinator === null) throw new Error("This Pi session has no workflow view to clear.");
+        const { receipt } = await client.call("sessionView.clearTerminal", { sessionId: coordinator.sessionId });
+        const cleared = typeof receipt.clearedRunId === "string" ? receipt.clearedRunId : null;
+        notify(cleared === null ? "Nothing to clear: no finished run is shown." : `Cleared ${cleared} from this session's view.`);
         return;
       }
       case "list": {
@@ -156,22 +199,64 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
 
   pi.on("session_start", async (_event, ctx) => {
     ui = ctx.ui;
+    context = ctx;
     // A restarted Pi (or a resumed session) follows the run the session started.
     const restored = restoredRun(ctx);
     if (restored !== null) follow(restored);
+    coordinator?.stop();
+    coordinator = new WorkflowMessageCoordinator(socketPath, `${clientId}-coordinator`, originSession(ctx), side);
+    coordinator.start();
+  });
+
+  pi.on("agent_start", async (_event, ctx) => {
+    context = ctx;
+    coordinator?.agentStart();
+  });
+
+  pi.on("agent_end", async (event, ctx) => {
+    context = ctx;
+    coordinator?.agentEnd(event.messages);
+  });
+
+  pi.on("message_end", async (event, ctx) => {
+    context = ctx;
+    const message = event.message as { role?: string; customType?: string };
+    if (message.role === "custom" && message.customType === MESSAGE_TYPE) coordinator?.messageEnd();
   });
 
   pi.on("session_shutdown", async () => {
+    coordinator?.stop();
+    coordinator = null;
+    context = null;
     watch?.stop();
     watch = null;
     ui = null; // a replaced session's UI is stale (docs/extensions.md, session replacement)
   });
 
   pi.registerCommand("workflow", {
-    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer",
+    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer, clear",
     handler: async (args, ctx) => {
       ui = ctx.ui;
+      context = ctx;
       await guarded(() => runCommand(parseWorkflowArgs(args), ctx.cwd));
+    },
+  });
+
+  const tool = new WorkflowTool(
+    () => coordinator,
+    () => side.branch(),
+    (continuation) => adopt(continuation),
+  );
+  pi.registerTool({
+    name: TOOL_NAME,
+    label: "Workflow",
+    promptSnippet: "workflow: submit a workflow step's output, report its progress, or answer a workflow checkpoint",
+    // One call at a time: a submission's outcome decides whether the next call is needed.
+    executionMode: "sequential",
+    description: TOOL_DESCRIPTION,
+    parameters: Type.Unsafe<ToolParams>(TOOL_PARAMETERS),
+    async execute(toolCallId: string, params: ToolParams, signal: AbortSignal | undefined): Promise<ToolResult> {
+      return tool.execute(toolCallId, params, signal);
     },
   });
 
