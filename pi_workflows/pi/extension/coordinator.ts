@@ -207,6 +207,21 @@ export class WorkflowMessageCoordinator {
     }
   }
 
+  /**
+   * Wait (at most `timeoutMs`) until the running turn's start is reported, so a tool call
+   * made in that turn reaches the server after its turn: otherwise a submission accepted
+   * first closes the step, and the late start is refused and the turn goes unrecorded.
+   * Returns either way; the submission never depends on it.
+   */
+  async whenTurnReported(timeoutMs: number, signal?: AbortSignal): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (this.turns.some((turn) => turn.end === null && !turn.startAccepted)) {
+      if (signal?.aborted || this.stopped || Date.now() > deadline) return;
+      this.pump();
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  }
+
   // --- Pi events ---------------------------------------------------------------------
 
   agentStart(): void {

@@ -27,6 +27,8 @@ type JsonObject = { [key: string]: JsonValue };
 export const TOOL_NAME = "workflow";
 /** How long a call waits for the coordinator connection (a server restart). */
 const CONNECT_WAIT_MS = 30_000;
+/** How long a tool call waits for its own turn's start report (then it goes anyway). */
+const TURN_REPORT_WAIT_MS = 10_000;
 /** Transport attempts of one call (each after the connection is back). */
 const ATTEMPTS = 5;
 
@@ -190,6 +192,7 @@ export class WorkflowTool {
       const coordinator = this.coordinator();
       if (coordinator === null) throw new Error("This Pi session has no workflow coordinator.");
       const epoch = await coordinator.whenCoordinator(CONNECT_WAIT_MS, signal);
+      await coordinator.whenTurnReported(TURN_REPORT_WAIT_MS, signal);
       try {
         return await coordinator.connection.request(
           operation,
