@@ -18,9 +18,10 @@ from typing import IO
 
 import pytest
 
-from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions
+from pi_workflows.engine._pi_child import PiChild, PiLaunch, PiOptions
 from pi_workflows.pi import BridgeConfig, bridge_extension_path, write_bridge_config
 from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider
+from tests.pi.rigs import PiRoot
 
 REPO = Path(__file__).resolve().parents[2]
 PI_BIN = REPO / "node_modules" / ".bin" / "pi"
@@ -83,28 +84,8 @@ def _try_lock(handle: IO[str]) -> bool:
 
 
 @dataclass
-class PiHarness:
+class PiHarness(PiRoot):
     """A private root for one test's pi child: agent dir, project, TMPDIR, stderr log."""
-
-    root: Path
-    provider: FakeProvider
-    binary: Path
-    children: list[PiChild]
-
-    @property
-    def agent_dir(self) -> Path:
-        return self.root / "agent"
-
-    @property
-    def project(self) -> Path:
-        return self.root / "project"
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.root / "pi.stderr.log"
-
-    def environ(self, **overrides: str) -> dict[str, str]:
-        return {**os.environ, PI_BINARY_ENV: str(self.binary), **overrides}
 
     def bridge_config(self, **fields: object) -> BridgeConfig:
         values: dict[str, object] = {

@@ -10,7 +10,6 @@ only) and `WorkflowClient`.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +20,11 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions, PiTimeout
-from pi_workflows.pi import extension_path
-from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider
+from pi_workflows.engine._pi_child import PiChild, PiTimeout
+from pi_workflows.testing import FakeProvider
 from tests.conftest import write_workflow
 from tests.pi.agents import running_server
+from tests.pi.rigs import PiRoot
 from tests.server.origin import session_snapshot
 from tests.server.watchers import Watcher
 
@@ -161,24 +160,7 @@ def message_id_of(event: dict[str, Any]) -> str:
 
 
 @dataclass
-class OriginRig:
-    root: Path
-    provider: FakeProvider
-    binary: Path
-    children: list[PiChild]
-
-    @property
-    def agent_dir(self) -> Path:
-        return self.root / "agent"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.agent_dir / "workflows"
-
-    @property
-    def project(self) -> Path:
-        return self.root / "project"
-
+class OriginRig(PiRoot):
     @property
     def session(self) -> Path:
         return self.root / "sessions" / "origin.jsonl"
@@ -186,23 +168,7 @@ class OriginRig:
     def spawn(self, session: Path | None = None) -> OriginPi:
         """A pi with the extension on `session` (default: the rig's one session file;
         starting pi again on it is a Pi restart)."""
-        launch = PiLaunch.build(
-            environ={**os.environ, PI_BINARY_ENV: str(self.binary)},
-            bridge=extension_path(),
-            cwd=self.project,
-            options=PiOptions(provider=FAKE_PROVIDER, model=FAKE_MODEL),
-            agent_dir=self.agent_dir,
-            tmpdir=self.root / "tmp",
-            extra_env={},
-            stderr_path=self.root / "pi.stderr.log",
-        )
-        argv = list(launch.argv)
-        at = argv.index("--no-session")
-        argv[at : at + 1] = ["--session", str(session or self.session)]
-        child = PiChild.spawn(PiLaunch(tuple(argv), launch.env, launch.cwd, launch.stderr_path))
-        self.children.append(child)
-        child.wait_ready(60)
-        return OriginPi(child)
+        return OriginPi(self.spawn_extension(session or self.session))
 
     def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         conn = sqlite3.connect(f"file:{self.state_dir / 'state.sqlite'}?mode=ro", uri=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import socket
 import threading
@@ -28,11 +27,11 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.engine._pi_child import PI_BINARY_ENV, PiChild, PiLaunch, PiOptions, PiTimeout
-from pi_workflows.pi import extension_path
-from pi_workflows.testing import FAKE_MODEL, FAKE_PROVIDER, FakeProvider, text_turn
+from pi_workflows.engine._pi_child import PiChild, PiTimeout
+from pi_workflows.testing import FakeProvider, text_turn
 from tests.conftest import write_workflow
 from tests.pi.agents import running_server
+from tests.pi.rigs import PiRoot
 from tests.server.runs import TERMINAL, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -129,48 +128,11 @@ class Origin:
 
 
 @dataclass
-class Rig:
-    root: Path
-    provider: FakeProvider
-    binary: Path
-    children: list[PiChild]
-
-    @property
-    def agent_dir(self) -> Path:
-        return self.root / "agent"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.agent_dir / "workflows"
-
-    @property
-    def project(self) -> Path:
-        return self.root / "project"
-
+class Rig(PiRoot):
     def spawn(self, session: Path | None = None, **extra_env: str) -> Origin:
         """A pi with the extension; with `session`, on that session file (a restart of pi
         on the same file is a Pi restart), else with no session file."""
-        launch = PiLaunch.build(
-            environ={**os.environ, PI_BINARY_ENV: str(self.binary)},
-            bridge=extension_path(),
-            cwd=self.project,
-            options=PiOptions(provider=FAKE_PROVIDER, model=FAKE_MODEL),
-            agent_dir=self.agent_dir,
-            tmpdir=self.root / "tmp",
-            extra_env=extra_env,
-            stderr_path=self.root / "pi.stderr.log",
-        )
-        if session is not None:
-            argv = list(launch.argv)
-            argv[argv.index("--no-session") : argv.index("--no-session") + 1] = [
-                "--session",
-                str(session),
-            ]
-            launch = PiLaunch(tuple(argv), launch.env, launch.cwd, launch.stderr_path)
-        child = PiChild.spawn(launch)
-        self.children.append(child)
-        child.wait_ready(60)
-        return Origin(child)
+        return Origin(self.spawn_extension(session, extra_env))
 
 
 @pytest.fixture
