@@ -129,6 +129,36 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
   });
 }
 
+/**
+ * Open a long-lived client connection whose decoded messages go to `onMessage` while it
+ * is `current()`. A broken stream or a socket error destroys it; `onClose` runs once it
+ * is closed (the caller decides whether and when to connect again).
+ */
+export function openMessageSocket(
+  socketPath: string,
+  handlers: {
+    current(socket: Socket): boolean;
+    onMessage(socket: Socket, message: ClientMessage): void;
+    onClose(socket: Socket): void;
+  },
+): Socket {
+  const socket = createConnection({ path: socketPath });
+  const splitter = new FrameSplitter();
+  socket.on("data", (chunk: Buffer) => {
+    try {
+      for (const body of splitter.feed(chunk)) {
+        if (!handlers.current(socket)) return;
+        handlers.onMessage(socket, decodeClientMessage(body));
+      }
+    } catch {
+      socket.destroy(); // a broken stream: the caller connects again
+    }
+  });
+  socket.on("error", () => socket.destroy());
+  socket.on("close", () => handlers.onClose(socket));
+  return socket;
+}
+
 /** The connection-level refusal: an `unavailable` event whose subscription is the connection. */
 export function isRefusal(message: ClientMessage, connectionId: string | null): boolean {
   return message.type === "event" && message.kind === "unavailable" && message.subscriptionId === connectionId;

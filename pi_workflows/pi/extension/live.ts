@@ -11,11 +11,11 @@
  */
 
 import { randomUUID } from "node:crypto";
-import { createConnection, type Socket } from "node:net";
+import type { Socket } from "node:net";
 
 import type { JsonValue } from "../common/canonical.ts";
-import { CLIENT_SCHEMA, decodeClientMessage, encodeClientMessage, type ClientMessage, type RequestMessage } from "../common/protocol.ts";
-import { FrameSplitter, NEWLINE, isRefusal } from "../common/transport.ts";
+import { CLIENT_SCHEMA, encodeClientMessage, type ClientMessage, type RequestMessage } from "../common/protocol.ts";
+import { NEWLINE, isRefusal, openMessageSocket } from "../common/transport.ts";
 import { applyPatch, PatchError, type PatchOperation } from "./patch.ts";
 
 export const RECONNECT_MS = 1000;
@@ -67,23 +67,14 @@ export class RunWatch {
   private connect(): void {
     if (this.stopped || this.socket !== null) return;
     this.listener.onState("connecting");
-    const socket = createConnection({ path: this.socketPath });
-    this.socket = socket;
     this.connectionId = null;
     this.subscriptionId = null;
-    const splitter = new FrameSplitter();
-    socket.on("data", (chunk: Buffer) => {
-      try {
-        for (const body of splitter.feed(chunk)) {
-          if (this.socket !== socket) return;
-          this.onMessage(socket, decodeClientMessage(body));
-        }
-      } catch {
-        socket.destroy(); // a broken stream: reconnect and take a snapshot
-      }
+    // A broken stream closes the socket: reconnect and take a snapshot.
+    this.socket = openMessageSocket(this.socketPath, {
+      current: (socket) => this.socket === socket,
+      onMessage: (socket, message) => this.onMessage(socket, message),
+      onClose: (socket) => this.onClose(socket),
     });
-    socket.on("error", () => socket.destroy());
-    socket.on("close", () => this.onClose(socket));
   }
 
   private onClose(socket: Socket): void {

@@ -14,18 +14,17 @@
  */
 
 import { randomUUID } from "node:crypto";
-import { createConnection, type Socket } from "node:net";
+import type { Socket } from "node:net";
 
 import type { JsonValue } from "../common/canonical.ts";
 import {
   CLIENT_SCHEMA,
-  decodeClientMessage,
   encodeClientMessage,
   type ClientMessage,
   type RequestMessage,
   type ResponseMessage,
 } from "../common/protocol.ts";
-import { FrameSplitter, NEWLINE, isRefusal } from "../common/transport.ts";
+import { NEWLINE, isRefusal, openMessageSocket } from "../common/transport.ts";
 
 type JsonObject = { [key: string]: JsonValue };
 
@@ -75,23 +74,14 @@ export class SessionLink {
   /** Open the one connection, unless it is open or being opened. */
   ensure(): void {
     if (this.stopped || this.socket !== null) return;
-    const socket = createConnection({ path: this.socketPath });
-    this.socket = socket;
     this.connectionId = null;
     this.subscriptionId = null;
-    const splitter = new FrameSplitter();
-    socket.on("data", (chunk: Buffer) => {
-      try {
-        for (const body of splitter.feed(chunk)) {
-          if (this.socket !== socket) return;
-          this.onMessage(socket, decodeClientMessage(body));
-        }
-      } catch {
-        socket.destroy(); // a broken stream: the next poll connects again
-      }
+    // A broken stream closes the socket: the next poll connects again.
+    this.socket = openMessageSocket(this.socketPath, {
+      current: (socket) => this.socket === socket,
+      onMessage: (socket, message) => this.onMessage(socket, message),
+      onClose: (socket) => this.onClose(socket),
     });
-    socket.on("error", () => socket.destroy());
-    socket.on("close", () => this.onClose(socket));
   }
 
   stop(): void {
