@@ -38,12 +38,12 @@ from pi_workflows.server._operations import (
     handle_operation,
     rejected,
     response,
+    stored_answer,
 )
 from pi_workflows.server._runner_launch import launch_state
 from pi_workflows.storage import (
     CommandRequest,
     Database,
-    LookupOutcome,
     ReceiptOutcome,
     Tx,
     get_run,
@@ -397,17 +397,9 @@ def update_interaction(
         bound = binding_refusal(tx, row, session)
         if bound is not None:
             return _refusal(request, "rejected", bound)
-        found = lookup_receipt(tx, command)
-        if found.outcome is LookupOutcome.ADOPTED:
-            assert found.receipt is not None
-            return response(request, "adopted", receipt=found.receipt.receipt)
-        if found.outcome is LookupOutcome.CONFLICT:
-            return rejected(
-                request,
-                "conflict",
-                "idempotencyConflict",
-                "this request ID or idempotency key was already used with another payload",
-            )
+        stored = stored_answer(request, lookup_receipt(tx, command))
+        if stored is not None:
+            return stored
         refusal = _update_refusal(tx, row.run_id, row.status, row.attempt_id)
         if refusal is not None:
             return _refusal(request, refusal[0], refusal[1])
@@ -542,17 +534,9 @@ def add_follow_up_command(db: Database, request: RequestMessage) -> dict[str, An
         payload=dict(payload),
     )
     with db.write() as tx:
-        found = lookup_receipt(tx, command)
-        if found.outcome is LookupOutcome.ADOPTED:
-            assert found.receipt is not None
-            return response(request, "adopted", receipt=found.receipt.receipt)
-        if found.outcome is LookupOutcome.CONFLICT:
-            return rejected(
-                request,
-                "conflict",
-                "idempotencyConflict",
-                "this request ID or idempotency key was already used with another payload",
-            )
+        stored = stored_answer(request, lookup_receipt(tx, command))
+        if stored is not None:
+            return stored
         if get_run(tx, run_id) is None:
             return rejected(request, "notFound", "runNotFound", "no such run")
         session = tx.fetch_value(

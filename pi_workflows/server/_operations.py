@@ -101,6 +101,7 @@ __all__ = [
     "rejected",
     "start_request_fields",
     "start_run",
+    "stored_answer",
 ]
 
 RUN_LIST_PAGE_ITEMS = 256
@@ -345,7 +346,7 @@ def _command(request: RequestMessage) -> CommandRequest:
     )
 
 
-def _stored_answer(request: RequestMessage, found: ReceiptLookup) -> dict[str, Any] | None:
+def stored_answer(request: RequestMessage, found: ReceiptLookup) -> dict[str, Any] | None:
     """The answer a stored receipt gives this request (adopted or conflict), or None."""
     if found.outcome is LookupOutcome.ADOPTED:
         assert found.receipt is not None
@@ -370,7 +371,7 @@ def prior_answer(db: Database, request: RequestMessage) -> dict[str, Any] | None
     whose own lookup in the write transaction settles a race between two first attempts.
     Read-only; it runs on the reader actor.
     """
-    return _stored_answer(request, lookup_receipt(db, _command(request)))
+    return stored_answer(request, lookup_receipt(db, _command(request)))
 
 
 def _run_command(
@@ -378,7 +379,7 @@ def _run_command(
 ) -> dict[str, Any]:
     command = _command(request)
     with db.write() as tx:
-        stored = _stored_answer(request, lookup_receipt(tx, command))
+        stored = stored_answer(request, lookup_receipt(tx, command))
         if stored is not None:
             return stored
         try:

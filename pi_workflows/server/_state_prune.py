@@ -32,11 +32,11 @@ from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.server._operations import (
     _command,
-    _stored_answer,
     failure_response,
     prior_answer,
     rejected,
     response,
+    stored_answer,
 )
 from pi_workflows.storage import (
     DAY_MS,
@@ -272,7 +272,7 @@ class _Apply:
     def _collect_and_record(self, db: Database) -> Any:
         command = _command(self.request)
         with db.write() as tx:
-            stored = _stored_answer(self.request, lookup_receipt(tx, command))
+            stored = stored_answer(self.request, lookup_receipt(tx, command))
             if stored is not None:
                 return stored
             receipt = _summary(self.deleted, self.kept, self.query, self.cutoff)
