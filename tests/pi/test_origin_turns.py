@@ -2,17 +2,21 @@
 behave"): an RPC `abort` pauses the run only after the turn's end, and `/workflow resume`
 presents the step once more with one fresh turn; a Pi killed mid-turn and started again
 on the same session file sends nothing twice, and its idle branch report closes the lost
-turn under the reminder rule; a server restart closes no turn by itself; two pi on one
+turn under the reminder rule; a server restart (graceful or SIGKILL) closes no turn
+by itself; two pi on one
 origin session have one active coordinator, and only it sends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -154,6 +158,53 @@ def test_a_server_restart_closes_no_turn_and_a_turn_end_meanwhile_is_reported_af
     with running_server(origin_rig.state_dir):
         # Startup closed nothing; the reconnected coordinator reports the branch (not
         # idle: a turn of its own is unsettled), then the same turn's start and end.
+        wait_until(lambda: origin_rig.status(run_id) == "paused", "the pause after the end")
+        assert origin_rig.turns(run_id) == [(turn, first, "aborted")]
+        assert origin_rig.messages(run_id)[0][3] == "sent"
+        assert shown(origin) == [first]
+
+
+@contextlib.contextmanager
+def server_process(rig: OriginRig) -> Iterator[subprocess.Popen[str]]:
+    """`pi-workflows server run` as a child in its own session; at exit its whole group
+    (zygote and runners included) is killed by PID."""
+    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(rig.state_dir)]
+    child = subprocess.Popen(
+        [*command, "server", "run", "--idle-exit", "0"],
+        env={**os.environ, "PI_CODING_AGENT_DIR": str(rig.agent_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and "running" in child.stdout.readline()
+        yield child
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_a_server_killed_with_an_open_turn_closes_no_turn_and_the_end_is_reported_after(
+    origin_rig: OriginRig,
+) -> None:
+    """The server dies by SIGKILL (no drain, no goodbye) while a step's turn is open:
+    the next server's recovery closes no turn by itself, and the reconnected coordinator
+    reports the end it kept, which pauses the run (the turn was aborted)."""
+    origin_rig.provider.script(Stall("Working"))
+    with server_process(origin_rig) as first_server:
+        origin = origin_rig.spawn()
+        run_id = start(origin)
+        turn, first = open_turn(origin_rig, run_id, origin)
+        os.kill(first_server.pid, signal.SIGKILL)
+        assert first_server.wait(30) == -signal.SIGKILL
+    origin.rpc({"type": "abort"})
+    origin.wait_event(lambda e: e.get("type") == "agent_end", "the aborted turn's end")
+    assert origin_rig.turns(run_id) == [(turn, first, "open")]
+    with server_process(origin_rig):
         wait_until(lambda: origin_rig.status(run_id) == "paused", "the pause after the end")
         assert origin_rig.turns(run_id) == [(turn, first, "aborted")]
         assert origin_rig.messages(run_id)[0][3] == "sent"
