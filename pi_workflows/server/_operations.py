@@ -619,14 +619,8 @@ def start_run(
         # The snapshot stays stored under the run's definition digest: the server checks
         # checkpoint answers against it without loading workflow code.
         run_id = f"run-{uuid.uuid4().hex}"
-        if interactive and tx.fetch_value(
-            SELECT_SESSION_RESERVATION, {"origin_session_id": start.origin_session_id}
-        ):
-            raise OperationError(
-                "rejected",
-                "sessionReserved",
-                "another run of this Pi session is not finished yet; wait for it or cancel it",
-            )
+        if interactive:
+            _require_free_session(tx, start.origin_session_id)
         result = enqueue_run(
             tx,
             NewRun(
@@ -649,6 +643,16 @@ def start_run(
     return _run_command(db, request, change)
 
 
+def _require_free_session(tx: Tx, session_id: str | None) -> None:
+    """An interactive run reserves its origin session: one unfinished run per session."""
+    if tx.fetch_value(SELECT_SESSION_RESERVATION, {"origin_session_id": session_id}):
+        raise OperationError(
+            "rejected",
+            "sessionReserved",
+            "another run of this Pi session is not finished yet; wait for it or cancel it",
+        )
+
+
 def _restart(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
@@ -662,6 +666,14 @@ def _restart(
             raise OperationError(
                 "rejected", "runNotTerminal", "only a finished run restarts; cancel it first"
             )
+        # A restart runs where the run ran: an interactive run's in its origin session.
+        session = tx.fetch_value(
+            "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
+            "AND execution_mode = 'interactive'",
+            {"r": old_id},
+        )
+        if session is not None:
+            _require_free_session(tx, session)
         run_id = f"run-{uuid.uuid4().hex}"
         result = enqueue_run(
             tx,
@@ -675,6 +687,10 @@ def _restart(
                 input=json.loads(old.input),
                 title=old.title,
                 restart_of=old_id,
+                execution_mode=(
+                    ExecutionMode.HEADLESS if session is None else ExecutionMode.INTERACTIVE
+                ),
+                origin_session_id=None if session is None else str(session),
             ),
         )
         body = {"runId": run_id, "restartOf": old_id, "state": result.phase.value}

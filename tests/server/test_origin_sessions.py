@@ -393,3 +393,41 @@ def test_clear_terminal_removes_the_retained_terminal_view_and_changes_no_workfl
         ("cancelled", 2)
     ]
     assert rows(state_dir, "SELECT kind, state FROM workflow_messages") == [("terminal", "pending")]
+
+
+def test_a_restart_of_an_interactive_run_runs_in_its_origin_session_once_it_is_free(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    """`run.restart` keeps where the run ran: an interactive run's restart is interactive
+    in the same origin session, so its step is presented there; while another run of the
+    session is unfinished the restart is refused `sessionReserved`, writing nothing."""
+    with WorkflowClient(running.state_dir, autostart=False, timeout=30) as client:
+        first = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+        wait_for(client, first, {"waiting"})
+        assert client.request("run.cancel", {"reason": "test"}, run_id=first)["outcome"] == (
+            "accepted"
+        )
+        wait_for(client, first, {"cancelled"})
+        holder = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
+        refused = client.request("run.restart", run_id=first)
+        assert refused["outcome"] == "rejected", refused
+        assert refused["error"]["code"] == "sessionReserved"
+        assert rows(running.state_dir, "SELECT count(*) FROM runs WHERE restart_of = ?", first) == [
+            (0,)
+        ]
+        client.request("run.cancel", {"reason": "test"}, run_id=holder)
+        wait_for(client, holder, {"cancelled"})
+        restarted = client.request("run.restart", run_id=first)
+        assert restarted["outcome"] == "accepted", restarted
+        again = restarted["receipt"]["runId"]
+        wait_for(client, again, {"waiting"})
+    assert rows(
+        running.state_dir,
+        "SELECT execution_mode, origin_session_id FROM run_bindings WHERE run_id = ?",
+        again,
+    ) == [("interactive", SESSION)]
+    assert rows(
+        running.state_dir,
+        "SELECT kind, reason, state FROM workflow_messages WHERE run_id = ?",
+        again,
+    ) == [("step", "initial", "pending")]
