@@ -51,6 +51,17 @@ test("run commands take an optional run ID; answer takes one before its JSON", (
   assert.equal(parseWorkflowArgs("nope").kind, "error");
 });
 
+test("followup takes an optional run ID, then free text", () => {
+  assert.deepEqual(parseWorkflowArgs("followup Now write the changelog."), {
+    kind: "followup",
+    runId: null,
+    text: "Now write the changelog.",
+  });
+  assert.deepEqual(parseWorkflowArgs("followup run-7 Then tag it"), { kind: "followup", runId: "run-7", text: "Then tag it" });
+  assert.equal(parseWorkflowArgs("followup").kind, "error");
+  assert.equal(parseWorkflowArgs("followup run-7").kind, "error");
+});
+
 const view = {
   runId: "run-1",
   workflow: "review",

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows import WorkflowServer
 from pi_workflows.testing import Stall, ToolCall, Turn, text_turn, workflow_submit_turn
 from tests.conftest import write_workflow
 from tests.pi.agents import attempt_of
@@ -343,10 +343,9 @@ def test_follow_ups_are_delivered_in_order_after_the_terminal_turn(
     origin = origin_rig.spawn()
     run_id = _start(origin)
     origin.wait_event(lambda e: e.get("type") == "message_update", "the step's turn streaming")
-    with WorkflowClient(origin_rig.state_dir, autostart=False, timeout=30) as client:
-        for text in ("Now write the changelog.", "Then tag the release."):
-            added = client.request("followUp.add", {"text": text}, run_id=run_id)
-            assert added["outcome"] == "accepted", added
+    for text in ("Now write the changelog.", "Then tag the release."):
+        queued = origin.notice(f"/workflow followup {text}")
+        assert queued.startswith(f"Follow-up queued for {run_id}"), queued
     origin.rpc({"type": "abort"})  # paused; resume presents the step again
     wait_until(lambda: origin_rig.status(run_id) == "paused", "the pause")
     assert origin.notice("/workflow resume") == f"resume: {run_id}"

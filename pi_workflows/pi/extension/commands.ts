@@ -12,6 +12,7 @@ export const USAGE = [
   "  /workflow status [RUN_ID]        one run (default: the run this session started)",
   "  /workflow pause|resume|cancel [RUN_ID]",
   "  /workflow answer [RUN_ID] JSON   answer the checkpoint the run waits at",
+  "  /workflow followup [RUN_ID] TEXT  a request for the model once the run has finished",
   "  /workflow clear                  remove the finished run from this session's view",
   "  /piw                             how to watch the run",
 ].join("\n");
@@ -22,6 +23,7 @@ export type Parsed =
   | { kind: "clear" }
   | { kind: "status" | "pause" | "resume" | "cancel"; runId: string | null }
   | { kind: "answer"; runId: string | null; answer: JsonValue }
+  | { kind: "followup"; runId: string | null; text: string }
   | { kind: "help" }
   | { kind: "error"; message: string };
 
@@ -67,6 +69,13 @@ export function parseWorkflowArgs(args: string): Parsed {
       if (!json) return { kind: "error", message: 'Give the answer as JSON: /workflow answer {"approved": true}.' };
       const answer = parseInput(json, "answer", '{"approved": true}');
       return "message" in answer ? answer : { kind: "answer", runId, answer: answer.value };
+    }
+    case "followup": {
+      const [first, remainder] = splitFirst(rest);
+      const runId = RUN_ID.test(first) ? first : null;
+      const text = runId === null ? rest : remainder;
+      if (!text) return { kind: "error", message: "Give the follow-up text: /workflow followup Now write the changelog." };
+      return { kind: "followup", runId, text };
     }
     default:
       return { kind: "error", message: `Unknown /workflow command "${sub.slice(0, 40)}".\n${USAGE}` };

@@ -178,6 +178,12 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         notify(`${parsed.kind}: ${id}${response.outcome === "adopted" ? " (already done)" : ""}`);
         return;
       }
+      case "followup": {
+        const id = targetRun(parsed.runId, "followup");
+        await client.call("followUp.add", { text: parsed.text }, { runId: id });
+        notify(`Follow-up queued for ${id}: the model gets it once the run has finished.`);
+        return;
+      }
       case "answer": {
         const id = targetRun(parsed.runId, "answer");
         const { receipt } = await client.call("run.answer", { answer: parsed.answer }, { runId: id });
@@ -234,7 +240,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   });
 
   pi.registerCommand("workflow", {
-    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer, clear",
+    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer, followup, clear",
     handler: async (args, ctx) => {
       ui = ctx.ui;
       context = ctx;
