@@ -19,6 +19,7 @@ from pi_workflows.wire.canonical import InvalidJSONError, NonCanonicalError, dum
 
 __all__ = [
     "CONTENT_PART_BYTES",
+    "SELECT_CONTENT_PART",
     "ContentRef",
     "blob_length",
     "content_digest",
@@ -88,8 +89,8 @@ SMALL_CONTENT_BYTES = 1024 * 1024
 `Connection.blobopen` leaves a dead weak reference on the connection (python/cpython
 #144424), so the reader's memory grew with every view that read a few hundred parts."""
 
-# Table names come from this module's two callers, never from input.
-_SELECT_SMALL_PART = {
+# Table names come from this package's callers, never from input.
+SELECT_CONTENT_PART = {
     table: f"SELECT substr(content, :start, :length) FROM {table} WHERE rowid = :row_id"
     for table in ("blobs", "run_view_content")
 }
@@ -99,7 +100,7 @@ def _read_small(
     reader: Reader, table: str, digest: str, where: _Location, *, offset: int, length: int
 ) -> bytes:
     part = reader.fetch_value(
-        _SELECT_SMALL_PART[table], {"start": offset + 1, "length": length, "row_id": where.row_id}
+        SELECT_CONTENT_PART[table], {"start": offset + 1, "length": length, "row_id": where.row_id}
     )
     if not isinstance(part, bytes) or len(part) != length:
         raise ContentUnavailableError(digest, "digestMismatch")

@@ -89,7 +89,6 @@ __all__ = [
     "SELECT_BLOB_LOCATION",
     "SELECT_COMMAND_BY_KEY",
     "SELECT_COMMAND_BY_REQUEST",
-    "SELECT_CONTENT_PART",
     "SELECT_CONTINUATION_DECISION",
     "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
@@ -1070,11 +1069,6 @@ SELECT_VIEW_CONTENTS = (
     "SELECT rowid, run_id, digest, media_type, byte_length, typeof(content) = 'blob', "
     "length(content) FROM run_view_content"
 )
-# One part of a content row's bytes (1-based start), by table.
-SELECT_CONTENT_PART = {
-    table: f"SELECT substr(content, :start, :length) FROM {table} WHERE rowid = :row_id"
-    for table in ("blobs", "run_view_content")
-}
 
 
 # --- Checkpoint decisions -----------------------------------------------------------

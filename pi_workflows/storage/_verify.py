@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from pi_workflows.storage import _queries as q
+from pi_workflows.storage._content import SELECT_CONTENT_PART
 from pi_workflows.storage._db import Database
 from pi_workflows.storage._phases import RunStatus, phase_of
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION, ddl_statements
@@ -199,7 +200,7 @@ def _matches(conn: sqlite3.Connection, table: str, row_id: int, stored: _Stored)
     if stored.length is None or stored.byte_length != stored.length:
         return False
     hasher = hashlib.sha256()
-    sql = q.SELECT_CONTENT_PART[table]
+    sql = SELECT_CONTENT_PART[table]
     for start in range(1, stored.length + 1, VERIFY_PART_BYTES):
         part = conn.execute(sql, {"start": start, "length": VERIFY_PART_BYTES, "row_id": row_id})
         hasher.update(part.fetchone()[0])
