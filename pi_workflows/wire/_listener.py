@@ -405,7 +405,10 @@ class _Slot:
     cap full of not-yet-served slots must not turn a new client away.
     """
 
+    client: socket.socket
     held: bool = True
+    started: bool = False
+    """Its task has handed `client` to asyncio: only the transport may close it now."""
     connection: Connection | None = None
     evicted: bool = False
     """Evicted before its connection existed: refuse it as soon as it does."""
@@ -499,6 +502,8 @@ class ClientListener:
         self._ids = itertools.count(1)
         self._connections: set[Connection] = set()
         self._admitted = 0
+        self._closing_late = False
+        """An evicted connection's transport still holds its descriptor (closed next pass)."""
         self._silent: dict[_Slot, None] = {}
         """Admitted slots whose connection has not sent a complete frame yet, oldest first."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -636,7 +641,12 @@ class ClientListener:
         sock = self._sock
         if sock is None:
             return
+        self._closing_late = False  # a new loop pass: earlier evictions have closed
         for _ in range(ACCEPT_BATCH):
+            if self._closing_late:
+                # An evicted transport closes its socket on the next loop pass; end the
+                # batch so that descriptor is free before the next accept needs one.
+                return
             try:
                 client, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -694,7 +704,7 @@ class ClientListener:
             self._refuse_socket(client, "connectionLimit")
             return
         self._admitted += 1
-        slot = _Slot()
+        slot = _Slot(client)
         self._silent[slot] = None
         task = self._loop.create_task(self._serve_socket(client, slot))
         self._tasks.add(task)
@@ -707,10 +717,16 @@ class ClientListener:
         slot = next(iter(self._silent))
         del self._silent[slot]
         self._release(slot)
-        if slot.connection is None:
-            slot.evicted = True  # its task refuses it once the connection exists
-        else:
+        slot.evicted = True
+        if not slot.started:
+            # Its task has not run: refuse and close the socket now, so a burst of
+            # accepts cannot hold the descriptors of slots evicted before serving.
+            self._refuse_socket(slot.client, "evictedSilent", EVICTED_AT_CAP)
+            return True
+        if slot.connection is not None:
             slot.connection._refuse_now(EVICTED_AT_CAP)
+        # else its task refuses it once the connection exists
+        self._closing_late = True
         self.rejections.note("evictedSilent")
         return True
 
@@ -719,10 +735,11 @@ class ClientListener:
             slot.held = False
             self._admitted -= 1
 
-    def _refuse_socket(self, client: socket.socket, reason: str) -> None:
-        """Send a hello and one `unavailable` event to a connection never admitted; close it."""
+    def _refuse_socket(
+        self, client: socket.socket, reason: str, refusal: tuple[str, str] = REFUSED_AT_CAP
+    ) -> None:
+        """Send a hello and one `unavailable` event to a connection never served; close it."""
         connection_id = f"connection-{next(self._ids)}"
-        refusal = REFUSED_AT_CAP
         frames = encode_frame(self._hello(connection_id)) + encode_frame(
             unavailable_event(connection_id, refusal)
         )
@@ -736,6 +753,9 @@ class ClientListener:
         self.rejections.note(reason)
 
     async def _serve_socket(self, client: socket.socket, slot: _Slot) -> None:
+        if slot.evicted:
+            return  # refused and closed at its eviction, before this task ran
+        slot.started = True
         try:
             try:
                 reader, writer = await asyncio.open_unix_connection(sock=client)
