@@ -904,6 +904,52 @@ def state() -> None:
     """
 
 
+STATE_COUNT_WORDS = {
+    "runs": "runs",
+    "nonterminalRuns": "not finished",
+    "pendingDecisions": "pending decisions",
+    "pendingInteractions": "pending interactions",
+    "pendingFollowUps": "pending follow-ups",
+    "pendingWorkflowMessages": "pending workflow messages",
+    "activeLeases": "active claims",
+    "unsettledEffects": "unsettled effects",
+    "ambiguousEffects": "ambiguous effects",
+    "blobs": "stored blobs",
+    "viewContents": "stored view contents",
+}
+"""How `state status` names each count (the receipt's keys are in `--json`)."""
+
+
+@state.command("status")
+@json_option
+@click.pass_context
+@_client_errors
+def state_status(ctx: click.Context, as_json: bool) -> None:
+    """Show the database's size and safe counts (no IDs, paths or payloads).
+
+    The server reads them from its own connection (started on demand).
+
+    Example: pi-workflows state status --json
+    """
+    with _client(ctx) as client:
+        status = client.call("state.status")["receipt"]
+    if as_json:
+        _print_json(status)
+        return
+    click.echo(
+        f"database: {_mib(status['databaseBytes'])} ({_mib(status['freeBytes'])} free for reuse)"
+    )
+    counts = status["counts"]
+    width = max(len(words) for words in STATE_COUNT_WORDS.values())
+    for key, words in STATE_COUNT_WORDS.items():
+        if key in counts:
+            click.echo(f"  {words:<{width}}  {counts[key]}")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1_048_576:.1f} MiB"
+
+
 @state.command("verify")
 @click.argument(
     "backup_argument",

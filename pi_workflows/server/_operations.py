@@ -64,6 +64,8 @@ from pi_workflows.storage import (
     recover_ambiguous_effect,
     resume_run,
     run_list_revision,
+    state_counts,
+    state_size,
     status_counts,
     take_over_claim,
     verify,
@@ -199,6 +201,19 @@ def _server_status(
         "expiredClaims": counts.expired_claims,
         "pendingInteractions": counts.pending_interactions,
         "ambiguousEffects": counts.ambiguous_effects,
+    }
+    return response(request, "accepted", receipt=receipt)
+
+
+def _state_status(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    """`state.status`: the database's size and safe counts, in one read transaction."""
+    size = state_size(db)
+    receipt = {
+        "databaseBytes": size.page_size * size.page_count,
+        "freeBytes": size.page_size * size.freelist_count,
+        "counts": state_counts(db, db.clock.now_ms()),
     }
     return response(request, "accepted", receipt=receipt)
 
@@ -786,13 +801,22 @@ def _recover(
 
 
 SNAPSHOT_READS = frozenset(
-    {"server.status", "run.get", "run.list", "run.logs", "view.page", "view.content"}
+    {
+        "server.status",
+        "state.status",
+        "run.get",
+        "run.list",
+        "run.logs",
+        "view.page",
+        "view.content",
+    }
 )
 """Reads the server answers from the reader actor's read-only connection (one read
 transaction each), so they never queue behind writes; they read no actor's state."""
 
 READS: dict[str, Operation] = {
     "server.status": _server_status,
+    "state.status": _state_status,
     "state.verify": _state_verify,
     "run.list": _run_list,
     "run.get": _run_get,

@@ -185,6 +185,8 @@ from pi_workflows.storage._reads import (
     run_list_revision,
     run_view_revision,
     server_has_work,
+    state_counts,
+    state_size,
     status_counts,
     unfinished_attempt,
 )
@@ -467,7 +469,9 @@ __all__ = [
     "stale_runner_epochs",
     "stale_running_runs",
     "start_node_attempt",
+    "state_counts",
     "state_db_path",
+    "state_size",
     "status_counts",
     "store_definition_content",
     "store_view_blob",

@@ -118,6 +118,7 @@ __all__ = [
     "SELECT_SERVER_LEASE",
     "SELECT_SERVER_LEASE_HEAD",
     "SELECT_SESSION_RESERVATION",
+    "SELECT_STATE_COUNTS",
     "SELECT_STATUS_COUNTS",
     "SELECT_TABLE_NAMES",
     "SELECT_UNFINISHED_ATTEMPT",
@@ -506,6 +507,24 @@ COUNT_ACTIVE_RUNNER_EPOCHS = (
     "SELECT count(*) FROM runner_epochs WHERE status IN ('starting', 'ready')"
 )
 # Every count of `server status` in one statement (one step through SQLite, one snapshot).
+# `state status`: one statement, so the counts are one snapshot. Pending and unsettled
+# rows are the ones an operator acts on; `leases` counts live and expired claims alike.
+SELECT_STATE_COUNTS = """
+SELECT 'runs' AS kind, count(*) AS n FROM runs
+UNION ALL SELECT 'nonterminalRuns', count(*) FROM runs WHERE finished_at IS NULL
+UNION ALL SELECT 'pendingDecisions', count(*) FROM human_decisions WHERE status = 'pending'
+UNION ALL SELECT 'pendingInteractions', count(*) FROM interactive_requests
+    WHERE status = 'pending'
+UNION ALL SELECT 'pendingFollowUps', count(*) FROM follow_ups WHERE state = 'pending'
+UNION ALL SELECT 'pendingWorkflowMessages', count(*) FROM workflow_messages
+    WHERE state = 'pending'
+UNION ALL SELECT 'activeLeases', count(*) FROM leases WHERE expires_at > :now
+UNION ALL SELECT 'unsettledEffects', count(*) FROM effects
+    WHERE state IN ('pending', 'applying', 'ambiguous')
+UNION ALL SELECT 'ambiguousEffects', count(*) FROM effects WHERE state = 'ambiguous'
+UNION ALL SELECT 'blobs', count(*) FROM blobs
+UNION ALL SELECT 'viewContents', count(*) FROM run_view_content
+"""
 SELECT_STATUS_COUNTS = """
 SELECT 'runs' AS kind, status AS key, count(*) AS n FROM runs GROUP BY status
 UNION ALL SELECT 'queue', state, count(*) FROM run_queue GROUP BY state

@@ -23,7 +23,9 @@ from pi_workflows.storage._rows import (
 )
 
 __all__ = [
+    "STATE_COUNT_NAMES",
     "RunListFilter",
+    "StateSize",
     "StatusCounts",
     "active_queue_count",
     "active_runner",
@@ -44,6 +46,8 @@ __all__ = [
     "run_list_revision",
     "run_view_revision",
     "server_has_work",
+    "state_counts",
+    "state_size",
     "status_counts",
     "unfinished_attempt",
 ]
@@ -282,4 +286,52 @@ def status_counts(reader: Reader, now: int) -> StatusCounts:
         pending_interactions=single.get("pending", 0),
         ambiguous_effects=single.get("ambiguous", 0),
         active_runners=single.get("runners", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    kind: str
+    n: int
+
+
+STATE_COUNT_NAMES = (
+    "runs",
+    "nonterminalRuns",
+    "pendingDecisions",
+    "pendingInteractions",
+    "pendingFollowUps",
+    "pendingWorkflowMessages",
+    "activeLeases",
+    "unsettledEffects",
+    "ambiguousEffects",
+    "blobs",
+    "viewContents",
+)
+"""The counts of `state status`, in the order the CLI prints them."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateSize:
+    """The database file's size in pages, and how much of it is free for reuse."""
+
+    page_size: int
+    page_count: int
+    freelist_count: int
+
+
+def state_counts(reader: Reader, now: int) -> dict[str, int]:
+    """The safe counts of `state status` (no IDs, paths or payloads); `now` ages claims."""
+    counts = dict.fromkeys(STATE_COUNT_NAMES, 0)
+    for row in reader.fetch_all(q.SELECT_STATE_COUNTS, {"now": now}, _Named):
+        counts[row.kind] = row.n
+    return counts
+
+
+def state_size(reader: Reader) -> StateSize:
+    """`PRAGMA page_size`, `page_count` and `freelist_count` of the main database."""
+    return StateSize(
+        page_size=int(reader.fetch_value("PRAGMA page_size", {})),
+        page_count=int(reader.fetch_value("PRAGMA page_count", {})),
+        freelist_count=int(reader.fetch_value("PRAGMA freelist_count", {})),
     )
