@@ -7,7 +7,8 @@ stalled stream, or a long tool call) when the step is ended by `run cancel`, by 
 node's `timeout=`, by `run pause` (then resumed and completed), or by a SIGKILL of the
 runner (the run resumes on a new runner and a NEW pi child). After each, no process of
 that tree is alive: pi, its tool processes and both sleeps. Each test has its own sleep
-durations, so it finds its own processes by command line.
+durations, unique to this test process too (a concurrent suite in another checkout, or
+sleeps left by a killed one, never match), so it finds its own processes by command line.
 """
 
 from __future__ import annotations
@@ -138,8 +139,17 @@ class Tree:
             psutil.wait_procs(alive, timeout=min(0.25, left))
 
 
+_UNIQUE = 1_000_000 * (1 + os.getpid() % 4_000_000)
+"""Added to every sleep duration: this process's own command lines (a sleep that long
+is as good as forever)."""
+
+
+def _sleep(seconds: int) -> str:
+    return f"sleep {_UNIQUE + seconds}"
+
+
 def _sleeps(base: int) -> tuple[str, str]:
-    return (f"sleep {base}", f"sleep {base + 1}")
+    return (_sleep(base), _sleep(base + 1))
 
 
 def _background_turn(tree: Tree) -> Any:
@@ -249,7 +259,7 @@ def test_a_node_timeout_while_pi_runs_a_tool_stops_the_tree_and_times_the_step_o
     # Long enough for pi to start and run both turns on loaded cores; the second
     # turn's tool call outlasts it by far.
     project = _project(short_tmp, timeout=20)
-    tree = Tree(project, (*_sleeps(3201), "sleep 3299"))
+    tree = Tree(project, (*_sleeps(3201), _sleep(3299)))
     provider.script(_background_turn(tree), _noting(tree, bash_turn(tree.sleeps[2])))
     with WorkflowClient(server.state_dir, autostart=False) as client:
         run_id = start_run(client, project, "ask")
