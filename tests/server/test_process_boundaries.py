@@ -1,0 +1,105 @@
+"""Workflow code runs only in children, and only the server opens the live database.
+
+workflow-server.md § Conformance: "the extension and server run no workflow or
+resource manager code in their own event loops" and "the server is the only production
+process that opens live SQLite state". The server here is embedded in the test process,
+so "the server" is this PID; its children (zygote, resolvers, runners) are real
+processes, inspected while a run is in the middle of a node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from tests.conftest import write_workflow
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pi_workflows"
+
+MARKED = """
+import os
+from pathlib import Path
+
+from pi_workflows import compute, define_workflow
+
+MARKS = Path({marks!r})
+(MARKS / f"import-{{os.getpid()}}").touch()  # who loads this file
+
+
+def hold(ctx):
+    (MARKS / f"node-{{os.getpid()}}").touch()  # who runs the node
+    with open(ctx.input["ready"], "w") as ready:
+        ready.write("in node")
+    with open(ctx.input["release"]) as release:  # blocks until the test writes
+        release.read()
+    return {{"ok": True}}
+
+
+workflow = define_workflow(name="marked", start_at="hold", nodes={{"hold": compute(hold)}})
+"""
+
+
+def _marks(folder: Path, kind: str) -> set[int]:
+    return {int(path.name.split("-", 1)[1]) for path in folder.glob(f"{kind}-*")}
+
+
+def _open_state_files(process: psutil.Process, state_dir: Path) -> list[str]:
+    try:
+        paths = [entry.path for entry in process.open_files()]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    return [path for path in paths if path.startswith(str(state_dir / "state.sqlite"))]
+
+
+def test_workflow_code_runs_only_in_children_and_only_the_server_opens_the_database(
+    running_server: WorkflowServer, short_tmp: Path
+) -> None:
+    project, marks = short_tmp / "project", short_tmp / "marks"
+    marks.mkdir()
+    write_workflow(project, "marked", MARKED.format(marks=str(marks)))
+    ready, release = short_tmp / "ready.fifo", short_tmp / "release.fifo"
+    os.mkfifo(ready)
+    os.mkfifo(release)
+    state_dir = running_server.state_dir
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        run_id = start_run(client, project, "marked", {"ready": str(ready), "release": str(release)})
+        assert wait_fifo(ready) == "in node"
+        server = psutil.Process()
+        children = server.children(recursive=True)
+        assert _open_state_files(server, state_dir), "the server holds the live database"
+        holders = {child.pid: _open_state_files(child, state_dir) for child in children}
+        assert not any(holders.values()), f"a child opened the live database: {holders}"
+        runner = _marks(marks, "node")
+        assert len(runner) == 1 and runner <= {child.pid for child in children}
+        with open(release, "w") as gate:
+            gate.write("go")
+        assert wait_for(client, run_id, TERMINAL)["display"]["status"] == "completed"
+    importers = _marks(marks, "import")
+    assert importers, "the workflow file was loaded (by the start's resolver and the runner)"
+    assert os.getpid() not in importers | runner, "the server never loads workflow code"
+
+
+def test_no_module_outside_storage_opens_sqlite_except_the_backup_check() -> None:
+    """By construction: `sqlite3` is imported by `storage` and by `state verify --backup`,
+    which opens an inactive copy read-only; no TypeScript part mentions SQLite at all."""
+    importers = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if re.search(r"^\s*(import sqlite3|from sqlite3 )", path.read_text(), re.MULTILINE)
+    )
+    outside = [name for name in importers if not name.startswith("storage/")]
+    assert outside == ["cli/_backup.py"], outside
+    typescript = [
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.ts")
+        if re.search(r"sqlite3?['\"]|better-sqlite|node:sqlite", path.read_text())
+    ]
+    assert typescript == [], typescript
