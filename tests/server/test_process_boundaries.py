@@ -70,7 +70,8 @@ def test_workflow_code_runs_only_in_children_and_only_the_server_opens_the_datab
     os.mkfifo(release)
     state_dir = running_server.state_dir
     with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
-        run_id = start_run(client, project, "marked", {"ready": str(ready), "release": str(release)})
+        gate = {"ready": str(ready), "release": str(release)}
+        run_id = start_run(client, project, "marked", gate)
         assert wait_fifo(ready) == "in node"
         server = psutil.Process()
         children = server.children(recursive=True)
