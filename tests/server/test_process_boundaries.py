@@ -80,8 +80,8 @@ def test_workflow_code_runs_only_in_children_and_only_the_server_opens_the_datab
         assert not any(holders.values()), f"a child opened the live database: {holders}"
         runner = _marks(marks, "node")
         assert len(runner) == 1 and runner <= {child.pid for child in children}
-        with open(release, "w") as gate:
-            gate.write("go")
+        with open(release, "w") as gate_file:
+            gate_file.write("go")
         assert wait_for(client, run_id, TERMINAL)["display"]["status"] == "completed"
     importers = _marks(marks, "import")
     assert importers, "the workflow file was loaded (by the start's resolver and the runner)"
