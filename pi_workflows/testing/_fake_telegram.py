@@ -233,10 +233,12 @@ class FakeTelegram:
         """Queue a `callback_query` update: `user_id` pressed a button; its update ID.
 
         `message_id` names the bot message the button is on (the latest bot message
-        when None).
+        when None); `chat_id` makes the update come from another chat.
         """
         with self._lock:
             message = self._message_json(self._pick_message(message_id, chat_id))
+            if chat_id is not None:
+                message["chat"] = _chat_json(chat_id)  # a press seen in another chat
             query = {
                 "id": f"cbq-{next(self._callback_ids)}",
                 "from": _user_json(user_id),
