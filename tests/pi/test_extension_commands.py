@@ -308,11 +308,13 @@ def test_the_widget_recovers_after_the_server_restarts(rig: Rig) -> None:
     assert lost[0] == f"workflow approval {run_id}: waiting", "the last view stays, with a note"
     with running_server(rig.state_dir):
         with WorkflowClient(rig.state_dir, autostart=False) as client:
-            client.call("run.answer", {"answer": {"approved": True}}, run_id=run_id)
-        done = _settle(rig.state_dir, run_id, TERMINAL)
+            answered = client.call("run.answer", {"answer": {"approved": True}}, run_id=run_id)
+        continuation = answered["receipt"]["continuationRunId"]
+        done = _settle(rig.state_dir, continuation, TERMINAL)
         assert done["display"]["status"] == "completed"
-        # One subscription, sent again on the new connection with the revision it holds.
-        origin.widget_with(f"{run_id}: completed")
+        # The session view's one subscription is back on a new connection, and the widget
+        # shows the run it names: the continuation the answer started.
+        origin.widget_with(f"{continuation}: completed")
 
 
 # --- a lost response: the retry adopts ------------------------------------------------
