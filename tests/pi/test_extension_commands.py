@@ -339,6 +339,10 @@ class DroppingRelay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
+        # A blocked accept() is not woken by close() alone: shut the listener down first,
+        # or the extension's next once-a-second reconnect is still accepted.
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         for sock in [self._server, *list(self._sockets)]:
             sock.close()
 
@@ -349,7 +353,12 @@ class DroppingRelay:
             except OSError:
                 return
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(str(self.upstream))
+            try:
+                upstream.connect(str(self.upstream))
+            except OSError:  # the server is gone (teardown): refuse this one as it would
+                client.close()
+                upstream.close()
+                continue
             self._sockets += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
