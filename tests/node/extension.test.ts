@@ -16,7 +16,7 @@ import { entryMessageId, MESSAGE_TYPE, messageText, stopReasonOf } from "../../p
 import { callIdentity, presentedStep } from "../../pi_workflows/pi/extension/tool.ts";
 import { socketPathFor, stateDir } from "../../pi_workflows/pi/extension/locate.ts";
 import { applyPatch, PatchError } from "../../pi_workflows/pi/extension/patch.ts";
-import { listReport, statusReport, statusText, widgetLines } from "../../pi_workflows/pi/extension/render.ts";
+import { listReport, REASON_LINES, statusReport, statusText, widgetText } from "../../pi_workflows/pi/extension/render.ts";
 
 test("start takes a name and optional JSON input", () => {
   assert.deepEqual(parseWorkflowArgs("start hello"), { kind: "start", workflow: "hello", input: {} });
@@ -71,18 +71,31 @@ const view = {
 };
 
 test("the widget and status line copy the server's display", () => {
-  assert.deepEqual(widgetLines(view), [
+  // Status, place, controls first (the first scroll window), then the whole reason.
+  assert.deepEqual(widgetText(view), [
     "workflow review run-1: waiting",
     "waiting on: review/approve",
-    "reason: needs a human",
     "controls: pause, cancel, answer",
+    "reason: needs a human",
+    "  more",
   ]);
   assert.equal(statusText(view), "workflow review: waiting (review/approve)");
-  assert.equal(widgetLines({ runId: "run-1" }), undefined, "no display, no widget");
+  assert.equal(widgetText({ runId: "run-1" }), undefined, "no display, no widget");
+  assert.equal(widgetText(null), undefined, "a session view with no run shows nothing");
   assert.match(statusReport(view), /^run-1 {2}waiting {2}review\n/);
   assert.match(statusReport(view), /revision 12$/);
   assert.equal(listReport([view], true), "run-1  waiting  review  at review/approve\n… older runs: pi-workflows run list");
   assert.match(listReport([], false), /No workflow runs yet/);
+});
+
+test("the widget's reason is bounded, and a display without one shows no reason line", () => {
+  const long = { ...view, display: { status: "failed", controls: [], action: "see the log", reasonText: Array.from({ length: 60 }, (_, i) => `line ${i}`).join("\n") } };
+  const lines = widgetText(long)!;
+  assert.deepEqual(lines.slice(0, 4), ["workflow review run-1: failed", "controls: none", "action: see the log", "reason: line 0"]);
+  assert.equal(lines.length, 3 + REASON_LINES + 1);
+  assert.equal(lines.at(-1), `  … ${60 - REASON_LINES} more lines: /workflow status`);
+  const running = { runId: "run-2", workflow: "ask", display: { status: "running", controls: ["pause", "cancel"], currentNode: "ask" } };
+  assert.deepEqual(widgetText(running), ["workflow ask run-2: running", "at node: ask", "controls: pause, cancel"]);
 });
 
 test("the state folder: PI_WORKFLOWS_STATE_DIR, else <agent dir>/workflows", () => {

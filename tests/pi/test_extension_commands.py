@@ -308,11 +308,13 @@ def test_the_widget_recovers_after_the_server_restarts(rig: Rig) -> None:
     assert lost[0] == f"workflow approval {run_id}: waiting", "the last view stays, with a note"
     with running_server(rig.state_dir):
         with WorkflowClient(rig.state_dir, autostart=False) as client:
-            client.call("run.answer", {"answer": {"approved": True}}, run_id=run_id)
-        done = _settle(rig.state_dir, run_id, TERMINAL)
+            answered = client.call("run.answer", {"answer": {"approved": True}}, run_id=run_id)
+        continuation = answered["receipt"]["continuationRunId"]
+        done = _settle(rig.state_dir, continuation, TERMINAL)
         assert done["display"]["status"] == "completed"
-        # One subscription, sent again on the new connection with the revision it holds.
-        origin.widget_with(f"{run_id}: completed")
+        # The session view's one subscription is back on a new connection, and the widget
+        # shows the run it names: the continuation the answer started.
+        origin.widget_with(f"{continuation}: completed")
 
 
 # --- a lost response: the retry adopts ------------------------------------------------
@@ -337,6 +339,10 @@ class DroppingRelay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
+        # A blocked accept() is not woken by close() alone: shut the listener down first,
+        # or the extension's next once-a-second reconnect is still accepted.
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         for sock in [self._server, *list(self._sockets)]:
             sock.close()
 
@@ -347,7 +353,12 @@ class DroppingRelay:
             except OSError:
                 return
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(str(self.upstream))
+            try:
+                upstream.connect(str(self.upstream))
+            except OSError:  # the server is gone (teardown): refuse this one as it would
+                client.close()
+                upstream.close()
+                continue
             self._sockets += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()

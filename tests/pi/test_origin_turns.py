@@ -10,6 +10,7 @@ origin session have one active coordinator, and only it sends.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -258,21 +259,29 @@ def _run_show(rig: OriginRig, run_id: str) -> dict[str, Any]:
     return shown
 
 
-def _widget(origin: OriginPi, run_id: str, status: str) -> list[str]:
+def _status_is(text: str, event: dict[str, Any]) -> bool:
+    return event.get("method") == "setStatus" and event.get("statusText") == text
+
+
+def _widget_index(origin: OriginPi, wanted: list[str]) -> int:
+    """The index of pi's first `setWidget` whose lines include every line of `wanted`."""
     event = origin.wait_event(
         lambda e: (
             e.get("type") == "extension_ui_request"
             and e.get("method") == "setWidget"
-            and f"{run_id}: {status}" in " ".join(e.get("widgetLines") or [])
+            and all(line in (e.get("widgetLines") or []) for line in wanted)
         ),
-        f"the widget showing {status}",
+        f"the widget showing {wanted}",
     )
-    return list(event["widgetLines"])
+    return origin.events.index(event)
 
 
 def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_controls(
     origin_rig: OriginRig, origin_server: WorkflowServer
 ) -> None:
+    """The widget projects the session view the coordinator subscribes to: what it shows
+    is the server's `display`, the same one `run show --json` and a bystander's session
+    view get."""
     origin_rig.provider.script(Stall("Working"))
     origin = origin_rig.spawn()
     run_id = start(origin)
@@ -284,13 +293,27 @@ def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_contr
             wait_until(lambda: origin_rig.status(run_id) == "paused", "the durable pause")
         shown = _run_show(origin_rig, run_id)["display"]
         viewed = origin_rig.session_view(session)["activeRun"]["display"]
-        lines = _widget(origin, run_id, status)
         assert shown["status"] == viewed["status"] == status
         assert shown["controls"] == viewed["controls"]
+        assert (shown.get("currentNode"), shown.get("waitingOn")) == (
+            ("ask", None) if status == "running" else (None, "ask")
+        )
         controls = ", ".join(shown["controls"]) if shown["controls"] else "none"
-        assert lines[0] == f"workflow ask {run_id}: {status}"
-        assert lines[-1] == f"controls: {controls}"
-    # `paused` appeared only once the aborted turn had ended.
+        node = "at node: ask" if status == "running" else "waiting on: ask"
+        at = _widget_index(
+            origin, [f"workflow ask {run_id}: {status}", node, f"controls: {controls}"]
+        )
+        assert origin.events[at]["widgetLines"][0] == f"workflow ask {run_id}: {status}"
+        status_line = origin.wait_event(
+            functools.partial(_status_is, f"workflow ask: {status} (ask)"),
+            f"the status line showing {status}",
+            since=at,
+        )
+        assert status_line["statusKey"] == "pi-workflows"
+        if status == "paused":
+            # `paused` appeared only after the aborted turn ended in pi: never before.
+            ended = origin.wait_event(lambda e: e.get("type") == "agent_end", "the turn end")
+            assert origin.events.index(ended) < at
     assert [s for *_, s in origin_rig.turns(run_id)] == ["aborted"]
 
 

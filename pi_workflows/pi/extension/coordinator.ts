@@ -75,6 +75,10 @@ export interface CoordinatorEvents {
   onSent?(messageId: string): void;
   /** A turn report came back with its receipt. */
   onTurnReceipt?(turnId: string, receipt: JsonObject): void;
+  /** A complete session view arrived (the widget and status line project it). */
+  onView?(view: JsonObject): void;
+  /** The connection closed, or could not be opened. */
+  onLost?(): void;
 }
 
 function isObject(value: JsonValue | undefined | unknown): value is JsonObject {
@@ -142,6 +146,8 @@ export class WorkflowMessageCoordinator {
   private busy = false;
   private again = false;
   private stopped = false;
+  /** `whenTurnReported` callers, released by the turn reports' settlement. */
+  private readonly turnWaiters = new Set<() => void>();
 
   constructor(
     socketPath: string,
@@ -168,6 +174,7 @@ export class WorkflowMessageCoordinator {
     if (this.timer !== null) clearInterval(this.timer);
     this.timer = null;
     this.link.stop();
+    this.settleTurnWaiters();
   }
 
   /** The connection (for requests that must carry this session's coordinator authority). */
@@ -214,12 +221,30 @@ export class WorkflowMessageCoordinator {
    * Returns either way; the submission never depends on it.
    */
   async whenTurnReported(timeoutMs: number, signal?: AbortSignal): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    while (this.turns.some((turn) => turn.end === null && !turn.startAccepted)) {
-      if (signal?.aborted || this.stopped || Date.now() > deadline) return;
-      this.pump();
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+    if (!this.startUnreported() || signal?.aborted || this.stopped) return;
+    this.pump();
+    await new Promise<void>((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", done);
+        this.turnWaiters.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, Math.max(0, timeoutMs));
+      signal?.addEventListener("abort", done, { once: true });
+      this.turnWaiters.add(done);
+    });
+  }
+
+  /** A running turn whose start the server has not accepted yet. */
+  private startUnreported(): boolean {
+    return this.turns.some((turn) => turn.end === null && !turn.startAccepted);
+  }
+
+  /** Release the `whenTurnReported` waiters once no running turn's start is unreported. */
+  private settleTurnWaiters(): void {
+    if (this.turnWaiters.size === 0 || (!this.stopped && this.startUnreported())) return;
+    for (const done of [...this.turnWaiters]) done();
   }
 
   // --- Pi events ---------------------------------------------------------------------
@@ -237,6 +262,7 @@ export class WorkflowMessageCoordinator {
   agentEnd(messages: readonly unknown[]): void {
     const turn = this.turns.findLast((t) => t.end === null);
     if (turn !== undefined) turn.end = { stopReason: stopReasonOf(messages), responseEntryId: this.lastAssistantEntry() };
+    this.settleTurnWaiters(); // an ended turn's start no longer holds a tool call
     this.branchDirty = true; // the turn settled: report the branch (idle) after its end
     this.pumpSoon();
   }
@@ -256,6 +282,7 @@ export class WorkflowMessageCoordinator {
 
   private onView(view: JsonObject): void {
     this.view = view;
+    this.events.onView?.(view);
     this.pump();
   }
 
@@ -265,6 +292,7 @@ export class WorkflowMessageCoordinator {
     this.branchDirty = true;
     // Turn IDs are kept: a still-running turn is reported started again (adopted).
     for (const turn of this.turns) turn.startAccepted = false;
+    this.events.onLost?.();
   }
 
   /** Do whatever is due, one step at a time (reports are serialized). */
@@ -378,6 +406,14 @@ export class WorkflowMessageCoordinator {
 
   /** Report buffered turn starts and ends in order; false: stop here for now. */
   private async flushTurns(): Promise<boolean> {
+    try {
+      return await this.reportTurns();
+    } finally {
+      this.settleTurnWaiters(); // a start accepted, or a turn dropped as not workflow work
+    }
+  }
+
+  private async reportTurns(): Promise<boolean> {
     while (this.turns.length > 0) {
       const turn = this.turns[0]!;
       const bound = this.bind(turn);

@@ -9,8 +9,8 @@
  * It is an ordinary `pi-workflows.client.v1` client of the workflow server's Unix socket
  * (found as locate.ts says). It never opens SQLite, never runs workflow code and never
  * derives a status: what it shows is the server's `display` object. It uses only
- * documented extension APIs: `registerCommand`, `ctx.ui.notify`, `ctx.ui.setWidget`,
- * `ctx.ui.setStatus`, `ctx.cwd`, `pi.appendEntry` with `ctx.sessionManager.getBranch()`
+ * documented extension APIs: `registerCommand`, `registerShortcut`, `ctx.ui.notify`,
+ * `ctx.ui.setWidget`, `ctx.ui.setStatus`, `ctx.cwd`, `pi.appendEntry` with `ctx.sessionManager.getBranch()`
  * (the run the session follows survives a Pi restart), `pi.sendMessage`,
  * `pi.registerTool` (the model's `workflow` tool, tool.ts), `ctx.isIdle()`, `ctx.hasPendingMessages()`, `ctx.sessionManager.getSessionId()`, and
  * the `session_start`, `session_shutdown`, `agent_start`, `agent_end` and `message_end`
@@ -22,9 +22,10 @@
  * an origin (a fork copies it), that origin: a fork is a branch change of the same
  * origin session.
  *
- * Not built yet (issue 14): widget scrolling, the widget projected from the session view
- * (it follows the run's own view, which shows the same display), referenced (over
- * 16 KiB) message content.
+ * The widget and status line project the session view the coordinator holds (its one
+ * connection and one subscription): its `activeRun` (the active run, or the retained
+ * terminal run), nothing when it has none. `Shift+Up` / `Shift+Down` scroll the widget
+ * (widget.ts).
  */
 
 import { randomUUID } from "node:crypto";
@@ -34,32 +35,27 @@ import { Type } from "typebox";
 
 import type { JsonValue } from "../common/canonical.ts";
 import { ServerClient } from "./client.ts";
-import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type PiSide } from "./coordinator.ts";
+import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type CoordinatorEvents, type PiSide } from "./coordinator.ts";
 import { parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
-import { RunWatch, type WatchState } from "./live.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
-import { listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetLines } from "./render.ts";
+import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
+import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll } from "./widget.ts";
 
 type Ui = ExtensionContext["ui"];
 
 const LIST_LIMIT = 20;
 /** The custom session entry naming the run this session follows (`pi.appendEntry`; not model context). */
 export const RUN_ENTRY = "pi-workflows.run";
-const CONNECTION_WORDS: Partial<Record<WatchState, string>> = {
-  lost: "connection to the workflow server lost; reconnecting",
-  notFound: "the server has no such run",
-  gone: "the run is no longer stored on the server",
-};
+/** A connection condition, not a run status: shown under the last view while it lasts. */
+const LOST_NOTE = "connection to the workflow server lost; reconnecting";
 
 export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   const clientId = `pi-extension-${randomUUID().slice(0, 12)}`;
   const socketPath = socketPathFor(stateDir(process.env));
   const client = new ServerClient(socketPath, clientId);
   let ui: Ui | null = null;
-  let runId: string | null = null; // the run this session started (or answered into)
-  let watch: RunWatch | null = null;
-  let lastLines: string[] | undefined;
+  let runId: string | null = null; // the run this session started (or answered into): commands' default
   let context: ExtensionContext | null = null; // the session's latest context
   let coordinator: WorkflowMessageCoordinator | null = null;
 
@@ -72,17 +68,47 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
 
   const notify = (text: string, level: "info" | "warning" | "error" = "info"): void => ui?.notify(text, level);
 
-  function showView(view: JsonValue): void {
-    lastLines = widgetLines(view);
-    ui?.setWidget(WIDGET_KEY, lastLines);
-    ui?.setStatus(STATUS_KEY, statusText(view));
+  // --- the widget and status line: a projection of the coordinator's session view ---
+  const scroll = new WidgetScroll();
+  let shownRun: JsonValue | null = null; // the session view's `activeRun` (with a display)
+  let lost = false;
+  let painted = { widget: "null", status: "null" }; // what the UI shows (nothing yet)
+
+  /** Show what is held; each of setWidget and setStatus only when its text changed. */
+  function paint(): void {
+    if (ui === null) return;
+    let lines: string[] | undefined;
+    let status: string | undefined;
+    if (shownRun !== null) {
+      lines = scroll.window().lines;
+      if (lost) lines = [...lines, LOST_NOTE]; // the last view stays, with a note
+      status = statusText(shownRun);
+    }
+    const widget = JSON.stringify(lines ?? null);
+    const line = JSON.stringify(status ?? null);
+    if (painted.widget !== widget) ui.setWidget(WIDGET_KEY, lines);
+    if (painted.status !== line) ui.setStatus(STATUS_KEY, status);
+    painted = { widget, status: line };
   }
 
-  function showState(state: WatchState): void {
-    const words = CONNECTION_WORDS[state];
-    if (words === undefined) return;
-    // A connection condition, not a run status: the last view stays, with a note.
-    ui?.setWidget(WIDGET_KEY, [...(lastLines ?? [`workflow run ${runId ?? ""}`]), words]);
+  const viewEvents: CoordinatorEvents = {
+    onView(view) {
+      const run = view.activeRun ?? null;
+      shownRun = displayOf(run) !== null ? run : null;
+      lost = false;
+      const id = (run as { runId?: unknown } | null)?.runId;
+      scroll.set(typeof id === "string" ? id : null, widgetText(run) ?? []);
+      paint();
+    },
+    onLost() {
+      lost = true;
+      paint();
+    },
+  };
+
+  function scrollWidget(delta: number, ctx: ExtensionContext): void {
+    ui = ctx.ui;
+    if (scroll.scroll(delta)) paint();
   }
 
   /** The run named by the newest `RUN_ENTRY` on the session's active branch, if any. */
@@ -117,12 +143,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   }
 
   function follow(id: string): void {
-    if (runId === id && watch !== null) return;
-    watch?.stop();
-    runId = id;
-    lastLines = undefined;
-    watch = new RunWatch(socketPath, `${clientId}-watch`, id, { onView: showView, onState: showState });
-    watch.start();
+    runId = id; // the widget shows the session view, not this run
   }
 
   function targetRun(explicit: string | null, verb: string): string {
@@ -210,7 +231,11 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     const restored = restoredRun(ctx);
     if (restored !== null) follow(restored);
     coordinator?.stop();
-    coordinator = new WorkflowMessageCoordinator(socketPath, `${clientId}-coordinator`, originSession(ctx), side);
+    // Another session (or a fork) shows its own view: nothing until it arrives.
+    shownRun = null;
+    lost = false;
+    paint();
+    coordinator = new WorkflowMessageCoordinator(socketPath, `${clientId}-coordinator`, originSession(ctx), side, viewEvents);
     coordinator.start();
   });
 
@@ -234,8 +259,6 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     coordinator?.stop();
     coordinator = null;
     context = null;
-    watch?.stop();
-    watch = null;
     ui = null; // a replaced session's UI is stale (docs/extensions.md, session replacement)
   });
 
@@ -264,6 +287,15 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     async execute(toolCallId: string, params: ToolParams, signal: AbortSignal | undefined): Promise<ToolResult> {
       return tool.execute(toolCallId, params, signal);
     },
+  });
+
+  pi.registerShortcut(SCROLL_UP_KEY, {
+    description: "Scroll the workflow widget up",
+    handler: (ctx) => scrollWidget(-1, ctx),
+  });
+  pi.registerShortcut(SCROLL_DOWN_KEY, {
+    description: "Scroll the workflow widget down",
+    handler: (ctx) => scrollWidget(1, ctx),
   });
 
   pi.registerCommand("piw", {

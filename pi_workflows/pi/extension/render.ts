@@ -66,13 +66,35 @@ function controlsLine(display: Display): string {
   return display.controls.length ? `controls: ${display.controls.join(", ")}` : "controls: none";
 }
 
-/** The widget's lines for a run view. */
-export function widgetLines(view: JsonValue): string[] | undefined {
+/** At most this many lines of a reason in the widget (the widget scrolls over them). */
+export const REASON_LINES = 40;
+
+/** The reason as widget lines: every line (bounded), the first one labelled. */
+function reasonLines(display: Display): string[] {
+  const reason = display.reasonText ?? display.reason;
+  if (!reason) return [];
+  const lines = reason.split("\n").filter((line, index) => index === 0 || line.trim() !== "");
+  const shown = lines.slice(0, REASON_LINES).map((line, index) => (index === 0 ? `reason: ${firstLine(line)}` : `  ${firstLine(line)}`));
+  if (lines.length > REASON_LINES) shown.push(`  … ${lines.length - REASON_LINES} more lines: /workflow status`);
+  return shown;
+}
+
+/**
+ * The widget's full text for a run view (render it through widget.ts's window): the
+ * status line, where the run is, its controls and action first, so they stay in the
+ * first window, then the whole reason.
+ */
+export function widgetText(view: JsonValue): string[] | undefined {
   const display = displayOf(view);
   if (display === null || !isObject(view)) return undefined;
   const name = text(view.workflow) ?? "workflow";
   const runId = text(view.runId) ?? "";
-  return [`workflow ${name} ${runId}: ${display.status}`, ...whereAndWhy(display), controlsLine(display)];
+  const lines = [`workflow ${name} ${runId}: ${display.status}`];
+  if (display.currentNode) lines.push(`at node: ${display.currentNode}`);
+  else if (display.waitingOn) lines.push(`waiting on: ${display.waitingOn}`);
+  lines.push(controlsLine(display));
+  if (display.action) lines.push(`action: ${firstLine(display.action)}`);
+  return [...lines, ...reasonLines(display)];
 }
 
 /** The status line for a run view. */
