@@ -60,12 +60,15 @@ ORDER BY r.finished_at DESC, r.rowid DESC LIMIT 1
 _TERMINAL_CLEARED = """
 SELECT 1 FROM run_bindings WHERE run_id = :r AND terminal_cleared_at IS NOT NULL
 """
-# Its terminal message is pending, or its first turn is open or ended less than 60 s
-# ago: the terminal run stays in view.
+# Its terminal message is pending, or sent with its first turn not started yet, or that
+# turn is open or ended less than 60 s ago: the terminal run stays in view (without the
+# sent case it blinked out between the send and pi's turn start).
 _TERMINAL_RETAINED = """
 SELECT 1 FROM workflow_messages m
 WHERE m.run_id = :r AND m.kind = 'terminal' AND (
     m.state = 'pending'
+    OR (m.state = 'sent'
+        AND NOT EXISTS (SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id))
     OR EXISTS (
         SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id
         AND t.started_at = (SELECT min(f.started_at) FROM workflow_turns f

@@ -313,8 +313,9 @@ def test_the_message_window_is_bounded_and_its_count_complete(
 def test_a_terminal_run_stays_for_its_terminal_message_and_60_s_after_its_first_turn(
     state_dir: Path,
 ) -> None:
-    """The retention rule over the injectable clock: pending terminal message, open first
-    turn, then 60 s after that turn ends; then it leaves, and the revision moved."""
+    """The retention rule over the injectable clock: pending terminal message, sent with
+    no turn yet, open first turn, then 60 s after that turn ends; then it leaves, and the
+    revision moved."""
     clock = ManualClock()
     db = open_database(state_dir / "state.sqlite", clock=clock)
     session = str(INTERACTIVE["origin_session_id"])
@@ -337,6 +338,9 @@ def test_a_terminal_run_stays_for_its_terminal_message_and_60_s_after_its_first_
         assert message is not None
         with db.write() as tx:
             mark_sent(tx, message, "entry-1")
+        clock.advance(3_600_000)
+        assert shown()[0] == "run-i"  # sent, and pi has not started its turn yet
+        with db.write() as tx:
             insert_turn(tx, turn_id="turn-1", message=message)
         clock.advance(3_600_000)
         assert shown()[0] == "run-i"  # its first turn is open, however long
