@@ -197,15 +197,17 @@ CHANNEL_MESSAGE_KINDS: Final = (
     "channel.settle",
     "channel.exiting",
 )
-CHANNEL_SERVER_KINDS: Final = ("channel.present",)
-"""Channel kinds the server sends to an adapter."""
+CHANNEL_SERVER_KINDS: Final = ("channel.present", "channel.settle")
+"""Channel kinds the server sends to an adapter (commands: no `result`)."""
 CHANNEL_ADAPTER_KINDS: Final = (
     "channel.ready",
+    "channel.present",
     "channel.answer",
     "channel.settle",
     "channel.exiting",
 )
-"""Channel kinds an adapter sends to the server."""
+"""Channel kinds an adapter sends to the server (`channel.present`/`channel.settle` as
+results: with `result`)."""
 
 RunnerSender: TypeAlias = Literal["runner", "server"]
 ChannelSender: TypeAlias = Literal["adapter", "server"]
@@ -830,7 +832,26 @@ def channel_message_from_wire(
     allowed = _channel_kinds(sender)
     if allowed is not None:
         _check_sender("channel.v1", message, allowed)
+        _check_channel_direction(message, sender)
     return message
+
+
+def _check_channel_direction(message: Mapping[str, Any], sender: ChannelSender | None) -> None:
+    # present and settle flow both ways: a command from the server, a result back.
+    if message.get("kind") not in CHANNEL_SERVER_KINDS:
+        return
+    if ("result" in message) != (sender == "adapter"):
+        raise ProtocolViolation(
+            "message violates channel.v1 at /result: "
+            + (
+                "a result must come from the adapter"
+                if sender == "server"
+                else "a result is missing"
+            ),
+            schema_name="channel.v1",
+            keyword="result",
+            location="/result",
+        )
 
 
 def decode_channel_message(
@@ -856,4 +877,7 @@ def encode_channel_message(
         ProtocolViolation, NotSerializableError, FrameTooLargeError: as for
         `encode_client_message`.
     """
-    return _encode("channel.v1", message, _channel_kinds(sender))
+    body = _encode("channel.v1", message, _channel_kinds(sender))
+    if sender is not None:
+        _check_channel_direction(message, sender)
+    return body

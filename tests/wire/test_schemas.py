@@ -224,10 +224,11 @@ def test_attempt_id_is_required_where_the_design_applies_it(kind: str) -> None:
 def test_channel_messages_carry_epoch_profile_sequence_and_revision() -> None:
     assert messages_of("channel-"), "the corpus has channel messages to check"
     for message in messages_of("channel-"):
-        for field in ("adapterEpoch", "profile", "sequence", "expectedRevision"):
+        for field in ("adapterEpoch", "profile", "sequence"):
             rejects("channel.v1", {k: v for k, v in message.items() if k != field})
-        if message["kind"] in {"channel.present", "channel.answer", "channel.settle"}:
-            rejects("channel.v1", {k: v for k, v in message.items() if k != "attemptId"})
+        if message["kind"] in {"channel.present", "channel.settle"}:
+            for field in ("attemptId", "channelRevision"):
+                rejects("channel.v1", {k: v for k, v in message.items() if k != field})
 
 
 @pytest.mark.parametrize("name", ["run-view.v1", "run-list-page.v1", "session-view.v1"])
@@ -380,14 +381,20 @@ def test_runner_sender_restricts_direction() -> None:
 
 
 def test_channel_sender_restricts_direction() -> None:
-    present = dumps(fixture("channel-present-send"))
-    answer = dumps(fixture("channel-answer"))
+    present = dumps(fixture("channel-present-command"))
+    applied = dumps(fixture("channel-present-applied"))
+    answer = dumps(fixture("channel-answer-button"))
     assert protocol.decode_channel_message(present, sender="server")["kind"] == "channel.present"
+    assert protocol.decode_channel_message(applied, sender="adapter")["kind"] == "channel.present"
     assert protocol.decode_channel_message(answer, sender="adapter")["kind"] == "channel.answer"
     with pytest.raises(ProtocolViolation):
         protocol.decode_channel_message(present, sender="adapter")
     with pytest.raises(ProtocolViolation):
-        protocol.encode_channel_message(fixture("channel-answer"), sender="server")
+        protocol.decode_channel_message(applied, sender="server")
+    with pytest.raises(ProtocolViolation):
+        protocol.encode_channel_message(fixture("channel-answer-button"), sender="server")
+    with pytest.raises(ProtocolViolation):
+        protocol.encode_channel_message(fixture("channel-settle-command"), sender="adapter")
 
 
 def test_launch_envelope_round_trips() -> None:
