@@ -25,6 +25,11 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
+from pi_workflows.actors._channel_adapter import (
+    POLL_SECONDS_ENV,
+    ChannelAdapterActor,
+    ChannelsConfig,
+)
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs, CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
@@ -56,6 +61,7 @@ from pi_workflows.actors._validations import (
 from pi_workflows.engine._limits import Limits
 from pi_workflows.engine._limits import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._channels import channels_path
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._logging import configure_server_logging, detach_server_logging
 from pi_workflows.server._operations import OperationContext
@@ -380,6 +386,22 @@ class WorkflowServer:
             scheduler=self._scheduler,
         )
         validations.tell(ResumeValidations())  # recovery step 9, now that children can start
+        # One transport-only child per Telegram profile (recovery already made every
+        # attempt a dead server left applying ambiguous).
+        channels = ChannelAdapterActor.start(
+            ChannelsConfig(
+                self.state_dir,
+                channels_path(agent_dir),
+                self.tick_s,
+                os.environ.get(POLL_SECONDS_ENV),
+            ),
+            fail,
+            database=database,
+            reader=reader,
+            supervisor=supervisor,
+            listener=self._listener,
+        )
+        database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [
@@ -393,6 +415,7 @@ class WorkflowServer:
             self._coordinators,
             validations,
             deadlines,
+            channels,
         ]
         self._ticker = Ticker(self.tick_s)
         for ref in (
@@ -403,6 +426,7 @@ class WorkflowServer:
             runner_host,
             validations,
             deadlines,
+            channels,
         ):
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
@@ -427,6 +451,7 @@ class WorkflowServer:
                     end_request=self._end_request,
                     stop=self.stop_async,
                     epochs=epochs,
+                    channels=channels,
                 )
             )
         )

@@ -107,7 +107,7 @@ def _request(operation: str, payload: dict[str, Any], key: str = "k") -> dict[st
         "idempotencyKey": key,
         "payload": payload,
     }
-    if operation == "run.recover":
+    if operation in ("run.recover", "channel.recover"):
         request["runId"] = "run-1"
         request["payload"] = {"action": "confirm"}
     return request
