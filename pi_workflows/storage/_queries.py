@@ -1100,7 +1100,7 @@ INSERT INTO human_decision_resolutions (
     decision_id, outcome, provenance, response_hash, answer_digest, idempotency_key,
     source_channel, resolved_at
 ) VALUES (
-    :decision_id, 'accepted', 'human', :response_hash, :answer_digest, :idempotency_key,
+    :decision_id, 'accepted', :provenance, :response_hash, :answer_digest, :idempotency_key,
     :source, :now
 )
 """
