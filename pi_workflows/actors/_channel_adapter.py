@@ -30,6 +30,7 @@ from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, t
 from pi_workflows.actors._database import Committed, Transact
 from pi_workflows.actors._process_supervisor import ChildExited, Spawn, StopChild
 from pi_workflows.actors._reader import Read
+from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.server._channel_work import (
     AnswerOutcome,
@@ -236,9 +237,12 @@ class ChannelAdapterActor(ServerActor):
         reader: pykka.ActorRef[Any],
         supervisor: pykka.ActorRef[Any],
         listener: Any,
+        scheduler: pykka.ActorRef[Any] | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._config = config
+        self._scheduler = scheduler
+        """Woken after an accepted answer queued the decision's continuation."""
         self._database = database
         self._reader = reader
         self._supervisor = supervisor
@@ -687,6 +691,8 @@ class ChannelAdapterActor(ServerActor):
             log.error("channel answer failed", extra={"action": "channel.answer_failed"})
             return
         outcome: AnswerOutcome = reply.value
+        if outcome.outcome == "accepted" and self._scheduler is not None:
+            tell_if_alive(self._scheduler, Wake())
         log.info(
             "channel answer",
             extra={

@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
+
+import orjson
 
 from pi_workflows.storage import Database, Tx
 from pi_workflows.storage._channels import (
@@ -34,6 +36,14 @@ from pi_workflows.storage._channels import (
     settle_channel_attempt,
 )
 from pi_workflows.storage._content import read_json_blob
+from pi_workflows.storage._decisions import (
+    answer_protected_decision,
+    decision_outcome,
+    pending_protected_decisions,
+    read_protected_decision,
+)
+from pi_workflows.wire.decisions import Choice, choices_from_wire
+from pi_workflows.wire.decisions import presentation_text as decision_text
 
 __all__ = [
     "AnswerOutcome",
@@ -78,10 +88,18 @@ class DecisionView:
     run_id: str
     workflow_name: str
     node_path: str
-    summary: str
-    choices: tuple[tuple[str, str], ...]
-    """(choice ID, label), in order; each is one button."""
-    expires_at: int | None
+    presentation: dict[str, Any] = field(repr=False)
+    """The decision's operator presentation (summary, choices; never a subject)."""
+    expires_at: int | None = None
+    has_default: bool = False
+
+    @property
+    def summary(self) -> str:
+        return str(self.presentation.get("summary") or "")
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        return choices_from_wire(self.presentation.get("choices"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,21 +134,31 @@ def callback_data(decision_id: str, index: int) -> str:
 
 
 def presentation_text(view: DecisionView) -> str:
-    """The complete operator presentation, plain text."""
-    lines = [view.summary.strip(), "", f"Workflow {view.workflow_name}, run {view.run_id}"]
-    if len(view.choices) > 0:
-        lines.append("Choose below, or reply to this message with a choice.")
+    """The complete operator presentation, plain text: the decisions core's own text,
+    then where it comes from and how to answer in Telegram."""
+    body = decision_text(
+        {**view.presentation, "expiresAt": view.expires_at, "hasDefault": view.has_default}
+    )
+    lines = [body.strip(), "", f"Workflow {view.workflow_name}, run {view.run_id}."]
+    if any(choice.input_name is None for choice in view.choices):
+        lines.append("Press a button, or reply to this message with a choice.")
+    elif view.choices:
+        lines.append("Reply to this message with a choice and its text.")
+    else:
+        lines.append("Reply to this message with the answer as JSON.")
     text = "\n".join(lines)
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
 def _presentation(view: DecisionView) -> dict[str, Any]:
+    """Buttons for the choices that need no text (a button press carries none)."""
     return {
         "text": presentation_text(view),
         "buttons": [
-            {"label": label[:128], "callbackData": callback_data(view.decision_id, index)}
-            for index, (_, label) in enumerate(view.choices[:32])
-        ],
+            {"label": choice.label[:128], "callbackData": callback_data(view.decision_id, index)}
+            for index, choice in enumerate(view.choices)
+            if choice.input_name is None
+        ][:32],
     }
 
 
@@ -264,43 +292,52 @@ def answer_from_channel(
 
 
 def _resolve(tx: Tx, channel: str, answer: dict[str, Any]) -> tuple[str, Any] | None:
+    """The decision this answer is for, and the answer value (None: not a valid one)."""
     rows = delivered_decisions(tx, channel)
     if "callbackData" in answer:
-        data = str(answer["callbackData"])
-        prefix, _, rest = data.partition(":")
+        prefix, _, rest = str(answer["callbackData"]).partition(":")
         tag, _, index = rest.partition(":")
-        if prefix != CALLBACK_PREFIX or not index.isdigit():
+        if prefix != CALLBACK_PREFIX or not index.isdigit() or len(index) > 3:
             return None
         for row in rows:
             if _tag(row.decision_id) == tag:
                 view = _decision_view(tx, row.decision_id)
-                if view is None or int(index) >= len(view.choices):
+                choices = view.choices if view is not None else ()
+                if int(index) >= len(choices) or choices[int(index)].input_name is not None:
                     return row.decision_id, None
-                return row.decision_id, {"choice": view.choices[int(index)][0]}
+                return row.decision_id, {"choice": choices[int(index)].choice_id}
         return None
     reply_to = answer.get("replyToMessageId")
-    text = str(answer.get("text", "")).strip().casefold()
     for row in rows:
         if reply_to in channel_message_ids(tx, row.delivery_effect_id):
             view = _decision_view(tx, row.decision_id)
-            if view is None:
-                return row.decision_id, None
-            for choice_id, label in view.choices:
-                if text in (choice_id.casefold(), label.casefold()):
-                    return row.decision_id, {"choice": choice_id}
-            return row.decision_id, None
+            text = str(answer.get("text", "")).strip()
+            return row.decision_id, (None if view is None else _reply_answer(view, text))
+    return None
+
+
+def _reply_answer(view: DecisionView, text: str) -> Any:
+    """A reply's answer: a choice's ID or label (then its text, for a choice that asks
+    for one), or JSON for a decision with an answer schema. None: no match."""
+    if not view.choices:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+    folded = text.casefold()
+    for choice in view.choices:
+        for name in (choice.choice_id, choice.label):
+            key = name.casefold()
+            if choice.input_name is None and folded == key:
+                return {"choice": choice.choice_id}
+            if choice.input_name is not None and folded.startswith(key):
+                rest = text[len(key) :].lstrip(" :\n").strip()
+                if rest:
+                    return {"choice": choice.choice_id, "input": {choice.input_name: rest}}
     return None
 
 
 # --- Settlement text ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Resolution:
-    outcome: str
-    provenance: str | None
-    response_hash: str | None
-    source_channel: str | None
 
 
 def _settlement_request(tx: Tx, item: WorkItem) -> dict[str, Any] | None:
@@ -311,16 +348,9 @@ def _settlement_request(tx: Tx, item: WorkItem) -> dict[str, Any] | None:
     message_ids = channel_message_ids(tx, row.delivery_effect_id)
     if not message_ids:
         return None  # confirmed by an operator without message IDs: nothing to edit
-    found = tx.fetch_one(
-        "SELECT outcome, provenance, response_hash, source_channel "
-        "FROM human_decision_resolutions WHERE decision_id = :d",
-        {"d": item.decision_id},
-        _Resolution,
-    )
     view = _decision_view(tx, item.decision_id)
     summary = view.summary.strip() if view is not None else "Decision"
-    outcome = _outcome_line(tx, found, view)
-    text = f"{summary}\n\n{outcome}"
+    text = f"{summary}\n\n{_outcome_line(tx, item.decision_id)}"
     return {
         "channel": item.channel,
         "messageIds": list(message_ids),
@@ -328,40 +358,74 @@ def _settlement_request(tx: Tx, item: WorkItem) -> dict[str, Any] | None:
     }
 
 
-def _outcome_line(tx: Tx, found: _Resolution | None, view: DecisionView | None) -> str:
-    if found is None or found.outcome != "accepted" or found.response_hash is None:
-        return "Closed: the decision was cancelled."
-    value = read_json_blob(tx, found.response_hash)
-    label = _choice_label(value, view)
-    if found.provenance == "timeout":
-        return f"Timed out: the default ({label}) was applied."
-    where = "in Telegram" if found.source_channel == "telegram" else "by the operator"
+def _outcome_line(tx: Tx, decision_id: str) -> str:
+    outcome = decision_outcome(tx, decision_id)
+    if outcome is None or outcome.status != "accepted":
+        return "Closed: the decision was cancelled with its run."
+    label = outcome.label or outcome.choice or "answered"
+    if outcome.provenance == "timeout":
+        return f"Timed out: the default answer ({label}) was taken."
+    where = "in Telegram" if outcome.source_channel == "telegram" else "elsewhere"
     return f"Answered {where}: {label}."
-
-
-def _choice_label(value: Any, view: DecisionView | None) -> str:
-    choice = value.get("choice") if isinstance(value, dict) else None
-    if view is not None:
-        for choice_id, label in view.choices:
-            if choice_id == choice:
-                return label
-    return str(choice) if isinstance(choice, str) else "answered"
 
 
 # --- The decisions core (i15-decisions) ---------------------------------------------------
 
 
+def _view(found: Any) -> DecisionView:
+    return DecisionView(
+        decision_id=found.decision_id,
+        run_id=found.run_id,
+        workflow_name=found.workflow_name,
+        node_path=found.node_path,
+        presentation=dict(found.presentation),
+        expires_at=found.expires_at,
+        has_default=bool(found.has_default),
+    )
+
+
 def _pending_decisions(db: Database) -> list[DecisionView]:
-    raise NotImplementedError
+    return [_view(found) for found in pending_protected_decisions(db)]
 
 
 def _pending_decision(tx: Tx, decision_id: str) -> DecisionView | None:
-    raise NotImplementedError
+    found = read_protected_decision(tx, decision_id)
+    return None if found is None else _view(found)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    decision_id: str
+    run_id: str
+    node_path: str
+    workflow_name: str
+    request_hash: str
+
+
+_SELECT_STORED = """
+SELECT d.decision_id, d.run_id, d.node_path, r.workflow_name, d.request_hash
+FROM human_decisions AS d JOIN runs AS r ON r.run_id = d.run_id
+WHERE d.decision_id = :d AND d.audience <> 'checkpoint'
+"""
 
 
 def _decision_view(tx: Tx, decision_id: str) -> DecisionView | None:
-    raise NotImplementedError
+    """A protected decision's presentation in any state (a late press still resolves)."""
+    found = tx.fetch_one(_SELECT_STORED, {"d": decision_id}, _Stored)
+    if found is None:
+        return None
+    presentation = read_json_blob(tx, found.request_hash)
+    return DecisionView(
+        decision_id=found.decision_id,
+        run_id=found.run_id,
+        workflow_name=found.workflow_name,
+        node_path=found.node_path,
+        presentation=presentation if isinstance(presentation, dict) else {},
+    )
 
 
 def _answer_decision(tx: Tx, decision_id: str, value: Any, key: str) -> AnswerOutcome:
-    raise NotImplementedError
+    answered = answer_protected_decision(
+        tx, decision_id, value, source_channel="telegram", idempotency_key=key
+    )
+    return AnswerOutcome(answered.outcome, answered.reason, answered.run_id)

@@ -400,6 +400,7 @@ class WorkflowServer:
             reader=reader,
             supervisor=supervisor,
             listener=self._listener,
+            scheduler=self._scheduler,
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         # Stop order (reverse of this list, the database last): the runner host stops
