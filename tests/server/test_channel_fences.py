@@ -159,8 +159,8 @@ def test_an_interrupted_attempt_is_ambiguous_never_resent_and_retry_opens_attemp
     assert second is not None and second.attempt_number == 2
     assert second.request == first.request, "a retry sends what was reserved"
     assert attempts(state_dir) == [(1, "ambiguous", "retried"), (2, "applying", None)]
-    events = [e for (e,) in rows(state_dir, "SELECT event_type FROM events WHERE run_id = ?", (run_id,))]
-    assert "effect_recovered" in events
+    events = rows(state_dir, "SELECT event_type FROM events WHERE run_id = ?", (run_id,))
+    assert ("effect_recovered",) in events
 
 
 def test_confirm_records_the_delivery_and_a_settled_decision_gets_no_new_delivery(
@@ -189,4 +189,5 @@ def test_confirm_records_the_delivery_and_a_settled_decision_gets_no_new_deliver
 
     assert _call(running_server, answer_it).outcome == "accepted"
     assert _reserve(running_server, decision_id, "adapter-a") is None
-    assert rows(state_dir, "SELECT count(*) FROM effects WHERE effect_type = 'channel.deliver'") == [(1,)]
+    deliveries = "SELECT count(*) FROM effects WHERE effect_type = 'channel.deliver'"
+    assert rows(state_dir, deliveries) == [(1,)]
