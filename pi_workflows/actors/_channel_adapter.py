@@ -659,8 +659,8 @@ class ChannelAdapterActor(ServerActor):
             extra={
                 "action": "channel.settled",
                 "profile": profile,
-                "kind": settled.kind,
-                "state": settled.state,
+                "operation": settled.kind,
+                "outcome": settled.state,
                 "run_id": settled.run_id,
             },
         )
@@ -699,7 +699,7 @@ class ChannelAdapterActor(ServerActor):
                 "action": "channel.answer",
                 "profile": profile,
                 "outcome": outcome.outcome,
-                "code": outcome.code,
+                "reason": outcome.code,
                 "run_id": outcome.run_id,
             },
         )
