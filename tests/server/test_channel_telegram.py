@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.storage import ManualClock
 from pi_workflows.testing import FakeTelegram
 from tests.conftest import Processes, write_workflow
 from tests.server.channel_rig import (
@@ -28,6 +30,7 @@ from tests.server.channel_rig import (
     CHAT_ID,
     DEPLOY,
     STRANGER,
+    TIMED,
     TOKEN,
     attempts,
     channel_row,
@@ -88,7 +91,7 @@ def _presented(telegram: FakeTelegram, count: int = 1) -> list[Any]:
 
 
 def _button(message: Any, label: str) -> str:
-    return next(data for text, data in message.buttons if text == label)
+    return str(next(data for text, data in message.buttons if text == label))
 
 
 def _continuation(state_dir: Path, run_id: str) -> str:
@@ -282,3 +285,40 @@ def _recover_and_check(
     polls = len(telegram.calls_of("getUpdates"))
     telegram.wait_for_calls("getUpdates", polls + 2, 60)
     assert len(telegram.calls_of("sendMessage")) == 2, "exactly one new attempt"
+
+
+def test_a_decision_times_out_and_a_press_after_the_deadline_is_refused(
+    state_dir: Path, telegram: FakeTelegram, fast_polls: None, short_tmp: Path
+) -> None:
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    write_profiles(state_dir, telegram.api_base)
+    server = WorkflowServer(
+        state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True, clock=clock
+    )
+    server.start()
+    try:
+        with _client(state_dir) as client:
+            run_id = waiting_run(client, short_tmp / "project", TIMED.replace("SECONDS", "60"))
+            (sent,) = _presented(telegram)
+            clock.advance(60_001)  # 1 ms past the deadline
+            telegram.press_button(
+                _button(sent, "Approve"), user_id=ALLOWED_USER, message_id=sent.message_id
+            )
+            done = wait_for(client, _continuation(state_dir, run_id), TERMINAL)
+            assert done["result"]["output"]["value"] == {"answer": {"choice": "reject"}}
+        log = state_dir / "logs" / "server.log"
+        eventually(lambda: '"action":"channel.answer"' in log.read_text(), "the press handled")
+        assert rows(state_dir, "SELECT outcome, provenance FROM human_decision_resolutions") == [
+            ("accepted", "timeout")
+        ]
+        assert rows(
+            state_dir,
+            "SELECT count(*) FROM human_decision_answers WHERE idempotency_key LIKE 'telegram:%'",
+        ) == [(0,)], "the late press was refused"
+        edited = telegram.wait_for(
+            lambda fake: m if (m := fake.message(sent.message_id)).edits else None, 60
+        )
+        assert "Timed out: the default answer (Reject) was taken." in edited.text
+    finally:
+        server.stop("test teardown")
+    assert_no_token(state_dir.parent)
