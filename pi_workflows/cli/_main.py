@@ -787,6 +787,18 @@ def _echo_ambiguous_effects(receipt: dict[str, Any]) -> None:
     if not effects:
         return
     named = f" --effect {effects[0]['effectId']}" if len(effects) > 1 else ""
+    if all(str(effect["effectType"]).startswith("channel.") for effect in effects):
+        # A Telegram delivery or edit of a waiting decision (cli/_channel.py).
+        click.echo("check the Telegram chat, then either:")
+        click.echo(
+            f"  pi-workflows channel recover {run_id} confirm{named} [--message-id ID]"
+            "   # the message is there"
+        )
+        click.echo(
+            f"  pi-workflows channel recover {run_id} retry{named}"
+            "   # send it once more (a duplicate is possible)"
+        )
+        return
     click.echo("inspect the external system, then either:")
     click.echo(
         f"  pi-workflows run recover {run_id} confirm{named} [--result-json JSON]"

@@ -264,6 +264,7 @@ def _recover_and_check(
     status = json.loads(processes.cli(state_dir, "channel", "status", "--json").stdout)
     assert status["profiles"][0]["ambiguous"] == 1
     shown = processes.cli(state_dir, "run", "show", run_id)
+    assert f"pi-workflows channel recover {run_id} confirm" in shown.stdout, shown.stdout
     recovered = processes.cli(state_dir, "channel", "recover", run_id, action)
     assert recovered.returncode == 0, recovered.stderr
     assert_no_token(state_dir.parent, shown.stdout, recovered.stdout, recovered.stderr)
