@@ -30,6 +30,7 @@ from pi_workflows.storage import Database
 from pi_workflows.storage._channels import (
     DELIVER,
     MAX_CHANNEL_ATTEMPTS,
+    SETTLE,
     ChannelAttempt,
     ChannelResult,
 )
@@ -53,6 +54,12 @@ def waiting(running_server: WorkflowServer, short_tmp: Path) -> Iterator[tuple[s
         (run_id,),
     )[0]
     yield run_id, decision_id
+
+
+def _consistent(server: WorkflowServer) -> None:
+    with WorkflowClient(server.state_dir, autostart=False, timeout=30) as client:
+        report = client.call("state.verify")["receipt"]
+    assert report["consistent"], report["findings"]
 
 
 def _call(server: WorkflowServer, work: Any) -> Any:
@@ -106,6 +113,7 @@ def test_a_delivery_is_reserved_before_it_is_sent_and_only_its_own_epoch_and_rev
     assert b'"messageIds":[77]' in stored, "the Telegram message IDs are the effect's result"
     # The same result again is stale: the attempt is no longer in flight.
     assert _settle(running_server, attempt, "adapter-a", APPLIED) is None
+    _consistent(running_server)
 
 
 def test_a_known_rejection_starts_a_bounded_new_attempt_with_a_new_revision(
@@ -127,6 +135,7 @@ def test_a_known_rejection_starts_a_bounded_new_attempt_with_a_new_revision(
     assert channel_row(state_dir)[2] == "failed"  # type: ignore[index]
     assert rows(state_dir, "SELECT state FROM effects") == [("rejected",)]
     assert _reserve(running_server, decision_id, "adapter-a") is None, "bounded"
+    _consistent(running_server)
 
 
 def test_an_interrupted_attempt_is_ambiguous_never_resent_and_retry_opens_attempt_two(
@@ -161,6 +170,7 @@ def test_an_interrupted_attempt_is_ambiguous_never_resent_and_retry_opens_attemp
     assert attempts(state_dir) == [(1, "ambiguous", "retried"), (2, "applying", None)]
     events = rows(state_dir, "SELECT event_type FROM events WHERE run_id = ?", (run_id,))
     assert ("effect_recovered",) in events
+    _consistent(running_server)
 
 
 def test_confirm_records_the_delivery_and_a_settled_decision_gets_no_new_delivery(
@@ -191,3 +201,15 @@ def test_confirm_records_the_delivery_and_a_settled_decision_gets_no_new_deliver
     assert _reserve(running_server, decision_id, "adapter-a") is None
     deliveries = "SELECT count(*) FROM effects WHERE effect_type = 'channel.deliver'"
     assert rows(state_dir, deliveries) == [(1,)]
+    # The settled decision's message is edited: an effect in flight on the ended run.
+    item = WorkItem(SETTLE, CHANNEL, decision_id)
+    edit = _call(running_server, functools.partial(reserve_work, item=item, adapter_epoch="a"))
+    assert edit is not None and edit.request["messageIds"] == [77]
+    assert "Answered elsewhere: Approve." in edit.request["text"]
+    assert rows(state_dir, "SELECT status FROM runs WHERE run_id = ?", (run_id,)) == [
+        ("completed",)
+    ]
+    _consistent(running_server)
+    assert _settle(running_server, edit, "a", APPLIED) is not None
+    assert channel_row(state_dir)[3] == "settled"  # type: ignore[index]
+    _consistent(running_server)
