@@ -233,10 +233,12 @@ class FakeTelegram:
         """Queue a `callback_query` update: `user_id` pressed a button; its update ID.
 
         `message_id` names the bot message the button is on (the latest bot message
-        when None).
+        when None); `chat_id` makes the update come from another chat.
         """
         with self._lock:
             message = self._message_json(self._pick_message(message_id, chat_id))
+            if chat_id is not None:
+                message["chat"] = _chat_json(chat_id)  # a press seen in another chat
             query = {
                 "id": f"cbq-{next(self._callback_ids)}",
                 "from": _user_json(user_id),
@@ -534,6 +536,9 @@ def _parse_params(query: str, content_type: str, raw: bytes) -> dict[str, Any]:
 def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the real API and httpx use
+        # Headers and body go out in two writes; without TCP_NODELAY each answer waits
+        # for the client's delayed ACK (~40 ms), which would swamp every latency measured.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             """Never log: the request line holds the bot token."""
