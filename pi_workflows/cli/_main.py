@@ -1026,12 +1026,13 @@ def piw_main(run_id: str | None) -> None:
 
 # Commands in their own modules register on the groups above when imported:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
-# `run watch` (_run_watch), `state prune` (_state_prune), `channel` (_channel),
-# `completion`; then every
+# `run watch` (_run_watch), `state prune` (_state_prune), `decision list|answer`
+# (_decision), `channel` (_channel), `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _channel,
     _completion,
+    _decision,
     _pi_extension,
     _run_list,
     _run_show,

@@ -20,7 +20,9 @@ inside recovery (a crash point sits there) is recovered by the next start:
    old server's last heartbeat, in the transaction that took the new epoch), and every
    request whose node timeout ran out during reported model turns takes the timeout
    path (`server/_deadlines.py::expire_due`) before any actor exists, so before
-   anything else is scheduled, a validation resumed or a report accepted.
+   anything else is scheduled, a validation resumed or a report accepted. The same
+   unit first lets the default answer win every protected decision whose deadline
+   passed (design step 7: due decision timeouts run first).
 5. Later parts plug in at `LATER_STEPS`: first channels (every Telegram attempt a dead
    server left applying becomes `ambiguous`, never sent again automatically:
    `server/_channel_work.py`), later retention.
@@ -76,7 +78,8 @@ class RecoveryReport:
     runs_requeued: int
     runs_parked: int
     steps_timed_out: int = 0
-    """Interactive steps whose node timeout had run out (design step 8)."""
+    """Runs changed by a due deadline: interactive steps whose node timeout had run out
+    (design step 8) and protected decisions whose default answer won."""
 
 
 def recover_at_startup(

@@ -38,6 +38,7 @@ from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe, ViewSpec
 from pi_workflows.actors._validations import ConnectionGone, Submit
 from pi_workflows.server._channel_ops import recover_channel
+from pi_workflows.server._decisions import answer_decision_command, list_decisions
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._interactions import (
     SessionAuthority,
@@ -159,6 +160,8 @@ class Router:
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
             "followUp.add": self._add_follow_up,
+            "decision.answer": self._answer_decision,
+            "decision.list": self._list_decisions,
             "state.prune": self._state_prune,
             "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
             "workflowTurn.report": functools.partial(self._origin_report, report_turn),
@@ -249,6 +252,19 @@ class Router:
         work = functools.partial(add_follow_up_command, request=pending.request)
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "followUp.add"))
+
+    def _answer_decision(self, pending: Pending) -> None:
+        """`decision.answer`: a person's answer to a protected decision (CLI or Pi); a
+        commit that queued the continuation wakes the scheduler."""
+        work = functools.partial(answer_decision_command, request=pending.request)
+        done = functools.partial(self._answer, pending, True)
+        self._ports.database.tell(Transact(work, done, "decision.answer"))
+
+    def _list_decisions(self, pending: Pending) -> None:
+        """`decision.list`: one read transaction on the reader actor."""
+        work = functools.partial(list_decisions, request=pending.request)
+        done = functools.partial(self._answer, pending, False)
+        self._ports.reader.tell(Read(work, done, "decision.list"))
 
     def _answer_checkpoint(self, pending: Pending) -> None:
         """`run.answer`: a person's (the CLI's), or with `sessionId` and

@@ -1,17 +1,16 @@
 """Decisions: opened when a run waits, answered once, continued by a new run.
 
 Implements workflow-server.md § Durable protocol records for ordinary checkpoints and
-protected human decisions: one pending decision per waiting run, one accepted
-resolution (the single fence of `human_decision_resolutions`), one continuation run. An
-answer must satisfy the node's rule in the run's definition snapshot.
-
-A protected decision (`human_decision(...)`, audience other than `checkpoint`) has an
-operator presentation (summary and choices, a blob; never a structured subject), and,
-with `on_timeout`, an `expires_at` and a validated default answer. It is answered only
-by `answer_protected_decision` (a person through `decision.answer`, Pi, or a channel)
-or, at the deadline, by `time_out_protected_decision` (provenance `timeout`): the same
-fence, the same continuation, so exactly one answer wins.
+protected human decisions: one pending decision per waiting run, one accepted resolution
+(the single fence), one continuation run; an answer must fit the snapshot's node.
 """
+
+# A protected decision (`human_decision(...)`, audience other than `checkpoint`) has an
+# operator presentation (summary and choices, a blob; never a structured subject), and,
+# with `on_timeout`, an `expires_at` and a validated default answer. It is answered only
+# by `answer_protected_decision` (a person through `decision.answer`, Pi, or a channel)
+# or, at the deadline, by `time_out_protected_decision` (provenance `timeout`): the same
+# fence, the same continuation, so exactly one answer wins.
 
 from __future__ import annotations
 

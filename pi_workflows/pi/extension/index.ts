@@ -35,7 +35,7 @@ import { Type } from "typebox";
 import type { JsonValue } from "../common/canonical.ts";
 import { ServerClient } from "./client.ts";
 import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type PiSide } from "./coordinator.ts";
-import { parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
+import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { RunWatch, type WatchState } from "./live.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
@@ -186,10 +186,11 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       }
       case "answer": {
         const id = targetRun(parsed.runId, "answer");
-        const { receipt } = await client.call("run.answer", { answer: parsed.answer }, { runId: id });
+        // A protected decision is refused by run.answer and goes to decision.answer.
+        const { receipt, decision } = await answerRun((op, payload, options) => client.call(op, payload, options), id, parsed.answer);
         const continuation = typeof receipt.continuationRunId === "string" ? receipt.continuationRunId : null;
         if (continuation !== null && (parsed.runId === null || parsed.runId === runId)) adopt(continuation);
-        notify(`Answered ${id}${continuation ? `; the workflow continues as ${continuation}` : ""}`);
+        notify(`Answered ${decision ? "the decision of " : ""}${id}${continuation ? `; the workflow continues as ${continuation}` : ""}`);
         return;
       }
     }
