@@ -59,6 +59,7 @@ __all__ = [
     "ChannelRequest",
     "ChannelsConfig",
     "ScanChannels",
+    "StopAdapters",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,14 @@ class ChannelRequest:
 
     held: Any
     """The router's `Pending`: `request` and `respond(answer)`."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopAdapters:
+    """The server stops: stop every child and end its channel; reply once all ended
+    (before the listener stops, so no channel outlives its loop)."""
+
+    reply: Callable[[Reply], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +264,7 @@ class ChannelAdapterActor(ServerActor):
         self._dirty = True
         self._reserving: set[WorkItem] = set()
         self._stopping = False
+        self._stopped_reply: Callable[[Reply], None] | None = None
         self._scan_every = max(1, round(SCAN_EVERY_S / config.tick_s))
 
     def on_start(self) -> None:
@@ -273,6 +283,7 @@ class ChannelAdapterActor(ServerActor):
             Tick: lambda m: self._tick(),
             Committed: lambda m: self._mark_dirty(),
             ScanChannels: lambda m: self._mark_dirty(),
+            StopAdapters: lambda m: self._stop_all(m.reply),
             ChannelRequest: lambda m: self._request(m.held),
             _Frame: self._on_frame,
             _ChannelEnded: lambda m: self._on_channel_ended(m.profile, m.epoch),
@@ -291,6 +302,21 @@ class ChannelAdapterActor(ServerActor):
         self._stopping = True
         for child in self._children.values():
             self._stop_child(child)
+
+    def _stop_all(self, reply: Callable[[Reply], None]) -> None:
+        self._stopping = True
+        self._stopped_reply = reply
+        for child in list(self._children.values()):
+            self._stop_child(child)
+            # Its channel ends now (what it wrote is still read); an attempt in flight
+            # becomes ambiguous, as after any stop while applying.
+            self._end_input(child)
+        self._maybe_stopped()
+
+    def _maybe_stopped(self) -> None:
+        if self._stopped_reply is not None and not self._children:
+            reply, self._stopped_reply = self._stopped_reply, None
+            reply(Reply(True))
 
     # --- profiles ---------------------------------------------------------------------
 
@@ -456,6 +482,7 @@ class ChannelAdapterActor(ServerActor):
         if child is None:
             return
         del self._children[profile]
+        self._maybe_stopped()
         status = self._status.get(profile)
         if status is None:
             return

@@ -29,6 +29,7 @@ from pi_workflows.actors._channel_adapter import (
     POLL_SECONDS_ENV,
     ChannelAdapterActor,
     ChannelsConfig,
+    StopAdapters,
 )
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs, CoordinatorEpochActor
@@ -111,6 +112,7 @@ not stop a server for 15 s. Renewal runs five times per lifetime, at most every 
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
+STOP_CHANNELS_TIMEOUT_S = 5.0
 DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
@@ -224,6 +226,7 @@ class WorkflowServer:
         self._ticker: Ticker | None = None
         self._server_claim: ServerClaim | None = None
         self._runner_host: pykka.ActorRef[Any] | None = None
+        self._channels: pykka.ActorRef[Any] | None = None
         self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
         self._watcher: threading.Thread | None = None
@@ -403,6 +406,7 @@ class WorkflowServer:
             scheduler=self._scheduler,
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
+        self._channels = channels
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [
@@ -478,6 +482,7 @@ class WorkflowServer:
             self._wait_in_flight()
             self._stop_launching()
             self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)
+            self._stop_channels()
             self._teardown()
             self._stopped.set()
 
@@ -556,6 +561,18 @@ class WorkflowServer:
             wait_reply(drain, drain_s)
         with contextlib.suppress(Exception):
             wait_reply(hand_back_rest, DB_CALL_TIMEOUT_S)
+
+    def _stop_channels(self) -> None:
+        """Stop the adapter children and end their channels before the listener stops."""
+        channels = self._channels
+        if channels is None or not channels.is_alive():
+            return
+
+        def send(deliver: Callable[[Reply], None]) -> None:
+            channels.tell(StopAdapters(deliver))
+
+        with contextlib.suppress(Exception):
+            wait_reply(send, STOP_CHANNELS_TIMEOUT_S)
 
     def _release_epoch(self) -> None:
         claim = self._server_claim
