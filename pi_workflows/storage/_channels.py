@@ -1,24 +1,24 @@
 """External-channel delivery and settlement of protected decisions, as managed effects.
 
 Implements workflow-server.md § Supervised channel adapters and § Durable protocol
-records (`channel_messages`, `effects`, `effect_attempts`):
-
-- Before an adapter child sends (`channel.deliver`) or edits (`channel.settle`) a
-  Telegram message, the server records the effect and its numbered attempt, in one
-  transaction with the `channel_messages` change and the decision's state check (a
-  settled decision gets no new delivery). The waiting run holds no claim: these
-  writes check the decision and the channel row instead, and append one run event.
-- Each new attempt bumps `channel_revision`. A result is accepted only for the
-  channel row's current revision and adapter epoch and the effect's in-flight
-  attempt of that epoch; anything else is stale and refused (`StaleChannelResultError`).
-- A confirmed result stores the Telegram message IDs in the effect result; the
-  `channel_messages` row keeps only the delivery and settlement states.
-- A known rejection (HTTP 4xx) reopens the effect for the next attempt, at most
-  `MAX_CHANNEL_ATTEMPTS` in all; an unknown outcome (timeout, 5xx, a dropped
-  connection) and an attempt interrupted by a crash become `ambiguous` and are never
-  sent again automatically; the operator's `channel recover` decides
-  (`recover_channel_effect`, the same states, SQL and event as `run recover`).
+records (`channel_messages`, `effects`, `effect_attempts`); the rules are below.
 """
+
+# - Before an adapter child sends (`channel.deliver`) or edits (`channel.settle`) a
+#   Telegram message, the server records the effect and its numbered attempt, in one
+#   transaction with the `channel_messages` change and the decision's state check (a
+#   settled decision gets no new delivery). The waiting run holds no claim: these writes
+#   check the decision and the channel row instead, and append one run event.
+# - Each new attempt bumps `channel_revision`. A result is accepted only for the channel
+#   row's current revision and adapter epoch and the effect's in-flight attempt of that
+#   epoch; anything else is stale and refused (`StaleChannelResultError`).
+# - A confirmed result stores the Telegram message IDs in the effect result; the
+#   `channel_messages` row keeps only the delivery and settlement states.
+# - A known rejection (HTTP 4xx) reopens the effect for the next attempt, at most
+#   `MAX_CHANNEL_ATTEMPTS` in all; an unknown outcome (timeout, 5xx, a dropped
+#   connection) and an attempt interrupted by a crash become `ambiguous` and are never
+#   sent again automatically; the operator's `channel recover` decides
+#   (`recover_channel_effect`: the same states, SQL and event as `run recover`).
 
 from __future__ import annotations
 
