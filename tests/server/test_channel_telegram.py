@@ -162,7 +162,25 @@ def test_a_button_press_completes_the_run_and_edits_the_message(
     assert len(telegram.calls_of("sendMessage")) == 1
     shown = processes.cli(state_dir, "channel", "status")
     assert "ready" in shown.stdout and "ambiguous 0" in shown.stdout
-    assert_no_token(state_dir.parent, shown.stdout, shown.stderr)
+    verified = processes.cli(state_dir, "state", "verify")
+    assert verified.returncode == 0, verified.stdout
+    assert_no_token(state_dir.parent, shown.stdout, shown.stderr, verified.stdout)
+
+
+def test_a_reply_naming_a_choice_answers_the_decision(
+    served: WorkflowServer, telegram: FakeTelegram, short_tmp: Path
+) -> None:
+    state_dir = served.state_dir
+    with _client(state_dir) as client:
+        run_id = waiting_run(client, short_tmp / "project")
+        (sent,) = _presented(telegram)
+        telegram.reply("Reject", reply_to_message_id=sent.message_id, user_id=ALLOWED_USER)
+        done = wait_for(client, _continuation(state_dir, run_id), TERMINAL)
+    assert done["result"]["output"]["value"] == {"answer": {"choice": "reject"}}
+    edited = telegram.wait_for(
+        lambda fake: m if (m := fake.message(sent.message_id)).edits else None, 60
+    )
+    assert "Answered in Telegram: Reject." in edited.text
 
 
 def test_a_press_from_a_user_not_allowed_changes_nothing(
