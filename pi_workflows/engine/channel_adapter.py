@@ -1,41 +1,8 @@
-"""The transport-only Telegram adapter child (`python -m pi_workflows.engine.channel_adapter`).
+"""The transport-only Telegram adapter child: `python -m pi_workflows.engine.channel_adapter`.
 
-Implements workflow-server.md § Supervised channel adapters (the agreed `channel.v1`
-design is summarised in `pi_workflows.wire.channel`). The server's channel-adapter
-actor starts one child per Telegram profile through the process supervisor. The child
-gets, in its environment only, its channel's socket fd, its adapter epoch, its profile
-name, the one bot token, the chat ID, the allowed user IDs and the Bot API base URL. It
-never receives a decision subject, never opens SQLite, never loads workflow code and
-never changes run state: it sends what the server tells it to send, edits what it is
-told to edit, and forwards allowed answers. The server decides everything.
-
-Life: verify the token with `getMe`, send `channel.ready`, then at once serve the
-server's `channel.present` (one `sendMessage` with an inline keyboard, one button per
-row) and `channel.settle` (`editMessageText` without buttons) commands and long-poll
-`getUpdates`, forwarding a `callback_query` or a reply from an allowed user in the
-configured chat as `channel.answer`. Updates from anyone else are dropped and logged
-without any identity. Updates are confirmed (the next `getUpdates` offset) only after
-their answers were written to the channel, so a crash re-delivers them to the next
-child and the server's idempotency key (`telegram:<profile>:<update_id>`) adopts the
-repeat.
-
-Results. `applied` carries the message IDs; `rejected` means the Bot API answered a
-4xx error (nothing was sent); `failed` means the outcome is unknown (a timeout, a
-dropped connection, a 5xx): the server's managed effect records that and never sends
-the attempt again on its own. A child killed mid-send sends nothing at all.
-
-Exit: SIGTERM -> `channel.exiting {reason: shutdown}`, status 0; the channel closed by
-the server -> status 0; a bad frame from the server (schema, epoch, profile or
-sequence) -> `channel.exiting {reason: badFrame}` best effort, status 2; a bad token
--> `unauthorized`, an unreachable Bot API -> `unreachable`, status 1.
-
-Library: python-telegram-bot (`Bot(token, base_url=f"{api_base}/bot")`), which takes a
-plain-HTTP base URL as is; its exceptions do not say the HTTP status, so the request
-class below notes it per call. Nothing here logs the token, the chat ID or a user ID:
-library loggers stay at WARNING behind a redacting handler, and an unexpected error is
-reported by its class name only. The package root imports the workflow authoring API
-(`pi_workflows.engine`); the child imports no server, storage, actor, CLI or runner
-module and never `sqlite3` (tests/engine/test_channel_adapter.py checks).
+Implements workflow-server.md § Supervised channel adapters over `channel.v1`
+(`pi_workflows.wire.channel`) with python-telegram-bot. It never opens SQLite, loads
+workflow code, gets a decision subject or logs an identity; see `_Adapter` and `main`.
 """
 
 from __future__ import annotations
@@ -282,6 +249,46 @@ class _BadFrame(Exception):  # noqa: N818 - the reason code's own name
 
 
 class _Adapter:
+    """One adapter child's life, on one asyncio loop.
+
+    The server's channel-adapter actor starts one child per Telegram profile through the
+    process supervisor. The child gets, in its environment only, its channel's socket fd,
+    its adapter epoch, its profile name, the one bot token, the chat ID, the allowed user
+    IDs and the Bot API base URL. It never receives a decision subject, never opens
+    SQLite, never loads workflow code and never changes run state: it sends what the
+    server tells it to send, edits what it is told to edit, and forwards allowed answers.
+    The server decides everything.
+
+    Life: verify the token with `getMe`, send `channel.ready`, then at once serve the
+    server's `channel.present` (one `sendMessage` with an inline keyboard, one button per
+    row) and `channel.settle` (`editMessageText` without buttons) commands and long-poll
+    `getUpdates`, forwarding a `callback_query` or a reply from an allowed user in the
+    configured chat as `channel.answer`. Updates from anyone else are dropped and logged
+    without any identity. Updates are confirmed (the next `getUpdates` offset) only after
+    their answers were written to the channel, so a crash re-delivers them to the next
+    child and the server's idempotency key (`telegram:<profile>:<update_id>`) adopts the
+    repeat.
+
+    Results. `applied` carries the message IDs; `rejected` means the Bot API answered a
+    4xx error (nothing was sent); `failed` means the outcome is unknown (a timeout, a
+    dropped connection, a 5xx): the server's managed effect records that and never sends
+    the attempt again on its own. A child killed mid-send sends nothing at all.
+
+    Exit: SIGTERM -> `channel.exiting {reason: shutdown}`, status 0; the channel closed by
+    the server -> status 0; a bad frame from the server (schema, epoch, profile or
+    sequence) -> `channel.exiting {reason: badFrame}` best effort, status 2; a bad token
+    -> `unauthorized`, an unreachable Bot API -> `unreachable`, status 1; a missing or
+    malformed variable -> status 3, naming the variable only.
+
+    Library: python-telegram-bot (`Bot(token, base_url=f"{api_base}/bot")`), which takes a
+    plain-HTTP base URL as is; its exceptions do not say the HTTP status, so the request
+    class below notes it per call. Nothing here logs the token, the chat ID or a user ID:
+    library loggers stay at WARNING behind a redacting handler, and an unexpected error is
+    reported by its class name only. The package root imports the workflow authoring API
+    (`pi_workflows.engine`); the child imports no server, storage, actor, CLI or runner
+    module and never `sqlite3` (tests/engine/test_channel_adapter.py checks).
+    """
+
     def __init__(self, config: AdapterConfig, redactor: _Redactor) -> None:
         self._config = config
         self._redactor = redactor
