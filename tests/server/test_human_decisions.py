@@ -262,3 +262,15 @@ def test_a_stale_expected_revision_is_a_conflict(
         assert unknown["outcome"] == "notFound"
         assert unknown["error"]["code"] == "decisionNotFound"
     assert resolutions(running_server.state_dir, waiting) == []
+
+
+def test_the_run_view_offers_a_persons_answer_and_says_how(
+    running_server: WorkflowServer, waiting: str
+) -> None:
+    with WorkflowClient(running_server.state_dir, autostart=False) as client:
+        display = client.call("run.get", run_id=waiting)["receipt"]["display"]
+    assert display["status"] == "waiting"
+    assert display["waitingOn"] == "ask"
+    assert display["controls"] == ["human-answer", "pause", "cancel"], "not the model's answer"
+    assert display["reasonCode"] == "humanDecision"
+    assert "decision answer RUN_ID" in display["action"]
