@@ -1,4 +1,5 @@
-"""The deadlines actor: the timer of interactive agent steps that wait without a runner.
+"""The deadlines actor: the timer of work that waits without a runner (interactive agent
+steps, and protected decisions whose timeout default wins at their deadline).
 
 Implements workflow-server.md § Interactive Pi execution ("The server continues to
 enforce the durable deadline while no runner exists"). The durable facts (time used,
@@ -46,8 +47,9 @@ class _Expired:
 
 
 class DeadlinesActor(ServerActor):
-    """Owns: the next instant an interactive step's node timeout runs out (in memory, a
-    cache of durable rows), and whether a read or a timeout round is in flight.
+    """Owns: the next instant an interactive step's node timeout runs out or a protected
+    decision's deadline passes (in memory, a cache of durable rows), and whether a read
+    or a timeout round is in flight.
 
     Receives: `Tick`, `Committed` (from the database actor: re-read the next instant),
         and its own replies `_NextDue`, `_Expired`.

@@ -787,6 +787,18 @@ def _echo_ambiguous_effects(receipt: dict[str, Any]) -> None:
     if not effects:
         return
     named = f" --effect {effects[0]['effectId']}" if len(effects) > 1 else ""
+    if all(str(effect["effectType"]).startswith("channel.") for effect in effects):
+        # A Telegram delivery or edit of a waiting decision (cli/_channel.py).
+        click.echo("check the Telegram chat, then either:")
+        click.echo(
+            f"  pi-workflows channel recover {run_id} confirm{named} [--message-id ID]"
+            "   # the message is there"
+        )
+        click.echo(
+            f"  pi-workflows channel recover {run_id} retry{named}"
+            "   # send it once more (a duplicate is possible)"
+        )
+        return
     click.echo("inspect the external system, then either:")
     click.echo(
         f"  pi-workflows run recover {run_id} confirm{named} [--result-json JSON]"
@@ -1060,10 +1072,13 @@ def piw_main(run_id: str | None) -> None:
 
 # Commands in their own modules register on the groups above when imported:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
-# `run watch` (_run_watch), `state prune` (_state_prune), `completion`; then every
+# `run watch` (_run_watch), `state prune` (_state_prune), `decision list|answer`
+# (_decision), `channel` (_channel), `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
+    _channel,
     _completion,
+    _decision,
     _pi_extension,
     _run_list,
     _run_show,

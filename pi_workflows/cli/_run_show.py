@@ -228,6 +228,11 @@ def plain_lines(view: dict[str, Any], *, full: bool = False) -> Iterator[str]:
             f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
             f"(visit {effect['visit']}, attempt {effect['attemptNumber']})"
         )
+        if str(effect["effectType"]).startswith("channel."):  # a Telegram send or edit
+            yield (
+                "  check the Telegram chat, then: pi-workflows channel recover "
+                f"{view['runId']} confirm  (or retry: a duplicate is possible)"
+            )
     trace = view["trace"]
     yield _trace_note(trace)
     for number, item in enumerate(trace["items"], start=trace["omitted"] + 1):

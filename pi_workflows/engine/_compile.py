@@ -21,6 +21,7 @@ from pi_workflows.engine._definition import (
     AgentNode,
     CheckpointNode,
     Edge,
+    HumanDecisionNode,
     Include,
     Node,
     NotifyNode,
@@ -419,6 +420,8 @@ def _node_snapshot(compiled: CompiledNode) -> dict[str, Any]:
             snap["summary"] = node.summary
         if node.input_schema_json is not None:
             snap["answerSchema"] = node.input_schema
+    elif isinstance(node, HumanDecisionNode):
+        snap.update(_decision_snapshot(node))
     elif isinstance(node, NotifyNode):
         snap["notifyKind"] = node.notify_kind
     elif isinstance(node, AgentNode):
@@ -429,6 +432,20 @@ def _node_snapshot(compiled: CompiledNode) -> dict[str, Any]:
         snap["mount"] = compiled.mount.path
         if compiled.exit_name is not None:
             snap["exit"] = compiled.exit_name
+    return snap
+
+
+def _decision_snapshot(node: HumanDecisionNode) -> dict[str, Any]:
+    # What the server needs to present and check answers without workflow code.
+    snap: dict[str, Any] = {"protected": True, "audience": node.audience}
+    if isinstance(node.summary, str):
+        snap["summary"] = node.summary
+    if node.choices:
+        snap["choices"] = [c.to_wire() for c in node.choices]
+    if node.answer_schema_json is not None:
+        snap["answerSchema"] = node.answer_schema
+    if node.timeout_after_ms is not None:
+        snap["onTimeout"] = {"afterMs": node.timeout_after_ms, "defaultAnswer": node.default_answer}
     return snap
 
 

@@ -22,6 +22,16 @@ from jsonschema.exceptions import SchemaError
 from pi_workflows.engine._errors import WorkflowDefinitionError
 from pi_workflows.engine._limits import Limits, parse_limits
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, format_number, loads
+from pi_workflows.wire.decisions import (
+    CHOICE_ID_PATTERN,
+    MAX_CHOICES,
+    MAX_INPUT_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_SUMMARY_CHARS,
+    Choice,
+    answer_problem,
+    label_problem,
+)
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
 __all__ = [
@@ -40,6 +50,7 @@ __all__ = [
     "ComputeNode",
     "Edge",
     "Exit",
+    "HumanDecisionNode",
     "Include",
     "Node",
     "NotifyNode",
@@ -49,8 +60,10 @@ __all__ = [
     "action",
     "agent",
     "checkpoint",
+    "choice",
     "compute",
     "define_workflow",
+    "human_decision",
     "include_workflow",
     "js_string",
     "notify",
@@ -218,8 +231,58 @@ class AgentNode:
         return None if self.output_schema_json is None else loads(self.output_schema_json)
 
 
-Node: TypeAlias = ComputeNode | ActionNode | ShellNode | CheckpointNode | NotifyNode | AgentNode
-_NODE_TYPES = (ComputeNode, ActionNode, ShellNode, CheckpointNode, NotifyNode, AgentNode)
+@dataclass(frozen=True, slots=True)
+class HumanDecisionNode:
+    """A protected human decision: the run waits, and only a person (`decision.answer`
+    from the CLI, Pi's `/workflow answer`, a channel such as Telegram) or the saved
+    timeout default answers it; never a model. Its kind is `checkpoint` (it waits and
+    continues like one), marked `protected` in the definition snapshot."""
+
+    kind: ClassVar[Literal["checkpoint"]] = "checkpoint"
+    summary: str | Callback
+    """Static text, or `summary(ctx) -> str`: what the person decides about."""
+    choices: tuple[Choice, ...]
+    """The options (empty when `answer_schema_json` is given instead)."""
+    answer_schema_json: bytes | None
+    """Canonical JSON of the answer's JSON Schema, when the decision has no choices."""
+    audience: str
+    """Who decides (`operator` unless named); channel profiles select by it."""
+    timeout_after_ms: int | None
+    """`on_timeout`'s delay in milliseconds, or None (the decision waits for a person)."""
+    default_answer_json: bytes | None
+    """Canonical JSON of `on_timeout`'s default answer (checked against the choices)."""
+
+    timeout_ms: ClassVar[None] = None
+
+    @property
+    def answer_schema(self) -> Any:
+        """A fresh copy of the answer's JSON Schema, or `None`."""
+        return None if self.answer_schema_json is None else loads(self.answer_schema_json)
+
+    @property
+    def default_answer(self) -> Any:
+        """A fresh copy of the timeout default answer, or `None`."""
+        return None if self.default_answer_json is None else loads(self.default_answer_json)
+
+
+Node: TypeAlias = (
+    ComputeNode
+    | ActionNode
+    | ShellNode
+    | CheckpointNode
+    | NotifyNode
+    | AgentNode
+    | HumanDecisionNode
+)
+_NODE_TYPES = (
+    ComputeNode,
+    ActionNode,
+    ShellNode,
+    CheckpointNode,
+    NotifyNode,
+    AgentNode,
+    HumanDecisionNode,
+)
 
 
 def _timeout_ms(value: object, *, what: str, default: float) -> int | None:
@@ -389,6 +452,195 @@ def checkpoint(
     return CheckpointNode(
         summary=summary, input_schema_json=_schema_json(input_schema, "checkpoint")
     )
+
+
+_CHOICE_ID = re.compile(CHOICE_ID_PATTERN)
+_AUDIENCE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_AUDIENCE = "operator"
+"""The audience of a `human_decision` that names none."""
+
+
+def choice(
+    label: str,
+    *,
+    input: str | None = None,
+    prompt: str | None = None,
+    min_length: int = 1,
+    max_length: int = MAX_INPUT_CHARS,
+) -> Choice:
+    """One option of a `human_decision`, optionally asking the person for text.
+
+    Args:
+        label: what the person sees (a button's text in Telegram), at most 64 characters.
+        input: the name of the text the choice asks for (the answer is then
+            `{"choice": id, "input": {name: text}}`), or None.
+        prompt: the question for that text (default: the label).
+        min_length, max_length: bounds of the text (after stripping, at most 4000).
+    """
+    problem = (
+        label_problem(label, limit=MAX_LABEL_CHARS) if isinstance(label, str) else "is no text"
+    )
+    if problem is not None:
+        raise WorkflowDefinitionError(f"choice: the label {problem}")
+    if input is not None and (not isinstance(input, str) or not _CHOICE_ID.match(input)):
+        raise WorkflowDefinitionError(
+            f"choice {label!r}: input must be a name like 'reason' (letters, digits, '_', '-')"
+        )
+    if prompt is not None and (
+        not isinstance(prompt, str) or label_problem(prompt, limit=MAX_SUMMARY_CHARS)
+    ):
+        raise WorkflowDefinitionError(f"choice {label!r}: prompt must be non-empty text")
+    if not (
+        _is_int(min_length)
+        and _is_int(max_length)
+        and 0 <= min_length <= max_length
+        and 0 < max_length <= MAX_INPUT_CHARS
+    ):
+        raise WorkflowDefinitionError(
+            f"choice {label!r}: need 0 <= min_length <= max_length <= {MAX_INPUT_CHARS}"
+        )
+    if input is None and (prompt is not None or min_length != 1 or max_length != MAX_INPUT_CHARS):
+        raise WorkflowDefinitionError(
+            f"choice {label!r}: prompt and lengths need input=NAME (the text it asks for)"
+        )
+    return Choice("", label, input, prompt, min_length, max_length)
+
+
+def human_decision(
+    summary: str | Callback,
+    *,
+    choices: Mapping[str, str | Choice] | None = None,
+    answer_schema: Mapping[str, Any] | None = None,
+    on_timeout: tuple[float, Any] | None = None,
+    audience: str | None = None,
+) -> HumanDecisionNode:
+    """A protected decision: the run waits until a person answers, or the timeout's
+    default does. It never starts a model turn and no model tool can answer it.
+
+    People answer with `pi-workflows decision answer RUN_ID --input-json JSON`,
+    `/workflow answer JSON` in the run's Pi session, or a channel such as Telegram. The
+    first valid answer wins; the continuation run routes on it (`switch` on `$.choice`)
+    and sees it as `ctx.outputs[node_id]`.
+
+    Args:
+        summary: what is decided (plain text, at most 16,000 characters), or
+            `summary(ctx) -> str`.
+        choices: choice id (letters, digits, '_', '-') → label, or → `choice(label,
+            input=NAME)` for one that asks for text; answered `{"choice": id}` or
+            `{"choice": id, "input": {NAME: text}}`. At most 16.
+        answer_schema: instead of choices, a JSON Schema (Draft 2020-12) the answer
+            satisfies.
+        on_timeout: `(seconds, default_answer)`: when no person answered by then, the
+            default answer wins (provenance `timeout`); it is checked here.
+        audience: who decides (default `operator`); channel profiles select by it.
+
+    Raises:
+        WorkflowDefinitionError: naming the problem and the fix.
+    """
+    if callable(summary):
+        pass
+    elif not isinstance(summary, str) or label_problem(
+        summary, limit=MAX_SUMMARY_CHARS, multiline=True
+    ):
+        raise WorkflowDefinitionError(
+            "human_decision: summary must be non-empty text (at most 16,000 characters, "
+            "no control characters but newlines and tabs) or a function of the context"
+        )
+    if (choices is None) == (answer_schema is None):
+        raise WorkflowDefinitionError(
+            "human_decision: give choices={id: label, ...} or answer_schema={...}, one of them"
+        )
+    parsed = _decision_choices(choices) if choices is not None else ()
+    schema_json = (
+        _schema_json(answer_schema, "human_decision", "answer_schema")
+        if answer_schema is not None
+        else None
+    )
+    if audience is None:
+        audience = DEFAULT_AUDIENCE
+    if not isinstance(audience, str) or not _AUDIENCE.match(audience) or audience == "checkpoint":
+        raise WorkflowDefinitionError(
+            f"human_decision: audience {audience!r} must be a name like 'operator' "
+            "(letters, digits, '.', '_', '-'; not 'checkpoint')"
+        )
+    after_ms, default_json = _decision_timeout(on_timeout, parsed, answer_schema)
+    return HumanDecisionNode(
+        summary=summary,
+        choices=parsed,
+        answer_schema_json=schema_json,
+        audience=audience,
+        timeout_after_ms=after_ms,
+        default_answer_json=default_json,
+    )
+
+
+def _decision_choices(choices: object) -> tuple[Choice, ...]:
+    if not isinstance(choices, Mapping) or not choices:
+        raise WorkflowDefinitionError(
+            "human_decision: choices must be a non-empty dict of choice id → label"
+        )
+    if len(choices) > MAX_CHOICES:
+        raise WorkflowDefinitionError(f"human_decision: at most {MAX_CHOICES} choices")
+    parsed: list[Choice] = []
+    for choice_id, value in choices.items():
+        if not isinstance(choice_id, str) or not _CHOICE_ID.match(choice_id):
+            raise WorkflowDefinitionError(
+                f"human_decision: choice id {choice_id!r} must be letters, digits, '_' and "
+                "'-', starting with a letter or '_' (at most 64 characters)"
+            )
+        made = choice(value) if isinstance(value, str) else value
+        if not isinstance(made, Choice):
+            raise WorkflowDefinitionError(
+                f"human_decision: choice {choice_id!r} must be a label or choice(label, ...)"
+            )
+        parsed.append(
+            Choice(
+                choice_id,
+                made.label,
+                made.input_name,
+                made.prompt,
+                made.min_length,
+                made.max_length,
+            )
+        )
+    labels = [c.label for c in parsed]
+    if len(set(labels)) != len(labels):
+        raise WorkflowDefinitionError("human_decision: two choices have the same label")
+    return tuple(parsed)
+
+
+def _decision_timeout(
+    on_timeout: object, choices: tuple[Choice, ...], answer_schema: Any
+) -> tuple[int | None, bytes | None]:
+    if on_timeout is None:
+        return None, None
+    if not isinstance(on_timeout, tuple) or len(on_timeout) != 2:
+        raise WorkflowDefinitionError(
+            "human_decision: on_timeout must be (seconds, default_answer), "
+            'e.g. (3600, {"choice": "reject"})'
+        )
+    seconds, default = on_timeout
+    if seconds == math.inf:
+        raise WorkflowDefinitionError(
+            "human_decision: on_timeout needs finite seconds; leave it out to wait for a person"
+        )
+    after_ms = _timeout_ms(seconds, what="human_decision on_timeout", default=1.0)
+    if seconds is None or after_ms is None:
+        raise WorkflowDefinitionError("human_decision: on_timeout needs a number of seconds")
+    try:
+        default_json = dumps(default)
+    except CanonicalJSONError as exc:
+        raise WorkflowDefinitionError(
+            f"human_decision: the on_timeout default answer is not plain JSON: {exc}"
+        ) from None
+    problem = answer_problem(default, choices=choices, answer_schema=answer_schema)
+    if problem is not None:
+        pointer, message = problem
+        where = f" at {pointer}" if pointer else ""
+        raise WorkflowDefinitionError(
+            f"human_decision: the on_timeout default answer cannot answer it{where}: {message}"
+        )
+    return after_ms, default_json
 
 
 def notify(
@@ -676,7 +928,7 @@ def define_workflow(
         name: the workflow's name (WORKFLOW_NAME_PATTERN).
         start_at: the first node id (or mount name).
         nodes: node id (NODE_ID_PATTERN) → `compute(...)`, `action(...)`, `shell(...)`,
-            `checkpoint(...)` or `notify(...)`.
+            `checkpoint(...)`, `human_decision(...)`, `notify(...)` or `agent(...)`.
         edges: `{"from": a, "to": b}` or `{"from": a, "switch": {"on": "$.field" |
             "$result.outcome", "cases": {value: target}, "default": target}}`; at most one
             per source. Sources of an include are `"mount.exit"`.
@@ -732,6 +984,7 @@ def define_workflow(
             )
         outgoing[edge.source] = edge
 
+    _check_choice_switches(node_map, outgoing, fail)
     exit_map = _parse_exits(exits, node_map, outgoing, fail)
     _check_reachable(start_at, node_map, include_map, outgoing, fail)
 
@@ -756,6 +1009,26 @@ def define_workflow(
 _Fail: TypeAlias = Callable[[str | None, str], WorkflowDefinitionError]
 
 
+def _check_choice_switches(
+    nodes: Mapping[str, Node], outgoing: Mapping[str, Edge], fail: _Fail
+) -> None:
+    """A switch on `$.choice` after a decision with choices names only its choices."""
+    for source, edge in outgoing.items():
+        node = nodes.get(source)
+        if not isinstance(node, HumanDecisionNode) or not node.choices or edge.switch is None:
+            continue
+        if edge.switch.on != "$.choice":
+            continue
+        known = {c.choice_id for c in node.choices}
+        unknown = sorted(set(edge.switch.cases) - known)
+        if unknown:
+            raise fail(
+                source,
+                f"switches on $.choice with cases {unknown} that are not its choices "
+                f"{sorted(known)}",
+            )
+
+
 def _parse_nodes(nodes: Mapping[str, Node], fail: _Fail) -> dict[str, Node]:
     if not isinstance(nodes, Mapping) or not nodes:
         raise fail(None, "nodes must be a non-empty dict of node id → node")
@@ -766,7 +1039,8 @@ def _parse_nodes(nodes: Mapping[str, Node], fail: _Fail) -> dict[str, Node]:
             raise fail(
                 node_id,
                 f"is a {type(node).__name__}, not a node; wrap it with compute(fn), action(fn), "
-                "shell(argv_fn), checkpoint(...), notify(message_fn) or agent(prompt=...)",
+                "shell(argv_fn), checkpoint(...), human_decision(...), notify(message_fn) or "
+                "agent(prompt=...)",
             )
         node_map[node_id] = node
     return node_map

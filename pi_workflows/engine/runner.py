@@ -33,6 +33,7 @@ from pi_workflows.engine._definition import (
     AgentNode,
     CheckpointNode,
     ComputeNode,
+    HumanDecisionNode,
     NotifyNode,
     ShellNode,
 )
@@ -57,6 +58,7 @@ from pi_workflows.supervision._subreaper import become_subreaper, stop_descendan
 from pi_workflows.supervision.zygote import CONTROL_FD_ENV
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 from pi_workflows.wire.client import socket_path_for
+from pi_workflows.wire.decisions import MAX_SUMMARY_CHARS, label_problem
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
 from pi_workflows.wire.protocol import (
     LAUNCH_SCHEMA,
@@ -1061,6 +1063,7 @@ class Execution:
         # A runner that died after its checkpoint completed and before the run waited
         # there: the answer does not exist yet, so wait again instead of going on.
         self.unanswered_checkpoint: str | None = None
+        self.route_error: str | None = None
         finished = state.get("finished") or []
         if unfinished is None and finished and self.ended is None:
             last = finished[-1]
@@ -1072,6 +1075,20 @@ class Execution:
                 and last.get("attemptId") != answered_checkpoint
             ):
                 self.unanswered_checkpoint = last.get("attemptId")
+            elif (
+                last["status"] == "completed"
+                and known is not None
+                and isinstance(known.node, HumanDecisionNode)
+            ):
+                # A protected decision routes on its answer (`$.choice`), which the
+                # parent run could not know: the continuation routes here.
+                self._route_answer(last["nodePath"], committed.get(last["nodePath"]))
+
+    def _route_answer(self, path: str, answer: Any) -> None:
+        try:
+            self.current = next_node(self.compiled, path, answer, "completed")
+        except RoutingError as exc:
+            self.current, self.route_error = None, _text(exc)
 
     def _route_after(self, path: str, outcome: str) -> str | None:
         try:
@@ -1082,6 +1099,9 @@ class Execution:
     def run(self) -> None:
         if self.unanswered_checkpoint is not None:
             self.channel.send("run.parked", {"reason": "checkpoint"}, self.unanswered_checkpoint)
+            return
+        if self.route_error is not None:
+            self._finish("failed", error=("routingFailed", self.route_error))
             return
         if self.current is None and self.ended is not None:
             code = "nodeTimedOut" if self.ended == "timed_out" else "nodeFailed"
@@ -1155,7 +1175,9 @@ class Execution:
                 return False
             return True
         try:
-            route = next_node(self.compiled, node.path, output, outcome)
+            # A protected decision routes on its answer, in the continuation run.
+            protected = isinstance(node.node, HumanDecisionNode)
+            route = None if protected else next_node(self.compiled, node.path, output, outcome)
         except RoutingError as exc:
             self._finish("failed", error=("routingFailed", _text(exc)))
             return False
@@ -1261,6 +1283,8 @@ class Execution:
         if isinstance(spec, CheckpointNode):
             summary = spec.summary(ctx) if callable(spec.summary) else spec.summary
             return {"summary": summary}
+        if isinstance(spec, HumanDecisionNode):
+            return {"summary": _decision_summary(spec, ctx)}
         if isinstance(spec, AgentNode):
             return self._run_agent(node, spec, ctx)
         raise TypeError(f"node kind {node.kind} cannot run")
@@ -1485,6 +1509,19 @@ class Execution:
         if error is not None:
             payload["error"] = {"code": error[0], "message": error[1][:MAX_ERROR_TEXT]}
         self.channel.send("run.finished", payload)
+
+
+def _decision_summary(spec: HumanDecisionNode, ctx: EngineContext) -> str:
+    """The summary a person decides on; a bad one fails the node (before any decision)."""
+    text = spec.summary(ctx) if callable(spec.summary) else spec.summary
+    problem = (
+        label_problem(text, limit=MAX_SUMMARY_CHARS, multiline=True)
+        if isinstance(text, str)
+        else "is no text"
+    )
+    if problem is not None:
+        raise ValueError(f"the human_decision summary {problem}")
+    return text
 
 
 def main() -> int:

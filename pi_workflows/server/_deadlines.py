@@ -1,4 +1,5 @@
-"""The timeout path of an interactive agent step while no runner exists.
+"""The timeout paths that run without a runner: interactive agent steps, and protected
+human decisions whose default answer wins at their deadline.
 
 Implements workflow-server.md § Interactive Pi execution ("If the deadline passes, one
 control claim atomically closes the stale request and schedules a supervised
@@ -20,6 +21,14 @@ supervisor: its state names the attempt `timed_out`, so it follows a `$result.ou
 edge for `timed_out`, or ends the run `timed_out` (terminal: the session reservation is
 released in that transaction). This is the same vocabulary and the same runner rule as a
 headless node that overran its deadline (`server/_runner_exits.py`).
+
+A protected decision with `on_timeout` (workflow-server.md § Interactive Pi execution:
+"When a protected decision reaches its saved onTimeout deadline ..."): one transaction
+each (`storage/_decisions.py::time_out_protected_decision`) takes a control claim on the
+waiting parent, records the validated default as the one resolution (provenance
+`timeout`), closes the decision and its pending message, queues the continuation and
+completes the parent (releasing the claim). Decisions run before requests, and so first
+in recovery. A paused run's default waits for its resume.
 """
 
 from __future__ import annotations
@@ -40,6 +49,11 @@ from pi_workflows.storage import (
 )
 from pi_workflows.storage._deadlines import DueRequest, due_requests, next_due_at
 from pi_workflows.storage._deadlines import suspend_session_time as _suspend_session
+from pi_workflows.storage._decisions import (
+    due_decisions,
+    next_decision_due,
+    time_out_protected_decision,
+)
 from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
 
 __all__ = [
@@ -48,6 +62,7 @@ __all__ = [
     "TIMEOUT_CLAIM_TTL_MS",
     "TIMEOUT_REASON",
     "expire_due",
+    "expire_due_decisions",
     "next_deadline",
     "suspend_session",
 ]
@@ -65,18 +80,21 @@ TIMEOUT_CLAIM_TTL_MS: Final = 30_000
 
 
 def next_deadline(db: Database) -> int | None:
-    """A read for the deadlines actor: the earliest instant a budget runs out."""
-    return next_due_at(db, db.clock.now_ms())
+    """A read for the deadlines actor: the earliest instant a budget runs out or a
+    protected decision's default wins."""
+    instants = [next_due_at(db, db.clock.now_ms()), next_decision_due(db)]
+    return min((at for at in instants if at is not None), default=None)
 
 
 def expire_due(db: Database, owner_id: str) -> list[str]:
-    """Time out every pending request whose budget ran out; returns their run IDs.
+    """Apply every due deadline; returns the run IDs it changed.
 
-    Each request is its own `write()` (a savepoint of the group commit), so one that
-    changed meanwhile (a submission was accepted first, the run was paused or
-    cancelled) is skipped and the others still commit.
+    Protected decisions first (their default wins, provenance `timeout`), then pending
+    requests whose budget ran out. Each is its own `write()` (a savepoint of the group
+    commit), so one that changed meanwhile (an answer or a submission was accepted
+    first, the run was paused or cancelled) is skipped and the others still commit.
     """
-    expired: list[str] = []
+    expired = expire_due_decisions(db, owner_id)
     now = db.clock.now_ms()
     for due in due_requests(db):
         if not due.expired(now):
@@ -148,6 +166,39 @@ def _expire(tx: Tx, due: DueRequest, owner_id: str) -> bool:
         extra={"action": "interaction.timed_out", "run_id": due.run_id},
     )
     return True
+
+
+def expire_due_decisions(db: Database, owner_id: str) -> list[str]:
+    """Let the default answer win every protected decision whose deadline passed (one
+    transaction each: `time_out_protected_decision`); returns the parents' run IDs."""
+    decided: list[str] = []
+    now = db.clock.now_ms()
+    for due in due_decisions(db):
+        if due.expires_at > now:
+            break  # earliest first: the rest are not due either
+        try:
+            with db.write() as tx:
+                continuation = time_out_protected_decision(
+                    tx, due.decision_id, owner_id=owner_id, ttl_ms=TIMEOUT_CLAIM_TTL_MS
+                )
+        except (InvalidTransitionError, ClaimHeldError, ClaimLostError) as exc:
+            log.info(
+                "decision deadline not applied",
+                extra={
+                    "action": "decision.timeout_skipped",
+                    "run_id": due.run_id,
+                    "reason": type(exc).__name__,
+                },
+            )
+            continue
+        if continuation is None:
+            continue
+        decided.append(due.run_id)
+        log.info(
+            "protected decision timed out: its default answer won",
+            extra={"action": "decision.timed_out", "run_id": due.run_id},
+        )
+    return decided
 
 
 def suspend_session(db: Database, session_id: str) -> int:

@@ -436,7 +436,7 @@ def _without_epoch(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 PROTECTED_REFUSAL = (
     "a protected human decision is answered only by a person, with /workflow answer or "
-    "`pi-workflows run answer`; the workflow tool cannot answer it"
+    "`pi-workflows decision answer`; the workflow tool cannot answer it"
 )
 
 
@@ -480,8 +480,8 @@ def answer_from_session(
             "answerRefused",
             "the run does not belong to this origin session",
         )
-    # No protected decision kind exists yet (every decision is `checkpoint`); once one
-    # does, this keeps the model's tool from answering it (tested with a stored row).
+    # A protected decision (`human_decision`) is answered only by a person, through
+    # decision.answer: the model's tool is refused before anything is looked up.
     audience = decision_audience(db, run_id)
     if audience is not None and audience != "checkpoint":
         return rejected(request, "rejected", "protectedDecision", PROTECTED_REFUSAL)

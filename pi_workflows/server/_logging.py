@@ -59,6 +59,7 @@ SAFE_FIELDS = (
     "runs_requeued",
     "runs_parked",
     "steps_timed_out",
+    "profile",
 )
 """The `extra` fields a log line may carry."""
 

@@ -20,8 +20,12 @@ inside recovery (a crash point sits there) is recovered by the next start:
    old server's last heartbeat, in the transaction that took the new epoch), and every
    request whose node timeout ran out during reported model turns takes the timeout
    path (`server/_deadlines.py::expire_due`) before any actor exists, so before
-   anything else is scheduled, a validation resumed or a report accepted.
-5. Later parts (channels, retention) plug in at `LATER_STEPS`.
+   anything else is scheduled, a validation resumed or a report accepted. The same
+   unit first lets the default answer win every protected decision whose deadline
+   passed (design step 7: due decision timeouts run first).
+5. Later parts plug in at `LATER_STEPS`: first channels (every Telegram attempt a dead
+   server left applying becomes `ambiguous`, never sent again automatically:
+   `server/_channel_work.py`), later retention.
 
 Design step 9 (validate every `validating` submission again in a new child) needs the
 actors, so it runs after them: `WorkflowServer` tells the validations actor
@@ -34,6 +38,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pi_workflows.server._channel_work import recover_channels_at_startup
 from pi_workflows.server._deadlines import expire_due
 from pi_workflows.server._runner_exits import MAX_RUNNER_CRASHES
 from pi_workflows.storage import (
@@ -60,7 +65,7 @@ RECOVERY_CLAIM_TTL_MS = 30_000
 RECOVERY_BATCH = 100
 """Runs recovered per transaction."""
 
-LATER_STEPS: list[Callable[[Database], None]] = []
+LATER_STEPS: list[Callable[[Database], None]] = [recover_channels_at_startup]
 """Recovery steps of later parts (design steps 7–12), run in order after the runs."""
 
 
@@ -73,7 +78,8 @@ class RecoveryReport:
     runs_requeued: int
     runs_parked: int
     steps_timed_out: int = 0
-    """Interactive steps whose node timeout had run out (design step 8)."""
+    """Runs changed by a due deadline: interactive steps whose node timeout had run out
+    (design step 8) and protected decisions whose default answer won."""
 
 
 def recover_at_startup(

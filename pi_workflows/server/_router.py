@@ -24,6 +24,7 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply
+from pi_workflows.actors._channel_adapter import ChannelRequest, ScanChannels
 from pi_workflows.actors._coordinator_epoch import (
     ActiveEpochs,
     ClaimCoordinator,
@@ -36,6 +37,8 @@ from pi_workflows.actors._runner_host import RunCommand
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe, ViewSpec
 from pi_workflows.actors._validations import ConnectionGone, Submit
+from pi_workflows.server._channel_ops import recover_channel
+from pi_workflows.server._decisions import answer_decision_command, list_decisions
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._interactions import (
     SessionAuthority,
@@ -112,6 +115,8 @@ class RouterPorts:
     """Asks for a graceful stop with a drain period (non-blocking)."""
     epochs: ActiveEpochs = field(default_factory=ActiveEpochs)
     """The coordinator epochs the coordinator actor publishes (origin-session reports)."""
+    channels: pykka.ActorRef[Any] | None = None
+    """The channel-adapter actor: `channel.status`, `channel.reload`."""
 
 
 @dataclass(eq=False)
@@ -155,12 +160,17 @@ class Router:
             "interaction.submit": self._submit_interaction,
             "interaction.update": self._update_interaction,
             "followUp.add": self._add_follow_up,
+            "decision.answer": self._answer_decision,
+            "decision.list": self._list_decisions,
             "state.prune": self._state_prune,
             "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
             "workflowTurn.report": functools.partial(self._origin_report, report_turn),
             "sessionView.clearTerminal": functools.partial(
                 self._origin_report, clear_terminal_view
             ),
+            "channel.status": self._channel_request,
+            "channel.reload": self._channel_request,
+            "channel.recover": self._recover_channel,
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
@@ -243,6 +253,19 @@ class Router:
         done = functools.partial(self._answer, pending, False)
         ports.database.tell(Transact(work, done, "followUp.add"))
 
+    def _answer_decision(self, pending: Pending) -> None:
+        """`decision.answer`: a person's answer to a protected decision (CLI or Pi); a
+        commit that queued the continuation wakes the scheduler."""
+        work = functools.partial(answer_decision_command, request=pending.request)
+        done = functools.partial(self._answer, pending, True)
+        self._ports.database.tell(Transact(work, done, "decision.answer"))
+
+    def _list_decisions(self, pending: Pending) -> None:
+        """`decision.list`: one read transaction on the reader actor."""
+        work = functools.partial(list_decisions, request=pending.request)
+        done = functools.partial(self._answer, pending, False)
+        self._ports.reader.tell(Read(work, done, "decision.list"))
+
     def _answer_checkpoint(self, pending: Pending) -> None:
         """`run.answer`: a person's (the CLI's), or with `sessionId` and
         `coordinatorEpoch` the origin session coordinator's (the model's tool)."""
@@ -259,6 +282,29 @@ class Router:
         )
         done = functools.partial(self._answer, pending, True)
         ports.database.tell(Transact(work, done, "run.answer"))
+
+    def _channel_request(self, pending: Pending) -> None:
+        """`channel.status`, `channel.reload`: the channel-adapter actor answers (it owns
+        the children's states; the counts come from the reader)."""
+        channels = self._ports.channels
+        if channels is None:
+            pending.respond(_unrouted(pending.request))
+            return
+        channels.tell(ChannelRequest(pending))
+
+    def _recover_channel(self, pending: Pending) -> None:
+        """`channel.recover`: a command like `run.recover`; once durable, the channel
+        actor looks for work (a retried attempt is sent by it, never here)."""
+        ports = self._ports
+        request = pending.request
+
+        def done(result: Reply) -> None:
+            self._answer(pending, False, result)
+            if ports.channels is not None:
+                _tell(ports.channels, ScanChannels())
+
+        work = functools.partial(recover_channel, request=request, ctx=ports.context)
+        ports.database.tell(Transact(work, done, request["operation"]))
 
     def _origin_report(self, report: OriginReport, pending: Pending) -> None:
         """A coordinator's branch or turn report: one transaction, which checks that this

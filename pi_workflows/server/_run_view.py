@@ -55,6 +55,7 @@ from pi_workflows.storage import (
     run_view_revision,
     unfinished_attempt,
 )
+from pi_workflows.storage._decisions import CHECKPOINT_AUDIENCE, decision_audience
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
 
@@ -86,6 +87,11 @@ _REASONS: Final[Mapping[str, tuple[str, str]]] = {
     "checkpoint": (
         "Waiting for an answer at a checkpoint.",
         "Answer it (run answer RUN_ID --input-json VALUE) or cancel the run.",
+    ),
+    "humanDecision": (
+        "Waiting for a person's decision.",
+        "Answer it (decision answer RUN_ID --input-json VALUE, or /workflow answer in its "
+        "Pi session) or cancel the run.",
     ),
     "runnerNoProgress": (
         "The runner exited before the run made any progress.",
@@ -189,6 +195,8 @@ class _Facts:
     pending: list[PendingRequest]
     checkpoint_node: str | None
     ambiguous: list[dict[str, Any]]
+    protected: bool
+    """The pending decision is a protected human decision (`human_decision`)."""
     runner: RunnerEpochRow | None
     turn: OpenTurn | None = None
     """The run's open origin-session model turn, if any."""
@@ -217,6 +225,8 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         pending=pending_requests(db, run_id),
         checkpoint_node=decision.node_path if decision is not None else None,
         ambiguous=[effect.to_wire() for effect in list_ambiguous_effects(db, run_id)],
+        protected=decision is not None
+        and decision_audience(db, run_id) not in (None, CHECKPOINT_AUDIENCE),
         runner=active_runner(db, run_id),
         turn=db.fetch_one(_OPEN_TURN, {"r": run_id}, OpenTurn),
     )
@@ -336,6 +346,8 @@ def _reason_code(facts: _Facts, status: str) -> str | None:
     if status == "paused":
         return "paused"
     if status == "waiting":
+        if facts.protected and park in (None, "checkpoint"):
+            return "humanDecision"
         return park or "checkpoint"
     if facts.queue is not None and facts.queue.state == "parked":
         return park
@@ -390,6 +402,8 @@ def _controls(facts: _Facts, status: str) -> list[str]:
 def _request_actions(facts: _Facts) -> list[str]:
     """The response action a pending request's kind allows."""
     kinds = {request.kind for request in facts.pending}
+    if facts.checkpoint_node is not None and facts.protected:
+        return ["human-answer"]  # a person's answer (decision.answer), never the model's
     if facts.checkpoint_node is not None or "checkpoint" in kinds:
         return ["answer"]
     if "decision" in kinds:

@@ -48,7 +48,6 @@ from pi_workflows.storage import (
     get_run,
     lookup_runner_reply,
     mark_runner_live,
-    open_checkpoint_decision,
     park_run,
     protected_write,
     put_blob,
@@ -68,6 +67,7 @@ from pi_workflows.storage import (
     wait_run,
 )
 from pi_workflows.storage._claims import WriteResult, read_head
+from pi_workflows.storage._decisions import open_waiting_decision
 from pi_workflows.storage._interactions import (
     adoptable_submission,
     earlier_submission_validating,
@@ -618,11 +618,12 @@ def _on_run_parked(
         last = finished.last_finished
         node_path = last.node_path if last is not None else "checkpoint"
         output = finished.outputs.get(node_path)
-        request = {"summary": output.get("summary") if isinstance(output, dict) else None}
 
         def open_decision(tx: Tx) -> None:
-            open_checkpoint_decision(
-                tx, view.run_id, attempt_id=attempt_id, node_path=node_path, request=request
+            # A protected decision (the snapshot says) gets its presentation, deadline
+            # and, in an origin session, its one decision message here.
+            open_waiting_decision(
+                tx, view.run_id, attempt_id=attempt_id, node_path=node_path, output=output
             )
 
         result = wait_run(tx, view.claim, reason="checkpoint", change=open_decision)

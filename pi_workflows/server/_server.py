@@ -25,6 +25,12 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors._base import Reply, wait_reply
+from pi_workflows.actors._channel_adapter import (
+    POLL_SECONDS_ENV,
+    ChannelAdapterActor,
+    ChannelsConfig,
+    StopAdapters,
+)
 from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
 from pi_workflows.actors._coordinator_epoch import ActiveEpochs, CoordinatorEpochActor
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
@@ -56,6 +62,7 @@ from pi_workflows.actors._validations import (
 from pi_workflows.engine._limits import Limits
 from pi_workflows.engine._limits import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.server._channels import channels_path
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._logging import configure_server_logging, detach_server_logging
 from pi_workflows.server._operations import OperationContext
@@ -105,6 +112,7 @@ not stop a server for 15 s. Renewal runs five times per lifetime, at most every 
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
+STOP_CHANNELS_TIMEOUT_S = 5.0
 DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
@@ -218,6 +226,7 @@ class WorkflowServer:
         self._ticker: Ticker | None = None
         self._server_claim: ServerClaim | None = None
         self._runner_host: pykka.ActorRef[Any] | None = None
+        self._channels: pykka.ActorRef[Any] | None = None
         self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
         self._watcher: threading.Thread | None = None
@@ -380,6 +389,24 @@ class WorkflowServer:
             scheduler=self._scheduler,
         )
         validations.tell(ResumeValidations())  # recovery step 9, now that children can start
+        # One transport-only child per Telegram profile (recovery already made every
+        # attempt a dead server left applying ambiguous).
+        channels = ChannelAdapterActor.start(
+            ChannelsConfig(
+                self.state_dir,
+                channels_path(agent_dir),
+                self.tick_s,
+                os.environ.get(POLL_SECONDS_ENV),
+            ),
+            fail,
+            database=database,
+            reader=reader,
+            supervisor=supervisor,
+            listener=self._listener,
+            scheduler=self._scheduler,
+        )
+        database.tell(WatchCommits(channels))  # a new decision or answer is work at once
+        self._channels = channels
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [
@@ -393,6 +420,7 @@ class WorkflowServer:
             self._coordinators,
             validations,
             deadlines,
+            channels,
         ]
         self._ticker = Ticker(self.tick_s)
         for ref in (
@@ -403,6 +431,7 @@ class WorkflowServer:
             runner_host,
             validations,
             deadlines,
+            channels,
         ):
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
@@ -427,6 +456,7 @@ class WorkflowServer:
                     end_request=self._end_request,
                     stop=self.stop_async,
                     epochs=epochs,
+                    channels=channels,
                 )
             )
         )
@@ -452,6 +482,7 @@ class WorkflowServer:
             self._wait_in_flight()
             self._stop_launching()
             self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)
+            self._stop_channels()
             self._teardown()
             self._stopped.set()
 
@@ -530,6 +561,18 @@ class WorkflowServer:
             wait_reply(drain, drain_s)
         with contextlib.suppress(Exception):
             wait_reply(hand_back_rest, DB_CALL_TIMEOUT_S)
+
+    def _stop_channels(self) -> None:
+        """Stop the adapter children and end their channels before the listener stops."""
+        channels = self._channels
+        if channels is None or not channels.is_alive():
+            return
+
+        def send(deliver: Callable[[Reply], None]) -> None:
+            channels.tell(StopAdapters(deliver))
+
+        with contextlib.suppress(Exception):
+            wait_reply(send, STOP_CHANNELS_TIMEOUT_S)
 
     def _release_epoch(self) -> None:
         claim = self._server_claim

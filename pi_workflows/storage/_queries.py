@@ -663,15 +663,19 @@ UPDATE_PENDING_DECISIONS_CANCEL = """
 UPDATE human_decisions SET status = 'cancelled', updated_at = :now
 WHERE run_id = :run_id AND status = 'pending'
 """
-# An in-flight effect attempt of a stopped run may have applied: ambiguous.
+# An in-flight effect attempt of a stopped run may have applied: ambiguous. A channel
+# delivery or settlement is not the runner's: its adapter child still reports it
+# (storage/_channels.py), so the run's end leaves it in flight.
 UPDATE_APPLYING_EFFECT_ATTEMPTS_AMBIGUOUS = """
 UPDATE effect_attempts SET state = 'ambiguous', finished_at = :now
-WHERE state = 'applying' AND effect_id IN (SELECT effect_id FROM effects WHERE run_id = :run_id)
+WHERE state = 'applying' AND effect_id IN (
+    SELECT effect_id FROM effects WHERE run_id = :run_id AND effect_type NOT LIKE 'channel.%'
+)
 """
 # An applying effect of a stopped run: its outcome cannot be proven.
 UPDATE_APPLYING_EFFECTS_AMBIGUOUS = """
 UPDATE effects SET state = 'ambiguous', updated_at = :now, settled_at = :now
-WHERE run_id = :run_id AND state = 'applying'
+WHERE run_id = :run_id AND state = 'applying' AND effect_type NOT LIKE 'channel.%'
 """
 # A pending (never started) effect of a stopped run: it will not run.
 UPDATE_PENDING_EFFECTS_CANCEL = """
@@ -1008,11 +1012,13 @@ FROM human_decisions AS d LEFT JOIN human_decision_resolutions AS x ON x.decisio
 WHERE (d.status = 'pending' AND x.decision_id IS NOT NULL)
    OR (d.status <> 'pending' AND (x.decision_id IS NULL OR x.outcome <> d.status))
 """
-# Unsettled effects of terminal runs.
+# Unsettled effects of terminal runs (a channel settlement edits the message of a run
+# that ended: it is in flight on a terminal run by design).
 CHECK_TERMINAL_UNSETTLED_EFFECTS = """
 SELECT e.run_id, e.effect_id || ' ' || e.state AS detail FROM effects AS e
 JOIN runs AS r ON r.run_id = e.run_id
 WHERE e.state IN ('pending', 'applying') AND r.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+  AND e.effect_type NOT LIKE 'channel.%'
 """
 # Effects with more than one applied attempt.
 CHECK_EFFECT_APPLIED_TWICE = """
@@ -1113,7 +1119,7 @@ INSERT INTO human_decision_resolutions (
     decision_id, outcome, provenance, response_hash, answer_digest, idempotency_key,
     source_channel, resolved_at
 ) VALUES (
-    :decision_id, 'accepted', 'human', :response_hash, :answer_digest, :idempotency_key,
+    :decision_id, 'accepted', :provenance, :response_hash, :answer_digest, :idempotency_key,
     :source, :now
 )
 """

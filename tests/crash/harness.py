@@ -77,7 +77,9 @@ import signal
 import time
 from pathlib import Path
 
-from pi_workflows import action, checkpoint, compute, define_workflow, notify, shell
+from pi_workflows import (
+    action, checkpoint, compute, define_workflow, human_decision, notify, shell,
+)
 from pi_workflows.engine import NOT_APPLIED
 
 LAB = Path(__LAB__)
@@ -242,6 +244,21 @@ workflow = define_workflow(
     name="timedask",
     start_at="ask",
     nodes={"ask": agent(prompt="Summarise", output_schema={"type": "object"}, timeout=1)},
+)
+""",
+    # decide: a protected decision whose default (reject) wins after 1 s -> z.
+    "decide": """
+workflow = define_workflow(
+    name="decide",
+    start_at="decide",
+    nodes={
+        "decide": human_decision(
+            "Ship?", choices={"approve": "Approve", "reject": "Reject"},
+            on_timeout=(1, {"choice": "reject"}),
+        ),
+        "z": compute(lambda ctx: step(ctx, "z")),
+    },
+    edges=[{"from": "decide", "switch": {"on": "$.choice", "cases": {"reject": "z"}}}],
 )
 """,
     # build (a shell command: a managed effect without read-back) -> z.

@@ -1155,6 +1155,40 @@ for _point in ("server.lifecycle.requeue.before_commit", "server.lifecycle.reque
     )
 
 
+def _decision_timeout_crash(lab: Lab, point: str) -> None:
+    """A protected decision's deadline (no runner alive): the control claim's transaction
+    that records the default, closes the decision and queues the continuation is the
+    point (the parent's completion is the first `complete` of this server)."""
+    armed = lab.start_server(point)
+    run_id = lab.start_run("decide").new_run
+    lab.wait_status(run_id, "waiting")
+    lab.expect_server_crash(armed)  # 1 s later, in the timeout's commit
+    committed = point.endswith("after_commit")
+    with lab.database() as db:
+        resolution = db.execute(
+            "SELECT outcome, provenance FROM human_decision_resolutions"
+        ).fetchall()
+        assert resolution == ([("accepted", "timeout")] if committed else [])
+        assert _run(db, run_id)[0] == ("completed" if committed else "waiting")
+        continued = _row(db, "SELECT COUNT(*) FROM runs WHERE continuation_of = ?", run_id)
+        assert continued == int(committed), "the continuation commits with the default"
+        assert _row(db, "SELECT COUNT(*) FROM leases WHERE resource = ?", run_id) == 0
+    lab.start_server()  # recovery applies a passed deadline before anything else
+    lab.wait_status(run_id, "completed")
+    with lab.database() as db:
+        (continuation,) = db.execute("SELECT run_id FROM runs WHERE continuation_of = ?", (run_id,))
+        assert db.execute(
+            "SELECT outcome, provenance FROM human_decision_resolutions"
+        ).fetchall() == [("accepted", "timeout")], "the fence holds: one resolution"
+    lab.wait_status(continuation[0], "completed")
+    assert lab.count(continuation[0], "z") == 1, "the default's branch ran once"
+    lab.finish({run_id: "completed", continuation[0]: "completed"})
+
+
+for _point in ("server.lifecycle.complete.before_commit", "server.lifecycle.complete.after_commit"):
+    scenario(_point, "decision-timeout")(functools.partial(_decision_timeout_crash, point=_point))
+
+
 @scenario("runner.effect.after_read_back", "runner-killed-while-applying")
 def _after_read_back(lab: Lab) -> None:
     armed = lab.start_server("runner.effect.after_read_back")

@@ -1,5 +1,6 @@
 /**
- * Parsing `/workflow` arguments. Pure functions: no I/O, so node's test runner covers them.
+ * Parsing `/workflow` arguments. Pure functions: no I/O, so node's test runner covers them
+ * (`answerRun` does its I/O through the `call` it is given).
  */
 
 import type { JsonValue } from "../common/canonical.ts";
@@ -11,7 +12,7 @@ export const USAGE = [
   "  /workflow list                   the newest runs",
   "  /workflow status [RUN_ID]        one run (default: the run this session started)",
   "  /workflow pause|resume|cancel [RUN_ID]",
-  "  /workflow answer [RUN_ID] JSON   answer the checkpoint the run waits at",
+  "  /workflow answer [RUN_ID] JSON   answer the checkpoint or decision the run waits at",
   "  /workflow followup [RUN_ID] TEXT  a request for the model once the run has finished",
   "  /workflow clear                  remove the finished run from this session's view",
   "  /piw                             how to watch the run",
@@ -66,7 +67,7 @@ export function parseWorkflowArgs(args: string): Parsed {
       let runId: string | null = null;
       if (RUN_ID.test(first)) runId = first;
       else json = rest;
-      if (!json) return { kind: "error", message: 'Give the answer as JSON: /workflow answer {"approved": true}.' };
+      if (!json) return { kind: "error", message: 'Give the answer as JSON: /workflow answer {"approved": true} (a decision: {"choice": "approve"}).' };
       const answer = parseInput(json, "answer", '{"approved": true}');
       return "message" in answer ? answer : { kind: "answer", runId, answer: answer.value };
     }
@@ -96,4 +97,43 @@ function parseInput(text: string, what: string, example: string): { value: JsonV
     return { kind: "error", message: `The ${what} has no JSON form the server accepts (a number out of range?).` };
   }
   return { value: value as JsonValue };
+}
+
+type JsonObject = { [key: string]: JsonValue };
+
+/** How `answerRun` sends one command (`ServerClient.call`). */
+export type AnswerCall = (
+  operation: string,
+  payload: JsonObject,
+  options: { runId: string },
+) => Promise<{ receipt: JsonObject }>;
+
+/** The refusal `run.answer` gives when the run waits at a protected human decision. */
+export const PROTECTED_DECISION = "protectedDecision";
+
+function refusalCode(error: unknown): string | null {
+  const response = (error as { response?: { error?: { code?: unknown } } } | null)?.response;
+  const code = response?.error?.code;
+  return typeof code === "string" ? code : null;
+}
+
+/**
+ * `/workflow answer`: a person's answer. An ordinary checkpoint takes `run.answer`; the
+ * server refuses that for a protected human decision (`protectedDecision`), which a
+ * person answers with `decision.answer` from this session (source channel `pi`). The
+ * model's `workflow` tool has no such path. `decision` says which one answered.
+ */
+export async function answerRun(
+  call: AnswerCall,
+  runId: string,
+  answer: JsonValue,
+): Promise<{ receipt: JsonObject; decision: boolean }> {
+  try {
+    const { receipt } = await call("run.answer", { answer }, { runId });
+    return { receipt, decision: false };
+  } catch (error) {
+    if (refusalCode(error) !== PROTECTED_DECISION) throw error;
+  }
+  const { receipt } = await call("decision.answer", { answer, sourceChannel: "pi" }, { runId });
+  return { receipt, decision: true };
 }

@@ -550,5 +550,12 @@ export class WorkflowMessageCoordinator {
     }
     this.pi.send({ customType: MESSAGE_TYPE, content: text, display: true, details }, TURN_KINDS.has(kind));
     this.events.onSent?.(messageId);
+    if (!TURN_KINDS.has(kind)) {
+      // A passive message (decision, notification) is appended at once and starts no
+      // turn, and Pi emits its message_end to RPC listeners only, never to extensions:
+      // report the branch now, or its entry waits for an unrelated turn's end.
+      this.branchDirty = true;
+      this.pumpSoon();
+    }
   }
 }

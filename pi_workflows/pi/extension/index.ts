@@ -36,7 +36,7 @@ import { Type } from "typebox";
 import type { JsonValue } from "../common/canonical.ts";
 import { ServerClient } from "./client.ts";
 import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type CoordinatorEvents, type PiSide } from "./coordinator.ts";
-import { parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
+import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
 import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
@@ -207,10 +207,11 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       }
       case "answer": {
         const id = targetRun(parsed.runId, "answer");
-        const { receipt } = await client.call("run.answer", { answer: parsed.answer }, { runId: id });
+        // A protected decision is refused by run.answer and goes to decision.answer.
+        const { receipt, decision } = await answerRun((op, payload, options) => client.call(op, payload, options), id, parsed.answer);
         const continuation = typeof receipt.continuationRunId === "string" ? receipt.continuationRunId : null;
         if (continuation !== null && (parsed.runId === null || parsed.runId === runId)) adopt(continuation);
-        notify(`Answered ${id}${continuation ? `; the workflow continues as ${continuation}` : ""}`);
+        notify(`Answered ${decision ? "the decision of " : ""}${id}${continuation ? `; the workflow continues as ${continuation}` : ""}`);
         return;
       }
     }
