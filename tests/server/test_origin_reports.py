@@ -496,3 +496,29 @@ def test_resuming_an_aborted_step_presents_it_once_with_reason_resumed(parked: P
     fresh = parked.turn("started", "turn-2", message_id=message)
     assert fresh["receipt"]["ownership"] == "active"
     assert parked.display()["status"] == "running"
+
+
+def test_a_pause_is_stored_once_on_the_run_and_derived_for_its_interaction(
+    parked: Parked,
+) -> None:
+    """Conformance 22: only `runs.paused` holds the pause; the pending request, its
+    messages and decisions have no pause of their own, and every view derives it."""
+    state_dir = parked.server.state_dir
+    for table in ("interactive_requests", "workflow_messages", "workflow_turns"):
+        columns = [row[1] for row in rows(state_dir, f"PRAGMA table_info({table})")]
+        assert not [c for c in columns if "paus" in c], (table, columns)
+    sent(parked)
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        assert client.call("run.pause", run_id=parked.run_id)["outcome"] == "accepted"
+    request = "SELECT status, revision FROM interactive_requests WHERE request_id = ?"
+    assert rows(state_dir, request, parked.request_id) == [("pending", 1)]
+    assert rows(state_dir, "SELECT paused FROM runs WHERE run_id = ?", parked.run_id) == [(1,)]
+    assert parked.display()["status"] == "paused"
+    # Derived for the interaction: its sent step is not open, so no turn can start on it.
+    assert parked.turn("started", "turn-1")["receipt"]["ownership"] == "absent"
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        assert client.call("run.resume", run_id=parked.run_id)["outcome"] == "accepted"
+    assert rows(state_dir, "SELECT paused FROM runs WHERE run_id = ?", parked.run_id) == [(0,)]
+    [(status, _)] = rows(state_dir, request, parked.request_id)
+    assert status == "pending", "the same interaction continues in place"
+    assert parked.display()["status"] == "waiting"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -104,3 +106,53 @@ def test_no_module_outside_storage_opens_sqlite_except_the_backup_check() -> Non
         if re.search(r"sqlite3?['\"]|better-sqlite|node:sqlite", path.read_text())
     ]
     assert typescript == [], typescript
+
+
+SERVE_ONE_RUN = """
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pi_workflows import WorkflowClient, WorkflowServer
+
+state_dir, project = Path(sys.argv[1]), sys.argv[2]
+TERMINAL = {"completed", "failed", "cancelled", "timed_out"}
+server = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+server.start()
+try:
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        run_id = client.call("run.start", {"workflow": "echo", "projectPath": project})[
+            "receipt"]["runId"]
+        deadline = time.monotonic() + 60
+        while True:  # a condition, polled: this process has no test helpers
+            status = client.call("run.get", run_id=run_id)["receipt"]
+            if status["display"]["status"] in TERMINAL or time.monotonic() > deadline:
+                break
+            threading.Event().wait(0.05)
+finally:
+    server.stop("done")
+executing = sorted(m for m in ("pi_workflows.engine.runner", "pi_workflows.engine._pi_child",
+                               "pi_workflows.engine._warm") if m in sys.modules)
+print(status["display"]["status"], executing)
+"""
+
+
+def test_a_server_process_completes_a_run_without_loading_the_node_executor(
+    short_tmp: Path,
+) -> None:
+    """Conformance 34: no embedded execution fallback. A fresh process that embeds the
+    server and completes a run never imports the modules that execute nodes; only its
+    runner children do."""
+    project = short_tmp / "project"
+    write_workflow(project, "echo")
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_ONE_RUN, str(short_tmp / "agent" / "workflows"), str(project)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+        env=dict(os.environ, PI_CODING_AGENT_DIR=str(short_tmp / "agent")),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["completed", "[]"], done.stdout
