@@ -17,6 +17,7 @@ from pi_workflows.server._operations import (
     OperationError,
     _run_command,
     _run_id,
+    recover_action,
     rejected,
 )
 from pi_workflows.storage import Claim, CommandRequest, Database, EffectRecoveryError, Tx, get_run
@@ -44,11 +45,7 @@ def recover_channel(
 def _recover(db: Database, request: RequestMessage) -> dict[str, Any]:
     run_id = _run_id(request)
     payload = request["payload"]
-    action = payload.get("action")
-    if action not in ("confirm", "retry"):
-        raise OperationError(
-            "rejected", "recoverActionInvalid", "payload.action is 'confirm' or 'retry'"
-        )
+    action = recover_action(payload)
     message_ids = tuple(payload.get("messageIds", ()))
     if action == "retry" and message_ids:
         raise OperationError("rejected", "messageIdsNotAllowed", "a retry takes no message IDs")

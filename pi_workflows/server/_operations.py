@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server._display_status import summary_status as display_status
@@ -741,7 +741,18 @@ def _answer(
     return _run_command(db, request, change)
 
 
-RECOVER_ACTIONS = ("confirm", "retry")
+def recover_action(payload: Mapping[str, Any]) -> Literal["confirm", "retry"]:
+    """The `action` of a recover command (`run.recover`, `channel.recover`)."""
+    match payload.get("action"):
+        case "confirm":
+            return "confirm"
+        case "retry":
+            return "retry"
+    raise OperationError(
+        "rejected", "recoverActionInvalid", "payload.action is 'confirm' or 'retry'"
+    )
+
+
 RETRY_WARNING = (
     "the effect is applied once more; if its first attempt did take effect, "
     "the external system may now see it twice"
@@ -759,11 +770,7 @@ def _recover(
     """
     run_id = _run_id(request)
     payload = request["payload"]
-    action = payload.get("action")
-    if action not in RECOVER_ACTIONS:
-        raise OperationError(
-            "rejected", "recoverActionInvalid", "payload.action is 'confirm' or 'retry'"
-        )
+    action = recover_action(payload)
     if action == "retry" and "result" in payload:
         raise OperationError("rejected", "resultNotAllowed", "a retry takes no result")
     effect_id = payload.get("effectId")
