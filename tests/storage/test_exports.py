@@ -43,6 +43,7 @@ PINNED = {
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
     "get_runner", "active_runner", "active_runners", "status_counts", "StatusCounts",
+    "state_counts", "state_size",
     "server_has_work", "RunRow", "RunSummary", "QueueRow", "LeaseRow", "EventRow",
     "NodeAttemptRow", "RunnerEpochRow", "ServerLeaseRow",
     # receipts
