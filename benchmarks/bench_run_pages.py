@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._view_pages import run_page
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._view_pages import run_page
 from pi_workflows.storage import (
     Database,
     NewRun,

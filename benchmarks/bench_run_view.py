@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi_workflows.server._run_view import build_run_view
+from pi_workflows.domain._run_view import build_run_view
 from pi_workflows.storage import (
     Database,
     NewRun,

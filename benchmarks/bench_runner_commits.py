@@ -28,8 +28,8 @@ from typing import Any
 from pi_workflows.actors import _database
 from pi_workflows.actors._base import Reply
 from pi_workflows.actors._database import DatabaseActor, Transact
-from pi_workflows.server._runner_handlers import RunnerView, apply_message
-from pi_workflows.server._runner_launch import prepare_launch
+from pi_workflows.domain._runner_handlers import RunnerView, apply_message
+from pi_workflows.domain._runner_launch import prepare_launch
 from pi_workflows.storage import Database, NewRun, enqueue_run, open_database
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA
 from pi_workflows.wire.runner import RunnerMessage

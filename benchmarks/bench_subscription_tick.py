@@ -31,11 +31,10 @@ from pi_workflows.actors._reader import ReaderActor
 from pi_workflows.actors._subscriptions import (
     Subscribe,
     SubscriptionActor,
-    ViewSnapshot,
-    ViewSpec,
 )
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.server._view_subscriptions import read_view
+from pi_workflows.domain import ViewSnapshot, ViewSpec
+from pi_workflows.domain._view_subscriptions import read_view
 from pi_workflows.storage import (
     Claim,
     Database,

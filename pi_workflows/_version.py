@@ -2,6 +2,8 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = ["__version__"]
+
 try:
     __version__ = version("pi-workflows")
 except PackageNotFoundError:  # running from a source tree that was never installed

@@ -6,6 +6,8 @@ says whether repeating the same call may succeed.
 
 from __future__ import annotations
 
+__all__ = ["PiWorkflowsError"]
+
 
 class PiWorkflowsError(Exception):
     """Base class of every error this package raises on purpose."""

@@ -1,3 +1,104 @@
 """The server's pykka actors, one module each (workflow-server.md § Process model)."""
 
-__all__: list[str] = []
+from pi_workflows.actors._base import Reply, wait_reply
+from pi_workflows.actors._channel_adapter import (
+    POLL_SECONDS_ENV,
+    ChannelAdapterActor,
+    ChannelRequest,
+    ChannelsConfig,
+    ScanChannels,
+    StopAdapters,
+)
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
+from pi_workflows.actors._coordinator_epoch import (
+    ClaimCoordinator,
+    CoordinatorEpochActor,
+    ReleaseConnection,
+)
+from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
+from pi_workflows.actors._deadlines import DeadlinesActor
+from pi_workflows.actors._process_supervisor import (
+    KillChild,
+    ProcessSupervisorActor,
+    Spawn,
+    StopRecorded,
+)
+from pi_workflows.actors._reader import Read, ReaderActor
+from pi_workflows.actors._runner_host import (
+    RUNNER_MODULE,
+    ConnectScheduler,
+    Drain,
+    HandBack,
+    RunCommand,
+    RunnerHostActor,
+    RunnerHostConfig,
+)
+from pi_workflows.actors._scheduler import SchedulerActor, Wake
+from pi_workflows.actors._state_prune import Prune, StatePruneActor
+from pi_workflows.actors._subscriptions import (
+    ConnectionClosed,
+    Subscribe,
+    SubscriptionActor,
+    Unsubscribe,
+)
+from pi_workflows.actors._ticker import Ticker
+from pi_workflows.actors._validations import (
+    VALIDATE_TIMEOUT_ENV,
+    VALIDATOR_MODULE,
+    ConnectionGone,
+    ResumeValidations,
+    Submit,
+    ValidationsActor,
+    ValidationsConfig,
+    validate_timeout_from_env,
+)
+
+__all__ = [
+    "POLL_SECONDS_ENV",
+    "RUNNER_MODULE",
+    "VALIDATE_TIMEOUT_ENV",
+    "VALIDATOR_MODULE",
+    "ChannelAdapterActor",
+    "ChannelRequest",
+    "ChannelsConfig",
+    "ClaimCoordinator",
+    "ClaimRenewerActor",
+    "ConnectScheduler",
+    "ConnectionClosed",
+    "ConnectionGone",
+    "CoordinatorEpochActor",
+    "DatabaseActor",
+    "DeadlinesActor",
+    "Drain",
+    "HandBack",
+    "KillChild",
+    "LeaseHooks",
+    "ProcessSupervisorActor",
+    "Prune",
+    "Read",
+    "ReaderActor",
+    "ReleaseConnection",
+    "Reply",
+    "ResumeValidations",
+    "RunCommand",
+    "RunnerHostActor",
+    "RunnerHostConfig",
+    "ScanChannels",
+    "SchedulerActor",
+    "Spawn",
+    "StatePruneActor",
+    "StopAdapters",
+    "StopRecorded",
+    "Submit",
+    "Subscribe",
+    "SubscriptionActor",
+    "Ticker",
+    "Transact",
+    "Unsubscribe",
+    "ValidationsActor",
+    "ValidationsConfig",
+    "Wake",
+    "WatchCommits",
+    "validate_timeout_from_env",
+    "wait_reply",
+]

@@ -32,21 +32,29 @@ from pi_workflows.actors._process_supervisor import ChildExited, Spawn, StopChil
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.server._channel_work import (
+from pi_workflows.domain import (
     AnswerOutcome,
+    ChannelConfig,
+    ChannelProfile,
     ProfileScope,
     WorkItem,
     answer_from_channel,
     counts_by_channel,
+    failure_response,
     find_work,
     interrupt_adapter,
+    load_profiles,
     record_result,
     reserve_work,
+    response,
 )
-from pi_workflows.server._channels import ChannelConfig, ChannelProfile, load_profiles
-from pi_workflows.server._operations import failure_response, response
-from pi_workflows.storage._channels import DELIVER, ChannelAttempt, ChannelResult, SettledAttempt
-from pi_workflows.storage._paths import ensure_private_dir
+from pi_workflows.storage import (
+    DELIVER,
+    ChannelAttempt,
+    ChannelResult,
+    SettledAttempt,
+    ensure_private_dir,
+)
 from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.channel import ChannelSequenceCheck, ChannelStamp, check_message
 from pi_workflows.wire.framing import FrameError

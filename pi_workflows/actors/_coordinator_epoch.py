@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 from pi_workflows.actors._database import Transact
-from pi_workflows.server._deadlines import suspend_session
+from pi_workflows.domain import ActiveEpochs, CoordinatorGrant, suspend_session
 
 __all__ = [
     "ActiveEpochs",
@@ -30,15 +29,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorGrant:
-    """The epoch granted to one connection for one origin session."""
-
-    session_id: str
-    connection_id: str
-    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,36 +59,6 @@ class ReleaseConnection:
     """A connection closed: end every coordinator epoch it held."""
 
     connection_id: str
-
-
-class ActiveEpochs:
-    """The active grant of each session, published by the actor for view reads.
-
-    Written only by `CoordinatorEpochActor` (its one owner); the session-view reader
-    reads it to decide whether a subscription still holds the active epoch, without a
-    round trip through the actor on every poll. A lock keeps each read consistent.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active: dict[str, CoordinatorGrant] = {}
-
-    def is_active(self, session_id: str, connection_id: str, epoch: int) -> bool:
-        with self._lock:
-            return self._active.get(session_id) == CoordinatorGrant(
-                session_id, connection_id, epoch
-            )
-
-    def holds(self, session_id: str, connection_id: str) -> bool:
-        """`connection_id` holds the session's active epoch (whatever its number)."""
-        with self._lock:
-            grant = self._active.get(session_id)
-            return grant is not None and grant.connection_id == connection_id
-
-    def publish(self, active: dict[str, CoordinatorGrant]) -> None:
-        """The actor's new table (only the actor calls this)."""
-        with self._lock:
-            self._active = dict(active)
 
 
 class CoordinatorEpochActor(ServerActor):

@@ -6,7 +6,7 @@ enforce the durable deadline while no runner exists"). The durable facts (time u
 the running span) are written by the reports and transitions that change them; this
 actor only knows when to look. It keeps the earliest instant a budget runs out (a cache
 of the durable rows, re-read after commits) and, once the clock passes it, runs the
-timeout unit (`server/_deadlines.py::expire_due`) on the database actor, then wakes the
+timeout unit (`domain/_deadlines.py::expire_due`) on the database actor, then wakes the
 scheduler so the timeout-resume runner starts.
 """
 
@@ -24,7 +24,7 @@ from pi_workflows.actors._database import Committed, Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.server._deadlines import expire_due, next_deadline
+from pi_workflows.domain import expire_due, next_deadline
 from pi_workflows.storage import Clock
 
 __all__ = ["DeadlinesActor"]

@@ -13,8 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,21 +20,21 @@ from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, wait_reply
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.server._resolver import RESOLVER_MODULE
 from pi_workflows.supervision import (
     ChildProcess,
+    LogDrain,
     ProcessIdentity,
+    Zygote,
+    ZygoteUnavailable,
     exited_unreaped,
+    kill_descendants,
     signal_group,
     signal_own_child,
     spawn_child,
+    wait_for_exits,
 )
-from pi_workflows.supervision._log_drain import LogDrain
-from pi_workflows.supervision._process import wait_for_exits
-from pi_workflows.supervision._subreaper import kill_descendants
-from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 
 __all__ = [
     "LOG_CAP_BYTES",
@@ -44,7 +42,6 @@ __all__ = [
     "ChildExited",
     "KillChild",
     "ProcessSupervisorActor",
-    "ResolverPort",
     "Spawn",
     "StopChild",
     "StopGroup",
@@ -353,48 +350,3 @@ class ProcessSupervisorActor(ServerActor):
             if supervised.kill_at_tick is not None and self._tick >= supervised.kill_at_tick:
                 supervised.killed = True
                 self._kill(supervised)
-
-
-SPAWN_REPLY_S = 10.0
-
-
-class ResolverPort:
-    """Resolver children through the supervisor, for the resolver threads (not actors).
-
-    **Blocking:** `start` waits (at most `SPAWN_REPLY_S`) for the spawn's identity; only a
-    resolver thread calls it. `kill` only queues.
-    """
-
-    def __init__(self, supervisor: pykka.ActorRef[Any]) -> None:
-        self._supervisor = supervisor
-
-    def start(self, cwd: Path | None, child_end: socket.socket) -> ProcessIdentity:
-        """Start one resolver with `child_end` as its stdin and stdout.
-
-        Raises:
-            OSError: the spawn failed, or the supervisor did not answer in time.
-        """
-        fd = child_end.detach()  # the supervisor closes it once the child has it
-
-        def send(deliver: Callable[[Reply], None]) -> None:
-            self._supervisor.tell(
-                Spawn(
-                    [sys.executable, "-m", RESOLVER_MODULE],
-                    os.environ,
-                    deliver,
-                    cwd=cwd,
-                    pass_fds=(fd,),
-                    preloaded=RESOLVER_MODULE,
-                    stdio=True,
-                )
-            )
-
-        try:
-            identity: ProcessIdentity = wait_reply(send, SPAWN_REPLY_S)
-        except (TimeoutError, pykka.ActorDeadError) as exc:
-            raise OSError(f"no resolver was started: {type(exc).__name__}") from None
-        return identity
-
-    def kill(self, identity: ProcessIdentity) -> None:
-        with contextlib.suppress(pykka.ActorDeadError):
-            self._supervisor.tell(KillChild(identity))

@@ -34,17 +34,24 @@ from pi_workflows.actors._process_supervisor import (
 )
 from pi_workflows.actors._scheduler import Launch, Wake
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.engine._limits import Limits, limits_env
-from pi_workflows.server._operations import (
+from pi_workflows.domain import (
     FENCING_COMMANDS,
     LAUNCH_IN_FLIGHT,
+    Delta,
+    ExitFacts,
+    Handled,
+    LaunchPlan,
     OperationContext,
+    RunnerView,
+    apply_message,
     failure_response,
+    hand_back,
     handle_operation,
+    record_exit,
+    record_spawn,
+    reply_to,
 )
-from pi_workflows.server._runner_exits import ExitFacts, hand_back, record_exit
-from pi_workflows.server._runner_handlers import Delta, Handled, RunnerView, apply_message, reply_to
-from pi_workflows.server._runner_launch import LaunchPlan, record_spawn
+from pi_workflows.engine import Limits, limits_env
 from pi_workflows.storage import Clock, ensure_private_dir
 from pi_workflows.supervision import ProcessIdentity, crash_point
 from pi_workflows.wire.canonical import dumps

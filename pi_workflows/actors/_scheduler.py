@@ -19,8 +19,8 @@ import pykka
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.domain import LaunchPlan, prepare_launch
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.server._runner_launch import LaunchPlan, prepare_launch
 from pi_workflows.storage import (
     Database,
     QueueKind,

@@ -37,8 +37,9 @@ from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, t
 from pi_workflows.actors._database import Committed
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.domain import ViewGone, ViewSnapshot, ViewSpec
 from pi_workflows.storage import Database
-from pi_workflows.wire._listener import Connection, offer_event_frames
+from pi_workflows.wire import Connection, offer_event_frames
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from pi_workflows.wire.protocol import CLIENT_SCHEMA
@@ -53,10 +54,7 @@ __all__ = [
     "Subscribe",
     "SubscriptionActor",
     "Unsubscribe",
-    "ViewGone",
     "ViewReader",
-    "ViewSnapshot",
-    "ViewSpec",
     "event_frame",
 ]
 
@@ -77,38 +75,6 @@ EVENT_KINDS: Final = {"runList": "runList", "run": "runSnapshot", "sessionView":
 """The snapshot event kind of each view kind."""
 PATCH_KINDS: Final = {"run": "runPatch"}
 """View kinds that retain revisions and send patches, and their patch event kind."""
-
-
-@dataclass(frozen=True, slots=True)
-class ViewSpec:
-    """Which view a subscription shows: equal specs share one read and one encoding."""
-
-    kind: str
-    """`runList`, `run` or `sessionView`."""
-    run_id: str | None = None
-    """The run of a `run` view."""
-    session_id: str | None = None
-    """The origin session of a `sessionView`."""
-    connection_id: str | None = None
-    """A coordinator's `sessionView`: the connection granted `epoch` (its own view)."""
-    epoch: int | None = None
-    """The coordinator epoch that connection was granted for the session."""
-
-
-@dataclass(frozen=True, slots=True)
-class ViewSnapshot:
-    """The view at one revision, as the reader built it."""
-
-    revision: int
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ViewGone:
-    """The view's subject no longer exists (a pruned run): its subscribers are told, once."""
-
-    code: str
-    message: str
 
 
 ViewReader = Callable[[Database, ViewSpec, int], "ViewSnapshot | ViewGone | None"]

@@ -30,25 +30,26 @@ from typing import Any, Protocol
 import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
-from pi_workflows.actors._coordinator_epoch import ActiveEpochs
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._process_supervisor import ChildExited, KillChild, Spawn
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.engine.validate import VALIDATOR_FD_ENV
-from pi_workflows.server._interactions import (
+from pi_workflows.domain import (
+    ActiveEpochs,
     SessionAuthority,
     SettledSubmission,
     SubmitStep,
     ValidationJob,
+    failure_response,
     held_answer,
+    rejected,
     settle_validation,
     submit_interaction,
     validations_to_resume,
 )
-from pi_workflows.server._operations import failure_response, rejected
-from pi_workflows.storage._paths import ensure_private_dir
+from pi_workflows.engine.validate import VALIDATOR_FD_ENV
+from pi_workflows.storage import ensure_private_dir
 from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.framing import FrameError
 from pi_workflows.wire.protocol import RequestMessage

@@ -26,30 +26,28 @@ import pykka.debug
 
 from pi_workflows._paths import AGENT_DIR_ENV
 from pi_workflows._version import __version__
-from pi_workflows.actors._validations import VALIDATE_TIMEOUT_ENV
+from pi_workflows.actors import VALIDATE_TIMEOUT_ENV
 from pi_workflows.cli._backup import (
     BackupUnusableError,
     LiveDatabaseError,
     verify_inactive_backup,
 )
-from pi_workflows.engine import discover
-from pi_workflows.engine._limits import MEMORY_ENV, PROCESSES_ENV
-from pi_workflows.engine._pi_child import PI_BINARY_ENV
+from pi_workflows.engine import MEMORY_ENV, PI_BINARY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.server import (
+    DEFAULT_DRAIN_S,
     DEFAULT_IDLE_EXIT_S,
     DEFAULT_MAX_WORKERS,
     IDLE_EXIT_ENV,
     MAX_WORKERS_ENV,
+    ZYGOTE_ENV,
     ServerStartError,
     WorkflowServer,
+    redirect_output,
 )
-from pi_workflows.server._logging import redirect_output
-from pi_workflows.server._router import DEFAULT_DRAIN_S
-from pi_workflows.server._server import ZYGOTE_ENV
 from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
 from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
-from pi_workflows.wire._listener import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV
+from pi_workflows.wire import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV
 from pi_workflows.wire.client import (
     HostUnavailableError,
     InvalidRequestError,

@@ -29,7 +29,7 @@ from pi_workflows.cli._main import (
     json_option,
     run,
 )
-from pi_workflows.server._run_list import DISPLAY_STATUSES
+from pi_workflows.domain import DISPLAY_STATUSES
 from pi_workflows.wire.client import WorkflowClient
 
 __all__ = ["parse_since", "run_list", "run_logs"]

@@ -1,6 +1,6 @@
 """`pi-workflows state prune`: list, or delete after a verified backup, expired run trees.
 
-The server does the work (`state.prune`, server/_state_prune.py); the CLI never opens
+The server does the work (`state.prune`, domain/_state_prune.py); the CLI never opens
 SQLite. Each invocation sends one fresh idempotency key; if its connection is lost, it
 reconnects once and sends the same key again, so the server adopts the result of the
 prune in flight instead of running a second one.
@@ -24,7 +24,7 @@ from pi_workflows.cli._main import (
     json_option,
     state,
 )
-from pi_workflows.server._state_prune import DEFAULT_OLDER_THAN_DAYS
+from pi_workflows.domain import DEFAULT_OLDER_THAN_DAYS
 from pi_workflows.wire.client import HostUnavailableError
 
 __all__ = ["state_prune"]

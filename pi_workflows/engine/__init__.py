@@ -71,6 +71,7 @@ from pi_workflows.engine._discovery import (
     COMMAND_NAME_PATTERN,
     WORKFLOW_SUFFIX,
     WorkflowSource,
+    command_name,
     discover,
     find_workflow,
     search_dirs,
@@ -86,6 +87,13 @@ from pi_workflows.engine._errors import (
     WorkflowNotFoundError,
 )
 from pi_workflows.engine._keys import EFFECT_KEY_SCHEMA, compiled_node_path, effect_idempotency_key
+from pi_workflows.engine._limits import (
+    MEMORY_ENV,
+    PROCESSES_ENV,
+    Limits,
+    default_limits,
+    limits_env,
+)
 from pi_workflows.engine._loader import (
     WORKFLOW_ATTRIBUTE,
     LoadedWorkflow,
@@ -99,7 +107,9 @@ from pi_workflows.engine._loader import (
     verify_mounted,
     verify_source,
 )
+from pi_workflows.engine._pi_child import PI_BINARY_ENV
 from pi_workflows.engine._routing import COMPLETED, OUTCOMES, next_node
+from pi_workflows.engine._warm import prewarm, rehearse
 
 __all__ = [
     "BUILTINS_DIR",
@@ -116,9 +126,12 @@ __all__ = [
     "EXIT_NODE_PREFIX",
     "INCLUDE_ENTRY_SCHEMA",
     "MAX_INCLUDE_DEPTH",
+    "MEMORY_ENV",
     "NODE_ID_PATTERN",
     "NOT_APPLIED",
     "OUTCOMES",
+    "PI_BINARY_ENV",
+    "PROCESSES_ENV",
     "SHELL_EFFECT_TYPE",
     "WORKFLOW_ATTRIBUTE",
     "WORKFLOW_NAME_PATTERN",
@@ -141,6 +154,7 @@ __all__ = [
     "Include",
     "IncludeResolver",
     "InputInvalidError",
+    "Limits",
     "LoadedWorkflow",
     "MountedSource",
     "Node",
@@ -163,9 +177,11 @@ __all__ = [
     "agent",
     "checkpoint",
     "choice",
+    "command_name",
     "compile_workflow",
     "compiled_node_path",
     "compute",
+    "default_limits",
     "define_workflow",
     "definition_digest",
     "definition_snapshot",
@@ -178,12 +194,15 @@ __all__ = [
     "include_exit_output",
     "include_workflow",
     "js_string",
+    "limits_env",
     "load_source",
     "load_verified",
     "load_workflow",
     "next_node",
     "notify",
+    "prewarm",
     "project_scope",
+    "rehearse",
     "search_dirs",
     "shell",
     "validate_input",

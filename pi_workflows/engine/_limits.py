@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psutil
 
 from pi_workflows.engine._errors import WorkflowDefinitionError
-from pi_workflows.supervision._subreaper import DescendantCap, stop_descendants
+from pi_workflows.supervision import DescendantCap, stop_descendants
 
 __all__ = [
     "DEFAULT_MEMORY_CAP_MB",

@@ -26,14 +26,16 @@ import psutil
 
 from pi_workflows._paths import agent_dir as default_agent_dir
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.supervision._pi_group import (
+from pi_workflows.supervision import (
     Descendant,
+    ProcessIdentity,
     end_descendants,
+    identity_of,
+    is_alive,
+    keeper_argv,
     snapshot_descendants,
     terminate_then_kill,
 )
-from pi_workflows.supervision._pi_keeper import keeper_argv
-from pi_workflows.supervision._process import ProcessIdentity, identity_of, is_alive
 
 __all__ = [
     "ABORT_GRACE_S",

@@ -151,7 +151,7 @@ def _rehearse_guard() -> None:
     # A runner's first node lists its descendants and arms the process cap: the /proc
     # reads' first run and the cap's thread (a spare only: the zygote stays one thread).
     from pi_workflows.engine._limits import default_limits  # noqa: PLC0415
-    from pi_workflows.supervision._subreaper import DescendantCap, descendants  # noqa: PLC0415
+    from pi_workflows.supervision import DescendantCap, descendants  # noqa: PLC0415
 
     default_limits({"PI_WORKFLOWS_DEFAULT_MEMORY_MB": "0"})
     descendants()

@@ -27,7 +27,7 @@ from pi_workflows.engine._errors import (
     WorkflowNotFoundError,
 )
 from pi_workflows.engine._loader import load_workflow
-from pi_workflows.supervision._process import set_process_name
+from pi_workflows.supervision import set_process_name
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 
 __all__ = [

@@ -51,10 +51,17 @@ from pi_workflows.engine._limits import (
 from pi_workflows.engine._loader import load_verified
 from pi_workflows.engine._pi_child import PiChild, PiLaunch, PiOptions, PiUnavailable, TurnOutcome
 from pi_workflows.engine._routing import next_node
-from pi_workflows.supervision import crash_point, identity_of, signal_popen_group
-from pi_workflows.supervision._crash import CRASH_ENV, CRASH_ONCE_ENV, RUNNER_SENT_KINDS
-from pi_workflows.supervision._process import set_process_name
-from pi_workflows.supervision._subreaper import become_subreaper, stop_descendants
+from pi_workflows.supervision import (
+    CRASH_ENV,
+    CRASH_ONCE_ENV,
+    RUNNER_SENT_KINDS,
+    become_subreaper,
+    crash_point,
+    identity_of,
+    set_process_name,
+    signal_popen_group,
+    stop_descendants,
+)
 from pi_workflows.supervision.zygote import CONTROL_FD_ENV
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 from pi_workflows.wire.client import socket_path_for

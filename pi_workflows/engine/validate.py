@@ -21,7 +21,7 @@ from pi_workflows.engine._compile import CompiledWorkflow, ScopedState
 from pi_workflows.engine._definition import AgentNode
 from pi_workflows.engine._errors import SourceChangedError
 from pi_workflows.engine._loader import load_verified
-from pi_workflows.supervision._process import set_process_name
+from pi_workflows.supervision import set_process_name
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import FrameDecoder, FrameError, encode_frame
 

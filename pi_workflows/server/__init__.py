@@ -1,36 +1,30 @@
-"""The server process: composition of actors, socket and lifecycle; client operations.
+"""The server process: the composition root, the client router and the server's logs.
 
-Implements workflow-server.md § Process model, § Server lifecycle and § Live client
-protocol (operation handling). The composition root is imported on first use: the
-actors import this package's units of database work, and the root imports the actors.
+Implements workflow-server.md § Process model and § Server lifecycle: `WorkflowServer`
+starts and stops the actors (`pi_workflows.actors`), which run the units of work of
+`pi_workflows.domain`; the router hands each client request to the actor that owns it.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pi_workflows.server._server import (
-        DEFAULT_IDLE_EXIT_S,
-        DEFAULT_MAX_WORKERS,
-        IDLE_EXIT_ENV,
-        MAX_WORKERS_ENV,
-        ServerStartError,
-        WorkflowServer,
-    )
+from pi_workflows.server._logging import redirect_output
+from pi_workflows.server._router import DEFAULT_DRAIN_S
+from pi_workflows.server._server import (
+    DEFAULT_IDLE_EXIT_S,
+    DEFAULT_MAX_WORKERS,
+    IDLE_EXIT_ENV,
+    MAX_WORKERS_ENV,
+    ZYGOTE_ENV,
+    ServerStartError,
+    WorkflowServer,
+)
 
 __all__ = [
+    "DEFAULT_DRAIN_S",
     "DEFAULT_IDLE_EXIT_S",
     "DEFAULT_MAX_WORKERS",
     "IDLE_EXIT_ENV",
     "MAX_WORKERS_ENV",
+    "ZYGOTE_ENV",
     "ServerStartError",
     "WorkflowServer",
+    "redirect_output",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("pi_workflows.server._server"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

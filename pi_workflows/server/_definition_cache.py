@@ -39,8 +39,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from pi_workflows.engine._discovery import WORKFLOW_SUFFIX, command_name, search_dirs
-from pi_workflows.engine._errors import InputInvalidError
+from pi_workflows.engine import WORKFLOW_SUFFIX, InputInvalidError, command_name, search_dirs
 from pi_workflows.engine.resolve import input_invalid_message, safe_message
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 from pi_workflows.wire.schema_errors import first_violation

@@ -8,15 +8,29 @@ what the child reported.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import pykka
+
+from pi_workflows.actors import KillChild, Reply, Spawn, wait_reply
 from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 
-__all__ = ["RESOLVE_TIMEOUT_S", "ResolverChildren", "resolve_start", "resolver_spawns"]
+__all__ = [
+    "RESOLVER_MODULE",
+    "RESOLVE_TIMEOUT_S",
+    "ResolverChildren",
+    "ResolverPort",
+    "resolve_start",
+    "resolver_spawns",
+]
 
 RESOLVE_TIMEOUT_S = 30.0
 MAX_RESOLVER_OUTPUT = 4 * 1024 * 1024
@@ -119,3 +133,48 @@ def _answer(out: bytes) -> dict[str, Any]:
 
 def _failure(code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "code": code, "message": message}
+
+
+SPAWN_REPLY_S = 10.0
+
+
+class ResolverPort:
+    """Resolver children through the supervisor, for the resolver threads (not actors).
+
+    **Blocking:** `start` waits (at most `SPAWN_REPLY_S`) for the spawn's identity; only a
+    resolver thread calls it. `kill` only queues.
+    """
+
+    def __init__(self, supervisor: pykka.ActorRef[Any]) -> None:
+        self._supervisor = supervisor
+
+    def start(self, cwd: Path | None, child_end: socket.socket) -> ProcessIdentity:
+        """Start one resolver with `child_end` as its stdin and stdout.
+
+        Raises:
+            OSError: the spawn failed, or the supervisor did not answer in time.
+        """
+        fd = child_end.detach()  # the supervisor closes it once the child has it
+
+        def send(deliver: Callable[[Reply], None]) -> None:
+            self._supervisor.tell(
+                Spawn(
+                    [sys.executable, "-m", RESOLVER_MODULE],
+                    os.environ,
+                    deliver,
+                    cwd=cwd,
+                    pass_fds=(fd,),
+                    preloaded=RESOLVER_MODULE,
+                    stdio=True,
+                )
+            )
+
+        try:
+            identity: ProcessIdentity = wait_reply(send, SPAWN_REPLY_S)
+        except (TimeoutError, pykka.ActorDeadError) as exc:
+            raise OSError(f"no resolver was started: {type(exc).__name__}") from None
+        return identity
+
+    def kill(self, identity: ProcessIdentity) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            self._supervisor.tell(KillChild(identity))

@@ -23,55 +23,57 @@ from typing import Any
 import pykka
 
 from pi_workflows._version import __version__
-from pi_workflows.actors._base import Reply
-from pi_workflows.actors._channel_adapter import ChannelRequest, ScanChannels
-from pi_workflows.actors._coordinator_epoch import (
-    ActiveEpochs,
+from pi_workflows.actors import (
+    ChannelRequest,
     ClaimCoordinator,
-    CoordinatorGrant,
+    ConnectionClosed,
+    ConnectionGone,
+    Prune,
+    Read,
     ReleaseConnection,
+    Reply,
+    RunCommand,
+    ScanChannels,
+    Submit,
+    Subscribe,
+    Transact,
+    Unsubscribe,
+    Wake,
 )
-from pi_workflows.actors._database import Transact
-from pi_workflows.actors._reader import Read
-from pi_workflows.actors._runner_host import RunCommand
-from pi_workflows.actors._scheduler import Wake
-from pi_workflows.actors._subscriptions import ConnectionClosed, Subscribe, Unsubscribe, ViewSpec
-from pi_workflows.actors._validations import ConnectionGone, Submit
-from pi_workflows.server._channel_ops import recover_channel
-from pi_workflows.server._decisions import answer_decision_command, list_decisions
-from pi_workflows.server._definition_cache import DefinitionCache
-from pi_workflows.server._interactions import (
-    SessionAuthority,
-    add_follow_up_command,
-    answer_from_session,
-    update_interaction,
-)
-from pi_workflows.server._operations import (
+from pi_workflows.domain import (
     COMMANDS,
     READS,
     RUNNER_COMMANDS,
     SNAPSHOT_READS,
+    ActiveEpochs,
+    CoordinatorGrant,
     OperationContext,
     OperationError,
+    SessionAuthority,
     StartRequest,
+    ViewSpec,
+    add_follow_up_command,
+    answer_decision_command,
+    answer_from_session,
+    clear_terminal_view,
     failure_response,
     handle_operation,
     internal_error,
+    list_decisions,
     prior_answer,
+    recover_channel,
     rejected,
+    report_branch,
+    report_turn,
     response,
     start_request_fields,
     start_run,
+    update_interaction,
 )
-from pi_workflows.server._origin_reports import (
-    clear_terminal_view,
-    report_branch,
-    report_turn,
-)
+from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
-from pi_workflows.server._state_prune import start_state_prune
 from pi_workflows.storage import run_view_revision
-from pi_workflows.wire._listener import Connection
+from pi_workflows.wire import Connection
 from pi_workflows.wire.protocol import RequestMessage, client_operations
 
 __all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
@@ -117,6 +119,8 @@ class RouterPorts:
     """The coordinator epochs the coordinator actor publishes (origin-session reports)."""
     channels: pykka.ActorRef[Any] | None = None
     """The channel-adapter actor: `channel.status`, `channel.reload`."""
+    state_prune: pykka.ActorRef[Any] | None = None
+    """The state-prune actor: `state.prune`."""
 
 
 @dataclass(eq=False)
@@ -330,9 +334,11 @@ class Router:
 
     def _state_prune(self, pending: Pending) -> None:
         """Chained through the reader (selection, backup) and database (one tree a
-        unit) actors; answered once the receipt is stored (server/_state_prune.py)."""
-        ports = self._ports
-        start_state_prune(pending.request, pending.respond, ports.database, ports.reader)
+        unit) actors; answered once the receipt is stored (domain/_state_prune.py)."""
+        if self._ports.state_prune is None:
+            pending.respond(_unrouted(pending.request))
+            return
+        self._ports.state_prune.tell(Prune(pending))
 
     def _server_stop(self, pending: Pending) -> None:
         request = pending.request

@@ -24,52 +24,54 @@ from typing import Any
 import pykka
 
 from pi_workflows._version import __version__
-from pi_workflows.actors._base import Reply, wait_reply
-from pi_workflows.actors._channel_adapter import (
+from pi_workflows.actors import (
     POLL_SECONDS_ENV,
+    RUNNER_MODULE,
+    VALIDATOR_MODULE,
     ChannelAdapterActor,
     ChannelsConfig,
-    StopAdapters,
-)
-from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
-from pi_workflows.actors._coordinator_epoch import ActiveEpochs, CoordinatorEpochActor
-from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
-from pi_workflows.actors._deadlines import DeadlinesActor
-from pi_workflows.actors._process_supervisor import (
-    ProcessSupervisorActor,
-    ResolverPort,
-    StopRecorded,
-)
-from pi_workflows.actors._reader import ReaderActor
-from pi_workflows.actors._runner_host import (
-    RUNNER_MODULE,
+    ClaimRenewerActor,
     ConnectScheduler,
+    CoordinatorEpochActor,
+    DatabaseActor,
+    DeadlinesActor,
     Drain,
     HandBack,
+    LeaseHooks,
+    ProcessSupervisorActor,
+    ReaderActor,
+    Reply,
+    ResumeValidations,
     RunnerHostActor,
     RunnerHostConfig,
-)
-from pi_workflows.actors._scheduler import SchedulerActor
-from pi_workflows.actors._subscriptions import SubscriptionActor
-from pi_workflows.actors._ticker import Ticker
-from pi_workflows.actors._validations import (
-    VALIDATOR_MODULE,
-    ResumeValidations,
+    SchedulerActor,
+    StatePruneActor,
+    StopAdapters,
+    StopRecorded,
+    SubscriptionActor,
+    Ticker,
+    Transact,
     ValidationsActor,
     ValidationsConfig,
+    WatchCommits,
     validate_timeout_from_env,
+    wait_reply,
 )
-from pi_workflows.engine._limits import Limits
-from pi_workflows.engine._limits import default_limits as limits_from_env
+from pi_workflows.domain import (
+    ActiveEpochs,
+    OperationContext,
+    RecoveryReport,
+    channels_path,
+    read_view,
+    recover_at_startup,
+)
+from pi_workflows.engine import Limits
+from pi_workflows.engine import default_limits as limits_from_env
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.server._channels import channels_path
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._logging import configure_server_logging, detach_server_logging
-from pi_workflows.server._operations import OperationContext
-from pi_workflows.server._recovery import RecoveryReport, recover_at_startup
-from pi_workflows.server._resolver import RESOLVER_MODULE
+from pi_workflows.server._resolver import RESOLVER_MODULE, ResolverPort
 from pi_workflows.server._router import DEFAULT_DRAIN_S, Router, RouterPorts
-from pi_workflows.server._view_subscriptions import read_view
 from pi_workflows.storage import (
     Clock,
     Database,
@@ -81,12 +83,11 @@ from pi_workflows.storage import (
     open_database,
     release_server_epoch,
     server_has_work,
+    suspend_after_server_death,
     workflows_dir,
 )
-from pi_workflows.storage._deadlines import suspend_after_server_death
-from pi_workflows.supervision import ProcessIdentity, ServerLock, crash_point
-from pi_workflows.supervision._zygote_client import Zygote
-from pi_workflows.wire._listener import ClientListener, ConnectionLimits, raise_descriptor_limit
+from pi_workflows.supervision import ProcessIdentity, ServerLock, Zygote, crash_point
+from pi_workflows.wire import ClientListener, ConnectionLimits, raise_descriptor_limit
 
 __all__ = [
     "DEFAULT_IDLE_EXIT_S",
@@ -117,6 +118,8 @@ DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
 ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
+WARM_MODULE = "pi_workflows.engine"
+"""The zygote warms its caches with this package's `prewarm` and `rehearse`."""
 """`0` starts every runner and resolver as a cold interpreter (no zygote)."""
 
 
@@ -293,6 +296,7 @@ class WorkflowServer:
         self._zygote = Zygote(
             [RUNNER_MODULE, RESOLVER_MODULE, VALIDATOR_MODULE],
             log_path=self.state_dir / "logs" / "zygote.log",
+            warm=WARM_MODULE,
         )
         self._zygote.prestart()
 
@@ -407,6 +411,7 @@ class WorkflowServer:
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         self._channels = channels
+        state_prune = StatePruneActor.start(fail, database=database, reader=reader)
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [
@@ -421,6 +426,7 @@ class WorkflowServer:
             validations,
             deadlines,
             channels,
+            state_prune,
         ]
         self._ticker = Ticker(self.tick_s)
         for ref in (
@@ -457,6 +463,7 @@ class WorkflowServer:
                     stop=self.stop_async,
                     epochs=epochs,
                     channels=channels,
+                    state_prune=state_prune,
                 )
             )
         )

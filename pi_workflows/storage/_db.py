@@ -20,7 +20,7 @@ from pi_workflows.storage._clock import Clock, SystemClock
 from pi_workflows.storage._errors import SchemaMismatchError
 from pi_workflows.storage._paths import ensure_private_dir, state_db_path
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION, ddl_statements
-from pi_workflows.supervision._crash import crash_point
+from pi_workflows.supervision import crash_point
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",

@@ -44,6 +44,9 @@ ExitCallback = Callable[[int | None], None]
 number), or None when the zygote was lost and the child's fate is unknown. Must not block."""
 
 
+ZYGOTE_MODULE = "pi_workflows.supervision.zygote"
+
+
 class ZygoteUnavailable(Exception):  # noqa: N818 - a condition, not a failure of the caller
     """The zygote could not fork this child; spawn a cold interpreter instead."""
 
@@ -51,7 +54,7 @@ class ZygoteUnavailable(Exception):  # noqa: N818 - a condition, not a failure o
 class _Process:
     """One started zygote process and its control channel."""
 
-    def __init__(self, modules: Sequence[str], log_path: Path | None) -> None:
+    def __init__(self, modules: Sequence[str], log_path: Path | None, warm: str | None) -> None:
         server_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for end in (server_end, zygote_end):
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_PACKET)
@@ -64,7 +67,7 @@ class _Process:
         )
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "pi_workflows.supervision.zygote", *modules],
+                [sys.executable, "-m", ZYGOTE_MODULE, *_warm_args(warm), *modules],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
@@ -97,13 +100,18 @@ class Zygote:
     Args:
         modules: the programs it may run (each module's `main()` is the child).
         log_path: where the zygote's own stdout and stderr go (0600).
+        warm: a module whose `prewarm()` the zygote runs once and whose `rehearse()`
+            each idle spare runs (the server passes the engine); None: no warm-up.
 
     **Blocking:** `spawn` waits for one fork round trip (bounded); nothing waits on a child.
     """
 
-    def __init__(self, modules: Sequence[str], log_path: Path | None = None) -> None:
+    def __init__(
+        self, modules: Sequence[str], log_path: Path | None = None, warm: str | None = None
+    ) -> None:
         self.modules = frozenset(modules)
         self._log_path = log_path
+        self._warm = warm
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._process: _Process | None = None
@@ -190,7 +198,7 @@ class Zygote:
                 raise ZygoteUnavailable("the zygote failed too often")
             self._starts += 1
             try:
-                process = _Process(sorted(self.modules), self._log_path)
+                process = _Process(sorted(self.modules), self._log_path, self._warm)
             except OSError as exc:
                 raise ZygoteUnavailable(f"the zygote did not start: {exc}") from exc
             self._process = process
@@ -273,3 +281,8 @@ class Zygote:
                 process.popen.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.popen.wait(5)
+
+
+def _warm_args(warm: str | None) -> list[str]:
+    """The zygote's argv option naming its warm-up module, if any."""
+    return ["--warm", warm] if warm is not None else []

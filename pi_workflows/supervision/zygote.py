@@ -80,10 +80,13 @@ class _Spare:
 
 
 class _Zygote:
-    def __init__(self, control: socket.socket, modules: list[str]) -> None:
+    def __init__(self, control: socket.socket, modules: list[str], warm: str | None) -> None:
         self._control = control
         self._modules = {name: importlib.import_module(name) for name in modules}
-        _prewarm()
+        self.warm = warm
+        """The module whose `prewarm()` fills shared caches here and whose `rehearse()`
+        each spare runs while idle (None: no warm-up)."""
+        _warm_hook(warm, "prewarm")
         self._children: set[int] = set()
         self._spares: dict[str, _Spare] = {}
         self._use_spares = os.environ.get(SPARES_ENV) != "0"
@@ -310,18 +313,14 @@ def _close_spare(spare: _Spare) -> None:
         os.close(spare.settled)
 
 
-def _rehearse() -> None:
-    """In a spare: touch, while idle, the pages its first request will write."""
-    from pi_workflows.engine._warm import rehearse  # noqa: PLC0415 - only spares rehearse
+def _warm_hook(warm: str | None, name: str) -> None:
+    """Call `name` (`prewarm` in the zygote, `rehearse` in a spare) of the warm module.
 
-    rehearse()
-
-
-def _prewarm() -> None:
-    """Fill, once, the caches every child would otherwise build after its fork."""
-    from pi_workflows.engine._warm import prewarm  # noqa: PLC0415 - only the zygote warms
-
-    prewarm()
+    The server names the module (`--warm`), so supervision imports no workflow engine:
+    the zygote only forks, and what it preloads and warms is the caller's choice.
+    """
+    if warm is not None:
+        getattr(importlib.import_module(warm), name)()
 
 
 def _returncode(status: int) -> int:
@@ -373,7 +372,7 @@ def _spare_child(
         peer.close()  # the zygote's end: only the zygote may hold it, or EOF never comes
         _settle(zygote, settled)
         set_process_name("piw-spare")
-        _rehearse()
+        _warm_hook(zygote.warm, "rehearse")
         data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, MAX_FDS)
         sock.close()
         if not data:
@@ -434,7 +433,10 @@ def main() -> int:
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
     control.setblocking(True)
     try:
-        zygote = _Zygote(control, sys.argv[1:])
+        modules, warm = sys.argv[1:], None
+        if modules[:1] == ["--warm"]:
+            warm, modules = modules[1], modules[2:]
+        zygote = _Zygote(control, modules, warm)
     except Exception:  # noqa: BLE001 - reported as a failed start; the server falls back
         traceback.print_exc()
         return 1

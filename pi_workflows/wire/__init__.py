@@ -4,6 +4,15 @@ Implements client-protocol.md and workflow-server.md § Live client protocol,
 § Runner protocol and § Supervised channel adapters.
 """
 
+from pi_workflows.wire._listener import (
+    FIRST_FRAME_ENV,
+    MAX_CONNECTIONS_ENV,
+    ClientListener,
+    Connection,
+    ConnectionLimits,
+    offer_event_frames,
+    raise_descriptor_limit,
+)
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameError, encode_frame
 from pi_workflows.wire.protocol import (
@@ -23,9 +32,14 @@ from pi_workflows.wire.protocol import (
 
 __all__ = [
     "CLIENT_SCHEMA",
+    "FIRST_FRAME_ENV",
+    "MAX_CONNECTIONS_ENV",
     "MAX_FRAME_BYTES",
     "OUTCOMES",
     "CanonicalJSONError",
+    "ClientListener",
+    "Connection",
+    "ConnectionLimits",
     "EventMessage",
     "FrameError",
     "HelloMessage",
@@ -39,5 +53,7 @@ __all__ = [
     "encode_client_message",
     "encode_frame",
     "loads",
+    "offer_event_frames",
+    "raise_descriptor_limit",
     "validate",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "NonCanonicalError",
     "NotSerializableError",
     "dumps",
+    "format_number",
     "loads",
     "sha256_digest",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "ContentWrite",
     "EffectReserve",
     "EffectSettle",
+    "InteractionRequested",
     "NodeFailed",
     "NodeFinished",
     "NodeStarted",

@@ -27,8 +27,8 @@ import pytest
 from pi_workflows.actors._base import Reply
 from pi_workflows.actors._database import RETRY_FULL_EVERY_TICKS, DatabaseActor, Transact
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.server._operations import OperationContext, handle_operation
-from pi_workflows.server._recovery import recover_at_startup
+from pi_workflows.domain._operations import OperationContext, handle_operation
+from pi_workflows.domain._recovery import recover_at_startup
 from pi_workflows.storage import (
     ClaimLostError,
     CommandRequest,
@@ -325,9 +325,9 @@ import json, sys, threading
 from pathlib import Path
 from pi_workflows.actors._database import RETRY_FULL_EVERY_TICKS, DatabaseActor, Transact
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.server._operations import OperationContext, handle_operation
-from pi_workflows.server._runner_handlers import RunnerView, apply_message
-from pi_workflows.server._runner_launch import prepare_launch
+from pi_workflows.domain._operations import OperationContext, handle_operation
+from pi_workflows.domain._runner_handlers import RunnerView, apply_message
+from pi_workflows.domain._runner_launch import prepare_launch
 from pi_workflows.wire.runner import RunnerMessage
 from pi_workflows.storage import NewRun, enqueue_run, open_database
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA

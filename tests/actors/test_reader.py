@@ -19,7 +19,7 @@ import pytest
 from pi_workflows.actors._base import Reply, wait_reply
 from pi_workflows.actors._database import DatabaseActor, Transact
 from pi_workflows.actors._reader import Read, ReaderActor
-from pi_workflows.server._operations import OperationContext, handle_operation
+from pi_workflows.domain._operations import OperationContext, handle_operation
 from pi_workflows.storage import Database, SystemClock, open_database, put_blob
 from tests.storage.storage_helpers import enqueue, running
 

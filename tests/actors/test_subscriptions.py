@@ -29,12 +29,10 @@ from pi_workflows.actors._subscriptions import (
     Subscribe,
     SubscriptionActor,
     Unsubscribe,
-    ViewGone,
-    ViewSnapshot,
-    ViewSpec,
 )
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._view_subscriptions import read_view, run_view_read
+from pi_workflows.domain import ViewGone, ViewSnapshot, ViewSpec
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._view_subscriptions import read_view, run_view_read
 from pi_workflows.storage import (
     Database,
     ManualClock,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.server._channel_work import (
+from pi_workflows.domain._channel_work import (
     WorkItem,
     interrupt_adapter,
     record_result,

@@ -17,9 +17,14 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.actors._process_supervisor import ProcessSupervisorActor, ResolverPort
+from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
 from pi_workflows.server._definition_cache import CacheStats, DefinitionCache
-from pi_workflows.server._resolver import RESOLVER_MODULE, resolve_start, resolver_spawns
+from pi_workflows.server._resolver import (
+    RESOLVER_MODULE,
+    ResolverPort,
+    resolve_start,
+    resolver_spawns,
+)
 from pi_workflows.supervision._zygote_client import Zygote
 from pi_workflows.wire.canonical import dumps
 

@@ -1,7 +1,7 @@
 """One display-status rule for the run list and the run view.
 
 The list's item, the list's status filter (SQL) and the view's `display.status` come
-from the same rule (server/_display_status.py). Each case of workflow-server.md § Live
+from the same rule (domain/_display_status.py). Each case of workflow-server.md § Live
 run view is produced through the storage transitions a live server uses, as in
 tests/server/test_run_view_rules.py, and the three must agree in each; the SQL form of
 the rule must agree with the Python one for every combination of facts.
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.server._display_status import StatusFacts, display_status
-from pi_workflows.server._operations import _summary_item
-from pi_workflows.server._run_list import RunListQuery, run_list_page
-from pi_workflows.server._run_view import build_run_view
+from pi_workflows.domain._display_status import StatusFacts, display_status
+from pi_workflows.domain._operations import _summary_item
+from pi_workflows.domain._run_list import RunListQuery, run_list_page
+from pi_workflows.domain._run_view import build_run_view
 from pi_workflows.storage import (
     Database,
     RunListFilter,

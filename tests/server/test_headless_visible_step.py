@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.server._operations import (
+from pi_workflows.domain._operations import (
     OperationContext,
     StartRequest,
     origin_session_steps,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.server._session_view import (
+from pi_workflows.domain._session_view import (
     TERMINAL_RETENTION_MS,
     WINDOW_BYTES,
     WINDOW_ITEMS,

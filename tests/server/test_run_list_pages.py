@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.server._run_list import DISPLAY_STATUSES
+from pi_workflows.domain._run_list import DISPLAY_STATUSES
 from pi_workflows.wire.client import RequestFailedError
 from tests.conftest import write_workflow
 

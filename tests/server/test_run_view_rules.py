@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.server._run_view import build_run_view
+from pi_workflows.domain._run_view import build_run_view
 from pi_workflows.storage import (
     Claim,
     Database,

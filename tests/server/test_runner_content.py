@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from pi_workflows.actors._runner_host import ActiveRunner, RunnerFrame, refuse_frame
-from pi_workflows.server._runner_content import INLINE_FRAME_LIMIT
-from pi_workflows.server._runner_exits import record_exit
-from pi_workflows.server._runner_handlers import apply_message
-from pi_workflows.server._runner_launch import launch_state, prepare_launch, record_spawn
+from pi_workflows.domain._runner_content import INLINE_FRAME_LIMIT
+from pi_workflows.domain._runner_exits import record_exit
+from pi_workflows.domain._runner_handlers import apply_message
+from pi_workflows.domain._runner_launch import launch_state, prepare_launch, record_spawn
 from pi_workflows.storage import Database, NewRun, enqueue_run
 from pi_workflows.supervision import identity_of
 from pi_workflows.wire.canonical import dumps, loads

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from pi_workflows.server._runner_exits import MAX_RUNNER_CRASHES
+from pi_workflows.domain._runner_exits import MAX_RUNNER_CRASHES
 from tests.conftest import Processes, write_workflow
 
 pytestmark = pytest.mark.timeout(240)

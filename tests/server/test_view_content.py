@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._view_content import CHUNK_BYTES, ViewRequestError, view_content
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._view_content import CHUNK_BYTES, ViewRequestError, view_content
 from pi_workflows.storage import (
     Database,
     FailureClass,

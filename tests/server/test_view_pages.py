@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._view_content import ViewRequestError
-from pi_workflows.server._view_pages import PAGE_BYTES, run_page
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._view_content import ViewRequestError
+from pi_workflows.domain._view_pages import PAGE_BYTES, run_page
 from pi_workflows.storage import (
     Claim,
     Database,

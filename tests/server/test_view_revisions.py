@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pi_workflows.server._run_view import build_run_view
+from pi_workflows.domain._run_view import build_run_view
 from pi_workflows.storage import (
     Claim,
     Database,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pi_workflows.server._display_status import summary_status
+from pi_workflows.domain._display_status import summary_status
 from pi_workflows.storage import (
     Database,
     ManualClock,

@@ -32,36 +32,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pi_workflows.actors._coordinator_epoch import ActiveEpochs
-from pi_workflows.server._operations import (
+from pi_workflows.domain._epochs import ActiveEpochs
+from pi_workflows.domain._operations import (
     OperationContext,
     handle_operation,
     rejected,
     response,
     stored_answer,
 )
-from pi_workflows.server._runner_launch import launch_state
+from pi_workflows.domain._runner_launch import launch_state
 from pi_workflows.storage import (
+    MAX_FOLLOW_UP_CHARS,
     CommandRequest,
     Database,
     ReceiptOutcome,
+    SubmissionRow,
     Tx,
+    add_follow_up,
+    binding_refusal,
+    chain_leaf,
+    decision_audience,
     get_run,
     lookup_receipt,
-    record_receipt,
-)
-from pi_workflows.storage._content import read_json_blob
-from pi_workflows.storage._decisions import decision_audience
-from pi_workflows.storage._follow_ups import (
-    MAX_FOLLOW_UP_CHARS,
-    add_follow_up,
-    chain_leaf,
-)
-from pi_workflows.storage._interactions import (
-    SubmissionRow,
-    binding_refusal,
+    read_json_blob,
     read_request,
     record_interaction_event,
+    record_receipt,
     record_submission,
     settle_submission,
     submission_receipt,

@@ -7,11 +7,11 @@ attempt, lineage, execution mode and queue display metadata. The caller opens on
 transaction (`Database.read()`), so every fact comes from the same snapshot.
 
 A view stays far below the 1 MiB frame for any run: a value above `INLINE_BYTES` is a
-digest-bound content reference with a short preview (server/_view_content.py; the
+digest-bound content reference with a short preview (domain/_view_content.py; the
 bytes were stored in `run_view_content` with the value), a reason above it is a short
 notice plus `display.reasonContent`, the trace holds only its newest byte-bounded
 window with `trace.count`, `trace.omitted` and `trace.cursors` into `view.page`
-(server/_view_pages.py), and the graph is a bounded node and edge projection plus a
+(domain/_view_pages.py), and the graph is a bounded node and edge projection plus a
 reference to the complete definition snapshot.
 """
 
@@ -22,15 +22,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pi_workflows.server._display_status import StatusFacts, display_status
-from pi_workflows.server._view_content import (
+from pi_workflows.domain._display_status import StatusFacts, display_status
+from pi_workflows.domain._view_content import (
     json_blob_value,
     json_text_value,
     long_text,
     stored_ref,
 )
-from pi_workflows.server._view_pages import PAGE_ITEMS, newest_steps, newest_trace
+from pi_workflows.domain._view_pages import PAGE_ITEMS, newest_steps, newest_trace
 from pi_workflows.storage import (
+    CHECKPOINT_AUDIENCE,
     VIEW_INLINE_BYTES,
     VIEW_JSON_MEDIA_TYPE,
     ContentUnavailableError,
@@ -43,6 +44,7 @@ from pi_workflows.storage import (
     RunRow,
     active_runner,
     count_attempts,
+    decision_audience,
     get_queue_row,
     get_run,
     get_run_summary,
@@ -55,7 +57,6 @@ from pi_workflows.storage import (
     run_view_revision,
     unfinished_attempt,
 )
-from pi_workflows.storage._decisions import CHECKPOINT_AUDIENCE, decision_audience
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
 
@@ -320,7 +321,7 @@ def _display(db: Reader, facts: _Facts) -> dict[str, Any]:
 
 
 def _status(facts: _Facts) -> str:
-    # The one rule the run list uses too (server/_display_status.py).
+    # The one rule the run list uses too (domain/_display_status.py).
     return display_status(
         StatusFacts(
             run_status=facts.run.status,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pi_workflows.server._view_content import (
+from pi_workflows.domain._view_content import (
     ViewRequestError,
     json_blob_value,
     long_text,

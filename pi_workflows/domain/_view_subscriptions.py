@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from pi_workflows.actors._coordinator_epoch import ActiveEpochs
-from pi_workflows.actors._subscriptions import ViewGone, ViewSnapshot, ViewSpec
-from pi_workflows.server._operations import build_run_list
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._session_view import build_session_view
+from pi_workflows.domain._epochs import ActiveEpochs
+from pi_workflows.domain._operations import build_run_list
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._session_view import build_session_view
+from pi_workflows.domain._view_types import ViewGone, ViewSnapshot, ViewSpec
 from pi_workflows.storage import Database, run_view_revision
 
 __all__ = ["RUN_GONE", "read_view", "run_view_read", "session_view_read"]

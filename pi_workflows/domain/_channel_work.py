@@ -19,28 +19,27 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from pi_workflows.storage import Database, Tx
-from pi_workflows.storage._channels import (
+from pi_workflows.storage import (
     DELIVER,
     SETTLE,
     ChannelAttempt,
     ChannelCounts,
     ChannelResult,
+    Database,
     SettledAttempt,
     StaleChannelResultError,
+    Tx,
+    answer_protected_decision,
     channel_counts,
     channel_message_ids,
+    decision_outcome,
     delivered_decisions,
     interrupt_channel_attempts,
+    pending_protected_decisions,
+    read_json_blob,
+    read_protected_decision,
     reserve_channel_attempt,
     settle_channel_attempt,
-)
-from pi_workflows.storage._content import read_json_blob
-from pi_workflows.storage._decisions import (
-    answer_protected_decision,
-    decision_outcome,
-    pending_protected_decisions,
-    read_protected_decision,
 )
 from pi_workflows.wire.decisions import Choice, choices_from_wire
 from pi_workflows.wire.decisions import presentation_text as decision_text

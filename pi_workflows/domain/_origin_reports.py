@@ -14,33 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pi_workflows.actors._coordinator_epoch import ActiveEpochs
-from pi_workflows.server._operations import OperationError, rejected, response
-from pi_workflows.server._session_view import clear_terminal
+from pi_workflows.domain._epochs import ActiveEpochs
+from pi_workflows.domain._operations import OperationError, rejected, response
+from pi_workflows.domain._session_view import clear_terminal
 from pi_workflows.storage import (
+    EVENT_UNPRODUCTIVE_TURN,
+    UNPRODUCTIVE_TURN_LIMIT,
+    UPDATE_ATTEMPT_FINISH,
     ClaimLostError,
     Database,
     InvalidTransitionError,
-    Tx,
-    pause_run,
-    requeue_run,
-)
-from pi_workflows.storage._content import read_json_blob
-from pi_workflows.storage._deadlines import (
-    resume_session_time,
-    start_active_time,
-    suspend_request_time,
-)
-from pi_workflows.storage._follow_ups import present_next_follow_up
-from pi_workflows.storage._interactions import (
-    EVENT_UNPRODUCTIVE_TURN,
-    UNPRODUCTIVE_TURN_LIMIT,
-    read_request,
-    record_interaction_event,
-)
-from pi_workflows.storage._messages import (
     MessageRow,
     TurnRow,
+    Tx,
     absent_from_branch,
     end_turn,
     insert_message,
@@ -48,10 +34,18 @@ from pi_workflows.storage._messages import (
     insert_turn,
     mark_sent,
     open_turns,
+    pause_run,
+    present_next_follow_up,
+    read_json_blob,
     read_message,
+    read_request,
     read_turn,
+    record_interaction_event,
+    requeue_run,
+    resume_session_time,
+    start_active_time,
+    suspend_request_time,
 )
-from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RequestMessage
 

@@ -37,24 +37,24 @@ import logging
 from typing import Final
 
 from pi_workflows.storage import (
+    UPDATE_ATTEMPT_FINISH,
     ClaimHeldError,
     ClaimLostError,
     Database,
+    DueRequest,
     InvalidTransitionError,
     OwnerType,
     Tx,
     acquire_claim,
+    due_decisions,
+    due_requests,
+    next_decision_due,
+    next_due_at,
     protected_write,
     requeue_run,
-)
-from pi_workflows.storage._deadlines import DueRequest, due_requests, next_due_at
-from pi_workflows.storage._deadlines import suspend_session_time as _suspend_session
-from pi_workflows.storage._decisions import (
-    due_decisions,
-    next_decision_due,
     time_out_protected_decision,
 )
-from pi_workflows.storage._queries import UPDATE_ATTEMPT_FINISH
+from pi_workflows.storage import suspend_session_time as _suspend_session
 
 __all__ = [
     "EVENT_INTERACTION_TIMED_OUT",

@@ -19,17 +19,17 @@ inside recovery (a crash point sits there) is recovered by the next start:
    left as they are (no Pi state changes; the step timers were already stopped at the
    old server's last heartbeat, in the transaction that took the new epoch), and every
    request whose node timeout ran out during reported model turns takes the timeout
-   path (`server/_deadlines.py::expire_due`) before any actor exists, so before
+   path (`domain/_deadlines.py::expire_due`) before any actor exists, so before
    anything else is scheduled, a validation resumed or a report accepted. The same
    unit first lets the default answer win every protected decision whose deadline
    passed (design step 7: due decision timeouts run first).
 5. Later parts plug in at `LATER_STEPS`: first channels (every Telegram attempt a dead
    server left applying becomes `ambiguous`, never sent again automatically:
-   `server/_channel_work.py`), later retention.
+   `domain/_channel_work.py`), later retention.
 
 Design step 9 (validate every `validating` submission again in a new child) needs the
 actors, so it runs after them: `WorkflowServer` tells the validations actor
-`ResumeValidations` (`actors/_validations.py`, `server/_interactions.py`).
+`ResumeValidations` (`actors/_validations.py`, `domain/_interactions.py`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pi_workflows.server._channel_work import recover_channels_at_startup
-from pi_workflows.server._deadlines import expire_due
-from pi_workflows.server._runner_exits import MAX_RUNNER_CRASHES
+from pi_workflows.domain._channel_work import recover_channels_at_startup
+from pi_workflows.domain._deadlines import expire_due
+from pi_workflows.domain._runner_exits import MAX_RUNNER_CRASHES
 from pi_workflows.storage import (
     Database,
     OwnerType,

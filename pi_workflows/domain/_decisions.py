@@ -16,19 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pi_workflows.server._operations import rejected, response, stored_answer
+from pi_workflows.domain._operations import rejected, response, stored_answer
 from pi_workflows.storage import (
     CommandRequest,
     Database,
+    ProtectedAnswer,
     ReceiptOutcome,
     Tx,
-    lookup_receipt,
-    record_receipt,
-)
-from pi_workflows.storage._decisions import (
-    ProtectedAnswer,
     answer_protected_decision,
+    lookup_receipt,
     pending_protected_decisions,
+    record_receipt,
 )
 from pi_workflows.wire.protocol import RequestMessage
 

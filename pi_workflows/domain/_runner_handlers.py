@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from pi_workflows.server._runner_content import (
+from pi_workflows.domain._runner_content import (
     CONTENT_MEDIA_TYPE,
     UploadRejectedError,
     bounded,
@@ -25,8 +25,8 @@ from pi_workflows.server._runner_content import (
     resolve_upload,
     write_part,
 )
-from pi_workflows.server._runner_exits import STOPPING_REASON
-from pi_workflows.server._runner_launch import LaunchPlan, launch_state
+from pi_workflows.domain._runner_exits import STOPPING_REASON
+from pi_workflows.domain._runner_launch import LaunchPlan, launch_state
 from pi_workflows.storage import (
     VIEW_JSON_MEDIA_TYPE,
     Claim,
@@ -39,23 +39,35 @@ from pi_workflows.storage import (
     RevisionConflictError,
     RunNotFoundError,
     Tx,
+    WriteResult,
+    adoptable_submission,
     complete_run,
     declare_effect_ambiguous,
+    earlier_submission_validating,
     fail_node_attempt,
     fail_run,
     finish_node_attempt,
     forget_recorded_process,
     get_run,
+    insert_message,
     lookup_runner_reply,
     mark_runner_live,
+    open_waiting_decision,
     park_run,
+    present_notification,
     protected_write,
     put_blob,
     put_traceback,
+    read_head,
+    read_request,
+    read_request_for_attempt,
     read_resume_state,
+    read_submission,
     record_process,
     record_runner_reply,
+    record_unproductive_turn,
     renew_claim,
+    request_interaction,
     requeue_run,
     reserve_effect,
     retry_effect_after_read_back,
@@ -63,25 +75,17 @@ from pi_workflows.storage import (
     start_node_attempt,
     store_view_blob,
     store_view_text,
+    submission_value,
+    supersede_earlier_requests,
     time_out_run,
     wait_run,
 )
-from pi_workflows.storage._claims import WriteResult, read_head
-from pi_workflows.storage._decisions import open_waiting_decision
-from pi_workflows.storage._interactions import (
-    adoptable_submission,
-    earlier_submission_validating,
-    read_request,
-    read_request_for_attempt,
-    read_submission,
-    record_unproductive_turn,
-    request_interaction,
-    submission_value,
-    supersede_earlier_requests,
+from pi_workflows.supervision import (
+    RUNNER_MESSAGE_POINTS,
+    ProcessIdentity,
+    crash_point,
+    identity_of,
 )
-from pi_workflows.storage._messages import insert_message, present_notification
-from pi_workflows.supervision import ProcessIdentity, crash_point, identity_of
-from pi_workflows.supervision._crash import RUNNER_MESSAGE_POINTS
 from pi_workflows.wire.canonical import dumps, sha256_digest
 from pi_workflows.wire.runner import (
     ContentRead,

@@ -13,11 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._view_content import json_blob_value
-from pi_workflows.storage import Database
-from pi_workflows.storage._db import Reader
-from pi_workflows.storage._messages import MessageRow, session_messages, session_messages_count
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._view_content import json_blob_value
+from pi_workflows.storage import (
+    Database,
+    MessageRow,
+    Reader,
+    session_messages,
+    session_messages_count,
+)
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import SESSION_VIEW_SCHEMA
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pi_workflows.server._operations import (
+from pi_workflows.domain._operations import (
     OperationContext,
     OperationError,
     _run_command,
@@ -20,8 +20,15 @@ from pi_workflows.server._operations import (
     recover_action,
     rejected,
 )
-from pi_workflows.storage import Claim, CommandRequest, Database, EffectRecoveryError, Tx, get_run
-from pi_workflows.storage._channels import recover_channel_effect
+from pi_workflows.storage import (
+    Claim,
+    CommandRequest,
+    Database,
+    EffectRecoveryError,
+    Tx,
+    get_run,
+    recover_channel_effect,
+)
 from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = ["CHANNEL_RETRY_WARNING", "recover_channel"]

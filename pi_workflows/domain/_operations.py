@@ -16,20 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.server._display_status import summary_status as display_status
-from pi_workflows.server._run_list import (
+from pi_workflows.domain._display_status import summary_status as display_status
+from pi_workflows.domain._run_list import (
     RunListQuery,
     RunListQueryError,
     parse_run_list_query,
     run_list_page,
 )
-from pi_workflows.server._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
-from pi_workflows.server._run_view import build_run_view
-from pi_workflows.server._view_content import ViewRequestError, view_content
-from pi_workflows.server._view_pages import run_page
+from pi_workflows.domain._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._view_content import ViewRequestError, view_content
+from pi_workflows.domain._view_pages import run_page
+from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
+    SELECT_SESSION_RESERVATION,
     AnswerInvalidError,
     Claim,
     ClaimHeldError,
@@ -59,6 +60,7 @@ from pi_workflows.storage import (
     lookup_receipt,
     pause_run,
     pending_decision,
+    present_resumed_steps,
     put_json_blob,
     record_receipt,
     recover_ambiguous_effect,
@@ -70,8 +72,6 @@ from pi_workflows.storage import (
     take_over_claim,
     verify,
 )
-from pi_workflows.storage._messages import present_resumed_steps
-from pi_workflows.storage._queries import SELECT_SESSION_RESERVATION
 from pi_workflows.supervision import crash_point
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
@@ -294,7 +294,7 @@ def _run_list(
 def _run_logs(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
-    """`run.logs`: shell output and runner stderr of one run (server/_run_logs.py)."""
+    """`run.logs`: shell output and runner stderr of one run (domain/_run_logs.py)."""
     run_id = _run_id(request)
     if get_run(db, run_id) is None:
         raise OperationError("notFound", "runNotFound", f"no run {run_id}")
@@ -324,7 +324,7 @@ def _run_get(
 def _view_page(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
-    """`view.page`: one `pi-workflows.run-page.v1` window (server/_view_pages.py)."""
+    """`view.page`: one `pi-workflows.run-page.v1` window (domain/_view_pages.py)."""
     try:
         page = run_page(db, _run_id(request), request["payload"])
     except ViewRequestError as exc:
@@ -335,7 +335,7 @@ def _view_page(
 def _view_content(
     db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
 ) -> dict[str, Any]:
-    """`view.content`: one chunk of a run's stored view content (server/_view_content.py)."""
+    """`view.content`: one chunk of a run's stored view content (domain/_view_content.py)."""
     try:
         chunk = view_content(db, _run_id(request), request["payload"])
     except ViewRequestError as exc:

@@ -1,0 +1,269 @@
+"""The state-prune actor: `state.prune` requests, chained through the reader and database.
+
+Implements client-protocol.md § Maintenance and workflow-server.md § State retention
+(the manual form). It owns every applied prune in flight, so a retry of the same key
+joins the one under way; the units of work are in `domain/_state_prune.py`. The
+retention actor of automatic retention grows from this one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pykka
+
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._database import Transact
+from pi_workflows.actors._reader import Read
+from pi_workflows.domain import (
+    PruneProgress,
+    PruneQuery,
+    PruneQueryError,
+    PruneSelection,
+    as_adopted,
+    delete_prune_tree,
+    failure_response,
+    parse_prune_query,
+    prune_dry_run,
+    record_prune,
+    rejected,
+    select_and_back_up,
+)
+from pi_workflows.storage import PruneTree
+from pi_workflows.wire.protocol import RequestMessage
+
+__all__ = ["Prune", "StatePruneActor"]
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[str, str]
+
+
+class Held(Protocol):
+    """A request waiting for its answer (the router's `Pending`): answered exactly once."""
+
+    @property
+    def request(self) -> RequestMessage: ...
+
+    def respond(self, answer: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """A `state.prune` request from the router."""
+
+    held: Held
+
+
+@dataclass(frozen=True, slots=True)
+class _DryRunRead:
+    held: Held
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Selected:
+    key: _Key
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Deleted:
+    key: _Key
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    key: _Key
+    reply: Reply
+
+
+@dataclass
+class _Job:
+    """One applied prune under way."""
+
+    request: RequestMessage
+    query: PruneQuery
+    waiters: list[tuple[Held, bool]]
+    """Who waits for its answer, and whether as a retry (`adopted`)."""
+    selection: PruneSelection | None = None
+    pending: list[PruneTree] = field(default_factory=list)
+    """Selected trees still to delete, the oldest last (popped from the end)."""
+    deleted: list[PruneTree] = field(default_factory=list)
+    skipped: int = 0
+    digests: set[str] = field(default_factory=set)
+
+
+class StatePruneActor(ServerActor):
+    """Owns: every applied `state.prune` in flight, by (client ID, idempotency key).
+
+    Receives: `Prune`, and its own replies (`_DryRunRead`, `_Selected`, `_Deleted`,
+        `_Recorded`).
+    Sends: `Read` (`prune_dry_run`, `select_and_back_up`) to the reader; `Transact`
+        (`delete_prune_tree` one tree a unit, then `record_prune`) to the database;
+        responses.
+    Invariants: one applied prune per key at a time (a retry joins it and is answered
+        `adopted`); nothing is deleted before the backup of the selection's snapshot is
+        verified; the receipt is stored in the transaction that collects the blobs.
+    On failure: reported to the server, which stops; trees deleted so far stay deleted
+        (each in its own transaction), and a retry of the key prunes what is left.
+    """
+
+    name = "state-prune"
+
+    def __init__(
+        self,
+        on_actor_failure: ActorFailureHandler,
+        *,
+        database: pykka.ActorRef[Any],
+        reader: pykka.ActorRef[Any],
+    ) -> None:
+        super().__init__(on_actor_failure)
+        self._database = database
+        self._reader = reader
+        self._jobs: dict[_Key, _Job] = {}
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case Prune(held=held):
+                self._prune(held)
+            case _DryRunRead(held=held, reply=reply):
+                _answer(held, reply)
+            case _Selected(key=key, reply=reply):
+                self._on_selected(key, reply)
+            case _Deleted(key=key, reply=reply):
+                self._on_deleted(key, reply)
+            case _Recorded(key=key, reply=reply):
+                job = self._jobs.get(key)
+                if job is not None:
+                    self._finish(key, _answer_of(job.request, reply))
+            case _:
+                raise TypeError(f"state-prune actor got {type(message).__name__}")
+        return None
+
+    def on_stop(self) -> None:
+        """The server stops: whoever waits is told; a retry prunes what is left."""
+        for key in list(self._jobs):
+            job = self._jobs[key]
+            self._finish(key, _stopping(job.request))
+
+    def _prune(self, held: Held) -> None:
+        request = held.request
+        try:
+            query = parse_prune_query(request["payload"])
+        except PruneQueryError as exc:
+            held.respond(rejected(request, "rejected", exc.code, str(exc)))
+            return
+        if not query.apply:
+            work = functools.partial(prune_dry_run, request=request, query=query)
+            self._read(work, functools.partial(_DryRunRead, held))
+            return
+        key = (request["clientId"], request["idempotencyKey"])
+        running = self._jobs.get(key)
+        if running is not None:  # the same invocation retried: it gets the same answer
+            running.waiters.append((held, True))
+            return
+        self._jobs[key] = _Job(request, query, [(held, False)])
+        work = functools.partial(select_and_back_up, request=request, query=query)
+        self._read(work, functools.partial(_Selected, key))
+
+    def _on_selected(self, key: _Key, reply: Reply) -> None:
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        if reply.error is not None or not isinstance(reply.value, PruneSelection):
+            self._finish(key, _answer_of(job.request, reply))  # a stored or refused answer
+            return
+        job.selection = reply.value
+        job.pending = list(reversed(reply.value.trees))
+        self._next(key, job)
+
+    def _on_deleted(self, key: _Key, reply: Reply) -> None:
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        if reply.error is not None:
+            self._finish(key, failure_response(job.request, reply.error))
+            return
+        tree = job.pending.pop()
+        if reply.value is None:
+            job.skipped += 1  # changed since the selection: kept
+        else:
+            run_ids, digests = reply.value
+            job.deleted.append(PruneTree(tree.root_run_id, tuple(run_ids), tree.finished_at))
+            job.digests |= digests
+        self._next(key, job)
+
+    def _next(self, key: _Key, job: _Job) -> None:
+        assert job.selection is not None
+        if job.pending:
+            work = functools.partial(
+                delete_prune_tree, tree=job.pending[-1], cutoff=job.selection.cutoff
+            )
+            self._transact(work, functools.partial(_Deleted, key))
+            return
+        progress = PruneProgress(
+            job.selection, tuple(job.deleted), job.skipped, frozenset(job.digests)
+        )
+        work = functools.partial(
+            record_prune, request=job.request, query=job.query, progress=progress
+        )
+        self._transact(work, functools.partial(_Recorded, key))
+
+    def _finish(self, key: _Key, answer: Mapping[str, Any]) -> None:
+        job = self._jobs.pop(key, None)
+        for held, retried in job.waiters if job is not None else []:
+            held.respond(as_adopted(answer) if retried else answer)
+
+    def _read(self, work: Callable[[Any], Any], then: Callable[[Reply], Any]) -> None:
+        me = self.actor_ref
+        _tell_or_stop(
+            self._reader,
+            Read(work, lambda reply: tell_if_alive(me, then(reply)), "state.prune"),
+            me,
+            then,
+        )
+
+    def _transact(self, work: Callable[[Any], Any], then: Callable[[Reply], Any]) -> None:
+        me = self.actor_ref
+        _tell_or_stop(
+            self._database,
+            Transact(work, lambda reply: tell_if_alive(me, then(reply)), "state.prune"),
+            me,
+            then,
+        )
+
+
+def _tell_or_stop(
+    actor: pykka.ActorRef[Any],
+    message: Any,
+    me: pykka.ActorRef[Any],
+    then: Callable[[Reply], Any],
+) -> None:
+    """Hand the next step on; a stopped actor (the server stops) is the step's error."""
+    try:
+        actor.tell(message)
+    except pykka.ActorDeadError as exc:
+        tell_if_alive(me, then(Reply(error=exc)))
+
+
+def _answer_of(request: RequestMessage, reply: Reply) -> Mapping[str, Any]:
+    if isinstance(reply.error, pykka.ActorDeadError):
+        return _stopping(request)
+    if reply.error is not None:
+        return failure_response(request, reply.error)
+    answer: Mapping[str, Any] = reply.value
+    return answer
+
+
+def _answer(held: Held, reply: Reply) -> None:
+    held.respond(_answer_of(held.request, reply))
+
+
+def _stopping(request: RequestMessage) -> dict[str, Any]:
+    return rejected(request, "unavailable", "serverStopping", "the server is stopping")

@@ -1,0 +1,166 @@
+"""Units of work and views: plain functions from data (and a database) to data.
+
+Implements the server's side of workflow-server.md § Runner protocol, § Run lifecycle,
+§ Live client protocol and § Live run view as functions the actors run: each takes the
+database (or the reader) and data, and returns data. Nothing here sends a message, holds
+actor state or writes SQL of its own (storage owns the statements).
+"""
+
+from pi_workflows.domain._channel_ops import recover_channel
+from pi_workflows.domain._channel_work import (
+    AnswerOutcome,
+    ProfileScope,
+    WorkItem,
+    answer_from_channel,
+    counts_by_channel,
+    find_work,
+    interrupt_adapter,
+    record_result,
+    reserve_work,
+)
+from pi_workflows.domain._channels import (
+    ChannelConfig,
+    ChannelProfile,
+    channels_path,
+    load_profiles,
+)
+from pi_workflows.domain._deadlines import expire_due, next_deadline, suspend_session
+from pi_workflows.domain._decisions import answer_decision_command, list_decisions
+from pi_workflows.domain._epochs import ActiveEpochs, CoordinatorGrant
+from pi_workflows.domain._interactions import (
+    SessionAuthority,
+    SettledSubmission,
+    SubmitStep,
+    ValidationJob,
+    add_follow_up_command,
+    answer_from_session,
+    held_answer,
+    settle_validation,
+    submit_interaction,
+    update_interaction,
+    validations_to_resume,
+)
+from pi_workflows.domain._operations import (
+    COMMANDS,
+    FENCING_COMMANDS,
+    LAUNCH_IN_FLIGHT,
+    READS,
+    RUNNER_COMMANDS,
+    SNAPSHOT_READS,
+    OperationContext,
+    OperationError,
+    StartRequest,
+    failure_response,
+    handle_operation,
+    internal_error,
+    prior_answer,
+    rejected,
+    response,
+    start_request_fields,
+    start_run,
+)
+from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
+from pi_workflows.domain._recovery import RecoveryReport, recover_at_startup
+from pi_workflows.domain._run_list import DISPLAY_STATUSES
+from pi_workflows.domain._runner_exits import ExitFacts, hand_back, record_exit
+from pi_workflows.domain._runner_handlers import Delta, Handled, RunnerView, apply_message, reply_to
+from pi_workflows.domain._runner_launch import LaunchPlan, prepare_launch, record_spawn
+from pi_workflows.domain._state_prune import (
+    DEFAULT_OLDER_THAN_DAYS,
+    PruneProgress,
+    PruneQuery,
+    PruneQueryError,
+    PruneSelection,
+    as_adopted,
+    delete_prune_tree,
+    parse_prune_query,
+    prune_dry_run,
+    record_prune,
+    select_and_back_up,
+)
+from pi_workflows.domain._view_subscriptions import read_view
+from pi_workflows.domain._view_types import ViewGone, ViewSnapshot, ViewSpec
+
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_OLDER_THAN_DAYS",
+    "DISPLAY_STATUSES",
+    "FENCING_COMMANDS",
+    "LAUNCH_IN_FLIGHT",
+    "READS",
+    "RUNNER_COMMANDS",
+    "SNAPSHOT_READS",
+    "ActiveEpochs",
+    "AnswerOutcome",
+    "ChannelConfig",
+    "ChannelProfile",
+    "CoordinatorGrant",
+    "Delta",
+    "ExitFacts",
+    "Handled",
+    "LaunchPlan",
+    "OperationContext",
+    "OperationError",
+    "ProfileScope",
+    "PruneProgress",
+    "PruneQuery",
+    "PruneQueryError",
+    "PruneSelection",
+    "RecoveryReport",
+    "RunnerView",
+    "SessionAuthority",
+    "SettledSubmission",
+    "StartRequest",
+    "SubmitStep",
+    "ValidationJob",
+    "ViewGone",
+    "ViewSnapshot",
+    "ViewSpec",
+    "WorkItem",
+    "add_follow_up_command",
+    "answer_decision_command",
+    "answer_from_channel",
+    "answer_from_session",
+    "apply_message",
+    "as_adopted",
+    "channels_path",
+    "clear_terminal_view",
+    "counts_by_channel",
+    "delete_prune_tree",
+    "expire_due",
+    "failure_response",
+    "find_work",
+    "hand_back",
+    "handle_operation",
+    "held_answer",
+    "internal_error",
+    "interrupt_adapter",
+    "list_decisions",
+    "load_profiles",
+    "next_deadline",
+    "parse_prune_query",
+    "prepare_launch",
+    "prior_answer",
+    "prune_dry_run",
+    "read_view",
+    "record_exit",
+    "record_prune",
+    "record_result",
+    "record_spawn",
+    "recover_at_startup",
+    "recover_channel",
+    "rejected",
+    "reply_to",
+    "report_branch",
+    "report_turn",
+    "reserve_work",
+    "response",
+    "select_and_back_up",
+    "settle_validation",
+    "start_request_fields",
+    "start_run",
+    "submit_interaction",
+    "suspend_session",
+    "update_interaction",
+    "validations_to_resume",
+]
