@@ -56,7 +56,7 @@ from pi_workflows.storage import Clock, ensure_private_dir
 from pi_workflows.supervision import ProcessIdentity, crash_point
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import ProtocolViolation, RequestMessage
-from pi_workflows.wire.runner import RunnerMessage, RunnerReply
+from pi_workflows.wire.runner import RunnerAddress, RunnerMessage, RunnerReply
 
 __all__ = [
     "AGENT_DIR_ENV",
@@ -799,7 +799,7 @@ def _count(count: int, db: Any) -> int:
 
 
 def _reply_to_raw(
-    raw: Mapping[str, Any], runner: ActiveRunner | None, outcome: str, error: tuple[str, str]
+    raw: Mapping[str, Any], runner: ActiveRunner | None, outcome: Any, error: tuple[str, str]
 ) -> dict[str, Any]:
     """A reply to a frame that broke the schema, from whatever fields it had."""
 
@@ -808,11 +808,11 @@ def _reply_to_raw(
         return value if isinstance(value, str) and value else fallback
 
     generation = raw.get("generation")
-    return RunnerReply(
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        generation = 0
+    address = RunnerAddress(
         text("runId", runner.run_id if runner else "unknown"),
-        generation if isinstance(generation, int) and not isinstance(generation, bool) else 0,
+        generation,
         text("runnerEpoch", "unknown"),
-        text("messageId", "unknown"),
-        outcome,
-        error=error,
-    ).to_wire()
+    )
+    return RunnerReply.build(address, text("messageId", "unknown"), outcome, error=error).to_wire()

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
+
 from pi_workflows.domain._epochs import ActiveEpochs
 from pi_workflows.domain._operations import (
     OperationContext,
@@ -296,7 +298,7 @@ def _job(tx: Tx, row: SubmissionRow, agent_dir: Path) -> ValidationJob:
         "agentDir": str(agent_dir),
         "nodePath": attempt.node_path,
         "visit": attempt.visit,
-        "state": state,
+        "state": msgspec.to_builtins(state),
         "value": read_json_blob(tx, row.payload_hash),
     }
     return ValidationJob(row.submission_id, frame)

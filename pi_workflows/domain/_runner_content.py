@@ -5,11 +5,11 @@ it measures the encoded response"): a reply's `result` or a command's `payload.s
 over `INLINE_FRAME_LIMIT` is stored in the blob store in the same transaction, and the
 frame carries a `contentRef` the runner reads back in 512 KiB parts with `content.read`.
 
-The other way, a runner whose result or output is too large for one frame (a finished
-shell command's escaped output) sends it first as `content.write` parts, each stored as
-a blob, and then names it with an `uploadRef`: `resolve_upload` reads the parts back
-and checks them before the value is used as if it had come inline, so a finished
-command's outcome is always recorded.
+The other way, a runner whose value is too large for one frame (a node output or error,
+an effect request or result, a prompt) sends it first as `content.write` parts, each
+stored as a blob, and then names it with an `uploadRef`: `resolve_upload` reads the
+parts back and checks them (and the value cap, `PI_WORKFLOWS_MAX_VALUE_BYTES`) before
+the value is used as if it had come inline.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import binascii
 import hashlib
 from collections.abc import Collection
 from typing import Any
+
+import msgspec
+from msgspec import UNSET
 
 from pi_workflows.storage import (
     CONTENT_PART_BYTES,
@@ -31,12 +34,21 @@ from pi_workflows.storage import (
 )
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
-from pi_workflows.wire.runner import MAX_UPLOAD_BYTES, UploadRef
+from pi_workflows.wire.runner import (
+    MAX_VALUE_ENV,
+    ContentPart,
+    ContentRef,
+    RunnerCommand,
+    RunnerReply,
+    ServerFrame,
+    UploadRef,
+    max_value_bytes,
+)
 
 __all__ = [
     "CONTENT_MEDIA_TYPE",
     "INLINE_FRAME_LIMIT",
-    "ContentPart",
+    "PartAnswer",
     "UploadRejectedError",
     "bounded",
     "read_part",
@@ -51,40 +63,38 @@ state) as a digest-bound blob reference that the runner reads with `content.read
 CONTENT_MEDIA_TYPE = "application/json"
 """The media type of every referenced value: the canonical JSON of the logical result."""
 
-ContentPart = tuple[str, Any, tuple[str, str] | None]
+PartAnswer = tuple[str, ContentPart | None, tuple[str, str] | None]
 """A `content.read` answer: (outcome, result, error)."""
 
 
-def _reference(tx: Tx, offered: set[str], value: Any) -> dict[str, Any]:
+def _reference(tx: Tx, offered: set[str], value: Any) -> ContentRef:
     data = dumps(value)
     digest = put_blob(tx, data)
     offered.add(digest)
-    return {"mediaType": CONTENT_MEDIA_TYPE, "byteCount": len(data), "digest": digest}
+    return ContentRef(media_type=CONTENT_MEDIA_TYPE, byte_count=len(data), digest=digest)
 
 
-def bounded(tx: Tx, offered: set[str], frame: dict[str, Any]) -> dict[str, Any]:
-    """`frame` itself when it fits inline; else its large part replaced by a reference.
+def bounded(tx: Tx, offered: set[str], frame: ServerFrame) -> dict[str, Any]:
+    """The wire form of `frame`, measured: whole when it fits inline; else its large part
+    stored as a blob in this transaction and named by reference.
 
     A reply's `result` becomes `resultRef`; a command's `payload.state` becomes
     `payload.stateRef`. Each digest sent is added to `offered`: what the runner may read.
     """
-    if len(dumps(frame)) <= INLINE_FRAME_LIMIT:
-        return frame
-    if frame["kind"] == "reply" and "result" in frame:
-        smaller = {key: value for key, value in frame.items() if key != "result"}
-        smaller["resultRef"] = _reference(tx, offered, frame["result"])
-        return smaller
-    payload = frame.get("payload")
-    if frame["kind"] == "command" and isinstance(payload, dict) and "state" in payload:
-        rest = {key: value for key, value in payload.items() if key != "state"}
-        rest["stateRef"] = _reference(tx, offered, payload["state"])
-        return {**frame, "payload": rest}
-    return frame
+    wire = frame.to_wire()
+    if len(dumps(wire)) <= INLINE_FRAME_LIMIT:
+        return wire
+    if isinstance(frame, RunnerReply) and "result" in wire:
+        ref = _reference(tx, offered, wire["result"])
+        return msgspec.structs.replace(frame, result=UNSET, result_ref=ref).to_wire()
+    if isinstance(frame, RunnerCommand) and "state" in wire["payload"]:
+        return frame.with_state_ref(_reference(tx, offered, wire["payload"]["state"])).to_wire()
+    return wire
 
 
 def read_part(
     db: Database, offered: Collection[str], digest: str, offset: int, length: int
-) -> ContentPart:
+) -> PartAnswer:
     """One bounded part of a value this runner was sent by reference (base64)."""
     if digest not in offered:
         return (
@@ -102,7 +112,8 @@ def read_part(
         return outcome, None, ("contentUnavailable", str(exc))
     except ValueError as exc:  # a length outside 1..512 KiB
         return "rejected", None, ("contentUnavailable", str(exc))
-    return "accepted", {"offset": offset, "data": base64.b64encode(part).decode("ascii")}, None
+    data = base64.b64encode(part).decode("ascii")
+    return "accepted", ContentPart(offset=offset, data=data), None
 
 
 class UploadRejectedError(ValueError):
@@ -128,18 +139,24 @@ def write_part(tx: Tx, data: str) -> str:
     return put_blob(tx, part)
 
 
-def resolve_upload(tx: Tx, offered: Collection[str], ref: UploadRef) -> tuple[Any, bytes]:
+def resolve_upload(
+    tx: Tx, offered: Collection[str], ref: UploadRef, max_bytes: int | None = None
+) -> tuple[Any, bytes]:
     """The JSON value an `uploadRef` names, and its canonical bytes, read from its parts.
 
-    Memory: the value's bytes (at most `MAX_UPLOAD_BYTES`) and the parsed value.
+    Memory: the value's bytes (at most `max_bytes`, default the value cap) and the
+    parsed value.
 
     Raises:
-        UploadRejectedError: a part this runner did not write (`offered`), a part that is
-            missing or of the wrong length, a byte count or digest that does not match,
-            or bytes that are not canonical JSON.
+        UploadRejectedError: more bytes than the value cap, a part this runner did not
+            write (`offered`), a part that is missing or of the wrong length, a byte
+            count or digest that does not match, or bytes that are not canonical JSON.
     """
-    if not 0 < ref.byte_count <= MAX_UPLOAD_BYTES:
-        raise UploadRejectedError(f"{ref.byte_count} bytes is not 1..{MAX_UPLOAD_BYTES}")
+    cap = max_value_bytes() if max_bytes is None else max_bytes
+    if not 0 < ref.byte_count <= cap:
+        raise UploadRejectedError(
+            f"a value of {ref.byte_count} bytes is over the cap of {cap} bytes ({MAX_VALUE_ENV})"
+        )
     expected = -(-ref.byte_count // CONTENT_PART_BYTES)
     if len(ref.parts) != expected:
         raise UploadRejectedError(f"{len(ref.parts)} parts for {ref.byte_count} bytes")

@@ -13,9 +13,10 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import psutil
+from msgspec import UNSET
 
 from pi_workflows.domain._runner_content import (
     CONTENT_MEDIA_TYPE,
@@ -87,24 +88,34 @@ from pi_workflows.supervision import (
     identity_of,
 )
 from pi_workflows.wire.canonical import dumps, sha256_digest
+from pi_workflows.wire.protocol import ProtocolViolation
 from pi_workflows.wire.runner import (
     ContentRead,
     ContentWrite,
+    ContentWritten,
     EffectReserve,
     EffectSettle,
+    EffectSettled,
+    InteractionAnswer,
     InteractionRequested,
     NodeFailed,
     NodeFinished,
     NodeStarted,
     NotificationRequested,
+    ProcessRegister,
+    ProcessUnregister,
     RunFinished,
+    RunnerAddress,
     RunnerCommand,
+    RunnerError,
     RunnerMessage,
-    RunnerProgress,
     RunnerReply,
     RunParked,
+    StartedVisit,
     TurnEnded,
+    TurnVerdict,
     UploadRef,
+    whole_error,
 )
 
 __all__ = ["Delta", "Handled", "RunnerView", "apply_message", "reply_to"]
@@ -153,33 +164,29 @@ class Delta:
     """True once an effect is reserved for applying, False once it settles."""
 
 
+WireFrame: TypeAlias = dict[str, Any]
+"""A reply or command in its wire form (`RunnerReply.to_wire()`), ready to send."""
+
+
 @dataclass(frozen=True, slots=True)
 class Handled:
     """The frames to send back (reply first) and the change to the runner's view."""
 
-    frames: list[dict[str, Any]]
+    frames: list[WireFrame]
     delta: Delta
 
 
 def reply_to(
     message: RunnerMessage,
-    outcome: str,
+    outcome: Any,
     *,
     revision: int | None = None,
     result: Any = None,
     error: tuple[str, str] | None = None,
-) -> dict[str, Any]:
+) -> WireFrame:
     """The wire reply to `message`."""
-    return RunnerReply(
-        message.run_id,
-        message.generation,
-        message.runner_epoch,
-        message.message_id,
-        outcome,
-        revision,
-        result,
-        error,
-    ).to_wire()
+    reply = RunnerReply.to(message, outcome, revision=revision, result=result, error=error)
+    return reply.to_wire()
 
 
 def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Handled:
@@ -189,7 +196,7 @@ def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Han
         return Handled([_read_content(db, view, message, message.body)], delta)  # no receipt
     if isinstance(message.body, ContentWrite):
         return Handled([_write_content(db, message, message.body, delta)], delta)  # no receipt
-    fingerprint = sha256_digest(message.to_wire())
+    fingerprint = sha256_digest(message.to_wire())  # the frame as it came, re-encoded
     stored = lookup_runner_reply(db, view.runner_epoch, message.message_id, fingerprint)
     if stored is not None:
         ref = stored.get("resultRef")
@@ -231,24 +238,24 @@ def apply_message(db: Database, view: RunnerView, message: RunnerMessage) -> Han
 
 def _apply(
     db: Database, view: RunnerView, message: RunnerMessage, fingerprint: str, delta: Delta
-) -> list[dict[str, Any]]:
+) -> list[WireFrame]:
     handler = _HANDLERS.get(message.kind)
     if handler is None:
         return [reply_to(message, "rejected", error=("protocolRejected", message.kind))]
-    extra: list[dict[str, Any]] = []
+    extra: list[RunnerCommand] = []
     offered = set(view.offered)
     with db.write() as tx:
         revision, result = handler(tx, view, message, delta, extra)
-        reply = reply_to(message, "accepted", revision=revision, result=result)
+        accepted = RunnerReply.to(message, "accepted", revision=revision, result=result)
         # Measure every frame before it is stored or sent: an oversized result is
         # stored as a blob in this transaction, and the frame carries its reference.
-        reply = bounded(tx, offered, reply)
-        extra = [bounded(tx, offered, frame) for frame in extra]
+        reply = bounded(tx, offered, accepted)
+        frames = [bounded(tx, offered, frame) for frame in extra]
         record_runner_reply(
             tx, view.runner_epoch, message.message_id, message.kind, fingerprint, reply
         )
     delta.offered |= offered - view.offered
-    return [reply, *extra]
+    return [reply, *frames]
 
 
 def _hand_back(db: Database, view: RunnerView, message: RunnerMessage, delta: Delta) -> Any:
@@ -262,14 +269,14 @@ def _hand_back(db: Database, view: RunnerView, message: RunnerMessage, delta: De
 
 def _read_content(
     db: Database, view: RunnerView, message: RunnerMessage, read: ContentRead
-) -> dict[str, Any]:
+) -> WireFrame:
     outcome, result, error = read_part(db, view.offered, read.digest, read.offset, read.length)
     return reply_to(message, outcome, result=result, error=error)
 
 
 def _write_content(
     db: Database, message: RunnerMessage, write: ContentWrite, delta: Delta
-) -> dict[str, Any]:
+) -> WireFrame:
     """Store one part of a value the runner sends by reference; it may name it later."""
     try:
         with db.write() as tx:
@@ -277,28 +284,46 @@ def _write_content(
     except UploadRejectedError as exc:
         return reply_to(message, "rejected", error=("contentRejected", str(exc)))
     delta.offered.add(digest)  # this runner's own part: it may name it (and read it)
-    return reply_to(message, "accepted", result={"digest": digest})
+    return reply_to(message, "accepted", result=ContentWritten(digest=digest))
 
 
-def _uploaded(tx: Tx, view: RunnerView, inline: Any, ref: UploadRef | None) -> Any:
+def _uploaded(tx: Tx, view: RunnerView, inline: Any, ref: UploadRef | Any) -> Any:
     """The value a runner sent inline, or by the reference of its `content.write` parts.
 
     Raises:
         UploadRejectedError: the reference does not check out (see `resolve_upload`).
     """
-    if ref is None:
+    if not isinstance(ref, UploadRef):
         return inline
     value, _data = resolve_upload(tx, view.offered, ref)
     return value
 
 
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """A value the protocol requires to be a JSON object (checked inline by the record)."""
+    if not isinstance(value, dict):
+        raise UploadRejectedError(f"the {what} by reference is not a JSON object")
+    return value
+
+
+def _error(tx: Tx, view: RunnerView, error: RunnerError | Any, ref: UploadRef | Any) -> Any:
+    """A runner's error, inline or whole by reference (None when it sent neither)."""
+    if isinstance(ref, UploadRef):
+        value, _data = resolve_upload(tx, view.offered, ref)
+        try:
+            return whole_error(value)
+        except ProtocolViolation:
+            raise UploadRejectedError("the error by reference is not a runner error") from None
+    return error if isinstance(error, RunnerError) else None
+
+
 # --- handlers: (tx, view, message, delta, extra frames) -> (revision, result) ------------
 
-Handler = Callable[[Tx, RunnerView, RunnerMessage, Delta, list[dict[str, Any]]], tuple[int, Any]]
+Handler = Callable[[Tx, RunnerView, RunnerMessage, Delta, list[RunnerCommand]], tuple[int, Any]]
 
 
 def _on_ready(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     identity = view.identity
     result = mark_runner_live(
@@ -310,25 +335,23 @@ def _on_ready(
     )
     delta.ready = True
     state, parent_attempt = launch_state(tx, view.run_id)
-    command = RunnerCommand(
-        view.run_id,
-        view.claim.generation,
-        view.runner_epoch,
+    command = RunnerCommand.build(
+        RunnerAddress(view.run_id, view.claim.generation, view.runner_epoch),
         result.revision,
-        view.command,
+        view.command,  # type: ignore[arg-type]  # the plan's command is one of the four
         state,
         parent_attempt if view.command == "continue" else None,
     )
-    extra.append(command.to_wire())
+    extra.append(command)
     return result.revision, None
 
 
 def _on_node_started(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, NodeStarted) and message.attempt_id is not None
-    deadline_at = tx.now + body.timeout_ms if body.timeout_ms else None
+    deadline_at = tx.now + body.timeout_ms if isinstance(body.timeout_ms, int) else None
     started = start_node_attempt(
         tx,
         view.claim,
@@ -338,23 +361,29 @@ def _on_node_started(
         deadline_at=deadline_at,
     )
     delta.started = (message.attempt_id, body.node_kind, deadline_at)
-    return started.revision, {"visit": started.visit}
+    return started.revision, StartedVisit(visit=started.visit)
 
 
 def _on_node_finished(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, NodeFinished) and message.attempt_id is not None
-    route = body.route
-    output = _uploaded(tx, view, body.output, body.output_ref)
+    route = body.route if isinstance(body.route, str) else None
+    if isinstance(body.output_ref, UploadRef):
+        # Stored whole as its own canonical bytes: never parsed and written again.
+        output, data = resolve_upload(tx, view.offered, body.output_ref)
+        stored: dict[str, Any] = {"output_hash": put_blob(tx, data)}
+    else:
+        output = body.output
+        stored = {"output": output}
     result = finish_node_attempt(
         tx,
         view.claim,
         attempt_id=message.attempt_id,
-        output=output,
         next_node_path=route,
         payload={"nodePath": body.node_path, **({"route": route} if route else {})},
+        **stored,
     )
     # A notify node of an interactive run: its passive message, with its node result.
     present_notification(tx, view.run_id, message.attempt_id, output)
@@ -363,20 +392,22 @@ def _on_node_finished(
 
 
 def _on_node_failed(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, NodeFailed) and message.attempt_id is not None
+    error = _error(tx, view, body.error, body.error_ref)
+    assert error is not None  # the record holds one of the two
     payload: dict[str, Any] = {}
-    if body.error.traceback:
+    if error.traceback:
         # Durable content of the run, named by the failure event in the same commit.
-        payload["traceback"] = put_traceback(tx, view.run_id, body.error.traceback)
+        payload["traceback"] = put_traceback(tx, view.run_id, error.traceback)
     result = fail_node_attempt(
         tx,
         view.claim,
         attempt_id=message.attempt_id,
-        error=body.error.text(),
-        timed_out=body.error.code == "nodeTimedOut",
+        error=error.text(),  # whole: the attempt row and the run view keep all of it
+        timed_out=error.code == "nodeTimedOut",
         payload=payload,
     )
     delta.attempt_ended = True
@@ -384,7 +415,7 @@ def _on_node_failed(
 
 
 def _on_effect_reserve(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, EffectReserve) and message.attempt_id is not None
@@ -394,16 +425,16 @@ def _on_effect_reserve(
         attempt_id=message.attempt_id,
         effect_type=body.effect_type,
         idempotency_key=body.idempotency_key,
-        request=body.request,
+        request=_uploaded(tx, view, body.request, body.request_ref),
         executor_epoch=view.runner_epoch,
-        idempotent=body.idempotent,
+        idempotent=body.idempotent is True,
     )
     delta.effect_open = True
     return reservation.revision, reservation.to_wire()
 
 
 def _on_effect_settle(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, EffectSettle)
@@ -420,62 +451,72 @@ def _on_effect_settle(
         delta.effect_open = True  # a new attempt applies next
         return retried.revision, retried.to_wire()
     else:
+        error = _error(tx, view, body.error, body.error_ref)
         record = settle_effect(
             tx,
             view.claim,
             idempotency_key=key,
             outcome="applied" if body.outcome == "succeeded" else "rejected",
             result=_uploaded(tx, view, body.result, body.result_ref),
-            error=body.error.text(10_000) if body.error else None,
+            error=error.text() if error is not None else None,
             executor_epoch=view.runner_epoch,
             proven_by_read_back=body.read_back == "applied",
         )
-    return record.revision, {"state": record.state.value}
+    return record.revision, EffectSettled(state=record.state.value)
 
 
 def _on_notification(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, NotificationRequested)
-    written = protected_write(
-        tx,
-        view.claim,
-        event_type="notification.requested",
-        payload={"notificationId": body.notification_id, "content": body.content},
-    )
+    event: dict[str, Any] = {"notificationId": body.notification_id}
+    if isinstance(body.content_ref, UploadRef):
+        # Too large for an event row: the event names its stored blob.
+        content, data = resolve_upload(tx, view.offered, body.content_ref)
+        _object(content, "notification content")
+        ref = body.content_ref
+        event["contentRef"] = {
+            "mediaType": CONTENT_MEDIA_TYPE,
+            "byteCount": ref.byte_count,
+            "digest": put_blob(tx, data),
+        }
+    else:
+        event["content"] = body.content
+    written = protected_write(tx, view.claim, event_type="notification.requested", payload=event)
     return written.revision, None
 
 
 def _on_interaction_requested(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     """Commit the attempt's request (headless: the attempt stays running); a repeat, or a
     resumed runner, gets the stored request and any accepted output to adopt."""
     body = message.body
     assert isinstance(body, InteractionRequested) and message.attempt_id is not None
+    contract = _object(_uploaded(tx, view, body.request, body.request_ref), "request")
     if body.interaction_kind != "agent":
         raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
     origin = origin_session_of(tx, view.run_id)
-    if body.target_session_id != origin:
+    if (body.target_session_id or None) != origin:
         # A runner may name only its run's own origin session (none for a headless run).
         raise InvalidTransitionError(view.run_id, "another session", "request interaction")
     if read_request_for_attempt(tx, message.attempt_id) is None:
         # A runner died after the step's output was accepted: adopt it, ask nothing.
         earlier = adoptable_submission(tx, message.attempt_id)
         if earlier is not None:
-            return read_head(tx, view.run_id).revision, {
-                "requestId": earlier.request_id,
-                "status": "settled",
-                "acceptedSubmissionId": earlier.submission_id,
-                "value": submission_value(tx, earlier),
-            }
+            return read_head(tx, view.run_id).revision, InteractionAnswer(
+                request_id=earlier.request_id,
+                status="settled",
+                accepted_submission_id=earlier.submission_id,
+                value=submission_value(tx, earlier),
+            )
         if earlier_submission_validating(tx, message.attempt_id):
             # Nothing is written: the runner asks again once that outcome is stored.
-            return read_head(tx, view.run_id).revision, {"status": "validating"}
+            return read_head(tx, view.run_id).revision, InteractionAnswer(status="validating")
     if origin is not None:
         return _request_in_origin_session(
-            tx, view, message.attempt_id, body, session_id=origin, delta=delta
+            tx, view, message.attempt_id, body, contract, session_id=origin, delta=delta
         )
     written = request_interaction(
         tx,
@@ -483,27 +524,33 @@ def _on_interaction_requested(
         attempt_id=message.attempt_id,
         request_id=body.interaction_id,
         kind="agent",
-        contract=body.request,
+        contract=contract,
     )
     if isinstance(written, WriteResult):
-        reply: dict[str, Any] = {"requestId": body.interaction_id, "status": "pending"}
-        if _carry_over(tx, view.run_id, message.attempt_id, body.interaction_id):
-            reply["resumed"] = True
+        resumed = _carry_over(tx, view.run_id, message.attempt_id, body.interaction_id)
         supersede_earlier_requests(tx, message.attempt_id)
-        return written.revision, reply
+        return written.revision, InteractionAnswer(
+            request_id=body.interaction_id, status="pending", resumed=True if resumed else UNSET
+        )
     # `existing`: the request was there before this message (a repeat, or a resumed
     # runner), so the step is presented again (reason `resumed`).
-    result: dict[str, Any] = {
-        "requestId": written.request_id,
-        "status": written.status,
-        "existing": True,
-    }
-    if written.accepted_submission_id is not None:
-        accepted = read_submission(tx, written.accepted_submission_id)
-        assert accepted is not None
-        result["acceptedSubmissionId"] = accepted.submission_id
-        result["value"] = submission_value(tx, accepted)
-    return read_head(tx, view.run_id).revision, result
+    return read_head(tx, view.run_id).revision, _answer(
+        tx, written.request_id, written.status, written.accepted_submission_id, existing=True
+    )
+
+
+def _answer(
+    tx: Tx, request_id: str, status: str, accepted_id: str | None, *, existing: bool = False
+) -> InteractionAnswer:
+    """A stored request's answer, with its accepted output when there is one."""
+    accepted = read_submission(tx, accepted_id) if accepted_id is not None else None
+    return InteractionAnswer(
+        request_id=request_id,
+        status=status,
+        existing=True if existing else UNSET,
+        accepted_submission_id=UNSET if accepted is None else accepted.submission_id,
+        value=UNSET if accepted is None else submission_value(tx, accepted),
+    )
 
 
 def origin_session_of(tx: Tx, run_id: str) -> str | None:
@@ -521,6 +568,7 @@ def _request_in_origin_session(
     view: RunnerView,
     attempt_id: str,
     body: InteractionRequested,
+    request: dict[str, Any],
     *,
     session_id: str,
     delta: Delta,
@@ -532,17 +580,12 @@ def _request_in_origin_session(
     parked and the claim released. The runner then stops; the origin session's
     coordinator presents the message. A repeat for the same attempt writes nothing.
     """
-    prompt = body.request.get("prompt")
-    contract = {key: value for key, value in body.request.items() if key != "prompt"}
+    prompt = request.get("prompt")
+    contract = {key: value for key, value in request.items() if key != "prompt"}
     existing = read_request_for_attempt(tx, attempt_id)
     if existing is not None:
-        result: dict[str, Any] = {"requestId": existing.request_id, "status": existing.status}
-        if existing.accepted_submission_id is not None:
-            accepted = read_submission(tx, existing.accepted_submission_id)
-            assert accepted is not None
-            result["acceptedSubmissionId"] = accepted.submission_id
-            result["value"] = submission_value(tx, accepted)
-        return read_head(tx, view.run_id).revision, result
+        answer = _answer(tx, existing.request_id, existing.status, existing.accepted_submission_id)
+        return read_head(tx, view.run_id).revision, answer
     request_interaction(
         tx,
         view.claim,
@@ -575,7 +618,7 @@ def _request_in_origin_session(
 
     waited = wait_run(tx, view.claim, reason="interaction", attempt_id=attempt_id, change=present)
     delta.settled = True
-    return waited.revision, {"requestId": body.interaction_id, "status": "waiting"}
+    return waited.revision, InteractionAnswer(request_id=body.interaction_id, status="waiting")
 
 
 _EARLIER_REQUEST = """
@@ -612,7 +655,7 @@ def _carry_over(tx: Tx, run_id: str, attempt_id: str, request_id: str) -> bool:
 
 
 def _on_run_parked(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, RunParked)
@@ -638,19 +681,20 @@ def _on_run_parked(
 
 
 def _on_run_finished(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, RunFinished)
+    error = _error(tx, view, body.error, body.error_ref)
     if body.status == "completed":
         payload = _run_output(tx, view, body)
         result = complete_run(tx, view.run_id, claim=view.claim, payload=payload)
     elif body.status == "timed_out":
-        reason = body.error.message[:4000] if body.error else "timed out"
+        reason = error.message if error else "timed out"
         result = time_out_run(tx, view.run_id, reason=reason, claim=view.claim)
     else:
-        reason = body.error.text() if body.error else f"nodeFailed: {body.status}"
-        over_limit = body.error is not None and body.error.code == FailureClass.RESOURCE_LIMIT
+        reason = error.text() if error else f"nodeFailed: {body.status}"
+        over_limit = error is not None and error.code == FailureClass.RESOURCE_LIMIT
         result = fail_run(
             tx,
             view.run_id,
@@ -666,9 +710,10 @@ def _run_output(tx: Tx, view: RunnerView, body: RunFinished) -> dict[str, Any]:
     """The `run_completed` event's payload: the output inline, or (too large for one
     frame, so too large for an event row) a reference to its blob."""
     # A large output is stored as the run view's content in this same commit.
-    if body.output_ref is None:
-        store_view_text(tx, view.run_id, dumps(body.output).decode(), VIEW_JSON_MEDIA_TYPE)
-        return {"output": body.output}
+    if not isinstance(body.output_ref, UploadRef):
+        output = None if body.output is UNSET else body.output
+        store_view_text(tx, view.run_id, dumps(output).decode(), VIEW_JSON_MEDIA_TYPE)
+        return {"output": output}
     _value, data = resolve_upload(tx, view.offered, body.output_ref)
     digest = put_blob(tx, data)
     store_view_blob(tx, view.run_id, digest)
@@ -678,7 +723,7 @@ def _run_output(tx: Tx, view: RunnerView, body: RunFinished) -> dict[str, Any]:
 
 
 def _on_exiting(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     # Nothing changes: the exit itself is recorded when the process is reaped.
     run = get_run(tx, view.run_id)
@@ -686,15 +731,15 @@ def _on_exiting(
 
 
 def _on_progress(
-    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[dict[str, Any]]
+    tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
     body = message.body
     if isinstance(body, TurnEnded):
         return _on_turn_ended(tx, view, body)
-    assert isinstance(body, RunnerProgress)
+    assert isinstance(body, ProcessRegister | ProcessUnregister)
     run = get_run(tx, view.run_id)
     revision = run.revision if run is not None else 0
-    if body.operation == "process.unregister":
+    if isinstance(body, ProcessUnregister):
         delta.unregistered = body.pid  # valid even after the claim was released
         forget_recorded_process(tx, view.runner_epoch, body.pid)
         return revision, None
@@ -732,7 +777,7 @@ def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]
         raise InvalidTransitionError(view.run_id, "unknown request", "count unproductive turn")
     head = read_head(tx, view.run_id).revision
     if request.accepted_submission_id is not None:
-        return head, {"action": "accepted"}
+        return head, TurnVerdict(action="accepted")
     if request.status != "pending":
         raise InvalidTransitionError(view.run_id, f"request {request.status}", "end turn")
     validating = tx.fetch_value(
@@ -742,13 +787,13 @@ def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]
     if validating or body.stop_reason == "aborted":
         # Not unproductive: a submission is still being validated, or the turn was
         # aborted (the design counts no aborted turn); the runner prompts again.
-        return head, {"action": "remind", "count": request.unproductive_turn_ends}
-    error = body.error if body.stop_reason == "error" else None
+        return head, TurnVerdict(action="remind", count=request.unproductive_turn_ends)
+    error = body.error if body.stop_reason == "error" and isinstance(body.error, str) else None
     counted = record_unproductive_turn(
         tx, view.claim, request_id=request.request_id, error=error or None
     )
-    action = "fail" if counted.fail else "remind"
-    return read_head(tx, view.run_id).revision, {"action": action, "count": counted.count}
+    verdict = TurnVerdict(action="fail" if counted.fail else "remind", count=counted.count)
+    return read_head(tx, view.run_id).revision, verdict
 
 
 def _parent_of(pid: int) -> int | None:

@@ -26,6 +26,7 @@ from pi_workflows.storage import (
 from pi_workflows.supervision import ProcessIdentity
 from pi_workflows.wire.canonical import sha256_digest
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA
+from pi_workflows.wire.runner import FinishedStep, RunState, UnfinishedStep
 
 __all__ = ["PROTOCOL_VERSION", "LaunchPlan", "launch_state", "prepare_launch", "record_spawn"]
 
@@ -104,7 +105,7 @@ def record_spawn(db: Database, runner_epoch: str, identity: ProcessIdentity) -> 
         )
 
 
-def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
+def launch_state(reader: Tx, run_id: str) -> tuple[RunState, str | None]:
     """The durable state a runner starts from, and the checkpoint attempt it continues.
 
     A continuation run continues its whole chain: the finished attempts of every
@@ -125,25 +126,47 @@ def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
             if current == run_id:
                 parent_attempt = decision.attempt_id
         current = row.continuation_of if row is not None else None
-    merged: dict[str, Any] = {}
-    for ancestor in reversed(chain):
-        wire = read_resume_state(reader, ancestor).to_wire()
-        if not merged:
-            merged = wire
-            continue
-        merged["outputs"].update(wire["outputs"])
-        for path, count in wire["visits"].items():
-            merged["visits"][path] = merged["visits"].get(path, 0) + count
-        merged["finished"].extend(wire["finished"])
-        merged["unfinished"] = wire["unfinished"]
-    merged["outputs"].update(answers)
-    merged["runId"] = run_id
+    states = [read_resume_state(reader, ancestor) for ancestor in reversed(chain)]
+    outputs: dict[str, Any] = {}
+    visits: dict[str, int] = {}
+    finished: list[FinishedStep] = []
+    for state in states:
+        outputs.update(state.outputs)
+        for path, count in state.visits.items():
+            visits[path] = visits.get(path, 0) + count
+        finished.extend(
+            FinishedStep(
+                attempt_id=a.attempt_id,
+                node_path=a.node_path,
+                visit=a.visit,
+                status=a.status,
+                next_node_path=a.next_node_path,
+            )
+            for a in state.finished
+        )
+    outputs.update(answers)
+    unfinished = states[-1].unfinished
     # An interactive run's agent steps run in its origin Pi session, not in a pi child.
     origin = reader.fetch_value(
         "SELECT origin_session_id FROM run_bindings WHERE run_id = :r AND "
         "execution_mode = 'interactive'",
         {"r": run_id},
     )
-    if origin is not None:
-        merged["originSessionId"] = origin
-    return merged, parent_attempt
+    return RunState(
+        run_id=run_id,
+        revision=states[0].revision,
+        input=states[0].input,
+        outputs=outputs,
+        visits=visits,
+        finished=finished,
+        unfinished=None
+        if unfinished is None
+        else UnfinishedStep(
+            attempt_id=unfinished.attempt_id,
+            node_path=unfinished.node_path,
+            node_type=unfinished.node_type,
+            visit=unfinished.visit,
+            status=unfinished.status,
+        ),
+        origin_session_id=None if origin is None else str(origin),
+    ), parent_attempt

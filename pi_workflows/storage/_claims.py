@@ -30,6 +30,7 @@ from pi_workflows.storage._rows import LeaseRow, ServerLeaseRow
 
 __all__ = [
     "DEFAULT_CLAIM_TTL_MS",
+    "EVENT_TEXT_CHARS",
     "MAX_EVENT_PAYLOAD_BYTES",
     "Claim",
     "OwnerType",
@@ -42,6 +43,7 @@ __all__ = [
     "append_event",
     "check_claim",
     "encode_payload",
+    "event_text",
     "get_lease",
     "get_server_lease",
     "grant_claim",
@@ -207,6 +209,18 @@ def check_claim(tx: Tx, claim: Claim, *, require_live: bool = True) -> RunHead:
         raise ClaimLostError(claim.run_id, claim.generation, reason)
     assert head is not None
     return head
+
+
+EVENT_TEXT_CHARS = 16 * 1024
+"""The most characters of an error or reason an event payload copies: the attempt or
+run row keeps the whole text (the run view references it), and a payload stays small."""
+
+
+def event_text(text: str) -> str:
+    """`text`, or its head and a note of what was cut, for an event payload."""
+    if len(text) <= EVENT_TEXT_CHARS:
+        return text
+    return f"{text[:EVENT_TEXT_CHARS]} … ({len(text) - EVENT_TEXT_CHARS} more characters)"
 
 
 def encode_payload(payload: Any) -> str:

@@ -15,6 +15,7 @@ from pi_workflows.storage._claims import (
     DEFAULT_CLAIM_TTL_MS,
     Claim,
     OwnerType,
+    event_text,
     grant_claim,
     read_head,
 )
@@ -447,7 +448,7 @@ def fail_node_attempt(
         attempt_id,
         "timed_out" if timed_out else "failed",
         event_type=EventType.NODE_FAILED,
-        payload={"error": error, **(payload or {})},
+        payload={"error": event_text(error), **(payload or {})},
         output_hash=None,
         output=_NO_OUTPUT,
         error=error,

@@ -19,6 +19,7 @@ from pi_workflows.storage._claims import (
     RunHead,
     append_event,
     check_claim,
+    event_text,
     read_head,
 )
 from pi_workflows.storage._db import Tx
@@ -716,7 +717,7 @@ def fail_run(
         operation="fail",
         event_type=EventType.RUN_FAILED,
         attempt_status="failed",
-        payload={"failureClass": failure_class.value, "reason": reason},
+        payload={"failureClass": failure_class.value, "reason": event_text(reason)},
         reason=reason,
         failure_class=failure_class.value,
         expected_revision=expected_revision,
@@ -749,7 +750,7 @@ def time_out_run(
         operation="time out",
         event_type=EventType.RUN_TIMED_OUT,
         attempt_status="timed_out",
-        payload={"reason": reason},
+        payload={"reason": event_text(reason)},
         reason=reason,
         failure_class=None,
         expected_revision=expected_revision,

@@ -26,6 +26,7 @@ __all__ = [
     "exited_unreaped",
     "identity_of",
     "is_alive",
+    "open_pidfd",
     "set_process_name",
     "signal_group",
     "signal_own_child",
@@ -144,7 +145,7 @@ def signal_group(identity: ProcessIdentity, sig: signal.Signals) -> bool:
     to that one process, and the leader is signalled through it, so a reused PID is never
     hit. Returns False when the exact process is gone (ESRCH counts as gone).
     """
-    pidfd = _open_pidfd(identity.pid)
+    pidfd = open_pidfd(identity.pid)
     try:
         if not is_alive(identity):  # checked after the pidfd pinned the process
             return False
@@ -159,7 +160,9 @@ def signal_group(identity: ProcessIdentity, sig: signal.Signals) -> bool:
     return True
 
 
-def _open_pidfd(pid: int) -> int | None:
+def open_pidfd(pid: int) -> int | None:
+    """A descriptor bound to process `pid` that becomes readable when it exits (Linux
+    5.3+), or None (no pidfds here, or no such process). The caller closes it."""
     opener = getattr(os, "pidfd_open", None)
     if opener is None:
         return None
@@ -216,7 +219,7 @@ def wait_for_exits(identities: Sequence[ProcessIdentity], timeout_s: float) -> b
     waiting: set[int] = set()
     try:
         for identity in identities:
-            pidfd = _open_pidfd(identity.pid)
+            pidfd = open_pidfd(identity.pid)
             if pidfd is None:
                 continue
             pidfds.append(pidfd)

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import psutil
 
-from pi_workflows.supervision._process import ProcessIdentity, boot_id
+from pi_workflows.supervision._process import ProcessIdentity, boot_id, open_pidfd
 
 __all__ = [
     "Descendant",
@@ -215,23 +215,13 @@ def count_descendants(root: int | None = None, *, spare: Collection[int] = ()) -
 # --- signalling one exact process --------------------------------------------------------
 
 
-def _open_pidfd(pid: int) -> int | None:
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:
-        return None
-
-
 def _kill_exact(identity: ProcessIdentity) -> bool:
     """SIGKILL exactly this process if it still lives; True if it was signalled.
 
     The pidfd pins the process before its start time is compared, so the signal cannot
     reach a process that took over a reused PID.
     """
-    pidfd = _open_pidfd(identity.pid)
+    pidfd = open_pidfd(identity.pid)
     try:
         stat = _read_stat(identity.pid)
         if stat is None or stat.start_ticks != identity.start_ticks or stat.state == "Z":
@@ -258,7 +248,7 @@ def kill_descendants(root: ProcessIdentity, *, outside_group: bool = False) -> i
     itself a grace period. Does not wait and reaps nothing (they are not the caller's
     children). Returns how many were signalled.
     """
-    pidfd = _open_pidfd(root.pid)  # pins the root while its tree is read
+    pidfd = open_pidfd(root.pid)  # pins the root while its tree is read
     try:
         stat = _read_stat(root.pid)
         if stat is None or stat.start_ticks != root.start_ticks:
@@ -295,7 +285,7 @@ def _await_exits(processes: list[Descendant], until: float) -> None:
     pidfds: list[int] = []
     try:
         for process in processes:
-            pidfd = _open_pidfd(process.identity.pid)
+            pidfd = open_pidfd(process.identity.pid)
             if pidfd is None:
                 return  # gone already: list the tree again at once
             pidfds.append(pidfd)

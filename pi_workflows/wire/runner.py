@@ -1,463 +1,471 @@
 """Typed runner-channel records: what a runner proposes and what the server answers.
 
-Implements workflow-server.md § Runner protocol. A frame is checked against
-`runner.v1` where it is read (the listener's loop for the server, the runner's channel
-for the runner), then becomes one of these frozen records; handlers never index into
-raw dicts. `RUNNER_PAYLOADS` is the one codec table from message kind to payload type.
+Implements workflow-server.md § Runner protocol. Both ends build and read these frozen
+msgspec records: a frame is checked once, where it is read (the listener's loop on the
+server, the runner's channel in the runner), by converting it into its record; nothing
+indexes into a raw frame after that. `runner.v1.schema.json` is the same contract in
+JSON Schema (tests run the fixture corpus through both). `RUNNER_PAYLOADS` is the one
+table from message kind to payload record.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
-from pi_workflows.wire.protocol import LAUNCH_SCHEMA, runner_message_from_wire
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+from pi_workflows.wire._records import checked
+from pi_workflows.wire._runner_payloads import (
+    MAX_VALUE_CAP,
+    RUNNER_PAYLOADS,
+    UPLOAD_PART_BYTES,
+    ContentRead,
+    ContentRef,
+    ContentWrite,
+    Count,
+    EffectReserve,
+    EffectSettle,
+    Id,
+    InteractionAccepted,
+    InteractionRejected,
+    InteractionRequested,
+    JsonObject,
+    MessageKind,
+    NodeFailed,
+    NodeFinished,
+    NodeStarted,
+    NodeUpdate,
+    NotificationRequested,
+    Outcome,
+    PresentationRequested,
+    ProcessRegister,
+    ProcessUnregister,
+    Record,
+    RunFinished,
+    RunnerError,
+    RunnerExiting,
+    RunnerPayload,
+    RunnerReady,
+    RunParked,
+    SafeError,
+    Schema,
+    TurnEnded,
+    UploadRef,
+    WholeError,
+)
+from pi_workflows.wire._runner_results import (
+    ContentPart,
+    ContentWritten,
+    EffectReservation,
+    EffectSettled,
+    EffectSummary,
+    InteractionAnswer,
+    StartedVisit,
+    TurnVerdict,
+    result_value,
+)
+from pi_workflows.wire.canonical import dumps
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
+from pi_workflows.wire.protocol import LAUNCH_SCHEMA
 
 __all__ = [
-    "MAX_UPLOAD_BYTES",
+    "DEFAULT_MAX_VALUE_BYTES",
+    "INLINE_ERROR_BYTES",
+    "INLINE_VALUE_BYTES",
+    "MAX_VALUE_CAP",
+    "MAX_VALUE_ENV",
+    "MIN_VALUE_CAP",
     "RUNNER_PAYLOADS",
+    "UNSET",
+    "UPLOAD_PART_BYTES",
+    "ContentPart",
     "ContentRead",
+    "ContentRef",
     "ContentWrite",
+    "ContentWritten",
+    "EffectReservation",
     "EffectReserve",
     "EffectSettle",
+    "EffectSettled",
+    "EffectSummary",
+    "FinishedStep",
+    "InteractionAccepted",
+    "InteractionAnswer",
+    "InteractionRejected",
     "InteractionRequested",
     "NodeFailed",
     "NodeFinished",
     "NodeStarted",
+    "NodeUpdate",
     "NotificationRequested",
+    "PresentationRequested",
+    "ProcessRegister",
+    "ProcessUnregister",
     "RunFinished",
     "RunParked",
+    "RunState",
+    "RunnerAddress",
     "RunnerCommand",
     "RunnerError",
     "RunnerExiting",
     "RunnerMessage",
     "RunnerPayload",
-    "RunnerProgress",
     "RunnerReady",
     "RunnerReply",
+    "SafeError",
+    "ServerFrame",
+    "StartedVisit",
     "TurnEnded",
+    "TurnVerdict",
+    "UnfinishedStep",
+    "UnsetType",
     "UploadRef",
+    "decode_server_frame",
+    "max_value_bytes",
+    "result_as",
+    "whole_error",
 ]
 
-MAX_UPLOAD_BYTES: Final = 32 * 1024 * 1024
-"""The largest value a runner sends by reference (in `content.write` parts): a result
-or output too large for one frame, for example a shell command's escaped output."""
+# --- the largest value ---------------------------------------------------------------------
+
+MAX_VALUE_ENV: Final = "PI_WORKFLOWS_MAX_VALUE_BYTES"
+"""The environment variable that sets the largest value (canonical JSON bytes) a runner
+may send: a node output or error, a run output, an effect request or result, a prompt."""
+DEFAULT_MAX_VALUE_BYTES: Final = 64 * 1024 * 1024
+MIN_VALUE_CAP: Final = 64 * 1024
+INLINE_VALUE_BYTES: Final = MAX_FRAME_BYTES - 64 * 1024
+"""The largest value (canonical JSON) sent inside a frame; a larger one goes by reference."""
+INLINE_ERROR_BYTES: Final = 16 * 1024
+"""The largest error (its JSON) sent inside a frame, the runner.v1 bound of `message`
+and `traceback`; a larger one goes whole by reference."""
 
 
-@dataclass(frozen=True, slots=True)
-class RunnerError:
-    """A bounded error a runner reports: a code and a message."""
+def max_value_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The largest value a runner may send, from `PI_WORKFLOWS_MAX_VALUE_BYTES`.
 
-    code: str
-    message: str
-    traceback: str | None = None
-    """A failed node's bounded traceback, if the runner sent one."""
+    Unset or empty: 64 MiB. The server checks it at start, and a runner reads the same
+    variable (the server's environment is its environment).
 
-    @classmethod
-    def from_wire(cls, value: Mapping[str, Any]) -> RunnerError:
-        tb = value.get("traceback")
-        return cls(str(value["code"]), str(value["message"]), None if tb is None else str(tb))
-
-    def text(self, limit: int = 4000) -> str:
-        """`code: message`, bounded, as stored in attempt and run rows."""
-        return f"{self.code}: {self.message}"[:limit]
-
-
-@dataclass(frozen=True, slots=True)
-class UploadRef:
-    """A value a runner sent before as `content.write` parts, named by its digest."""
-
-    media_type: str
-    byte_count: int
-    digest: str
-    parts: tuple[str, ...]
-    """The digests of the parts, in order."""
-
-    @classmethod
-    def from_wire(cls, value: Mapping[str, Any] | None) -> UploadRef | None:
-        if value is None:
-            return None
-        return cls(
-            str(value["mediaType"]),
-            int(value["byteCount"]),
-            str(value["digest"]),
-            tuple(str(part) for part in value["parts"]),
+    Raises:
+        ValueError: not a whole number of bytes from 64 KiB to 1 GiB; names the variable.
+    """
+    raw = (os.environ if environ is None else environ).get(MAX_VALUE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_VALUE_BYTES
+    value = int(raw) if raw.isdecimal() and raw.isascii() else -1
+    if not MIN_VALUE_CAP <= value <= MAX_VALUE_CAP:
+        raise ValueError(
+            f"{MAX_VALUE_ENV} must be a whole number of bytes from {MIN_VALUE_CAP} to "
+            f"{MAX_VALUE_CAP}, got {raw[:40]!r}"
         )
+    return value
 
 
-@dataclass(frozen=True, slots=True)
-class RunnerReady:
-    kind: ClassVar[str] = "runner.ready"
-    protocol_version: int
-    definition_digest: str
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> RunnerReady:
-        return cls(int(p["protocolVersion"]), str(p["definitionDigest"]))
+# --- runner to server: the message ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NodeStarted:
-    kind: ClassVar[str] = "node.started"
-    node_path: str
-    node_kind: str
-    visit: int
-    timeout_ms: int | None
+class RunnerAddress(Struct, frozen=True):
+    """Who sends: the run, its generation and the runner epoch (from the launch)."""
 
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> NodeStarted:
-        timeout = p.get("timeoutMs")
-        return cls(str(p["nodePath"]), str(p["nodeKind"]), int(p["visit"]), timeout)
+    run_id: str
+    generation: int
+    runner_epoch: str
 
 
-@dataclass(frozen=True, slots=True)
-class NodeFinished:
-    kind: ClassVar[str] = "node.finished"
-    node_path: str
-    output: Any
-    route: str | None
-    output_ref: UploadRef | None = None
-    """Set instead of `output` when the output was too large for one frame."""
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> NodeFinished:
-        return cls(
-            str(p["nodePath"]),
-            p.get("output"),
-            p.get("route"),
-            UploadRef.from_wire(p.get("outputRef")),
-        )
+class _Envelope(Record, frozen=True):
+    schema: Schema
+    kind: MessageKind
+    run_id: Id
+    generation: Count
+    runner_epoch: Id
+    expected_revision: Count
+    message_id: Id
+    payload: Any
+    attempt_id: Id | UnsetType = UNSET
 
 
-@dataclass(frozen=True, slots=True)
-class NodeFailed:
-    kind: ClassVar[str] = "node.failed"
-    node_path: str
-    error: RunnerError
+class RunnerMessage(Struct, frozen=True, kw_only=True):
+    """One runner-to-server message: the envelope's fields and its typed payload."""
 
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> NodeFailed:
-        return cls(str(p["nodePath"]), RunnerError.from_wire(p["error"]))
-
-
-@dataclass(frozen=True, slots=True)
-class RunParked:
-    kind: ClassVar[str] = "run.parked"
-    reason: str
-    detail: str | None
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> RunParked:
-        return cls(str(p["reason"]), p.get("detail"))
-
-
-@dataclass(frozen=True, slots=True)
-class RunFinished:
-    kind: ClassVar[str] = "run.finished"
-    status: str
-    output: Any
-    error: RunnerError | None
-    output_ref: UploadRef | None = None
-    """Set instead of `output` when the output was too large for one frame."""
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> RunFinished:
-        error = p.get("error")
-        return cls(
-            str(p["status"]),
-            p.get("output"),
-            RunnerError.from_wire(error) if error else None,
-            UploadRef.from_wire(p.get("outputRef")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class NotificationRequested:
-    kind: ClassVar[str] = "notification.requested"
-    notification_id: str
-    content: Mapping[str, Any]
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> NotificationRequested:
-        return cls(str(p["notificationId"]), p["content"])
-
-
-@dataclass(frozen=True, slots=True)
-class InteractionRequested:
-    kind: ClassVar[str] = "interaction.requested"
-    interaction_id: str
-    interaction_kind: str
-    contract_hash: str
-    request: Mapping[str, Any]
-    target_session_id: str | None = None
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> InteractionRequested:
-        return cls(
-            str(p["interactionId"]),
-            str(p["interactionKind"]),
-            str(p["contractHash"]),
-            p["request"],
-            p.get("targetSessionId"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class EffectReserve:
-    kind: ClassVar[str] = "effect.reserve"
-    effect_type: str
-    idempotency_key: str
-    request: Any
-    idempotent: bool = False
-    """The external system deduplicates by the key: an interrupted apply may repeat."""
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> EffectReserve:
-        return cls(
-            str(p["effectType"]),
-            str(p["idempotencyKey"]),
-            p["request"],
-            bool(p.get("idempotent", False)),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class EffectSettle:
-    kind: ClassVar[str] = "effect.settle"
-    idempotency_key: str
-    outcome: str
-    """`succeeded`, `failed` or `ambiguous`."""
-    result: Any
-    error: RunnerError | None
-    read_back: str | None
-    """`applied` or `notApplied` when a read-back decided this settlement."""
-    result_ref: UploadRef | None = None
-    """Set instead of `result` when the result was too large for one frame."""
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> EffectSettle:
-        error = p.get("error")
-        return cls(
-            str(p["idempotencyKey"]),
-            str(p["outcome"]),
-            p.get("result"),
-            RunnerError.from_wire(error) if error else None,
-            p.get("readBack"),
-            UploadRef.from_wire(p.get("resultRef")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerProgress:
-    kind: ClassVar[str] = "runner.progress"
-    operation: str
-    """`process.register` or `process.unregister`."""
-    pid: int
-    start_identity: str
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> RunnerProgress | TurnEnded:
-        if p["operation"] == TurnEnded.operation:
-            return TurnEnded.from_wire(p)
-        return cls(str(p["operation"]), int(p["pid"]), str(p["startIdentity"]))
-
-
-@dataclass(frozen=True, slots=True)
-class TurnEnded:
-    """`runner.progress` operation `interaction.turnEnded`: an agent step's pi run ended
-    (`agent_end`) and its workflow tool reported no accepted submission. The server counts
-    it under the live claim (workflow-server.md, the unproductive-turn rule) and answers
-    `remind` or `fail` (or `accepted` when the request is settled after all)."""
-
-    kind: ClassVar[str] = "runner.progress"
-    operation: ClassVar[str] = "interaction.turnEnded"
-    interaction_id: str
-    stop_reason: str
-    """pi's last `stopReason`: stop, toolUse, length, error, aborted (unknown: none)."""
-    error: str | None = field(default=None, repr=False)
-    """For `error`: the provider's message, bounded (kept for the run view)."""
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> TurnEnded:
-        error = p.get("error")
-        return cls(
-            str(p["interactionId"]), str(p["stopReason"]), None if error is None else str(error)
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerExiting:
-    kind: ClassVar[str] = "runner.exiting"
-    reason: str
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> RunnerExiting:
-        return cls(str(p["reason"]))
-
-
-@dataclass(frozen=True, slots=True)
-class ContentRead:
-    kind: ClassVar[str] = "content.read"
-    digest: str
-    offset: int
-    length: int
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> ContentRead:
-        return cls(str(p["digest"]), int(p["offset"]), int(p["length"]))
-
-
-@dataclass(frozen=True, slots=True)
-class ContentWrite:
-    kind: ClassVar[str] = "content.write"
-    data: str = field(repr=False)
-    """One part, at most 512 KiB, in base64 (checked by the schema)."""
-
-    @classmethod
-    def from_wire(cls, p: Mapping[str, Any]) -> ContentWrite:
-        return cls(str(p["data"]))
-
-
-RunnerPayload: TypeAlias = (
-    RunnerReady
-    | NodeStarted
-    | NodeFinished
-    | NodeFailed
-    | RunParked
-    | RunFinished
-    | NotificationRequested
-    | InteractionRequested
-    | EffectReserve
-    | EffectSettle
-    | RunnerProgress
-    | TurnEnded
-    | RunnerExiting
-    | ContentRead
-    | ContentWrite
-)
-
-RUNNER_PAYLOADS: Final[dict[str, Any]] = {
-    cls.kind: cls
-    for cls in (
-        RunnerReady,
-        NodeStarted,
-        NodeFinished,
-        NodeFailed,
-        RunParked,
-        RunFinished,
-        NotificationRequested,
-        InteractionRequested,
-        EffectReserve,
-        EffectSettle,
-        RunnerProgress,
-        RunnerExiting,
-        ContentRead,
-        ContentWrite,
-    )
-}
-"""The one codec table: runner message kind → its typed payload. A kind the schema
-allows but the server does not handle yet (`node.update`, `interaction.accepted`/`rejected`,
-`presentation.requested`) has no entry and is answered `rejected`."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerMessage:
-    """One runner-to-server message, checked against `runner.v1`."""
-
-    kind: str
     run_id: str
     generation: int
     runner_epoch: str
     message_id: str
     expected_revision: int
-    attempt_id: str | None
-    body: RunnerPayload | None
-    """The typed payload; None for a kind with no entry in `RUNNER_PAYLOADS`."""
-    wire: Mapping[str, Any]
-    """The message as it came: its canonical digest binds the stored reply."""
+    body: RunnerPayload
+    attempt_id: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.body.kind
 
     @classmethod
     def from_wire(cls, value: object) -> RunnerMessage:
-        """Check and type one decoded frame from a runner.
+        """Check and type one decoded frame from a runner (once, where it is read).
 
         Raises:
             ProtocolViolation: not a runner message of `runner.v1`.
         """
-        message = runner_message_from_wire(value, sender="runner")
-        payload_type = RUNNER_PAYLOADS.get(message["kind"])
+        envelope: _Envelope = checked(value, _Envelope)
+        payload_type = RUNNER_PAYLOADS[envelope.kind]
+        body: RunnerPayload = checked(envelope.payload, payload_type, at="/payload")
+        if body.needs_attempt and envelope.attempt_id is UNSET:
+            checked({}, _AttemptRequired)  # the one wording of a missing field
         return cls(
-            kind=message["kind"],
-            run_id=message["runId"],
-            generation=message["generation"],
-            runner_epoch=message["runnerEpoch"],
-            message_id=message["messageId"],
-            expected_revision=message["expectedRevision"],
-            attempt_id=message.get("attemptId"),
-            body=payload_type.from_wire(message["payload"]) if payload_type else None,
-            wire=message,
+            run_id=envelope.run_id,
+            generation=envelope.generation,
+            runner_epoch=envelope.runner_epoch,
+            message_id=envelope.message_id,
+            expected_revision=envelope.expected_revision,
+            body=body,
+            attempt_id=None if envelope.attempt_id is UNSET else envelope.attempt_id,
         )
 
-    def to_wire(self) -> Mapping[str, Any]:
-        return self.wire
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerReply:
-    """Server to runner: the answer to one message (`replyTo`)."""
-
-    run_id: str
-    generation: int
-    runner_epoch: str
-    reply_to: str
-    outcome: str
-    revision: int | None = None
-    result: Any = None
-    error: tuple[str, str] | None = None
-
     def to_wire(self) -> dict[str, Any]:
-        reply: dict[str, Any] = {
+        """The message as a JSON object (its canonical bytes are the frame)."""
+        wire = {
             "schema": LAUNCH_SCHEMA,
-            "kind": "reply",
-            "runId": self.run_id,
-            "generation": self.generation,
-            "runnerEpoch": self.runner_epoch,
-            "replyTo": self.reply_to,
-            "outcome": self.outcome,
-        }
-        if self.revision is not None:
-            reply["revision"] = self.revision
-        if self.result is not None:
-            reply["result"] = self.result
-        if self.error is not None:
-            reply["error"] = {"code": self.error[0], "message": self.error[1][:1000]}
-        return reply
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerCommand:
-    """Server to runner: the one explicit command after `runner.ready`."""
-
-    run_id: str
-    generation: int
-    runner_epoch: str
-    expected_revision: int
-    command: str
-    state: Mapping[str, Any]
-    parent_attempt_id: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        payload: dict[str, Any] = {"state": self.state}
-        if self.parent_attempt_id is not None:
-            payload["parentAttemptId"] = self.parent_attempt_id
-        return {
-            "schema": LAUNCH_SCHEMA,
-            "kind": "command",
+            "kind": self.kind,
             "runId": self.run_id,
             "generation": self.generation,
             "runnerEpoch": self.runner_epoch,
             "expectedRevision": self.expected_revision,
-            "messageId": f"command-{self.runner_epoch}",
-            "command": self.command,
-            "payload": payload,
+            "messageId": self.message_id,
+            "payload": msgspec.to_builtins(self.body),
         }
+        if self.attempt_id is not None:
+            wire["attemptId"] = self.attempt_id
+        return wire
+
+    def encode(self) -> bytes:
+        """The frame body: canonical JSON, without its newline."""
+        return dumps(self.to_wire())
+
+
+class _AttemptRequired(Record, frozen=True):
+    attempt_id: Id
+
+
+# --- server to runner ------------------------------------------------------------------------
+
+
+class FinishedStep(Struct, frozen=True, kw_only=True, rename="camel"):
+    """One finished visit of a node, in execution order."""
+
+    attempt_id: str
+    node_path: str
+    visit: int
+    status: str
+    """`completed`, `failed` or `timed_out`."""
+    next_node_path: str | None = None
+
+
+class UnfinishedStep(Struct, frozen=True, kw_only=True, rename="camel"):
+    """The run's running or waiting attempt: a waiting one continues in place."""
+
+    attempt_id: str
+    node_path: str
+    visit: int
+    status: str
+    node_type: str | None = None
+
+
+class RunState(Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """The durable state a runner continues from (a command's `payload.state`)."""
+
+    run_id: str | None = None
+    revision: int | None = None
+    input: Any = None
+    outputs: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Per node path, the output of its last completed attempt."""
+    visits: dict[str, int] = msgspec.field(default_factory=dict)
+    finished: list[FinishedStep] = msgspec.field(default_factory=list)
+    unfinished: UnfinishedStep | None = None
+    origin_session_id: str | None = None
+    """The Pi session an interactive run is bound to: its agent steps run there."""
+
+
+class _CommandPayload(Record, frozen=True):
+    state: JsonObject | UnsetType = UNSET
+    """The durable run state the runner continues from (a `RunState`)."""
+    state_ref: ContentRef | UnsetType = UNSET
+    parent_attempt_id: Id | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.state is not UNSET and self.state_ref is not UNSET:
+            raise ValueError("state and stateRef are exclusive")
+
+
+class RunnerCommand(Record, frozen=True, kw_only=True, tag_field="kind", tag="command"):
+    """Server to runner: the one explicit command after `runner.ready`."""
+
+    schema: Schema = LAUNCH_SCHEMA
+    run_id: Id
+    generation: Count
+    runner_epoch: Id
+    expected_revision: Count
+    message_id: Id
+    command: Literal["start", "resume", "continue", "restart"]
+    payload: _CommandPayload = msgspec.field(default_factory=_CommandPayload)
+
+    def __post_init__(self) -> None:
+        named = self.payload.parent_attempt_id is not UNSET
+        if named != (self.command == "continue"):
+            raise ValueError("a continue command, and only it, names its parentAttemptId")
+
+    @classmethod
+    def build(
+        cls,
+        address: RunnerAddress,
+        revision: int,
+        command: Literal["start", "resume", "continue", "restart"],
+        state: RunState,
+        parent_attempt_id: str | None = None,
+    ) -> RunnerCommand:
+        payload = _CommandPayload(
+            state=msgspec.to_builtins(state),
+            parent_attempt_id=UNSET if parent_attempt_id is None else parent_attempt_id,
+        )
+        return cls(
+            run_id=address.run_id,
+            generation=address.generation,
+            runner_epoch=address.runner_epoch,
+            expected_revision=revision,
+            message_id=f"command-{address.runner_epoch}",
+            command=command,
+            payload=payload,
+        )
+
+    def with_state_ref(self, ref: ContentRef) -> RunnerCommand:
+        """The command with its state named by reference (too large for one frame)."""
+        payload = msgspec.structs.replace(self.payload, state=UNSET, state_ref=ref)
+        return msgspec.structs.replace(self, payload=payload)
+
+    def run_state(self, state: object | None = None) -> RunState:
+        """The command's state as a record (`state`: one read by reference instead).
+
+        Raises:
+            ProtocolViolation: the state is not a run state.
+        """
+        value = self.payload.state if state is None else state
+        found = {} if value is UNSET else value
+        run_state: RunState = checked(found, RunState, at="/payload/state")
+        return run_state
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = msgspec.to_builtins(self)
+        return wire
+
+
+class RunnerReply(Record, frozen=True, kw_only=True, tag_field="kind", tag="reply"):
+    """Server to runner: the answer to one message (`replyTo`)."""
+
+    schema: Schema = LAUNCH_SCHEMA
+    run_id: Id
+    generation: Count
+    runner_epoch: Id
+    reply_to: Id
+    outcome: Outcome
+    revision: Count | UnsetType = UNSET
+    result: Any | UnsetType = UNSET
+    result_ref: ContentRef | UnsetType = UNSET
+    """Set instead of `result` when the reply would not fit one frame."""
+    error: SafeError | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.result is not UNSET and self.result_ref is not UNSET:
+            raise ValueError("result and resultRef are exclusive")
+        if self.outcome in ("accepted", "adopted") and self.error is not UNSET:
+            raise ValueError("an accepted reply has no error")
+
+    @classmethod
+    def to(
+        cls,
+        message: RunnerMessage,
+        outcome: Outcome,
+        *,
+        revision: int | None = None,
+        result: Any = None,
+        error: tuple[str, str] | None = None,
+    ) -> RunnerReply:
+        """The reply to `message` (a None result or revision is left out)."""
+        return cls.build(
+            RunnerAddress(message.run_id, message.generation, message.runner_epoch),
+            message.message_id,
+            outcome,
+            revision=revision,
+            result=result,
+            error=error,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        address: RunnerAddress,
+        reply_to: str,
+        outcome: Outcome,
+        *,
+        revision: int | None = None,
+        result: Any = None,
+        error: tuple[str, str] | None = None,
+    ) -> RunnerReply:
+        return cls(
+            run_id=address.run_id,
+            generation=address.generation,
+            runner_epoch=address.runner_epoch,
+            reply_to=reply_to,
+            outcome=outcome,
+            revision=UNSET if revision is None else revision,
+            result=UNSET if result is None else result,
+            error=UNSET if error is None else SafeError(code=error[0], message=error[1][:1000]),
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("accepted", "adopted")
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = msgspec.to_builtins(self)
+        return wire
+
+
+ServerFrame: TypeAlias = RunnerCommand | RunnerReply
+
+
+def decode_server_frame(value: object) -> ServerFrame:
+    """Check and type one decoded frame from the server (in the runner's channel).
+
+    Raises:
+        ProtocolViolation: not a command or reply of `runner.v1`.
+    """
+    frame: ServerFrame = checked(value, ServerFrame)
+    return frame
+
+
+def whole_error(value: object) -> RunnerError:
+    """An error read back from an `errorRef`: only the value cap bounds it.
+
+    Raises:
+        ProtocolViolation: the value is not a runner error.
+    """
+    whole: WholeError = checked(value, WholeError, at="/errorRef")
+    # Built directly: a record's bounds are checked when it is decoded, not when it is
+    # made, so this one holds the whole text the reference carried.
+    return RunnerError(
+        code=whole.code, message=whole.message, traceback=whole.traceback, retryable=whole.retryable
+    )
+
+
+_T = TypeVar("_T")
+
+
+def result_as(reply: RunnerReply, result_type: type[_T]) -> _T:
+    """The accepted reply's result as its record (see `_runner_results`).
+
+    Raises:
+        ProtocolViolation: the result is not one.
+    """
+    return result_value(reply.result, result_type)
