@@ -1,7 +1,7 @@
 """Work a forked child would otherwise repeat: done once in the zygote, or ahead in a spare.
 
 `prewarm()` (the zygote, before `gc.freeze`) fills the per-process caches children need
-(protocol validators: ~20 ms per child before); `rehearse()` (a spare, while idle) takes
+(the launch validator, the runner.v1 record decoders); `rehearse()` (a spare, while idle) takes
 the copy-on-write faults of a first load. Neither runs user code; failures only leave caches cold.
 """
 
@@ -39,27 +39,20 @@ def _launch_envelope() -> dict[str, Any]:
     }
 
 
-def _runner_messages(envelope: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _runner_frames(envelope: dict[str, Any]) -> list[dict[str, Any]]:
     base = {
         "schema": envelope["schema"],
         "runId": envelope["runId"],
         "generation": envelope["generation"],
         "runnerEpoch": envelope["runnerEpoch"],
-        "expectedRevision": 0,
-    }
-    ready = {
-        **base,
-        "kind": "runner.ready",
-        "messageId": f"{_EPOCH}-m1",
-        "payload": {"protocolVersion": 1, "definitionDigest": _ZERO},
     }
     reply = {
         **base,
         "kind": "reply",
-        "messageId": f"reply-{_EPOCH}-m1",
         "replyTo": f"{_EPOCH}-m1",
         "outcome": "accepted",
         "revision": 1,
+        "result": {"visit": 1},
     }
     command = {
         **base,
@@ -67,29 +60,42 @@ def _runner_messages(envelope: dict[str, Any]) -> list[tuple[str, dict[str, Any]
         "expectedRevision": 1,
         "messageId": f"command-{_EPOCH}",
         "command": "start",
-        "payload": {"state": {}},
+        "payload": {"state": {"input": {}, "outputs": {}}},
     }
-    return [("runner", ready), ("server", reply), ("server", command)]
+    return [reply, command]
 
 
 def _warm_protocol() -> None:
     from pi_workflows.wire import protocol  # noqa: PLC0415
+    from pi_workflows.wire import runner as records  # noqa: PLC0415
     from pi_workflows.wire.canonical import dumps  # noqa: PLC0415
 
-    for name in ("worker-launch.v1", "runner.v1"):
-        # An empty object builds the schema's branch validators and its full validator
-        # (with the schema check); the refusal is expected.
-        with contextlib.suppress(protocol.ProtocolViolation):
-            protocol.validate(name, {})
+    # An empty object builds the launch schema's branch validators and its full validator
+    # (with the schema check); the refusal is expected.
+    with contextlib.suppress(protocol.ProtocolViolation):
+        protocol.validate("worker-launch.v1", {})
     envelope = _launch_envelope()
     with contextlib.suppress(protocol.ProtocolViolation):
         protocol.decode_launch_envelope(dumps(envelope))
-    for sender, message in _runner_messages(envelope):
+    # msgspec builds each record type's decoder on first use: the runner's first frames.
+    address = records.RunnerAddress(envelope["runId"], 1, envelope["runnerEpoch"])
+    for frame in _runner_frames(envelope):
         with contextlib.suppress(protocol.ProtocolViolation):
-            if sender == "runner":
-                protocol.encode_runner_message(message, sender="runner")
+            decoded = records.decode_server_frame(frame)
+            if isinstance(decoded, records.RunnerReply):
+                records.result_as(decoded, records.StartedVisit)
             else:
-                protocol.runner_message_from_wire(message, sender="server")
+                decoded.run_state()
+    ready = records.RunnerReady(protocol_version=1, definition_digest=_ZERO)
+    message = records.RunnerMessage(
+        run_id=address.run_id,
+        generation=1,
+        runner_epoch=address.runner_epoch,
+        message_id=f"{_EPOCH}-m1",
+        expected_revision=0,
+        body=ready,
+    )
+    records.RunnerMessage.from_wire(message.to_wire())
 
 
 def _warm_input_schemas() -> None:

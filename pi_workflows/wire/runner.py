@@ -1,12 +1,8 @@
 """Typed runner-channel records: what a runner proposes and what the server answers.
 
-Implements workflow-server.md § Runner protocol. Both ends build and read these frozen
-msgspec records: a frame is checked once, where it is read (the listener's loop on the
-server, the runner's channel in the runner), by converting it into its record; nothing
-indexes into a raw frame after that. `runner.v1.schema.json` is the same contract in
-JSON Schema (tests run the fixture corpus through both). `RUNNER_PAYLOADS` is the one
-table from message kind to payload record.
-"""
+Implements workflow-server.md § Runner protocol. Both ends build and read these msgspec
+records, and check a frame once, where it is read, by converting it into its record;
+`runner.v1.schema.json` is the same contract (tests run the fixtures through both)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+import msgspec
 import pytest
 
 from pi_workflows import (
@@ -26,10 +27,19 @@ from pi_workflows.engine import (
     compile_workflow,
     effect_idempotency_key,
 )
+from pi_workflows.engine._channel import ClaimLost
 from pi_workflows.engine._compile import CompiledWorkflow, ScopedState
-from pi_workflows.engine.runner import ClaimLost, Execution
+from pi_workflows.engine._execution import Execution
+from pi_workflows.wire.runner import (
+    DEFAULT_MAX_VALUE_BYTES,
+    RunnerAddress,
+    RunnerPayload,
+    RunnerReply,
+    RunState,
+)
 
 RUN_ID = "run-test"
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,21 +65,29 @@ class FakeServer:
     parked: str | None = None
     run_input: Any = None
 
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    """The channel's value cap (the runner checks every output against it)."""
+
     def post(
-        self,
-        kind: str,
-        payload: dict[str, Any],
-        attempt_id: str | None = None,
-        expect: dict[str, Any] | None = None,
+        self, body: RunnerPayload, attempt_id: str | None = None, *, visit: int | None = None
     ) -> None:
         """A pipelined message: applied in order like `send`; its answer must match."""
-        result = self.send(kind, payload, attempt_id).get("result") or {}
-        for key, value in (expect or {}).items():
-            assert result.get(key) == value, (kind, key, result)
+        result = self.send(body, attempt_id).result
+        if visit is not None:
+            assert result == {"visit": visit}, (body.kind, result)
 
-    def send(
-        self, kind: str, payload: dict[str, Any], attempt_id: str | None = None
-    ) -> dict[str, Any]:
+    def ask(self, body: RunnerPayload, result_type: type[T], attempt_id: str | None = None) -> T:
+        return msgspec.convert(self.send(body, attempt_id).result, result_type)
+
+    def send(self, body: RunnerPayload, attempt_id: str | None = None) -> RunnerReply:
+        return RunnerReply.build(
+            RunnerAddress(RUN_ID, 1, "runner-test"),
+            f"m-{len(self.messages)}",
+            "accepted",
+            result=self._apply(body.kind, msgspec.to_builtins(body), attempt_id),
+        )
+
+    def _apply(self, kind: str, payload: dict[str, Any], attempt_id: str | None) -> Any:
         self.messages.append((kind, payload))
         if kind == "node.started":
             path = payload["nodePath"]
@@ -81,7 +99,7 @@ class FakeServer:
             )
             assert attempt_id is not None
             self.attempts.append(_Attempt(attempt_id, path, visit))
-            return {"result": {"visit": visit}}
+            return {"visit": visit}
         if kind == "node.finished":
             attempt = self._attempt(attempt_id)
             attempt.status, attempt.output = "completed", payload["output"]
@@ -90,9 +108,11 @@ class FakeServer:
             self._attempt(attempt_id).status = "failed"
         elif kind == "effect.reserve":
             key = payload["idempotencyKey"]
+            effect = {"effectId": f"effect-{key}", "effectType": payload["effectType"]}
+            effect["idempotencyKey"] = key
             if key in self.effects:
-                return {"result": {"decision": "adopt", "effect": self.effects[key]}}
-            return {"result": {"decision": "apply", "effect": {"state": "applying"}}}
+                return {"decision": "adopt", "effect": {**effect, **self.effects[key]}}
+            return {"decision": "proceed", "effect": {**effect, "state": "applying"}}
         elif kind == "effect.settle":
             self.effects[payload["idempotencyKey"]] = {
                 "state": "applied",
@@ -102,7 +122,7 @@ class FakeServer:
             self.finished = payload
         elif kind == "run.parked":
             self.parked = payload["reason"]
-        return {}
+        return None
 
     def _attempt(self, attempt_id: str | None) -> _Attempt:
         return next(a for a in self.attempts if a.attempt_id == attempt_id)
@@ -161,8 +181,8 @@ def run(
     execution = Execution(
         cast(Any, server),
         compiled,
-        {"runId": RUN_ID},
-        state or {"input": run_input},
+        RUN_ID,
+        msgspec.convert(state or {"input": run_input}, RunState),
         answered_checkpoint=answered_checkpoint,
     )
     with contextlib.suppress(ClaimLost):

@@ -14,25 +14,30 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
-from pi_workflows.engine.runner import (
+from pi_workflows.engine._channel import Channel, RunnerStopped
+from pi_workflows.engine._values import (
     CONTENT_PART_BYTES,
     MAX_CONTENT_BYTES,
-    MAX_OUTPUT_BYTES,
-    Channel,
     ContentFailed,
     OutputTooLarge,
-    RunnerStopped,
     checked_output,
 )
 from pi_workflows.wire.canonical import dumps
-from pi_workflows.wire.framing import MAX_FRAME_BYTES, SocketFrameReader
+from pi_workflows.wire.framing import SocketFrameReader
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA, encode_runner_message
+from pi_workflows.wire.runner import (
+    MAX_VALUE_ENV,
+    ContentRef,
+    EffectReserve,
+    RunnerAddress,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
-ENVELOPE = {"runId": "run-1", "generation": 1, "runnerEpoch": "runner-e1"}
+ADDRESS = RunnerAddress("run-1", 1, "runner-e1")
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
 """Given a runner message, the reply fields to send (outcome, result, error, ...)."""
@@ -119,12 +124,12 @@ def connect(
     runner_end, server_end = pair
     server = FakeServer(server_end, content, answer)
     server.thread.start()
-    return Channel(runner_end, ENVELOPE), server
+    return Channel(runner_end, ADDRESS), server
 
 
 def failure(channel: Channel, ref: dict[str, Any]) -> ContentFailed:
     with pytest.raises(ContentFailed) as caught:
-        channel.read_content(ref)
+        channel.read_content(msgspec.convert(ref, ContentRef))
     assert len(str(caught.value)) <= 4000
     return caught.value
 
@@ -133,7 +138,7 @@ def test_a_large_value_is_read_in_bounded_contiguous_parts(pair: Any) -> None:
     value = {"outputs": {"a": "a" * 700_000, "b": "b" * 700_000}}
     data = dumps(value)
     channel, server = connect(pair, data)
-    assert channel.read_content(ref_of(data)) == value
+    assert channel.read_content(msgspec.convert(ref_of(data), ContentRef)) == value
     reads = server.reads()
     assert [r["offset"] for r in reads] == [0, CONTENT_PART_BYTES, 2 * CONTENT_PART_BYTES]
     assert all(r["length"] <= CONTENT_PART_BYTES for r in reads)
@@ -247,8 +252,8 @@ def test_a_state_by_reference_becomes_the_commands_state(pair: Any) -> None:
     data = dumps(state)
     channel, server = connect(pair, data)
     server.send(_command({"stateRef": ref_of(data)}))
-    command = channel.wait_command()
-    assert command["payload"] == {"state": state}
+    _command_record, run_state = channel.wait_command()
+    assert msgspec.to_builtins(run_state) == state
     assert channel.revision == 4
 
 
@@ -275,15 +280,16 @@ def test_a_reply_result_by_reference_is_read_into_the_reply(pair: Any) -> None:
         return FakeServer.serve_part(server, message)
 
     channel, server = connect(pair, data, answer)
-    request = {"effectType": "x", "idempotencyKey": "k", "request": {}}
-    reply = channel.send("effect.reserve", request, "attempt-1")
-    assert reply["result"] == result
-    assert "resultRef" not in reply
+    request = EffectReserve(effect_type="x", idempotency_key="k", request={})
+    reply = channel.send(request, "attempt-1")
+    assert reply.result == result
+    assert "resultRef" not in reply.to_wire()
     assert channel.revision == 7
 
 
-def test_node_outputs_that_cannot_fit_one_frame_are_refused() -> None:
-    assert MAX_OUTPUT_BYTES < MAX_FRAME_BYTES
-    assert checked_output({"a": "x" * 1000}) == dumps({"a": "x" * 1000})
-    with pytest.raises(OutputTooLarge, match="bytes of JSON"):
-        checked_output({"a": "x" * MAX_OUTPUT_BYTES})
+def test_node_outputs_over_the_value_cap_are_refused_naming_it() -> None:
+    cap = 1024 * 1024
+    assert checked_output({"a": "x" * 1000}, cap) == dumps({"a": "x" * 1000})
+    with pytest.raises(OutputTooLarge, match="bytes of JSON") as caught:
+        checked_output({"a": "x" * cap}, cap)
+    assert str(cap) in str(caught.value) and MAX_VALUE_ENV in str(caught.value)

@@ -1,6 +1,6 @@
 """How the runner runs a shell command: streamed capture, the exit, the environment.
 
-Issue 11, items 2, 4 and 13a, with real commands (no server: `_run_shell` with no
+Issue 11, items 2, 4 and 13a, with real commands (no server: `run_shell` with no
 channel registers nothing). Output is read as it comes and only `max_output_bytes` of
 each stream is kept; the command's exit ends the wait even when a background process
 keeps its pipes open; the command sees only the documented pi-workflows variables.
@@ -17,13 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pi_workflows.engine._shell import run_shell
 from pi_workflows.engine.runner import (
     AGENT_DIR_ENV,
     EFFECT_KEY_ENV,
     LAUNCH_ENV,
     RUN_ID_ENV,
     RUNNER_FD_ENV,
-    _run_shell,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_each_stream_keeps_its_cap_and_counts_the_rest() -> None:
     script = "head -c 5000000 /dev/zero | tr '\\0' o; head -c 70000 /dev/zero | tr '\\0' e >&2"
-    result = _run_shell(["sh", "-c", script], 30_000, 1000)
+    result = run_shell(["sh", "-c", script], 30_000, 1000)
     assert result["exitCode"] == 0 and result["timedOut"] is False
     assert result["stdout"] == "o" * 1000 and result["stdoutTruncatedBytes"] == 4_999_000
     assert result["stderr"] == "e" * 1000 and result["stderrTruncatedBytes"] == 69_000
@@ -39,7 +39,7 @@ def test_each_stream_keeps_its_cap_and_counts_the_rest() -> None:
 
 
 def test_output_under_the_cap_is_whole() -> None:
-    result = _run_shell(["sh", "-c", "echo out; echo err >&2; exit 3"], 30_000, 1000)
+    result = run_shell(["sh", "-c", "echo out; echo err >&2; exit 3"], 30_000, 1000)
     assert result == {
         "exitCode": 3,
         "signal": None,
@@ -74,7 +74,7 @@ def test_the_commands_exit_ends_the_wait_though_a_background_process_keeps_stdou
     pipes open; the command itself exits at once, so it is neither held nor timed out."""
     script = f"{background} echo $! > {pid_file}; echo finished; sleep 0.2"
     started = time.monotonic()
-    result = _run_shell(["sh", "-c", script], 8_000, 1000)
+    result = run_shell(["sh", "-c", script], 8_000, 1000)
     elapsed = time.monotonic() - started
     assert result["timedOut"] is False, "it exited 0 long before its timeout"
     assert result["exitCode"] == 0
@@ -86,13 +86,13 @@ def test_the_commands_exit_ends_the_wait_though_a_background_process_keeps_stdou
 def test_output_written_just_before_the_exit_is_kept() -> None:
     """The drain after the exit reads what is already in the pipes."""
     script = "head -c 200000 /dev/zero | tr '\\0' z; exec 1>&-; sleep 0.1"
-    result = _run_shell(["sh", "-c", script], 30_000, 1_000_000)
+    result = run_shell(["sh", "-c", script], 30_000, 1_000_000)
     assert result["stdout"] == "z" * 200_000
 
 
 def test_a_command_past_its_deadline_is_stopped_and_reported_timed_out() -> None:
     started = time.monotonic()
-    result = _run_shell(["sh", "-c", "echo started; exec sleep 30"], 300, 1000)
+    result = run_shell(["sh", "-c", "echo started; exec sleep 30"], 300, 1000)
     assert result["timedOut"] is True
     assert result["signal"] == signal.SIGTERM and result["exitCode"] is None
     assert result["stdout"] == "started\n"
@@ -105,7 +105,7 @@ def test_a_command_sees_the_documented_variables_and_no_runner_internals(
     for name in (LAUNCH_ENV, RUNNER_FD_ENV, AGENT_DIR_ENV, "PI_WORKFLOWS_ZYGOTE_FD"):
         monkeypatch.setenv(name, "private")
     monkeypatch.setenv("SOME_USER_SETTING", "kept")
-    result = _run_shell(["env"], 30_000, 100_000, effect_key="sha256:abc", run_id="run-7")
+    result = run_shell(["env"], 30_000, 100_000, effect_key="sha256:abc", run_id="run-7")
     env = dict(line.split("=", 1) for line in result["stdout"].splitlines() if "=" in line)
     assert env[EFFECT_KEY_ENV] == "sha256:abc"
     assert env[RUN_ID_ENV] == "run-7"

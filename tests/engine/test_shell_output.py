@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from pi_workflows.engine import DEFAULT_SHELL_MAX_OUTPUT_BYTES
-from pi_workflows.engine.runner import MAX_OUTPUT_BYTES, SHELL_OUTPUT_BUDGET, fit_shell_output
+from pi_workflows.engine._shell import SHELL_OUTPUT_BUDGET, fit_shell_output
 from pi_workflows.wire.canonical import dumps
-from pi_workflows.wire.runner import MAX_UPLOAD_BYTES
+from pi_workflows.wire.runner import DEFAULT_MAX_VALUE_BYTES, INLINE_VALUE_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,9 +67,9 @@ def test_the_default_caps_keep_two_full_streams_of_plain_text_inline() -> None:
     """The default comes from the frame budget: both streams at the cap, as text that
     needs no escape, fit one frame; the reference budget is far above the frame."""
     full = _result("x" * DEFAULT_SHELL_MAX_OUTPUT_BYTES, "y" * DEFAULT_SHELL_MAX_OUTPUT_BYTES)
-    assert len(dumps(full)) <= MAX_OUTPUT_BYTES
+    assert len(dumps(full)) <= INLINE_VALUE_BYTES
     assert fit_shell_output(full) == full
     nul = _result("\x00" * DEFAULT_SHELL_MAX_OUTPUT_BYTES)  # 6x in JSON: by reference
-    assert MAX_OUTPUT_BYTES < len(dumps(nul)) <= SHELL_OUTPUT_BUDGET
+    assert INLINE_VALUE_BYTES < len(dumps(nul)) <= SHELL_OUTPUT_BUDGET
     assert fit_shell_output(nul) == nul, "never cut for its escaping"
-    assert SHELL_OUTPUT_BUDGET < MAX_UPLOAD_BYTES
+    assert SHELL_OUTPUT_BUDGET < DEFAULT_MAX_VALUE_BYTES

@@ -87,7 +87,9 @@ CODECS = {
         protocol.client_message_from_wire,
         protocol.encode_client_message,
     ),
-    "runner-": Codec("runner.v1", decode_runner, runner_record, encode_runner, encoder_checks=False),
+    "runner-": Codec(
+        "runner.v1", decode_runner, runner_record, encode_runner, encoder_checks=False
+    ),
     "channel-": Codec(
         "channel.v1",
         protocol.decode_channel_message,
