@@ -88,6 +88,7 @@ from pi_workflows.storage import (
 )
 from pi_workflows.supervision import ProcessIdentity, ServerLock, Zygote, crash_point
 from pi_workflows.wire import ClientListener, ConnectionLimits, raise_descriptor_limit
+from pi_workflows.wire.runner import max_value_bytes
 
 __all__ = [
     "DEFAULT_IDLE_EXIT_S",
@@ -200,6 +201,8 @@ class WorkflowServer:
             self.default_limits = (
                 default_limits if default_limits is not None else limits_from_env()
             )
+            # Runners read the same variable (they get this environment); checked once here.
+            max_value_bytes()
         except ValueError as exc:
             raise ServerStartError(str(exc)) from None
         self.idle_exit_s = idle_exit_s

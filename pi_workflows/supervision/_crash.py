@@ -243,9 +243,8 @@ _declare(
 _declare(
     "runner.content.after_write",
     "runner",
-    "A value sent by reference after one of its content.write parts was stored and before "
-    "the rest, or the message that names the value, is sent; no message names the parts "
-    "yet, so the node runs again (`@n` picks the n-th part).",
+    "A value sent by reference after one of its content.write parts was stored and "
+    "before the message that names it is sent, so the node runs again (`@n`: the n-th part).",
 )
 RUNNER_SENT_KINDS: Final = RUNNER_MESSAGE_POINTS
 """The kinds a runner sends that have points: the same kinds the server applies."""

@@ -192,8 +192,9 @@ def hydrate_run_view(client: Caller, run_id: str) -> dict[str, Any]:
     Each referenced value `{"ref", "preview"}` becomes `{"value": …, "ref": …}`; an
     error with `errorContent` gets its complete text; a traceback without text gets
     it; `display.reasonText` becomes the complete reason; `graph.definitionSnapshot`
-    holds the complete definition. `trace.items` holds every attempt and
-    `trace.omitted` is 0. The document is no longer bounded by the frame limit.
+    holds the complete definition, and `failureReason` the complete reason.
+    `trace.items` holds every attempt and `trace.omitted` is 0. The document is no
+    longer bounded by the frame limit.
 
     Raises:
         RunChangingError: the run changed between pages `MAX_COLLECT_ATTEMPTS` times.
@@ -230,6 +231,8 @@ def _hydrated(
     display = whole["display"]
     if "reasonContent" in display:
         display["reasonText"] = _load_text(client, run_id, display["reasonContent"])
+        if "failureReason" in whole:  # the view holds only its head
+            whole["failureReason"] = display["reasonText"]
     graph = whole.get("graph")
     definition = graph.get("definition") if isinstance(graph, dict) else None
     if isinstance(graph, dict) and isinstance(definition, dict) and "digest" in definition:

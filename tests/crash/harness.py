@@ -149,6 +149,14 @@ def boom(ctx):
     raise RuntimeError("boom")
 
 
+BIG = 3 * 1024 * 1024
+
+
+def big(ctx):
+    # 3 MiB of output: sent in 512 KiB content.write parts, then named by reference.
+    return {**step(ctx, "big"), "text": "b" * BIG}
+
+
 def slow_build(ctx):
     # Announces itself, then takes a moment: long enough for a graceful stop to begin.
     script = f"echo {ctx.run_id} >> {LAB / 'shell.ledger'}; "
@@ -259,6 +267,19 @@ workflow = define_workflow(
         "z": compute(lambda ctx: step(ctx, "z")),
     },
     edges=[{"from": "decide", "switch": {"on": "$.choice", "cases": {"reject": "z"}}}],
+)
+""",
+    # a -> big (a 3 MiB output, sent by reference) -> z.
+    "large": """
+workflow = define_workflow(
+    name="large",
+    start_at="a",
+    nodes={
+        "a": compute(lambda ctx: step(ctx, "a")),
+        "big": compute(big),
+        "z": compute(lambda ctx: step(ctx, "z")),
+    },
+    edges=[{"from": "a", "to": "big"}, {"from": "big", "to": "z"}],
 )
 """,
     # build (a shell command: a managed effect without read-back) -> z.

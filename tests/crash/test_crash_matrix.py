@@ -656,6 +656,32 @@ def _after_apply_shell(lab: Lab) -> None:
     lab.finish({run_id: "ambiguous"}, ambiguous=1)
 
 
+@scenario("runner.content.after_write", "large-output")
+def _content_after_write(lab: Lab) -> None:
+    # Killed after the third of the output's seven parts: nothing names them yet, so the
+    # attempt is interrupted and `big` runs again; the output is recorded whole, once.
+    armed = lab.start_server("runner.content.after_write@3")
+    run_id = lab.start_run("large").new_run
+    lab.wait_status(run_id, "completed")
+    lab.expect_runner_crash(armed)
+    assert lab.count(run_id, "big") == 2 and lab.count(run_id, "z") == 1
+    lab.finish({run_id: "completed"})
+    with lab.database() as db:
+        statuses = db.execute(
+            "SELECT status FROM node_attempts WHERE run_id = ? AND node_path = 'big'"
+            " ORDER BY started_at, attempt_id",
+            (run_id,),
+        ).fetchall()
+        (content,) = db.execute(
+            "SELECT b.content FROM node_attempts a JOIN blobs b ON b.digest = a.output_hash"
+            " WHERE a.run_id = ? AND a.node_path = 'big' AND a.status = 'completed'",
+            (run_id,),
+        ).fetchone()
+        assert runner_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
+    assert sorted(status for (status,) in statuses) == ["completed", "interrupted"]
+    assert json.loads(content) == {"node": "big", "count": 2, "text": "b" * 3 * 1024 * 1024}
+
+
 def _messages_of_the_crashed_runner(lab: Lab, run_id: str) -> list[str]:
     """The kinds of the messages the server committed from the run's first runner."""
     with lab.database() as db:

@@ -3,7 +3,8 @@
 Two nodes commit outputs of about 800 KB each, so the state a resumed runner or a
 continuation run starts from (about 1.6 MB) cannot travel in one 1 MiB frame. The server
 stores it as a blob and sends a reference; the runner reads it back in verified parts.
-A single output that cannot fit one frame fails its node with `outputTooLarge`.
+A single output over the value cap (`PI_WORKFLOWS_MAX_VALUE_BYTES`, set to 1 MiB here)
+fails its node with `outputTooLarge`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import signal
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
+from pi_workflows.wire.runner import MAX_VALUE_ENV
 from tests.conftest import write_workflow
 from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 
@@ -133,10 +136,26 @@ def test_state_over_the_frame_limit_reaches_a_resumed_runner_and_a_continuation(
     assert [status for (status,) in workers] == ["crashed", "exited"]
 
 
+CAP = 1024 * 1024
+
+
+@pytest.fixture
+def capped_server(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkflowServer]:
+    """A server (and its runners: they get its environment) with a 1 MiB value cap."""
+    monkeypatch.setenv(MAX_VALUE_ENV, str(CAP))
+    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop("test teardown")
+
+
 @pytest.mark.parametrize("routed", [False, True], ids=["unrouted", "routed"])
-def test_an_output_too_large_for_one_frame_fails_its_node_not_the_runner(
-    running_server: WorkflowServer, short_tmp: Path, routed: bool
+def test_an_output_over_the_value_cap_fails_its_node_not_the_runner(
+    capped_server: WorkflowServer, short_tmp: Path, routed: bool
 ) -> None:
+    running_server = capped_server
     project = short_tmp / "project"
     source = TOO_BIG.format(size=MAX_FRAME_BYTES, edges=ROUTE_FAILURE)
     if not routed:  # the same node alone, with no edge for its failure
@@ -153,7 +172,7 @@ def test_an_output_too_large_for_one_frame_fails_its_node_not_the_runner(
         run_id,
     )
     assert error.startswith("outputTooLarge: ")
-    assert "fit in one runner frame" in error
+    assert f"at most {CAP} bytes" in error and MAX_VALUE_ENV in error, "it names the cap"
     if routed:
         assert view["display"]["status"] == "completed"
         assert [step["node"] for step in view["steps"]] == ["big", "recover"]
