@@ -55,6 +55,7 @@ from pi_workflows.wire.client import (
     RequestFailedError,
     WorkflowClient,
 )
+from pi_workflows.wire.runner import MAX_VALUE_ENV
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -196,6 +197,8 @@ ENV_WORDS = {
     VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
     MEMORY_ENV: "default memory limit of a node's processes, in MiB",
     PROCESSES_ENV: "default process limit of a node",
+    MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
+    "(default 67108864: 64 MiB)",
     ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
     CRASH_ENV: "<point>[@<n>] arms one crash point (fault-injection tests)",
 }
