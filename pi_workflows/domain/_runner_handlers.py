@@ -58,6 +58,7 @@ from pi_workflows.storage import (
     present_notification,
     protected_write,
     put_blob,
+    put_json_blob,
     put_traceback,
     read_head,
     read_request,
@@ -98,6 +99,7 @@ from pi_workflows.wire.runner import (
     EffectSettled,
     InteractionAnswer,
     InteractionRequested,
+    JsonObject,
     NodeFailed,
     NodeFinished,
     NodeStarted,
@@ -299,7 +301,7 @@ def _uploaded(tx: Tx, view: RunnerView, inline: Any, ref: UploadRef | Any) -> An
     return value
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
+def _object(value: Any, what: str) -> JsonObject:
     """A value the protocol requires to be a JSON object (checked inline by the record)."""
     if not isinstance(value, dict):
         raise UploadRejectedError(f"the {what} by reference is not a JSON object")
@@ -371,19 +373,18 @@ def _on_node_finished(
     assert isinstance(body, NodeFinished) and message.attempt_id is not None
     route = body.route if isinstance(body.route, str) else None
     if isinstance(body.output_ref, UploadRef):
-        # Stored whole as its own canonical bytes: never parsed and written again.
         output, data = resolve_upload(tx, view.offered, body.output_ref)
-        stored: dict[str, Any] = {"output_hash": put_blob(tx, data)}
+        digest = put_blob(tx, data)  # its own canonical bytes: not encoded again
     else:
         output = body.output
-        stored = {"output": output}
+        digest = put_json_blob(tx, output)
     result = finish_node_attempt(
         tx,
         view.claim,
         attempt_id=message.attempt_id,
+        output_hash=digest,
         next_node_path=route,
         payload={"nodePath": body.node_path, **({"route": route} if route else {})},
-        **stored,
     )
     # A notify node of an interactive run: its passive message, with its node result.
     present_notification(tx, view.run_id, message.attempt_id, output)
@@ -568,7 +569,7 @@ def _request_in_origin_session(
     view: RunnerView,
     attempt_id: str,
     body: InteractionRequested,
-    request: dict[str, Any],
+    request: JsonObject,
     *,
     session_id: str,
     delta: Delta,

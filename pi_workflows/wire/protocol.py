@@ -757,7 +757,11 @@ def _runner_kinds(sender: RunnerSender | None) -> tuple[str, ...] | None:
 def runner_message_from_wire(
     value: object, *, sender: RunnerSender | None = None
 ) -> dict[str, Any]:
-    """Check an already-decoded value as a runner channel message.
+    """Check an already-decoded value as a runner channel message, against the schema.
+
+    Neither end calls this at run time: both read runner frames into the records of
+    `wire/runner.py` (checked once, in C). This is the JSON Schema's own check, for
+    tests and tools that hold raw frames.
 
     Args:
         value: The decoded message.

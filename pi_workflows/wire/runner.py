@@ -92,6 +92,7 @@ __all__ = [
     "InteractionAnswer",
     "InteractionRejected",
     "InteractionRequested",
+    "JsonObject",
     "NodeFailed",
     "NodeFinished",
     "NodeStarted",
