@@ -20,7 +20,9 @@ import pi_workflows
 PACKAGE = Path(pi_workflows.__file__).parent
 
 FLOORS: dict[str, int] = {
-    # The base: no imports of the package at all, or only of each other.
+    # The base: no imports of the package at all, or only of each other; `_address` is
+    # where answers go (an address, `Done`, `Reply`).
+    "_address": 0,
     "errors": 0,
     "_version": 0,
     "_paths": 0,
