@@ -20,7 +20,7 @@ The timeout-resume child is the next runner the scheduler launches through the p
 supervisor: its state names the attempt `timed_out`, so it follows a `$result.outcome`
 edge for `timed_out`, or ends the run `timed_out` (terminal: the session reservation is
 released in that transaction). This is the same vocabulary and the same runner rule as a
-headless node that overran its deadline (`server/_runner_exits.py`).
+headless node that overran its deadline (`domain/_runner_exits.py`).
 
 A protected decision with `on_timeout` (workflow-server.md § Interactive Pi execution:
 "When a protected decision reaches its saved onTimeout deadline ..."): one transaction

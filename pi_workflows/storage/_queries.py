@@ -270,7 +270,7 @@ def display_status_sql(
     status: str, paused: str, queue_state: str, ambiguous: str, runner: str, *, turn: str = "0"
 ) -> str:
     """The display status of a run in SQL over the given column expressions: the rule of
-    server/_display_status.py `display_status`, for the run list's status filter
+    domain/_display_status.py `display_status`, for the run list's status filter
     (tests/server/test_display_status.py checks they agree in every case)."""
     return f"""CASE
     WHEN {status} IN ('completed', 'failed', 'timed_out', 'cancelled') THEN {status}
