@@ -4,7 +4,8 @@ through their public surface.
 Implements the house rule of docs/architecture.md § Floors (as trio's `test_exports`
 pins its layout): `wire` → `supervision` → `storage` and `engine` → `domain` → `actors`
 → `server` and `cli`. The check reads every module's imports as written (static,
-lazy and `TYPE_CHECKING` ones alike), so a cycle between floors cannot come back.
+lazy and `TYPE_CHECKING` ones alike), so a cycle between floors cannot come back. The
+`domain` floor also writes no SQL: its statements live in `storage/`.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ def sql_in(path: Path) -> Iterator[str]:
 
 
 def test_the_domain_writes_no_sql() -> None:
-    """docs/architecture.md § Floors: `domain` holds units of work and views; every
-    statement they run is a named query behind a storage function."""
+    """`domain` holds units of work and views: every statement they run is a named
+    query in `storage/_queries.py` behind a storage function (docs/storage.md § Files)."""
     found = [hit for path in sorted((PACKAGE / "domain").rglob("*.py")) for hit in sql_in(path)]
     assert found == [], "\n".join(found)
