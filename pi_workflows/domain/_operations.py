@@ -30,7 +30,6 @@ from pi_workflows.domain._view_pages import run_page
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
-    SELECT_SESSION_RESERVATION,
     AnswerInvalidError,
     Claim,
     ClaimHeldError,
@@ -56,6 +55,7 @@ from pi_workflows.storage import (
     get_run,
     get_run_summary,
     get_server_lease,
+    interactive_origin_session,
     is_disk_full,
     lookup_receipt,
     pause_run,
@@ -66,6 +66,7 @@ from pi_workflows.storage import (
     recover_ambiguous_effect,
     resume_run,
     run_list_revision,
+    session_reservation,
     state_counts,
     state_size,
     status_counts,
@@ -660,7 +661,7 @@ def start_run(
 
 def _require_free_session(tx: Tx, session_id: str | None) -> None:
     """An interactive run reserves its origin session: one unfinished run per session."""
-    if tx.fetch_value(SELECT_SESSION_RESERVATION, {"origin_session_id": session_id}):
+    if session_reservation(tx, session_id):
         raise OperationError(
             "rejected",
             "sessionReserved",
@@ -682,11 +683,7 @@ def _restart(
                 "rejected", "runNotTerminal", "only a finished run restarts; cancel it first"
             )
         # A restart runs where the run ran: an interactive run's in its origin session.
-        session = tx.fetch_value(
-            "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
-            "AND execution_mode = 'interactive'",
-            {"r": old_id},
-        )
+        session = interactive_origin_session(tx, old_id)
         if session is not None:
             _require_free_session(tx, session)
         run_id = f"run-{uuid.uuid4().hex}"

@@ -19,6 +19,7 @@ from pi_workflows.storage import (
     Tx,
     claim_for_launch,
     get_run,
+    interactive_origin_session,
     read_continuation,
     read_resume_state,
     record_process,
@@ -139,11 +140,7 @@ def launch_state(reader: Tx, run_id: str) -> tuple[dict[str, Any], str | None]:
     merged["outputs"].update(answers)
     merged["runId"] = run_id
     # An interactive run's agent steps run in its origin Pi session, not in a pi child.
-    origin = reader.fetch_value(
-        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r AND "
-        "execution_mode = 'interactive'",
-        {"r": run_id},
-    )
+    origin = interactive_origin_session(reader, run_id)
     if origin is not None:
         merged["originSessionId"] = origin
     return merged, parent_attempt
