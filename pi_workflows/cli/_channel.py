@@ -15,6 +15,7 @@ import click
 from pi_workflows.cli._main import (
     _client,
     _client_errors,
+    _fail,
     _print_json,
     json_option,
     main,
@@ -71,13 +72,18 @@ def channel_status(ctx: click.Context, as_json: bool) -> None:
 @_client_errors
 def channel_reload(ctx: click.Context, as_json: bool) -> None:
     """Read channels.json again: start new profiles, restart changed ones, stop removed
-    ones. A file readable by others is refused (run `chmod 600` on it).
+    ones. A file readable by others, or not valid, is refused: every profile stops, the
+    refusal is printed on stderr and the exit code is 1 (run `chmod 600` on the file, or
+    fix what the refusal names, then reload again).
 
     Example: pi-workflows channel reload
     """
     with _client(ctx) as client:
         receipt = client.call("channel.reload")["receipt"]
+    refused = receipt["config"] == "refused"
     if as_json:
         _print_json(receipt)
-        return
-    _echo_status(receipt)
+    elif not refused:
+        _echo_status(receipt)
+    if refused:
+        _fail(f"channel profiles refused: {receipt.get('error', 'unusable file')}")

@@ -178,6 +178,8 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "paused, parked, ambiguous), there is no such run, or the server refused",
     ("run watch", EXIT_UNAVAILABLE): "no server could be reached or started, it runs "
     "another version, or it stayed unreachable past --reconnect-timeout",
+    ("channel reload", EXIT_FAILED): "the server refused the request, or refused "
+    "channels.json (readable by others, or not valid): no profile is served",
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", EXIT_USAGE): "always: the viewer is not built yet",
