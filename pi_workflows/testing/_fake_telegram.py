@@ -27,10 +27,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import parse_qsl, urlsplit
+
+from pi_workflows.testing._loopback_http import LoopbackServer, QuietHandler
 
 __all__ = [
     "FAKE_BOT_TOKEN",
@@ -138,7 +139,7 @@ class _Dropped(Exception):  # noqa: N818 - a control-flow signal, not an error
     """The scripted fault says: answer nothing, close the connection."""
 
 
-class FakeTelegram:
+class FakeTelegram(LoopbackServer):
     """A real HTTP server on 127.0.0.1 (ephemeral port) that plays the Bot API.
 
     Use it as a context manager, or call `start` and `stop`.
@@ -152,13 +153,13 @@ class FakeTelegram:
         bot_username: str = "pi_workflows_fake_bot",
         host: str = "127.0.0.1",
     ) -> None:
-        if host not in ("127.0.0.1", "localhost"):
-            raise ValueError("the fake Bot API listens on loopback only")
+        super().__init__(
+            _handler_class(self), host=host, name="fake-telegram", what="the fake Bot API"
+        )
         self.token = token
         self.chat_id = chat_id
         self.bot_username = bot_username
         self.bot_id = int(token.split(":", 1)[0]) if token.split(":", 1)[0].isdigit() else 1
-        self._lock = threading.Condition()
         self._calls: list[RecordedCall] = []
         self._faults: dict[str, deque[Fault]] = {}
         self._hangs: list[Hang] = []
@@ -167,53 +168,15 @@ class FakeTelegram:
         self._message_ids = itertools.count(1)
         self._update_ids = itertools.count(1001)
         self._callback_ids = itertools.count(1)
-        self._stopping = False
-        self._httpd = ThreadingHTTPServer((host, 0), _handler_class(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle -------------------------------------------------------------------
+    # -- lifecycle (start, stop and the context manager: LoopbackServer) -------------
 
-    def start(self) -> FakeTelegram:
-        """Serve in a background thread; returns self."""
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fake-telegram",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving: release held calls, end long polls, close the socket."""
+    def _wake_handlers(self) -> None:
+        """Release held calls (long polls end on `_stopping`)."""
         with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
             hangs = list(self._hangs)
-            self._lock.notify_all()
         for hang in hangs:
             hang.release()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> FakeTelegram:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
     @property
     def api_base(self) -> str:
@@ -323,16 +286,10 @@ class FakeTelegram:
         Raises:
             TimeoutError: it stayed falsy for `timeout` seconds.
         """
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                value = condition(self)
-                if value:
-                    return value
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the fake Bot API never reached the awaited condition")
-                self._lock.wait(left)
+        value = self._wait(lambda: condition(self), timeout)
+        if value is None:
+            raise TimeoutError("the fake Bot API never reached the awaited condition")
+        return value
 
     def wait_for_calls(
         self, method: str, count: int = 1, timeout: float = 10.0
@@ -534,21 +491,12 @@ def _parse_params(query: str, content_type: str, raw: bytes) -> dict[str, Any]:
 
 
 def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the real API and httpx use
-        # Headers and body go out in two writes; without TCP_NODELAY each answer waits
-        # for the client's delayed ACK (~40 ms), which would swamp every latency measured.
-        disable_nagle_algorithm = True
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Never log: the request line holds the bot token."""
-
-        def do_GET(self) -> None:
+    class Handler(QuietHandler):  # never logs: the request line holds the bot token
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
             self._serve(b"")
 
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            self._serve(self.rfile.read(length) if length else b"")
+        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+            self._serve(self.read_body())
 
         def _serve(self, raw: bytes) -> None:
             url = urlsplit(self.path)
@@ -590,14 +538,6 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
                 body: dict[str, Any] = {"ok": True, "result": result}
             else:
                 body = {"ok": False, "error_code": status, "description": result}
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client went away while the call was held
+            self.send_json(status, body)  # a client gone while the call was held: closed
 
     return Handler
