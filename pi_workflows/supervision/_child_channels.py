@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import pykka
-
 from pi_workflows._address import Address, Done, Reply
 from pi_workflows.supervision._messages import ChildExited, KillChild, Spawn, StopChild
 from pi_workflows.supervision._process import ProcessIdentity
@@ -321,5 +319,12 @@ class ChildChannels:
 
 
 def _tell(owner: Address, message: object) -> None:
-    with contextlib.suppress(pykka.ActorDeadError):  # the owner stopped: its child ends
+    """Tell the owner from the listener's loop, which nothing a child sends may stop.
+
+    The owner that stopped raises (pykka's `ActorDeadError`; its child ends with it).
+    pykka is not imported here: children import this package and must not load it.
+    """
+    try:
         owner.tell(message)
+    except Exception:  # noqa: BLE001 - see above: the loop carries on
+        log.debug("a child channel's owner is gone", extra={"action": "child.owner_gone"})
