@@ -9,9 +9,10 @@ real API answers. It serves `getMe`, `sendMessage` (with `reply_markup`),
 `timeout`, `limit`, `allowed_updates`) with `message` and `callback_query` updates.
 
 Tests script it: `press_button` and `reply` queue updates from a given user, and
-`fail_next`, `hang_next` and `drop_next` make the next call of a method answer an HTTP
-error, block until released, or lose its connection without an answer. Every call is
-recorded (method, parameters, status) under one lock, and `wait_for` blocks on a
+`fail_next`, `hang_next`, `hold_answer_next` and `drop_next` make the next call of a
+method answer an HTTP error, block until released, apply at once but answer only when
+released, or lose its connection without an answer. Every call is recorded (method,
+parameters, status, result) under one lock once answered, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
 
 It lives in the package, not under `tests/`, because the benchmarks drive it too. It
@@ -74,9 +75,14 @@ class Hang:
     (the message is sent) if `deliver`, and the answer is written if the client is
     still there; a client killed meanwhile leaves the "was it sent?" question open,
     which is what the ambiguous-attempt tests need.
+
+    With `applied_first` the call is applied before it is held (the message is already
+    in the chat, where a person can answer it) and only its answer waits: a Bot API
+    answer slower than the chat, which is what the early-answer tests need.
     """
 
     deliver: bool = True
+    applied_first: bool = False
     entered: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -113,7 +119,9 @@ class RecordedCall:
     method: str
     params: Mapping[str, Any]
     status: int | None
-    """The HTTP status answered; None if the connection was dropped or is still held."""
+    """The HTTP status answered; None if the connection was dropped."""
+    result: Any = None
+    """The `result` of a 200 answer (a `getUpdates` call's updates), else None."""
 
 
 @dataclass(slots=True)
@@ -280,6 +288,23 @@ class FakeTelegram:
         self._add_fault(method, hang)
         return hang
 
+    def hold_answer_next(self, method: str) -> Hang:
+        """The next call of `method` is applied at once (a `sendMessage` puts its message
+        in the chat) but answered only when the returned handle is released."""
+        hang = Hang(deliver=True, applied_first=True)
+        self._add_fault(method, hang)
+        return hang
+
+    def handed_out(self, update_id: int) -> bool:
+        """Whether a `getUpdates` answer carrying `update_id` was written to the client."""
+        with self._lock:
+            return any(
+                isinstance(call.result, list)
+                and any(u.get("update_id") == update_id for u in call.result)
+                for call in self._calls
+                if call.method.lower() == "getupdates"
+            )
+
     def drop_next(self, method: str, *, deliver: bool = False) -> None:
         """The next call of `method` loses its connection without an answer."""
         self._add_fault(method, DropConnection(deliver))
@@ -288,7 +313,7 @@ class FakeTelegram:
 
     @property
     def calls(self) -> list[RecordedCall]:
-        """A copy of every call answered (or dropped) so far, in order."""
+        """A copy of every call answered (or dropped) so far, in the order answered."""
         with self._lock:
             return list(self._calls)
 
@@ -356,9 +381,13 @@ class FakeTelegram:
             faults = self._faults.get(method.lower())
             return faults.popleft() if faults else None
 
-    def _record(self, method: str, params: Mapping[str, Any], status: int | None) -> None:
+    def _record(
+        self, method: str, params: Mapping[str, Any], status: int | None, result: Any = None
+    ) -> None:
         with self._lock:
-            self._calls.append(RecordedCall(method, dict(params), status))
+            self._calls.append(
+                RecordedCall(method, dict(params), status, result if status == 200 else None)
+            )
             self._lock.notify_all()
 
     def _queue_update(self, kind: str, body: dict[str, Any]) -> int:
@@ -566,13 +595,19 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             except _Dropped:
                 self.close_connection = True
                 return
-            fake._record(method, params, status)
+            # Recorded once written: a test that saw the call knows its answer is sent.
             self._answer(status, result)
+            fake._record(method, params, status, result)
 
         def _call(self, method: str, params: Mapping[str, Any]) -> tuple[int, Any]:
             fault = fake._take_fault(method)
             if isinstance(fault, BotApiError):
                 return fault.status, fault.description
+            if isinstance(fault, Hang) and fault.applied_first:
+                answer = fake._dispatch(method, params)
+                fault.entered.set()
+                fault.released.wait()
+                return answer
             if isinstance(fault, Hang):
                 fault.entered.set()
                 fault.released.wait()
