@@ -12,7 +12,7 @@ Tests script it: `press_button` and `reply` queue updates from a given user, and
 `fail_next`, `hang_next`, `hold_answer_next` and `drop_next` make the next call of a
 method answer an HTTP error, block until released, apply at once but answer only when
 released, or lose its connection without an answer. Every call is recorded (method,
-parameters, status, result) under one lock once answered, and `wait_for` blocks on a
+parameters, status, result) under one lock, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
 
 It lives in the package, not under `tests/`, because the benchmarks drive it too. It
@@ -171,6 +171,7 @@ class FakeTelegram:
         self._faults: dict[str, deque[Fault]] = {}
         self._hangs: list[Hang] = []
         self._updates: list[dict[str, Any]] = []
+        self._written_updates: set[int] = set()
         self._messages: dict[int, TelegramMessage] = {}
         self._message_ids = itertools.count(1)
         self._update_ids = itertools.count(1001)
@@ -298,12 +299,7 @@ class FakeTelegram:
     def handed_out(self, update_id: int) -> bool:
         """Whether a `getUpdates` answer carrying `update_id` was written to the client."""
         with self._lock:
-            return any(
-                isinstance(call.result, list)
-                and any(u.get("update_id") == update_id for u in call.result)
-                for call in self._calls
-                if call.method.lower() == "getupdates"
-            )
+            return update_id in self._written_updates
 
     def drop_next(self, method: str, *, deliver: bool = False) -> None:
         """The next call of `method` loses its connection without an answer."""
@@ -313,7 +309,7 @@ class FakeTelegram:
 
     @property
     def calls(self) -> list[RecordedCall]:
-        """A copy of every call answered (or dropped) so far, in the order answered."""
+        """A copy of every call answered (or dropped) so far, in order."""
         with self._lock:
             return list(self._calls)
 
@@ -388,6 +384,11 @@ class FakeTelegram:
             self._calls.append(
                 RecordedCall(method, dict(params), status, result if status == 200 else None)
             )
+            self._lock.notify_all()
+
+    def _handed_out(self, updates: Any) -> None:
+        with self._lock:
+            self._written_updates.update(u["update_id"] for u in updates)
             self._lock.notify_all()
 
     def _queue_update(self, kind: str, body: dict[str, Any]) -> int:
@@ -595,9 +596,10 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             except _Dropped:
                 self.close_connection = True
                 return
-            # Recorded once written: a test that saw the call knows its answer is sent.
-            self._answer(status, result)
             fake._record(method, params, status, result)
+            written = self._answer(status, result)
+            if written and status == 200 and method.lower() == "getupdates":
+                fake._handed_out(result)
 
         def _call(self, method: str, params: Mapping[str, Any]) -> tuple[int, Any]:
             fault = fake._take_fault(method)
@@ -620,7 +622,7 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
                 raise _Dropped
             return fake._dispatch(method, params)
 
-        def _answer(self, status: int, result: Any) -> None:
+        def _answer(self, status: int, result: Any) -> bool:
             if status == 200:
                 body: dict[str, Any] = {"ok": True, "result": result}
             else:
@@ -634,5 +636,7 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away while the call was held
+                return False
+            return True
 
     return Handler
