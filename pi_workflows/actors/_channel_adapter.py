@@ -658,7 +658,10 @@ class ChannelAdapterActor(ServerActor):
         unit = AnswerFromChannel(
             child.profile.channel, name, frame["eventId"], dict(frame["answer"])
         )
-        self._database.tell(Transact(unit, self.actor_ref, _Answered(name)))
+        tag = _Answered(name)
+        # The child confirmed the update: a full disk must not drop it, nor run it ahead
+        # of the result before it (a reply needs that result's message IDs).
+        self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
 
     def _on_answered(self, profile: str, reply: Reply) -> None:
         if reply.error is not None:

@@ -9,9 +9,10 @@ real API answers. It serves `getMe`, `sendMessage` (with `reply_markup`),
 `timeout`, `limit`, `allowed_updates`) with `message` and `callback_query` updates.
 
 Tests script it: `press_button` and `reply` queue updates from a given user, and
-`fail_next`, `hang_next` and `drop_next` make the next call of a method answer an HTTP
-error, block until released, or lose its connection without an answer. Every call is
-recorded (method, parameters, status) under one lock, and `wait_for` blocks on a
+`fail_next`, `hang_next`, `hold_answer_next` and `drop_next` make the next call of a
+method answer an HTTP error, block until released, apply at once but answer only when
+released, or lose its connection without an answer. Every call is recorded (method,
+parameters, status, result) under one lock, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
 
 It lives in the package, not under `tests/`, because the benchmarks drive it too. It
@@ -75,9 +76,14 @@ class Hang:
     (the message is sent) if `deliver`, and the answer is written if the client is
     still there; a client killed meanwhile leaves the "was it sent?" question open,
     which is what the ambiguous-attempt tests need.
+
+    With `applied_first` the call is applied before it is held (the message is already
+    in the chat, where a person can answer it) and only its answer waits: a Bot API
+    answer slower than the chat, which is what the early-answer tests need.
     """
 
     deliver: bool = True
+    applied_first: bool = False
     entered: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -114,7 +120,9 @@ class RecordedCall:
     method: str
     params: Mapping[str, Any]
     status: int | None
-    """The HTTP status answered; None if the connection was dropped or is still held."""
+    """The HTTP status answered; None if the connection was dropped."""
+    result: Any = None
+    """The `result` of a 200 answer (a `getUpdates` call's updates), else None."""
 
 
 @dataclass(slots=True)
@@ -164,6 +172,7 @@ class FakeTelegram(LoopbackServer):
         self._faults: dict[str, deque[Fault]] = {}
         self._hangs: list[Hang] = []
         self._updates: list[dict[str, Any]] = []
+        self._written_updates: set[int] = set()
         self._messages: dict[int, TelegramMessage] = {}
         self._message_ids = itertools.count(1)
         self._update_ids = itertools.count(1001)
@@ -243,6 +252,18 @@ class FakeTelegram(LoopbackServer):
         self._add_fault(method, hang)
         return hang
 
+    def hold_answer_next(self, method: str) -> Hang:
+        """The next call of `method` is applied at once (a `sendMessage` puts its message
+        in the chat) but answered only when the returned handle is released."""
+        hang = Hang(deliver=True, applied_first=True)
+        self._add_fault(method, hang)
+        return hang
+
+    def handed_out(self, update_id: int) -> bool:
+        """Whether a `getUpdates` answer carrying `update_id` was written to the client."""
+        with self._lock:
+            return update_id in self._written_updates
+
     def drop_next(self, method: str, *, deliver: bool = False) -> None:
         """The next call of `method` loses its connection without an answer."""
         self._add_fault(method, DropConnection(deliver))
@@ -313,9 +334,18 @@ class FakeTelegram(LoopbackServer):
             faults = self._faults.get(method.lower())
             return faults.popleft() if faults else None
 
-    def _record(self, method: str, params: Mapping[str, Any], status: int | None) -> None:
+    def _record(
+        self, method: str, params: Mapping[str, Any], status: int | None, result: Any = None
+    ) -> None:
         with self._lock:
-            self._calls.append(RecordedCall(method, dict(params), status))
+            self._calls.append(
+                RecordedCall(method, dict(params), status, result if status == 200 else None)
+            )
+            self._lock.notify_all()
+
+    def _handed_out(self, updates: Any) -> None:
+        with self._lock:
+            self._written_updates.update(u["update_id"] for u in updates)
             self._lock.notify_all()
 
     def _queue_update(self, kind: str, body: dict[str, Any]) -> int:
@@ -514,13 +544,20 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             except _Dropped:
                 self.close_connection = True
                 return
-            fake._record(method, params, status)
-            self._answer(status, result)
+            fake._record(method, params, status, result)
+            written = self._answer(status, result)
+            if written and status == 200 and method.lower() == "getupdates":
+                fake._handed_out(result)
 
         def _call(self, method: str, params: Mapping[str, Any]) -> tuple[int, Any]:
             fault = fake._take_fault(method)
             if isinstance(fault, BotApiError):
                 return fault.status, fault.description
+            if isinstance(fault, Hang) and fault.applied_first:
+                answer = fake._dispatch(method, params)
+                fault.entered.set()
+                fault.released.wait()
+                return answer
             if isinstance(fault, Hang):
                 fault.entered.set()
                 fault.released.wait()
@@ -533,11 +570,11 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
                 raise _Dropped
             return fake._dispatch(method, params)
 
-        def _answer(self, status: int, result: Any) -> None:
+        def _answer(self, status: int, result: Any) -> bool:
             if status == 200:
                 body: dict[str, Any] = {"ok": True, "result": result}
             else:
                 body = {"ok": False, "error_code": status, "description": result}
-            self.send_json(status, body)  # a client gone while the call was held: closed
+            return self.send_json(status, body)  # False: the client went away meanwhile
 
     return Handler

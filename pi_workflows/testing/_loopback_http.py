@@ -39,8 +39,9 @@ class QuietHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def send_json(self, status: int, body: Mapping[str, Any]) -> None:
-        """Answer `status` with `body` as JSON; a client gone meanwhile ends the connection."""
+    def send_json(self, status: int, body: Mapping[str, Any]) -> bool:
+        """Answer `status` with `body` as JSON; False when the client went away meanwhile
+        (the connection ends)."""
         data = json.dumps(body).encode()
         try:
             self.send_response(status)
@@ -50,6 +51,8 @@ class QuietHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+            return False
+        return True
 
 
 class LoopbackServer:
