@@ -32,8 +32,9 @@ from pi_workflows.cli._backup import (
     LiveDatabaseError,
     verify_inactive_backup,
 )
-from pi_workflows.engine import MEMORY_ENV, PI_BINARY_ENV, PROCESSES_ENV, discover
+from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.pi import PI_BINARY_ENV
 from pi_workflows.server import (
     DEFAULT_DRAIN_S,
     DEFAULT_IDLE_EXIT_S,

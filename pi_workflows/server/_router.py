@@ -12,6 +12,7 @@ receipts) follows that answer. Answers of the actors come back to the loop as me
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -216,8 +217,6 @@ class Router:
 
     def __init__(self, ports: RouterPorts) -> None:
         self._ports = ports
-        self._address = ports.loop(self._on_done)
-        """Where the actors' answers come back: `_on_done`, on the listener's loop."""
         table: dict[str, Callable[[Pending], None]] = {
             "server.stop": self._server_stop,
             "view.subscribe": self._subscribe,
@@ -244,6 +243,11 @@ class Router:
         for operation in SNAPSHOT_READS:
             table[operation] = self._snapshot_read
         self._table = table
+
+    @functools.cached_property
+    def _address(self) -> Address:
+        """Where the actors' answers come back: `_on_done`, on the listener's loop."""
+        return self._ports.loop(self._on_done)
 
     @property
     def operations(self) -> frozenset[str]:

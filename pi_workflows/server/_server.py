@@ -115,8 +115,9 @@ DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
 ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
-WARM_MODULE = "pi_workflows.engine"
-"""The zygote warms its caches with this package's `prewarm` and `rehearse`."""
+WARM_MODULE = "pi_workflows.engine._warm"
+"""The module whose `prewarm` and `rehearse` warm the zygote's caches: imported by name
+in the zygote's process only (the server never loads the node executor)."""
 """`0` starts every runner and resolver as a cold interpreter (no zygote)."""
 
 
