@@ -57,6 +57,7 @@ from pi_workflows.supervision import (
     ChildChannelClosed,
     ChildChannels,
     ChildEnded,
+    ChildEvent,
     ChildExited,
     ChildFrame,
     ChildSpec,
@@ -296,7 +297,10 @@ class ChannelAdapterActor(ServerActor):
                 self._on_child_events(done)
 
     def _on_child_events(self, message: object) -> None:
-        for event in self._channels.handle(message):
+        self._apply_events(self._channels.handle(message))
+
+    def _apply_events(self, events: list[ChildEvent]) -> None:
+        for event in events:
             child = self._by_epoch(event.key)
             if child is None:
                 continue
@@ -326,9 +330,7 @@ class ChannelAdapterActor(ServerActor):
             self._stop_child(child)
             # Its channel ends now (what it wrote is still read); an attempt in flight
             # becomes ambiguous, as after any stop while applying.
-            for event in self._channels.end_input(child.epoch):
-                if isinstance(event, ChildChannelClosed):
-                    self._on_channel_ended(child)
+            self._apply_events(self._channels.end_input(child.epoch))
         self._maybe_stopped()
 
     def _maybe_stopped(self) -> None:
