@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pi_workflows._address import ReplyBox
 from pi_workflows.actors import _database
-from pi_workflows.actors._base import Reply
 from pi_workflows.actors._database import DatabaseActor, Transact
+from pi_workflows.domain import ApplyRunnerMessage
 from pi_workflows.domain._runner_handlers import RunnerView, apply_message
 from pi_workflows.domain._runner_launch import prepare_launch
 from pi_workflows.storage import Database, NewRun, enqueue_run, open_database
@@ -90,17 +91,9 @@ class BenchRunner:
         return body
 
     def send(self, actor: Any, message: Any) -> None:
-        done = threading.Event()
-        box: list[Reply] = []
-
-        def deliver(reply: Reply) -> None:
-            box.append(reply)
-            done.set()
-
-        view, typed = self.view, RunnerMessage.from_wire(message)
-        actor.tell(Transact(lambda db: apply_message(db, view, typed), deliver))
-        assert done.wait(30), "no reply"
-        frames = box[0].unwrap().frames
+        box = ReplyBox()
+        actor.tell(Transact(ApplyRunnerMessage(self.view, RunnerMessage.from_wire(message)), box))
+        frames = box.wait(30).frames
         assert frames[0]["outcome"] == "accepted", frames[0]
 
     def steps(self, actor: Any, stop: threading.Event, counter: list[int]) -> None:

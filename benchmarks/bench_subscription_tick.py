@@ -46,6 +46,7 @@ from pi_workflows.storage import (
     open_database,
     start_node_attempt,
 )
+from pi_workflows.testing import CallUnit, perform_with_calls
 from pi_workflows.wire._listener import ClientListener, Connection, ConnectionLimits
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import SocketFrameReader
@@ -131,8 +132,8 @@ class _Handler:
         return None
 
 
-def _on_database(database: Any, work: Any, deliver: Any) -> None:
-    database.tell(Transact(work, deliver, "bench"))
+def _on_database(database: Any, work: Any, box: Any) -> None:
+    database.tell(Transact(CallUnit(work), box))
 
 
 def _handled(*refs: Any) -> None:
@@ -142,9 +143,9 @@ def _handled(*refs: Any) -> None:
 
 def measure_ticks(path: Path, db: Database, claim: Claim) -> tuple[float, float]:
     """Median seconds of one tick through the actors: unchanged, and changed each tick."""
-    database = DatabaseActor.start(db, lambda name, exc: None)
+    database = DatabaseActor.start(db, lambda name, exc: None, units=perform_with_calls)
     reader = ReaderActor.start(path, db.clock, lambda name, exc: None)
-    actor = SubscriptionActor.start(reader, read_view, lambda name, exc: None)
+    actor = SubscriptionActor.start(reader, lambda name, exc: None)
     handler = _Handler()
     limits = ConnectionLimits(first_frame_s=3600.0)  # this client never sends a request
     listener = ClientListener(

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pi_workflows.engine import PI_BINARY_ENV
+from pi_workflows.pi import PI_BINARY_ENV
 from pi_workflows.testing import (
     FAKE_MODEL,
     FAKE_PROVIDER,

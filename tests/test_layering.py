@@ -4,13 +4,15 @@ through their public surface.
 Implements the house rule of docs/architecture.md § Floors (as trio's `test_exports`
 pins its layout): `wire` → `supervision` → `storage` and `engine` → `domain` → `actors`
 → `server` and `cli`. The check reads every module's imports as written (static,
-lazy and `TYPE_CHECKING` ones alike), so a cycle between floors cannot come back.
+lazy and `TYPE_CHECKING` ones alike), so a cycle between floors cannot come back. The
+`domain` floor also writes no SQL: its statements live in `storage/`.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,9 @@ import pi_workflows
 PACKAGE = Path(pi_workflows.__file__).parent
 
 FLOORS: dict[str, int] = {
-    # The base: no imports of the package at all, or only of each other.
+    # The base: no imports of the package at all, or only of each other; `_address` is
+    # where answers go (an address, `Done`, `Reply`).
+    "_address": 0,
     "errors": 0,
     "_version": 0,
     "_paths": 0,
@@ -191,3 +195,45 @@ def test_each_package_lists_what_it_exports() -> None:
         assert isinstance(exported, list), module
         missing = [name for name in exported if not hasattr(package, name)]
         assert missing == [], (module, missing)
+
+
+SQL_START = re.compile(r"(SELECT|INSERT|UPDATE|DELETE|WITH|REPLACE|UPSERT)\s", re.IGNORECASE)
+"""A string that opens like an SQL statement (after its leading white space)."""
+QUERY_CALLS = frozenset(
+    {"execute", "executemany", "executescript", "fetch_value", "fetch_one", "fetch_all"}
+)
+"""The ways to run a statement on a `Database`, `Reader`, `Tx` or connection."""
+
+
+def sql_in(path: Path) -> Iterator[str]:
+    """Each SQL-looking string constant (docstrings aside) and each statement call."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and SQL_START.match(node.value.lstrip())
+        ):
+            yield f"{path.name}:{node.lineno} SQL text {node.value.strip()[:40]!r}"
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in QUERY_CALLS
+        ):
+            yield f"{path.name}:{node.lineno} runs a statement (.{node.func.attr})"
+
+
+def test_the_domain_writes_no_sql() -> None:
+    """`domain` holds units of work and views: every statement they run is a named
+    query in `storage/_queries.py` behind a storage function (docs/storage.md § Files)."""
+    found = [hit for path in sorted((PACKAGE / "domain").rglob("*.py")) for hit in sql_in(path)]
+    assert found == [], "\n".join(found)

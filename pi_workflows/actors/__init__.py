@@ -1,6 +1,6 @@
 """The server's pykka actors, one module each (workflow-server.md § Process model)."""
 
-from pi_workflows.actors._base import Reply, wait_reply
+from pi_workflows.actors._base import Address, Done, Reply, wait_reply
 from pi_workflows.actors._channel_adapter import (
     POLL_SECONDS_ENV,
     ChannelAdapterActor,
@@ -9,7 +9,7 @@ from pi_workflows.actors._channel_adapter import (
     ScanChannels,
     StopAdapters,
 )
-from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseLost, ServerEpochTaken
 from pi_workflows.actors._coordinator_epoch import (
     ClaimCoordinator,
     CoordinatorEpochActor,
@@ -17,12 +17,7 @@ from pi_workflows.actors._coordinator_epoch import (
 )
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._deadlines import DeadlinesActor
-from pi_workflows.actors._process_supervisor import (
-    KillChild,
-    ProcessSupervisorActor,
-    Spawn,
-    StopRecorded,
-)
+from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
 from pi_workflows.actors._reader import Read, ReaderActor
 from pi_workflows.actors._runner_host import (
     RUNNER_MODULE,
@@ -58,6 +53,7 @@ __all__ = [
     "RUNNER_MODULE",
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
+    "Address",
     "ChannelAdapterActor",
     "ChannelRequest",
     "ChannelsConfig",
@@ -69,10 +65,10 @@ __all__ = [
     "CoordinatorEpochActor",
     "DatabaseActor",
     "DeadlinesActor",
+    "Done",
     "Drain",
     "HandBack",
-    "KillChild",
-    "LeaseHooks",
+    "LeaseLost",
     "ProcessSupervisorActor",
     "Prune",
     "Read",
@@ -85,10 +81,9 @@ __all__ = [
     "RunnerHostConfig",
     "ScanChannels",
     "SchedulerActor",
-    "Spawn",
+    "ServerEpochTaken",
     "StatePruneActor",
     "StopAdapters",
-    "StopRecorded",
     "Submit",
     "Subscribe",
     "SubscriptionActor",

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 import pykka
 
-__all__ = ["ActorFailureHandler", "Reply", "ServerActor", "tell_if_alive", "wait_reply"]
+from pi_workflows._address import Address, Done, Reply, ReplyBox
+
+__all__ = [
+    "ActorFailureHandler",
+    "Address",
+    "Done",
+    "Reply",
+    "ServerActor",
+    "answer",
+    "tell_if_alive",
+    "wait_reply",
+]
 
 log = logging.getLogger(__name__)
 
@@ -25,22 +34,6 @@ T = TypeVar("T")
 
 ActorFailureHandler = Callable[[str, BaseException | None], None]
 """Called with the actor name and its exception when an actor dies unexpectedly."""
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """The result of a request to an actor: a value or the error it raised."""
-
-    value: Any = None
-    """What the work returned."""
-    error: BaseException | None = None
-    """What the work raised, if anything; the actor itself keeps running."""
-
-    def unwrap(self) -> Any:
-        """Return the value or raise the error."""
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class ServerActor(pykka.ThreadingActor):
@@ -74,23 +67,26 @@ def tell_if_alive(ref: pykka.ActorRef[Any], message: Any) -> None:
         ref.tell(message)
 
 
-def wait_reply(send: Callable[[Callable[[Reply], None]], None], timeout: float) -> Any:
-    """Send a request whose answer comes as a `Reply` callback, and wait for it.
+def answer(reply_to: Address | None, tag: Any, reply: Reply) -> None:
+    """Tell `reply_to` the `Done` of a request, if anyone waits and is still there.
 
-    For threads outside the actor system (CLI-facing server code, tests); an actor
-    never calls it, since it would block that actor.
+    A reply that comes back during the server's stop must not fail the actor that
+    delivers it (a stopped asker's `ActorRef` raises `ActorDeadError`).
+    """
+    if reply_to is not None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            reply_to.tell(Done(tag, reply))
+
+
+def wait_reply(send: Callable[[Address], None], timeout: float) -> Any:
+    """Send a request whose answer comes as a `Done` to the given address, and wait.
+
+    For threads outside the actor system (the server's start and stop, resolver
+    threads, tests); an actor never calls it, since it would block that actor.
 
     Raises:
         TimeoutError: no reply within `timeout` seconds.
     """
-    done = threading.Event()
-    box: list[Reply] = []
-
-    def deliver(reply: Reply) -> None:
-        box.append(reply)
-        done.set()
-
-    send(deliver)
-    if not done.wait(timeout):
-        raise TimeoutError(f"no reply within {timeout} s")
-    return box[0].unwrap()
+    box = ReplyBox()
+    send(box)
+    return box.wait(timeout)

@@ -16,36 +16,33 @@ import contextlib
 import functools
 import logging
 import os
-import socket
 import sys
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Address, Done, Reply, ServerActor, answer
 from pi_workflows.actors._database import Committed, Transact
-from pi_workflows.actors._process_supervisor import ChildExited, Spawn, StopChild
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain import (
+    AnswerFromChannel,
     AnswerOutcome,
     ChannelConfig,
     ChannelProfile,
+    CountChannelWork,
+    FindChannelWork,
+    InterruptAdapter,
     ProfileScope,
+    RecordChannelResult,
+    ReserveChannelWork,
     WorkItem,
-    answer_from_channel,
-    counts_by_channel,
     failure_response,
-    find_work,
-    interrupt_adapter,
     load_profiles,
-    record_result,
-    reserve_work,
     response,
 )
 from pi_workflows.storage import (
@@ -55,7 +52,18 @@ from pi_workflows.storage import (
     SettledAttempt,
     ensure_private_dir,
 )
-from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.supervision import (
+    ChannelListener,
+    ChildChannelClosed,
+    ChildChannels,
+    ChildEnded,
+    ChildEvent,
+    ChildExited,
+    ChildFrame,
+    ChildSpec,
+    ChildStarted,
+    FrameSink,
+)
 from pi_workflows.wire.channel import ChannelSequenceCheck, ChannelStamp, check_message
 from pi_workflows.wire.framing import FrameError
 from pi_workflows.wire.protocol import ProtocolViolation
@@ -73,6 +81,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ADAPTER_MODULE: Final = "pi_workflows.engine.channel_adapter"
+CHANNEL_FD_ENV: Final = "PI_WORKFLOWS_CHANNEL_FD"
+"""The variable naming the child's end of its channel (`engine/channel_adapter.py`)."""
 POLL_SECONDS_ENV: Final = "PI_WORKFLOWS_TELEGRAM_POLL_SECONDS"
 SCAN_EVERY_S: Final = 2.0
 """A scan for work at least this often, besides the one after each commit."""
@@ -104,10 +114,10 @@ class ChannelRequest:
 
 @dataclass(frozen=True, slots=True)
 class StopAdapters:
-    """The server stops: stop every child and end its channel; reply once all ended
+    """The server stops: stop every child and end its channel; `Done` once all ended
     (before the listener stops, so no channel outlives its loop)."""
 
-    reply: Callable[[Reply], None]
+    reply_to: Address
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,83 +126,57 @@ class ScanChannels:
 
 
 @dataclass(frozen=True, slots=True)
-class _Frame:
-    profile: str
-    epoch: str
-    channel: Any
-    message: dict[str, Any] = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class _ChannelEnded:
-    profile: str
-    epoch: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Spawned:
-    profile: str
-    epoch: str
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class _Exited:
-    profile: str
-    epoch: str
-    exited: ChildExited
-
-
-@dataclass(frozen=True, slots=True)
 class _Found:
-    reply: Reply
+    """Tag: a scan for work."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Reserved:
+    """Tag: one reservation of work for a child's adapter epoch."""
+
     item: WorkItem
     epoch: str
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Recorded:
+    """Tag: a child's result of a send or edit."""
+
     profile: str
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Answered:
+    """Tag: a person's answer a child forwarded."""
+
     profile: str
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Interrupted:
+    """Tag: a child's end, recorded (its in-flight attempts are ambiguous)."""
+
     profile: str
     epoch: str
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Counted:
+    """Tag: the counts of a `channel.status` or `channel.reload`."""
+
     held: Any
-    reply: Reply
 
 
 @dataclass
 class _Child:
     profile: ChannelProfile
     epoch: str
-    socket: socket.socket
     stamp: ChannelStamp
     check: ChannelSequenceCheck
     state: str = "starting"
-    channel: Any | None = None
-    identity: ProcessIdentity | None = None
-    exited: bool = False
+    channel: FrameSink | None = None
+    started: bool = False
     closed: bool = False
-    interrupted: bool = False
     reason: str | None = None
     stopping: bool = False
 
@@ -206,36 +190,19 @@ class _Status:
     restart_at_tick: int | None = None
 
 
-def _reply_to(actor: pykka.ActorRef[Any], make: Callable[[Reply], Any], reply: Reply) -> None:
-    tell_if_alive(actor, make(reply))
-
-
-class AdapterChannel:
-    """The listener's handler for one adapter child's channel (on the listener's loop)."""
-
-    def __init__(self, actor: pykka.ActorRef[Any], profile: str, epoch: str) -> None:
-        self._actor = actor
-        self._profile = profile
-        self._epoch = epoch
-
-    def on_message(self, channel: Any, message: dict[str, Any]) -> None:
-        tell_if_alive(self._actor, _Frame(self._profile, self._epoch, channel, message))
-
-    def on_close(self, channel: Any) -> None:
-        tell_if_alive(self._actor, _ChannelEnded(self._profile, self._epoch))
-
-
 class ChannelAdapterActor(ServerActor):
     """Owns: the profiles (as last loaded), one adapter child per profile (its adapter
     epoch, channel, identity, envelope sequence in each direction, state), each
     profile's status and restart schedule, one scan for work in flight at most.
 
     Receives: `Tick`, `Committed`, `ChannelRequest` (status, reload), `ScanChannels`,
-        and its own replies (spawn, frames, channel end, exit, database units).
-    Sends: `Spawn`, `StopChild` to the process supervisor; `Read` (`find_work`,
-        `counts_by_channel`) to the reader; `Transact` (`reserve_work`,
-        `record_result`, `answer_from_channel`, `interrupt_adapter`) to the database;
-        `channel.present`/`channel.settle` frames to children; responses.
+        `StopAdapters`, `ChildFrame`, `ChildChannelClosed`, `ChildExited`, and `Done`
+        (its units' and spawns' answers).
+    Sends: `Spawn`, `StopChild` to the process supervisor (through its `ChildChannels`);
+        `Read` (`FindChannelWork`, `CountChannelWork`) to the reader; `Transact`
+        (`ReserveChannelWork`, `RecordChannelResult`, `AnswerFromChannel`,
+        `InterruptAdapter`) to the database; `channel.present`/`channel.settle` frames
+        to children; responses.
     Invariants: a frame is sent only for an attempt the database reserved for that
         child's epoch; a frame is accepted only from the profile's current epoch in
         sequence; a child's in-flight attempts become ambiguous once its channel ended.
@@ -253,7 +220,7 @@ class ChannelAdapterActor(ServerActor):
         database: pykka.ActorRef[Any],
         reader: pykka.ActorRef[Any],
         supervisor: pykka.ActorRef[Any],
-        listener: Any,
+        listener: ChannelListener,
         scheduler: pykka.ActorRef[Any] | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
@@ -272,59 +239,104 @@ class ChannelAdapterActor(ServerActor):
         self._dirty = True
         self._reserving: set[WorkItem] = set()
         self._stopping = False
-        self._stopped_reply: Callable[[Reply], None] | None = None
+        self._stopped_reply_to: Address | None = None
         self._scan_every = max(1, round(SCAN_EVERY_S / config.tick_s))
+        self._processes: ChildChannels | None = None
+        """The children's processes and channels, keyed by adapter epoch (`on_start`)."""
 
     def on_start(self) -> None:
+        self._processes = ChildChannels(
+            self.actor_ref,
+            self._supervisor,
+            self._listener,
+            decode=functools.partial(check_message, sender="adapter"),
+        )
         self._apply(load_profiles(self._config.profiles_path))
 
+    @property
+    def _channels(self) -> ChildChannels:
+        assert self._processes is not None
+        return self._processes
+
     def on_receive(self, message: Any) -> Any:
-        handler = self._routes.get(type(message))
-        if handler is None:
-            raise TypeError(f"channel adapter actor got {type(message).__name__}")
-        handler(message)
+        match message:
+            case Done():
+                self._on_done(message)
+            case ChildFrame():
+                self._on_frame(message)
+            case ChildExited() | ChildChannelClosed():
+                self._on_child_events(message)
+            case Tick():
+                self._tick()
+            case Committed() | ScanChannels():
+                self._mark_dirty()
+            case StopAdapters(reply_to=reply_to):
+                self._stop_all(reply_to)
+            case ChannelRequest(held=held):
+                self._request(held)
+            case _:
+                raise TypeError(f"channel adapter actor got {type(message).__name__}")
         return None
 
-    @functools.cached_property
-    def _routes(self) -> dict[type, Callable[[Any], None]]:
-        return {
-            Tick: lambda m: self._tick(),
-            Committed: lambda m: self._mark_dirty(),
-            ScanChannels: lambda m: self._mark_dirty(),
-            StopAdapters: lambda m: self._stop_all(m.reply),
-            ChannelRequest: lambda m: self._request(m.held),
-            _Frame: self._on_frame,
-            _ChannelEnded: lambda m: self._on_channel_ended(m.profile, m.epoch),
-            _Spawned: lambda m: self._on_spawned(m.profile, m.epoch, m.reply),
-            _Exited: lambda m: self._on_exited(m.profile, m.epoch, m.exited),
-            _Found: lambda m: self._on_found(m.reply),
-            _Reserved: lambda m: self._on_reserved(m.item, m.epoch, m.reply),
-            _Recorded: lambda m: self._on_recorded(m.profile, m.reply),
-            _Answered: lambda m: self._on_answered(m.profile, m.reply),
-            _Interrupted: lambda m: self._on_interrupted(m.profile, m.epoch, m.reply),
-            _Counted: lambda m: self._on_counted(m.held, m.reply),
-        }
+    def _on_done(self, done: Done) -> None:
+        """An answer: to a unit of work (its tag says which), or to a spawn."""
+        match done.tag:
+            case _Found():
+                self._on_found(done.reply)
+            case _Reserved(item=item, epoch=epoch):
+                self._on_reserved(item, epoch, done.reply)
+            case _Recorded(profile=profile):
+                self._on_recorded(profile, done.reply)
+            case _Answered(profile=profile):
+                self._on_answered(profile, done.reply)
+            case _Interrupted(profile=profile, epoch=epoch):
+                self._on_interrupted(profile, epoch, done.reply)
+            case _Counted(held=held):
+                self._on_counted(held, done.reply)
+            case _:
+                self._on_child_events(done)
+
+    def _on_child_events(self, message: object) -> None:
+        self._apply_events(self._channels.handle(message))
+
+    def _apply_events(self, events: list[ChildEvent]) -> None:
+        for event in events:
+            child = self._by_epoch(event.key)
+            if child is None:
+                continue
+            match event:
+                case ChildStarted():
+                    self._on_spawned(child)
+                case ChildChannelClosed():
+                    self._on_channel_ended(child)
+                case ChildEnded(exited=exited):
+                    self._on_ended(child, exited)
+
+    def _by_epoch(self, epoch: str) -> _Child | None:
+        return next((c for c in self._children.values() if c.epoch == epoch), None)
 
     def on_stop(self) -> None:
-        """The server stops: stop every child (the supervisor kills what is left)."""
+        """The server stops: stop every child and end its channel (the supervisor kills
+        what is left)."""
         self._stopping = True
         for child in self._children.values():
             self._stop_child(child)
+        self._channels.close()
 
-    def _stop_all(self, reply: Callable[[Reply], None]) -> None:
+    def _stop_all(self, reply_to: Address) -> None:
         self._stopping = True
-        self._stopped_reply = reply
+        self._stopped_reply_to = reply_to
         for child in list(self._children.values()):
             self._stop_child(child)
             # Its channel ends now (what it wrote is still read); an attempt in flight
             # becomes ambiguous, as after any stop while applying.
-            self._end_input(child)
+            self._apply_events(self._channels.end_input(child.epoch))
         self._maybe_stopped()
 
     def _maybe_stopped(self) -> None:
-        if self._stopped_reply is not None and not self._children:
-            reply, self._stopped_reply = self._stopped_reply, None
-            reply(Reply(True))
+        if self._stopped_reply_to is not None and not self._children:
+            reply_to, self._stopped_reply_to = self._stopped_reply_to, None
+            answer(reply_to, None, Reply(True))
 
     # --- profiles ---------------------------------------------------------------------
 
@@ -363,15 +375,9 @@ class ChannelAdapterActor(ServerActor):
 
     def _start(self, profile: ChannelProfile) -> None:
         epoch = f"adapter-{uuid.uuid4().hex[:16]}"
-        server_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        me = self.actor_ref
-        self._listener.attach_channel_nowait(
-            server_end, AdapterChannel(me, profile.name, epoch), "channel-adapter"
-        )
         self._children[profile.name] = _Child(
             profile,
             epoch,
-            server_end,
             ChannelStamp(epoch, profile.name),
             ChannelSequenceCheck(epoch, profile.name),
         )
@@ -380,26 +386,27 @@ class ChannelAdapterActor(ServerActor):
         status.restart_at_tick = None
         logs = self._config.state_dir / "logs" / "channels"
         ensure_private_dir(logs)
-        name = profile.name
-        self._supervisor.tell(
-            Spawn(
+        self._channels.start(
+            ChildSpec(
+                epoch,
                 [sys.executable, "-m", ADAPTER_MODULE],
-                self._child_env(profile, epoch, child_end.fileno()),
-                lambda reply: tell_if_alive(me, _Spawned(name, epoch, reply)),
-                lambda exited: tell_if_alive(me, _Exited(name, epoch, exited)),
+                self._child_env(profile, epoch),
+                CHANNEL_FD_ENV,
                 cwd=self._config.state_dir,
-                log_path=logs / f"{name}-{epoch}.log",
-                pass_fds=(child_end.detach(),),
+                log_path=logs / f"{profile.name}-{epoch}.log",
+                name="channel-adapter",
             )
         )
-        log.info("channel adapter starting", extra={"action": "channel.starting", "profile": name})
+        log.info(
+            "channel adapter starting",
+            extra={"action": "channel.starting", "profile": profile.name},
+        )
 
-    def _child_env(self, profile: ChannelProfile, epoch: str, fd: int) -> dict[str, str]:
+    def _child_env(self, profile: ChannelProfile, epoch: str) -> dict[str, str]:
         """Only what the child needs: never the server's own secrets or state paths."""
         env = {key: os.environ[key] for key in _INHERITED if key in os.environ}
         env.update(
             {
-                "PI_WORKFLOWS_CHANNEL_FD": str(fd),
                 "PI_WORKFLOWS_ADAPTER_EPOCH": epoch,
                 "PI_WORKFLOWS_CHANNEL_PROFILE": profile.name,
                 "PI_WORKFLOWS_TELEGRAM_TOKEN": profile.bot_token,
@@ -418,63 +425,35 @@ class ChannelAdapterActor(ServerActor):
         child = self._children.get(profile)
         return child if child is not None and child.epoch == epoch else None
 
-    def _on_spawned(self, profile: str, epoch: str, reply: Reply) -> None:
-        child = self._current(profile, epoch)
-        if child is None:
-            if reply.error is None:  # replaced meanwhile: stop the one that started
-                self._supervisor.tell(StopChild(reply.value, STOP_GRACE_TICKS))
-            return
-        if reply.error is not None:
-            log.error("channel adapter not started", extra={"action": "channel.spawn_failed"})
-            child.exited = True
-            child.reason = "spawnFailed"
-            self._end_input(child)
-            return
-        child.identity = reply.value
+    def _on_spawned(self, child: _Child) -> None:
+        child.started = True
         if child.stopping:
             self._stop_child(child)
 
     def _stop_child(self, child: _Child) -> None:
         child.stopping = True
-        if child.identity is not None and not child.exited:
-            self._supervisor.tell(StopChild(child.identity, STOP_GRACE_TICKS))
+        self._channels.stop(child.epoch, STOP_GRACE_TICKS)
 
-    def _end_input(self, child: _Child) -> None:
-        if not self._listener.end_channel_input_nowait(child.socket):
-            with contextlib.suppress(OSError):
-                child.socket.close()
-            self._on_channel_ended(child.profile.name, child.epoch)
+    def _on_channel_ended(self, child: _Child) -> None:
+        """Every frame it wrote was read: it may still run (the supervisor stops it)."""
+        child.state = "exited"
+        if not child.stopping:
+            self._channels.stop(child.epoch, STOP_GRACE_TICKS)
 
-    def _on_exited(self, profile: str, epoch: str, exited: ChildExited) -> None:
-        child = self._current(profile, epoch)
-        if child is None:
-            return
-        child.exited = True
-        if child.reason is None and not child.stopping:
-            child.reason = f"exit {exited.returncode}"
-        # Every frame it wrote is still read; then its channel ends.
-        self._end_input(child)
-
-    def _on_channel_ended(self, profile: str, epoch: str) -> None:
-        child = self._current(profile, epoch)
-        if child is None or child.closed:
+    def _on_ended(self, child: _Child, exited: ChildExited | None) -> None:
+        """Reaped (or never started), its channel at end of file: its in-flight attempts
+        become ambiguous, then it is restarted or gone."""
+        if child.closed:
             return
         child.closed = True
         child.state = "exited"
-        if not child.exited and child.identity is not None:
-            self._supervisor.tell(StopChild(child.identity, STOP_GRACE_TICKS))
-        me = self.actor_ref
-        work = functools.partial(
-            interrupt_adapter, channel=child.profile.channel, adapter_epoch=epoch
-        )
-        self._database.tell(
-            Transact(
-                work,
-                lambda reply: tell_if_alive(me, _Interrupted(profile, epoch, reply)),
-                "channel.interrupt",
-                hold_when_full=True,
-            )
-        )
+        if child.reason is None and not child.stopping:
+            child.reason = "spawnFailed" if exited is None else f"exit {exited.returncode}"
+        if exited is None:
+            log.error("channel adapter not started", extra={"action": "channel.spawn_failed"})
+        unit = InterruptAdapter(child.profile.channel, child.epoch)
+        tag = _Interrupted(child.profile.name, child.epoch)
+        self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
 
     def _on_interrupted(self, profile: str, epoch: str, reply: Reply) -> None:
         if reply.error is not None:
@@ -538,14 +517,7 @@ class ChannelAdapterActor(ServerActor):
             return
         self._dirty = False
         self._scanning = True
-        me = self.actor_ref
-        self._reader.tell(
-            Read(
-                functools.partial(find_work, scopes=scopes),
-                lambda reply: tell_if_alive(me, _Found(reply)),
-                "channel.scan",
-            )
-        )
+        self._reader.tell(Read(FindChannelWork(scopes), self.actor_ref, _Found()))
 
     def _child_for_channel(self, channel: str) -> _Child | None:
         for child in self._children.values():
@@ -558,21 +530,14 @@ class ChannelAdapterActor(ServerActor):
         if reply.error is not None:
             log.error("channel scan failed", extra={"action": "channel.scan_failed"})
             return
-        me = self.actor_ref
         for item in reply.value:
             child = self._child_for_channel(item.channel)
             if child is None or item in self._reserving:
                 continue
             self._reserving.add(item)
-            epoch = child.epoch
-            self._database.tell(
-                Transact(
-                    functools.partial(reserve_work, item=item, adapter_epoch=epoch),
-                    functools.partial(_reply_to, me, functools.partial(_Reserved, item, epoch)),
-                    "channel.reserve",
-                    hold_when_full=True,
-                )
-            )
+            unit = ReserveChannelWork(item, child.epoch)
+            tag = _Reserved(item, child.epoch)
+            self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
 
     def _on_reserved(self, item: WorkItem, epoch: str, reply: Reply) -> None:
         self._reserving.discard(item)
@@ -608,23 +573,20 @@ class ChannelAdapterActor(ServerActor):
 
     # --- frames from a child ------------------------------------------------------------
 
-    def _on_frame(self, message: _Frame) -> None:
-        child = self._current(message.profile, message.epoch)
+    def _on_frame(self, message: ChildFrame) -> None:
+        child = self._by_epoch(message.key)
         if child is None:
-            log.warning(
-                "frame from a stale adapter refused",
-                extra={"action": "channel.stale", "profile": message.profile},
-            )
+            log.warning("frame from a stale adapter refused", extra={"action": "channel.stale"})
             with contextlib.suppress(Exception):
                 message.channel.close()
             return
+        frame = message.message  # checked against channel.v1 where it was read
         try:
-            frame = check_message(message.message, sender="adapter")
-            child.check.check(frame)  # type: ignore[arg-type]
+            _in_sequence(child, frame)
         except ProtocolViolation:
             log.warning(
                 "bad frame from a channel adapter; closing its channel",
-                extra={"action": "channel.rejected", "profile": message.profile},
+                extra={"action": "channel.rejected", "profile": child.profile.name},
             )
             message.channel.close()
             return
@@ -659,24 +621,15 @@ class ChannelAdapterActor(ServerActor):
             http_status=raw.get("httpStatus"),
             reason=raw.get("reason"),
         )
-        me = self.actor_ref
-        name = child.profile.name
-        work = functools.partial(
-            record_result,
-            channel=child.profile.channel,
-            adapter_epoch=child.epoch,
-            attempt_id=frame["attemptId"],
-            channel_revision=frame["channelRevision"],
-            result=result,
+        unit = RecordChannelResult(
+            child.profile.channel,
+            child.epoch,
+            frame["attemptId"],
+            frame["channelRevision"],
+            result,
         )
-        self._database.tell(
-            Transact(
-                work,
-                lambda reply: tell_if_alive(me, _Recorded(name, reply)),
-                "channel.result",
-                hold_when_full=True,
-            )
-        )
+        tag = _Recorded(child.profile.name)
+        self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
 
     def _on_recorded(self, profile: str, reply: Reply) -> None:
         if reply.error is not None:
@@ -703,23 +656,14 @@ class ChannelAdapterActor(ServerActor):
         self._scan()
 
     def _answer(self, child: _Child, frame: dict[str, Any]) -> None:
-        me = self.actor_ref
         name = child.profile.name
-        work = functools.partial(
-            answer_from_channel,
-            channel=child.profile.channel,
-            profile=name,
-            event_id=frame["eventId"],
-            answer=dict(frame["answer"]),
+        unit = AnswerFromChannel(
+            child.profile.channel, name, frame["eventId"], dict(frame["answer"])
         )
-        self._database.tell(
-            Transact(
-                work,
-                lambda reply: tell_if_alive(me, _Answered(name, reply)),
-                "channel.answer",
-                hold_when_full=False,
-            )
-        )
+        tag = _Answered(name)
+        # The child confirmed the update: a full disk must not drop it, nor run it ahead
+        # of the result before it (a reply needs that result's message IDs).
+        self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
 
     def _on_answered(self, profile: str, reply: Reply) -> None:
         if reply.error is not None:
@@ -727,7 +671,8 @@ class ChannelAdapterActor(ServerActor):
             return
         outcome: AnswerOutcome = reply.value
         if outcome.outcome == "accepted" and self._scheduler is not None:
-            tell_if_alive(self._scheduler, Wake())
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._scheduler.tell(Wake())
         log.info(
             "channel answer",
             extra={
@@ -747,15 +692,8 @@ class ChannelAdapterActor(ServerActor):
         operation = held.request["operation"]
         if operation == "channel.reload":
             self._apply(load_profiles(self._config.profiles_path))
-        me = self.actor_ref
         channels = [profile.channel for profile in self._loaded.profiles.values()]
-        self._reader.tell(
-            Read(
-                functools.partial(counts_by_channel, channels=channels),
-                lambda reply: tell_if_alive(me, _Counted(held, reply)),
-                "channel.status",
-            )
-        )
+        self._reader.tell(Read(CountChannelWork(channels), self.actor_ref, _Counted(held)))
 
     def _on_counted(self, held: Any, reply: Reply) -> None:
         if reply.error is not None:
@@ -783,3 +721,14 @@ class ChannelAdapterActor(ServerActor):
         if held.request["operation"] == "channel.reload":
             receipt["reloaded"] = True
         held.respond(response(held.request, "accepted", receipt=receipt))
+
+
+def _in_sequence(child: _Child, frame: dict[str, Any] | None) -> None:
+    """Check a frame that passed `channel.v1` against the child's epoch and sequence.
+
+    Raises:
+        ProtocolViolation: it broke the protocol (`frame` None), or is out of sequence.
+    """
+    if frame is None:
+        raise ProtocolViolation("the frame broke channel.v1", schema_name="channel.v1")
+    child.check.check(frame)  # type: ignore[arg-type]

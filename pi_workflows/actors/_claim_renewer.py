@@ -18,67 +18,48 @@ file was replaced) stops the server.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Address, Done, Reply, ServerActor
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.storage import (
-    DEFAULT_CLAIM_TTL_MS,
-    ClaimLostError,
-    ClaimLostReason,
-    Clock,
-    Database,
-    OwnerType,
-    ServerClaim,
-    StorageError,
-    SystemClock,
-    Tx,
-    recover_expired_runs,
-    renew_owner_claims,
-    renew_server_epoch,
-    retake_server_epoch,
-)
+from pi_workflows.domain import RenewServerClaims, RetakeServerClaims, RoundResult
+from pi_workflows.storage import ClaimLostError, ClaimLostReason, Clock, ServerClaim, SystemClock
 
-__all__ = ["ClaimRenewerActor", "LeaseHooks", "RenewalDone", "RoundResult"]
+__all = ["ClaimRenewerActor", "LeaseHooks", "RenewalRound"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseHooks:
-    """What the renewer needs from the server beyond the database (plain callables)."""
+class LockCheck(Protocol):
+    """The server's lock file, as the renewer asks about it (`supervision.ServerLock`)."""
 
-    lock_is_ours: Callable[[], bool] = field(default=lambda: True)
-    """Whether the global lock file is still the one this server holds."""
-    on_new_epoch: Callable[[ServerClaim], None] = field(default=lambda claim: None)
-    """Called after a lapse, once the next epoch's lease is committed."""
-    pid: int | None = None
-    """This server's PID, stored with a new epoch."""
+    def still_ours(self) -> bool:
+        """Whether the lock file is still the one this server holds."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
-class RoundResult:
-    """What one committed round did."""
+class LeaseLost:
+    """To the server: another server took the lease (or the lock file); stop now."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEpochTaken:
+    """To the server: after a lapse, the next epoch's lease is committed and ours."""
 
     claim: ServerClaim = field(repr=False)
-    """The lease now held: the same one, or the next epoch's after a lapse."""
-    renewed: int
-    """Run claims renewed."""
-    recovered: tuple[str, ...] = ()
-    """Runs whose lapsed claims were recovered (requeued, or parked if paused)."""
 
 
 @dataclass(frozen=True, slots=True)
-class RenewalDone:
-    """The database actor finished one renewal round."""
+class RenewalRound:
+    """Tag: one renewal round (its answer is a `RoundResult`, or the error)."""
 
-    reply: Reply
-    """A `RoundResult`, or the error (a lost server lease)."""
     began_ms: int = 0
     """The monotonic reading when the round was sent: a renewal is at least this fresh."""
     retake: bool = False
@@ -88,14 +69,14 @@ class RenewalDone:
 class ClaimRenewerActor(ServerActor):
     """Owns: the renewal schedule and this server's lease.
 
-    Receives: `Tick`, `RenewalDone`.
-    Sends: `Transact` to the database actor.
+    Receives: `Tick`, `Done` (its rounds' answers).
+    Sends: `Transact` to the database actor; `LeaseLost`, `ServerEpochTaken` to the server.
     Invariants: at most one renewal round in flight; it never waits for a runner; an
         expired lease is never renewed, only replaced by the next epoch.
     On failure: a lease held by another epoch, owner or token, or a replaced lock file,
-        means another server took over; it calls `on_lease_lost`, and the server stops
-        rather than write under an old epoch. A lapse with no competitor takes the next
-        epoch (`LeaseHooks.on_new_epoch`) and the server carries on.
+        means another server took over; it tells the server `LeaseLost`, and the server
+        stops rather than write under an old epoch. A lapse with no competitor takes the
+        next epoch (`ServerEpochTaken`) and the server carries on.
     """
 
     name = "claim-renewer"
@@ -105,19 +86,24 @@ class ClaimRenewerActor(ServerActor):
         database: pykka.ActorRef[Any],
         server_claim: ServerClaim,
         every_ticks: int,
-        on_lease_lost: Callable[[str], None],
+        server: Address,
         on_actor_failure: ActorFailureHandler,
         *,
         clock: Clock | None = None,
-        hooks: LeaseHooks | None = None,
+        lock: LockCheck | None = None,
+        pid: int | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._database = database
         self._server_claim = server_claim
         self._every = max(1, every_ticks)
-        self._on_lease_lost = on_lease_lost
+        self._server = server
+        """Told `LeaseLost` and `ServerEpochTaken`."""
         self._clock: Clock = clock or SystemClock()
-        self._hooks = hooks or LeaseHooks()
+        self._lock = lock
+        """The server's lock file (None: always this server's)."""
+        self._pid = pid
+        """This server's PID, stored with a new epoch."""
         self._renewed_ms = self._clock.monotonic_ms()  # the lease was just taken
         self._in_flight = False
         self._lost = False
@@ -127,8 +113,8 @@ class ClaimRenewerActor(ServerActor):
         match message:
             case Tick(sequence=sequence):
                 self._on_tick(sequence)
-            case RenewalDone():
-                self._on_done(message)
+            case Done(tag=RenewalRound() as round_, reply=reply):
+                self._on_done(round_, reply)
             case _:
                 raise TypeError(f"claim renewer got {type(message).__name__}")
         return None
@@ -141,14 +127,14 @@ class ClaimRenewerActor(ServerActor):
             # suspended machine) or could not write. The lease has expired.
             self._retake()
         elif sequence % self._every == 0:
-            self._start_round(self._renew_work(self._server_claim), retake=False)
+            self._start_round(RenewServerClaims(self._server_claim), retake=False)
 
-    def _on_done(self, done: RenewalDone) -> None:
+    def _on_done(self, done: RenewalRound, reply: Reply) -> None:
         self._in_flight = False
         self.rounds += 1
-        error = done.reply.error
+        error = reply.error
         if error is None:
-            self._renewed(done)
+            self._renewed(done, reply.value)
         elif isinstance(error, ClaimLostError):
             if error.reason is ClaimLostReason.EXPIRED and not done.retake:
                 if not self._lapsed():
@@ -178,8 +164,7 @@ class ClaimRenewerActor(ServerActor):
         )
         return True
 
-    def _renewed(self, done: RenewalDone) -> None:
-        result: RoundResult = done.reply.value
+    def _renewed(self, done: RenewalRound, result: RoundResult) -> None:
         self._renewed_ms = done.began_ms
         if result.claim.epoch != self._server_claim.epoch:
             self._server_claim = result.claim
@@ -187,7 +172,7 @@ class ClaimRenewerActor(ServerActor):
                 "no other server took over: continuing under the next epoch",
                 extra={"action": "server.epoch_renewed", "epoch": result.claim.epoch},
             )
-            self._hooks.on_new_epoch(result.claim)
+            self._server.tell(ServerEpochTaken(result.claim))
         for run_id in result.recovered:
             log.warning(
                 "the run's claim lapsed with no runner left; recovered",
@@ -199,68 +184,15 @@ class ClaimRenewerActor(ServerActor):
         log.error(
             "server lease lost; stopping", extra={"action": "server.lease_lost", "reason": code}
         )
-        self._on_lease_lost(reason)
+        self._server.tell(LeaseLost(reason))
 
     def _retake(self) -> None:
-        if not self._hooks.lock_is_ours():
+        if self._lock is not None and not self._lock.still_ours():
             self._lose("server lease lost (the lock file was replaced)", "lockReplaced")
             return
-        self._start_round(self._retake_work(self._server_claim), retake=True)
+        self._start_round(RetakeServerClaims(self._server_claim, self._pid), retake=True)
 
-    def _renew_work(self, claim: ServerClaim) -> Callable[[Database], RoundResult]:
-        def renew(db: Database) -> RoundResult:
-            with db.write() as tx:
-                renew_server_epoch(tx, claim)
-                renewed = _renew_run_claims(tx, claim)
-            return RoundResult(claim, renewed, _recover_lapsed(db, claim))
-
-        return renew
-
-    def _retake_work(self, claim: ServerClaim) -> Callable[[Database], RoundResult]:
-        pid = self._hooks.pid
-
-        def retake(db: Database) -> RoundResult:
-            with db.write() as tx:
-                new_claim = retake_server_epoch(tx, claim, pid=pid)
-                renewed = _renew_run_claims(tx, new_claim)
-            return RoundResult(new_claim, renewed, _recover_lapsed(db, new_claim))
-
-        return retake
-
-    def _start_round(self, work: Callable[[Database], RoundResult], *, retake: bool) -> None:
-        me = self.actor_ref
-        began_ms = self._clock.monotonic_ms()
-
-        def done(reply: Reply) -> None:
-            tell_if_alive(me, RenewalDone(reply, began_ms, retake))
-
+    def _start_round(self, unit: object, *, retake: bool) -> None:
         self._in_flight = True
-        self._database.tell(Transact(work, done, "claims.renew", hold_when_full=True))
-
-
-def _renew_run_claims(tx: Tx, claim: ServerClaim) -> int:
-    # Run claims keep the lifetime they were granted with at launch (not the server
-    # lease's): the timer only backs up renewal by runner writes. Expired ones are not
-    # renewed: `_recover_lapsed` takes them over.
-    return len(
-        renew_owner_claims(
-            tx, owner_type=OwnerType.HOST, owner_id=claim.owner_id, ttl_ms=DEFAULT_CLAIM_TTL_MS
-        )
-    )
-
-
-def _recover_lapsed(db: Database, claim: ServerClaim) -> tuple[str, ...]:
-    """Recover claimed runs whose claim lapsed with no runner left (after the renewal,
-    in its own savepoint: a refusal here never costs the lease its renewal)."""
-    try:
-        with db.write() as tx:
-            recovered = recover_expired_runs(
-                tx, owner_id=claim.owner_id, ttl_ms=DEFAULT_CLAIM_TTL_MS
-            )
-    except StorageError as exc:
-        log.warning(
-            "recovering lapsed claims failed",
-            extra={"action": "claims.recover_failed", "reason": type(exc).__name__},
-        )
-        return ()
-    return tuple(run.run_id for run in recovered)
+        tag = RenewalRound(self._clock.monotonic_ms(), retake)
+        self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))

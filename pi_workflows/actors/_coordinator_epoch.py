@@ -7,26 +7,17 @@ replacement connection fences the old one." Epochs live only in this process.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Address, Done, Reply, ServerActor, answer
 from pi_workflows.actors._database import Transact
-from pi_workflows.domain import ActiveEpochs, CoordinatorGrant, suspend_session
+from pi_workflows.domain import ActiveEpochs, CoordinatorGrant, SuspendSession
 
-__all__ = [
-    "ActiveEpochs",
-    "CheckCoordinator",
-    "ClaimCoordinator",
-    "CoordinatorEpochActor",
-    "CoordinatorGrant",
-    "ReleaseConnection",
-]
+__all__ = ["CheckCoordinator", "ClaimCoordinator", "CoordinatorEpochActor", "ReleaseConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +30,9 @@ class ClaimCoordinator:
     """The origin Pi session."""
     connection_id: str
     """The client connection that will coordinate it."""
-    reply: Callable[[Reply], None]
-    """Receives the `CoordinatorGrant`."""
+    reply_to: Address
+    """Told `Done(tag, Reply(CoordinatorGrant))`."""
+    tag: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +42,9 @@ class CheckCoordinator:
     session_id: str
     connection_id: str
     epoch: int
-    reply: Callable[[Reply], None] = field(repr=False)
-    """Receives True or False."""
+    reply_to: Address
+    """Told `Done(tag, Reply(True or False))`."""
+    tag: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +57,8 @@ class ReleaseConnection:
 class CoordinatorEpochActor(ServerActor):
     """Owns: the active coordinator epoch of each origin session (in memory only).
 
-    Receives: `ClaimCoordinator`, `CheckCoordinator`, `ReleaseConnection`.
-    Sends: replies; when an epoch ends (fenced or released), `Transact(suspend_session)`
+    Receives: `ClaimCoordinator`, `CheckCoordinator`, `ReleaseConnection`, `Done`.
+    Sends: `Done` to askers; when an epoch ends (fenced or released), `Transact(suspend_session)`
         to the database, told before the new grant's reply, so the suspension commits
         before any report of the new epoch can resume the session's step timer.
     Invariants: at most one active epoch per session; epochs only increase, so a
@@ -90,26 +83,32 @@ class CoordinatorEpochActor(ServerActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case ClaimCoordinator(session_id=session, connection_id=connection, reply=reply):
+            case ClaimCoordinator(session_id=session, connection_id=connection):
                 self._next_epoch += 1
                 grant = CoordinatorGrant(session, connection, self._next_epoch)
                 if session in self._active:
                     self._epoch_ended(session)
                 self._active[session] = grant
                 self._published.publish(self._active)
-                reply(Reply(grant))
-            case CheckCoordinator(
-                session_id=session, connection_id=connection, epoch=epoch, reply=reply
-            ):
-                reply(
-                    Reply(self._active.get(session) == CoordinatorGrant(session, connection, epoch))
-                )
+                answer(message.reply_to, message.tag, Reply(grant))
+            case CheckCoordinator(session_id=session, connection_id=connection, epoch=epoch):
+                active = self._active.get(session) == CoordinatorGrant(session, connection, epoch)
+                answer(message.reply_to, message.tag, Reply(active))
             case ReleaseConnection(connection_id=connection):
                 for session, grant in list(self._active.items()):
                     if grant.connection_id == connection:
                         del self._active[session]
                         self._epoch_ended(session)
                 self._published.publish(self._active)
+            case Done(tag=_Suspended(), reply=reply):
+                if reply.error is not None:
+                    log.warning(
+                        "step timer suspension failed",
+                        extra={
+                            "action": "coordinator.suspend_failed",
+                            "reason": type(reply.error).__name__,
+                        },
+                    )
             case _:
                 raise TypeError(f"coordinator-epoch actor got {type(message).__name__}")
         return None
@@ -117,20 +116,11 @@ class CoordinatorEpochActor(ServerActor):
     def _epoch_ended(self, session_id: str) -> None:
         """No connected active session any more: its interactive step timer stops."""
         if self._database is not None:
-            self._database.tell(
-                Transact(
-                    functools.partial(suspend_session, session_id=session_id),
-                    _logged,
-                    "coordinator.epoch_ended",
-                    hold_when_full=True,  # ordered before the next epoch's reports
-                )
-            )
+            # Ordered before the next epoch's reports (`hold_when_full` keeps order).
+            unit = SuspendSession(session_id)
+            self._database.tell(Transact(unit, self.actor_ref, _Suspended(), hold_when_full=True))
 
 
-def _logged(reply: Reply) -> None:
-    """On the database actor's thread: the suspension's outcome, for the log only."""
-    if reply.error is not None:
-        log.warning(
-            "step timer suspension failed",
-            extra={"action": "coordinator.suspend_failed", "reason": type(reply.error).__name__},
-        )
+@dataclass(frozen=True, slots=True)
+class _Suspended:
+    """Tag: a session's step timer suspension (its outcome is only logged)."""

@@ -21,14 +21,14 @@ import contextlib
 import logging
 import queue
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Address, Reply, ServerActor, answer
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.domain import Perform, perform, unit_label
 from pi_workflows.storage import Database, DiskFullError, GroupCommit, is_disk_full
 
 __all__ = [
@@ -53,19 +53,19 @@ RETRY_FULL_EVERY_TICKS = 4
 
 @dataclass(frozen=True, slots=True)
 class Transact:
-    """Run `work` with the database on the actor's thread; reply with its result."""
+    """Run a unit of work on the actor's connection; tell its `Done` to `reply_to`."""
 
-    work: Callable[[Database], Any]
-    """Opens its own `db.write()` transaction(s) or reads; must not block on I/O.
+    unit: object
+    """A unit-of-work record (`pi_workflows.domain`), resolved here by its kind.
 
-    Its `write()`s are savepoints of the actor's group commit: one that raises rolls
-    back only its own changes. Acts that must follow durability go to
-    `db.after_commit`."""
-    reply: Callable[[Reply], None]
-    """Called on the actor's thread with the value or the error, only after the
-    group's COMMIT made the unit's writes durable; must not block."""
-    label: str = "work"
-    """A safe name for logs (an operation name, never a payload)."""
+    Its function opens its own `db.write()` transaction(s) or reads, and never blocks on
+    I/O. Its `write()`s are savepoints of the actor's group commit: one that raises rolls
+    back only its own changes."""
+    reply_to: Address | None = None
+    """Where `Done(tag, reply)` goes, only after the group's COMMIT made the unit's
+    writes durable (None: nobody waits for it)."""
+    tag: Any = None
+    """Returned in the `Done` as it was: what the answer is about, as data."""
     hold_when_full: bool = False
     """The server's own work, which must not be lost or reordered: if the disk is full,
     it waits (behind every unit held before it) and runs again until it commits, and
@@ -88,7 +88,8 @@ class DatabaseActor(ServerActor):
     """Owns: the `Database` (the one writer connection).
 
     Receives: `Transact`, `WatchCommits`, `Tick` (retries held units).
-    Sends: replies; `Committed` to its watchers after a group commit that wrote.
+    Sends: `Done` to each unit's `reply_to`; `Committed` to its watchers after a group
+        commit that wrote.
     Invariants: no other thread touches the connection. The `Transact`s waiting in the
         mailbox (up to `MAX_BATCH_UNITS`, or `MAX_BATCH_WORK_S` of work) run in mailbox
         order as one group commit; a reply is released only after the COMMIT that made
@@ -100,17 +101,20 @@ class DatabaseActor(ServerActor):
     On failure: a domain or SQLite error in one unit is that unit's reply, and only that
         unit's writes roll back. A failed COMMIT (or a transaction SQLite rolled back under
         a unit) is the reply of every unit that ran inside that transaction. A full disk
-        holds the `hold_when_full` units instead (see above). The actor carries on. Only a
-        failing reply callback stops it (after the other replies of its batch), and the
-        server hears of it through `on_failure`. At its stop, held units get
-        `DiskFullError`.
+        holds the `hold_when_full` units instead (see above). The actor carries on: it
+        runs no code of its askers (answers are messages), so nothing they do can stop
+        it. At its stop, held units get `DiskFullError`.
     """
 
     name = "database"
 
-    def __init__(self, db: Database, on_actor_failure: ActorFailureHandler) -> None:
+    def __init__(
+        self, db: Database, on_actor_failure: ActorFailureHandler, *, units: Perform = perform
+    ) -> None:
         super().__init__(on_actor_failure)
         self._db = db
+        self._perform = units
+        """Resolves a unit record to its work (`domain.perform`; tests extend it)."""
         self._watchers: list[pykka.ActorRef[Any]] = []
         self._held: collections.deque[Transact] = collections.deque()
         """Units waiting for disk space, in mailbox order."""
@@ -179,7 +183,7 @@ class DatabaseActor(ServerActor):
                     if unit.hold_when_full and blocked:
                         order.append((unit, False))
                         continue
-                    reply = _run_unit(group, unit)
+                    reply = self._run_unit(group, unit)
                     answered.append((unit, reply))
                     order.append((unit, True))
                     if reply.error is not None and is_disk_full(reply.error):
@@ -245,15 +249,16 @@ class DatabaseActor(ServerActor):
                 watcher.tell(Committed())
 
     def _release(self, answered: list[tuple[Transact, Reply]]) -> None:
-        """Call every reply in order; a failing callback is re-raised after the others."""
-        failure: BaseException | None = None
+        """Tell every answer, in order (to askers that are still there)."""
         for unit, reply in answered:
-            try:
-                unit.reply(reply)
-            except Exception as exc:  # noqa: BLE001 - re-raised below: the actor fails
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+            answer(unit.reply_to, unit.tag, reply)
+
+    def _run_unit(self, group: GroupCommit, unit: Transact) -> Reply:
+        try:
+            return Reply(value=group.run(lambda db: self._perform(db, unit.unit)))
+        except Exception as exc:  # noqa: BLE001 - the error belongs to the caller
+            log.debug("work failed", extra={"action": "db.error", "label": unit_label(unit.unit)})
+            return Reply(error=exc)
 
     def on_stop(self) -> None:
         """Runs in the actor's thread: answer what still waits for space, then close the
@@ -284,14 +289,6 @@ class _FullDisk:
             "commands were refused",
             extra={"action": "db.disk_space_returned", "reason": "diskFull"},
         )
-
-
-def _run_unit(group: GroupCommit, unit: Transact) -> Reply:
-    try:
-        return Reply(value=group.run(unit.work))
-    except Exception as exc:  # noqa: BLE001 - the error belongs to the caller
-        log.debug("work failed", extra={"action": "db.error", "label": unit.label})
-        return Reply(error=exc)
 
 
 def _commit(

@@ -12,19 +12,18 @@ scheduler so the timeout-resume runner starts.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Done, ServerActor
 from pi_workflows.actors._database import Committed, Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.domain import expire_due, next_deadline
+from pi_workflows.domain import ExpireDue, NextDeadline
 from pi_workflows.storage import Clock
 
 __all__ = ["DeadlinesActor"]
@@ -34,16 +33,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _NextDue:
-    """The reader's answer: the earliest instant a budget runs out, or None."""
-
-    reply: Reply
+    """Tag: the read of the earliest instant a budget runs out (or None)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Expired:
-    """The database's answer to one timeout round: the run IDs it timed out."""
-
-    reply: Reply
+    """Tag: one timeout round (its answer: the run IDs it timed out)."""
 
 
 class DeadlinesActor(ServerActor):
@@ -52,7 +47,7 @@ class DeadlinesActor(ServerActor):
     or a timeout round is in flight.
 
     Receives: `Tick`, `Committed` (from the database actor: re-read the next instant),
-        and its own replies `_NextDue`, `_Expired`.
+        and `Done` (its read's and its rounds' answers).
     Sends: `Read(next_deadline)` to the reader; `Transact(expire_due)` to the database;
         `Wake` to the scheduler after a round timed something out.
     Invariants: at most one read and one round in flight; every commit is followed by a
@@ -92,14 +87,14 @@ class DeadlinesActor(ServerActor):
                 self._stale = True
             case Tick():
                 self._check()
-            case _NextDue(reply=reply):
+            case Done(tag=_NextDue(), reply=reply):
                 self._reading = False
                 if reply.error is not None:
                     self._failed("read", reply.error)
                 else:
                     self._next_due = reply.value
                 self._check()
-            case _Expired(reply=reply):
+            case Done(tag=_Expired(), reply=reply):
                 self._expiring = False
                 self._stale = True  # read again: the next request, or the same one
                 if reply.error is not None:
@@ -111,26 +106,18 @@ class DeadlinesActor(ServerActor):
         return None
 
     def _check(self) -> None:
-        me = self.actor_ref
         if self._stale and not self._reading:
             self._stale = False
             self._reading = True
-            self._reader.tell(
-                Read(next_deadline, lambda reply: tell_if_alive(me, _NextDue(reply)), "deadlines")
-            )
+            self._reader.tell(Read(NextDeadline(), self.actor_ref, _NextDue()))
         due = self._next_due
         if due is None or self._expiring or self._clock.now_ms() < due:
             return
         self._expiring = True
         self._next_due = None  # until the re-read after this round
-        self._database.tell(
-            Transact(
-                functools.partial(expire_due, owner_id=self._owner_id),
-                lambda reply: tell_if_alive(me, _Expired(reply)),
-                "deadlines.expire",
-                hold_when_full=True,  # server work: a full disk delays it, in order
-            )
-        )
+        # Server work: a full disk delays it, in order (`hold_when_full`).
+        unit = ExpireDue(self._owner_id)
+        self._database.tell(Transact(unit, self.actor_ref, _Expired(), hold_when_full=True))
 
     def _failed(self, what: str, error: BaseException) -> None:
         self._stale = True  # try again on the next tick

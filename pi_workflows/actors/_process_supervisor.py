@@ -13,19 +13,23 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
+from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, answer
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.supervision import (
+    ChildExited,
     ChildProcess,
+    KillChild,
     LogDrain,
     ProcessIdentity,
+    Spawn,
+    StopChild,
+    StopGroup,
+    StopRecorded,
     Zygote,
     ZygoteUnavailable,
     exited_unreaped,
@@ -36,17 +40,7 @@ from pi_workflows.supervision import (
     wait_for_exits,
 )
 
-__all__ = [
-    "LOG_CAP_BYTES",
-    "LOG_TAIL_BYTES",
-    "ChildExited",
-    "KillChild",
-    "ProcessSupervisorActor",
-    "Spawn",
-    "StopChild",
-    "StopGroup",
-    "StopRecorded",
-]
+__all__ = ["LOG_CAP_BYTES", "LOG_TAIL_BYTES", "ProcessSupervisorActor"]
 
 LOG_CAP_BYTES = 8 * 1024 * 1024
 """The most a child's output file holds (plus one marker line), however much or however
@@ -55,78 +49,6 @@ into the file, keeping the first bytes and the last `LOG_TAIL_BYTES`."""
 LOG_TAIL_BYTES = 1024 * 1024
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ChildExited:
-    """A supervised child was reaped."""
-
-    identity: ProcessIdentity
-    returncode: int
-    """Exit code, or minus the signal number that ended it."""
-    killed: bool
-    """True when the supervisor had to escalate to SIGKILL."""
-
-
-@dataclass(frozen=True, slots=True)
-class Spawn:
-    """Start a child in its own process group."""
-
-    argv: Sequence[str]
-    env: Mapping[str, str] = field(repr=False)
-    """The child's whole environment (may hold credentials: never logged)."""
-    reply: Callable[[Reply], None]
-    """Receives the child's `ProcessIdentity`, or the spawn error."""
-    on_exit: Callable[[ChildExited], None] | None = None
-    """Called on the actor thread once the child is reaped; must not block."""
-    cwd: Path | None = None
-    log_path: Path | None = None
-    """Where the child's stdout and stderr go, bounded to `LOG_CAP_BYTES` (else nowhere)."""
-    pass_fds: tuple[int, ...] = ()
-    """File descriptors the child inherits; closed in the server once it is spawned."""
-    preloaded: str | None = None
-    """A module the zygote has imported whose `main()` is this same program: the child
-    is forked warm. `fd_env` names the variable that gets the first of `pass_fds`."""
-    fd_env: str | None = None
-    stdio: bool = False
-    """The first of `pass_fds` becomes the child's stdin and stdout (a resolver's socket)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StopChild:
-    """Stop a child's process group: SIGTERM, then SIGKILL after `grace_ticks` ticks."""
-
-    identity: ProcessIdentity
-    grace_ticks: int = 20
-
-
-@dataclass(frozen=True, slots=True)
-class KillChild:
-    """SIGKILL a child's process group at once (a resolver that answered or overran)."""
-
-    identity: ProcessIdentity
-
-
-@dataclass(frozen=True, slots=True)
-class StopGroup:
-    """SIGKILL the group of a process the server did not start (a registered shell
-    command group, a registered Pi child): through a pidfd, after an identity check."""
-
-    identity: ProcessIdentity
-
-
-@dataclass(frozen=True, slots=True)
-class StopRecorded:
-    """Startup recovery: SIGKILL every recorded group by exact identity, wait for them.
-
-    **Blocking:** waits up to `timeout_s` for the exits, on the supervisor's thread. It
-    is sent once, before any runner, client or tick exists, so nothing else waits.
-    """
-
-    identities: tuple[ProcessIdentity, ...]
-    reply: Callable[[Reply], None]
-    """Receives the number of processes that were alive and signalled."""
-    timeout_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +65,8 @@ class _ZygoteExit:
 @dataclass
 class _Supervised:
     identity: ProcessIdentity
-    on_exit: Callable[[ChildExited], None] | None
+    spawn: Spawn
+    """The request that started it: where its exit is reported, and with what tag."""
     child: ChildProcess | None
     """The `Popen` handle of a cold-started child; None for a child of the zygote."""
     log_token: int | None = None
@@ -157,7 +80,7 @@ class ProcessSupervisorActor(ServerActor):
 
     Receives: `Spawn`, `StopChild`, `KillChild`, `StopGroup`, `StopRecorded`, `Tick` (and the
         zygote's exit reports).
-    Sends: replies and `ChildExited` callbacks.
+    Sends: `Done` for each spawn and `StopRecorded`; `ChildExited` to a spawn's `reply_to`.
     Invariants: every child it started is reaped; only an exact identity is signalled;
         it is the one place in the server that signals a process group.
     On failure: reported to the server, whose shutdown stops every known group.
@@ -191,8 +114,8 @@ class ProcessSupervisorActor(ServerActor):
                 # sessions of their own below pi's keeper, which a group SIGKILL misses.
                 kill_descendants(identity)
                 signal_group(identity, signal.SIGKILL)
-            case StopRecorded(identities=identities, reply=reply, timeout_s=timeout_s):
-                reply(Reply(self._stop_recorded(identities, timeout_s)))
+            case StopRecorded(identities=identities, reply_to=reply_to, timeout_s=timeout_s):
+                answer(reply_to, None, Reply(self._stop_recorded(identities, timeout_s)))
             case Tick():
                 self._tick += 1
                 self._reap_and_escalate()
@@ -225,13 +148,13 @@ class ProcessSupervisorActor(ServerActor):
         except OSError as exc:
             if token is not None:
                 self._logs.finish(token)
-            spawn.reply(Reply(error=exc))
+            answer(spawn.reply_to, spawn.tag, Reply(error=exc))
             return
         finally:
             if output_fd is not None:
                 os.close(output_fd)  # the child has its own copy of the pipe's write end
-        self._children[identity] = _Supervised(identity, spawn.on_exit, child, token)
-        spawn.reply(Reply(identity))
+        self._children[identity] = _Supervised(identity, spawn, child, token)
+        answer(spawn.reply_to, spawn.tag, Reply(identity))
 
     def _start(
         self, spawn: Spawn, output_fd: int | None
@@ -292,8 +215,7 @@ class ProcessSupervisorActor(ServerActor):
             signal_group(identity, signal.SIGKILL)
             returncode, supervised.killed = -signal.SIGKILL, True
         self._finish_log(supervised)
-        if supervised.on_exit is not None:
-            supervised.on_exit(ChildExited(identity, returncode, supervised.killed))
+        _report_exit(supervised, returncode)
 
     def _signal(self, supervised: _Supervised, sig: signal.Signals) -> None:
         if supervised.child is not None:
@@ -343,10 +265,16 @@ class ProcessSupervisorActor(ServerActor):
                 returncode = child.popen.wait(5)
                 del self._children[identity]
                 self._finish_log(supervised)
-                exited = ChildExited(identity, returncode, supervised.killed)
-                if supervised.on_exit is not None:
-                    supervised.on_exit(exited)
+                _report_exit(supervised, returncode)
                 continue
             if supervised.kill_at_tick is not None and self._tick >= supervised.kill_at_tick:
                 supervised.killed = True
                 self._kill(supervised)
+
+
+def _report_exit(supervised: _Supervised, returncode: int) -> None:
+    spawn = supervised.spawn
+    if spawn.report_exit:
+        exited = ChildExited(spawn.tag, supervised.identity, returncode, supervised.killed)
+        with contextlib.suppress(pykka.ActorDeadError):  # its owner stopped first
+            spawn.reply_to.tell(exited)

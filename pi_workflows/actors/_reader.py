@@ -10,13 +10,13 @@ transaction, so one answer comes from one consistent snapshot.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor
-from pi_workflows.storage import Clock, Database, open_live_reader
+from pi_workflows.actors._base import ActorFailureHandler, Address, Reply, ServerActor, answer
+from pi_workflows.domain import Perform, perform, unit_label
+from pi_workflows.storage import Clock, open_live_reader
 
 __all__ = ["Read", "ReaderActor"]
 
@@ -25,45 +25,56 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """Run `work` on the reader's connection in one read transaction; reply with its result."""
+    """Run a unit of work in one read transaction; tell its `Done` to `reply_to`."""
 
-    work: Callable[[Database], Any]
-    """Reads only (the connection is `mode=ro` and `query_only`); must not block on I/O."""
-    reply: Callable[[Reply], None]
-    """Called on the reader's thread with the value or the error; must not block."""
-    label: str = "read"
-    """A safe name for logs (an operation name, never a payload)."""
+    unit: object
+    """A unit-of-work record that only reads (the connection is `mode=ro` and
+    `query_only`), resolved here by its kind; it never blocks on I/O."""
+    reply_to: Address | None = None
+    """Where `Done(tag, reply)` goes."""
+    tag: Any = None
+    """Returned in the `Done` as it was: what the answer is about, as data."""
 
 
 class ReaderActor(ServerActor):
     """Owns: one read-only connection to the live database (`open_live_reader`).
 
     Receives: `Read`.
-    Sends: nothing but replies.
+    Sends: `Done` to each read's `reply_to`.
     Invariants: it never writes (the connection refuses to); each `Read` runs in one
         read transaction, so everything it reads is one committed snapshot, at least as
         new as every commit whose reply was released before the `Read` arrived. The
         database actor's connection stays the only writer.
-    On failure: an error in one `Read` is that read's reply; the actor carries on. Only
-        a failing reply callback stops it, and the server hears of it via `on_failure`.
+    On failure: an error in one `Read` is that read's reply; the actor carries on (it
+        runs no code of its askers: answers are messages).
     """
 
     name = "reader"
 
-    def __init__(self, path: Path, clock: Clock, on_actor_failure: ActorFailureHandler) -> None:
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        on_actor_failure: ActorFailureHandler,
+        *,
+        units: Perform = perform,
+    ) -> None:
         super().__init__(on_actor_failure)
         self._db = open_live_reader(path, clock=clock)
+        self._perform = units
+        """Resolves a unit record to its work (`domain.perform`; tests extend it)."""
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case Read(work=work, reply=reply, label=label):
+            case Read(unit=unit, reply_to=reply_to, tag=tag):
                 try:
                     with self._db.read():
-                        result = Reply(value=work(self._db))
+                        result = Reply(value=self._perform(self._db, unit))
                 except Exception as exc:  # noqa: BLE001 - the error belongs to the caller
+                    label = unit_label(unit)
                     log.debug("read failed", extra={"action": "db.read_error", "label": label})
                     result = Reply(error=exc)
-                reply(result)
+                answer(reply_to, tag, result)
             case _:
                 raise TypeError(f"reader actor got {type(message).__name__}")
         return None

@@ -6,56 +6,63 @@ handles the ready handshake, passes runner frames to the database actor and thei
 replies back, enforces the startup and node deadlines on `Tick`, applies the exit
 policy when a runner is reaped, fences runners after pause and cancel, and drains them
 at a graceful stop. It never touches SQLite (units of work go to the database actor as
-`Transact`) and never signals a process (the process supervisor does).
+`Transact`) and never signals a process (the process supervisor does); its runners'
+channels are a `ChildChannels` of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
-import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Address, Done, Reply, ServerActor, answer
 from pi_workflows.actors._database import Transact
-from pi_workflows.actors._process_supervisor import (
-    ChildExited,
-    Spawn,
-    StopChild,
-    StopGroup,
-)
 from pi_workflows.actors._scheduler import Launch, Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain import (
     FENCING_COMMANDS,
     LAUNCH_IN_FLIGHT,
+    ApplyRunnerMessage,
+    Barrier,
+    ClientOperation,
     Delta,
     ExitFacts,
+    HandBackRun,
     Handled,
     LaunchPlan,
     OperationContext,
+    RecordRunnerExit,
+    RecordSpawn,
     RunnerView,
-    apply_message,
     failure_response,
-    hand_back,
-    handle_operation,
-    record_exit,
-    record_spawn,
     reply_to,
 )
 from pi_workflows.engine import Limits, limits_env
 from pi_workflows.storage import Clock, ensure_private_dir
-from pi_workflows.supervision import ProcessIdentity, crash_point
+from pi_workflows.supervision import (
+    ChannelListener,
+    ChildChannelClosed,
+    ChildChannels,
+    ChildEnded,
+    ChildExited,
+    ChildFrame,
+    ChildSpec,
+    ChildStarted,
+    FrameSink,
+    ProcessIdentity,
+    StopGroup,
+    crash_point,
+)
 from pi_workflows.wire.canonical import dumps
-from pi_workflows.wire.protocol import ProtocolViolation, RequestMessage
+from pi_workflows.wire.protocol import RequestMessage
 from pi_workflows.wire.runner import RunnerAddress, RunnerMessage, RunnerReply
 
 __all__ = [
@@ -72,9 +79,6 @@ __all__ = [
     "HandBack",
     "Launch",
     "RunCommand",
-    "RunnerChannel",
-    "RunnerExited",
-    "RunnerFrame",
     "RunnerHostActor",
     "RunnerHostConfig",
     "refuse_frame",
@@ -95,22 +99,6 @@ STATE_DIR_ENV = "PI_WORKFLOWS_STATE_DIR"
 """The server's state folder, for a runner's private per-step files (pi's bridge config
 and stderr log); popped by the runner like the agent folder."""
 RUNNER_MODULE = "pi_workflows.engine.runner"
-
-
-class ChannelAttacher(Protocol):
-    """The listener's one method the runner host uses (non-blocking)."""
-
-    def attach_channel_nowait(self, sock: socket.socket, handler: Any, name: str) -> None: ...
-
-    def end_channel_input_nowait(self, sock: socket.socket) -> bool: ...
-
-
-class FrameSink(Protocol):
-    """A runner channel as the runner host sees it: frames out, close."""
-
-    def send(self, message: Mapping[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 # --- messages ----------------------------------------------------------------------------
@@ -137,33 +125,6 @@ class ConnectScheduler:
     scheduler: pykka.ActorRef[Any]
 
 
-@dataclass(frozen=True, slots=True)
-class RunnerFrame:
-    """One frame from a runner's private channel, checked where it was read."""
-
-    runner_epoch: str
-    channel: FrameSink
-    message: RunnerMessage | None
-    """None when the frame broke `runner.v1`; `violation` says how."""
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    violation: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerExited:
-    """The process supervisor reaped a runner."""
-
-    runner_epoch: str
-    exited: ChildExited
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelClosed:
-    """A runner's channel reached end of file: no frame of it is still to come."""
-
-    runner_epoch: str
-
-
 class Responder(Protocol):
     """Where a client command's response goes (the router's handle on one request)."""
 
@@ -183,10 +144,11 @@ class RunCommand:
 
 @dataclass(frozen=True, slots=True)
 class _CommandDone:
+    """Tag: a client command's unit of work."""
+
     request: RequestMessage
     context: OperationContext
     responder: Responder
-    reply: Reply
     presented_claim: bool
     """The command presented a live runner's claim (False: none was known)."""
     retried: bool
@@ -208,44 +170,48 @@ class _AwaitingLaunch:
 class Drain:
     """Graceful stop, part one: hand runs back at their next durable boundary.
 
-    `reply` is called once no runner of this server is left.
+    `reply_to` is told `Done` once no runner of this server is left.
     """
 
-    reply: Callable[[Reply], None]
+    reply_to: Address
 
 
 @dataclass(frozen=True, slots=True)
 class HandBack:
     """Graceful stop, part two (the drain period ended): hand back every run still held."""
 
-    reply: Callable[[Reply], None]
-    """Receives the number of runs handed back."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Spawned:
-    runner_epoch: str
-    reply: Reply
+    reply_to: Address
+    """Told `Done` with the number of runs handed back, once their hand-backs committed."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Applied:
+    """Tag: one runner frame's unit of work."""
+
     runner_epoch: str
     channel: FrameSink
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _ExitRecorded:
+    """Tag: a runner's recorded outcome."""
+
     runner_epoch: str
     run_id: str
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Recorded:
+    """Tag: a unit whose answer only needs logging (a spawn record, a hand-back)."""
+
     runner_epoch: str
-    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _HandedBackAll:
+    """Tag: the barrier after every hand-back of `HandBack`."""
+
+    reply_to: Address
 
 
 # --- state -------------------------------------------------------------------------------
@@ -273,11 +239,9 @@ class ActiveRunner:
     """Digests of the content references sent to this runner: all it may `content.read`."""
     in_flight: int = 0
     """Frames sent to the database and not answered yet."""
-    channel_socket: socket.socket | None = field(default=None, repr=False)
-    """The server's end of the runner's channel (owned by the listener's loop)."""
-    channel_closed: bool = False
-    exited: ChildExited | None = None
-    held: list[RunnerFrame] = field(default_factory=list)
+    ended: ChildEnded | None = None
+    """The runner was reaped and its channel reached end of file (`ChildChannels`)."""
+    held: list[ChildFrame] = field(default_factory=list)
     """Frames that came before the spawn was reported (a pre-forked runner can connect
     before the supervisor's reply): applied after its identity is queued for commit."""
 
@@ -289,7 +253,13 @@ class ActiveRunner:
         supervisor, the listener), so the outcome waits for the channel's end of file
         and its answers: a `run.finished` sent just before exit is never lost as stale.
         """
-        return self.exited is not None and self.channel_closed and self.in_flight == 0
+        return self.ended is not None and self.in_flight == 0
+
+    @property
+    def returncode(self) -> int:
+        """The runner's exit code, or 127 when it never started."""
+        exited = self.ended.exited if self.ended is not None else None
+        return exited.returncode if exited is not None else 127
 
     @property
     def run_id(self) -> str:
@@ -340,38 +310,19 @@ class ActiveRunner:
         return not self.effect_open and not self.registered
 
 
-class RunnerChannel:
-    """The listener's handler for one runner channel: checks frames, tells the host."""
-
-    def __init__(self, host: pykka.ActorRef[Any], runner_epoch: str) -> None:
-        self._host = host
-        self._epoch = runner_epoch
-
-    def on_message(self, channel: FrameSink, message: dict[str, Any]) -> None:
-        # Checked here, on the listener's loop, so neither actor parses a raw frame.
-        try:
-            frame = RunnerFrame(self._epoch, channel, RunnerMessage.from_wire(message))
-        except ProtocolViolation as exc:
-            frame = RunnerFrame(self._epoch, channel, None, message, str(exc))
-        with contextlib.suppress(pykka.ActorDeadError):  # stopping: the exit decides
-            self._host.tell(frame)
-
-    def on_close(self, channel: FrameSink) -> None:
-        # Every frame the runner sent has been told to the host before this.
-        with contextlib.suppress(pykka.ActorDeadError):
-            self._host.tell(ChannelClosed(self._epoch))
-
-
 class RunnerHostActor(ServerActor):
-    """Owns: every live runner epoch (`ActiveRunner`), the drain state.
+    """Owns: every live runner epoch (`ActiveRunner`), its child channel (`ChildChannels`),
+    the drain state.
 
-    Receives: `Launch`, `RunnerFrame`, `RunnerExited`, `ChannelClosed`, `RunCommand`, `Tick`,
-        `Drain`, `HandBack`, `ConnectScheduler`, and its own database replies.
-    Sends: `Transact` to the database actor; `Spawn`, `StopChild`, `StopGroup` to the
-        process supervisor; frames to runner channels; `Wake` to the scheduler.
+    Receives: `Launch`, `ChildFrame`, `ChildChannelClosed`, `ChildExited`, `RunCommand`,
+        `Tick`, `Drain`, `HandBack`, `ConnectScheduler`, and `Done` (its units' and its
+        spawns' answers).
+    Sends: `Transact` to the database actor; `Spawn` (through its `ChildChannels`),
+        `StopChild`, `StopGroup` to the process supervisor; frames to runner channels;
+        `Wake` to the scheduler.
     Invariants: a frame is answered only after its write committed; a fenced or settled
         runner's frames are answered `claimLost` without touching the database; every
-        runner launched gets one recorded outcome.
+        runner launched gets one recorded outcome, after every frame it sent was applied.
     On failure: reported to the server, which stops; runners end with the zygote and
         recovery hands their runs back.
     """
@@ -383,7 +334,7 @@ class RunnerHostActor(ServerActor):
         config: RunnerHostConfig,
         database: pykka.ActorRef[Any],
         supervisor: pykka.ActorRef[Any],
-        listener: ChannelAttacher,
+        listener: ChannelListener,
         on_actor_failure: ActorFailureHandler,
     ) -> None:
         super().__init__(on_actor_failure)
@@ -393,59 +344,81 @@ class RunnerHostActor(ServerActor):
         self._listener = listener
         self._scheduler: pykka.ActorRef[Any] | None = None
         self._active: dict[str, ActiveRunner] = {}
+        self._children: ChildChannels | None = None
+        """Made in `on_start`, once this actor's own address exists."""
         self._draining = False
-        self._drained: list[Callable[[Reply], None]] = []
+        self._drained: list[Address] = []
         self._awaiting_launch: dict[str, list[_AwaitingLaunch]] = {}
         """Commands held for a launch in flight, by run ID."""
 
+    def on_start(self) -> None:
+        self._children = ChildChannels(
+            self.actor_ref, self._supervisor, self._listener, decode=RunnerMessage.from_wire
+        )
+
+    def on_stop(self) -> None:
+        """The server stops: every runner channel ends (the supervisor kills the rest)."""
+        self._channels.close()
+
+    @property
+    def _channels(self) -> ChildChannels:
+        assert self._children is not None
+        return self._children
+
     def on_receive(self, message: Any) -> Any:
-        handler = self._routes.get(type(message))
-        if handler is None:
-            raise TypeError(f"runner host got {type(message).__name__}")
-        handler(message)
+        match message:
+            case Done():
+                self._on_done(message)
+            case ChildFrame():
+                self._on_frame(message)
+            case ChildExited() | ChildChannelClosed():
+                self._on_child_events(message)
+            case Launch(plan=plan):
+                self._launch(plan)
+            case RunCommand(request=request, context=context, responder=responder):
+                self._command(request, context, responder)
+            case Tick():
+                self._on_tick()
+            case Drain(reply_to=reply_to):
+                self._drain(reply_to)
+            case HandBack(reply_to=reply_to):
+                self._hand_back_all(reply_to)
+            case ConnectScheduler(scheduler=scheduler):
+                self._scheduler = scheduler
+            case _:
+                raise TypeError(f"runner host got {type(message).__name__}")
         return None
 
-    @functools.cached_property
-    def _routes(self) -> dict[type, Callable[[Any], None]]:
-        """One entry per message type: the messages this actor receives."""
-        return {
-            RunnerFrame: self._on_frame,
-            _Applied: lambda m: self._on_applied(m.runner_epoch, m.channel, m.reply),
-            Launch: lambda m: self._launch(m.plan),
-            _Spawned: lambda m: self._on_spawned(m.runner_epoch, m.reply),
-            RunnerExited: lambda m: self._on_exited(m.runner_epoch, m.exited),
-            ChannelClosed: lambda m: self._on_channel_closed(m.runner_epoch),
-            _ExitRecorded: lambda m: self._on_exit_recorded(m.run_id, m.reply),
-            RunCommand: lambda m: self._command(m.request, m.context, m.responder),
-            _CommandDone: self._command_done,
-            Tick: lambda m: self._on_tick(),
-            Drain: lambda m: self._drain(m.reply),
-            HandBack: lambda m: self._hand_back_all(m.reply),
-            _Recorded: lambda m: None,
-            ConnectScheduler: self._connect,
-        }
+    def _on_done(self, done: Done) -> None:
+        """An answer: to a unit of work (its tag says which), or to a spawn."""
+        match done.tag:
+            case _Applied(runner_epoch=epoch, channel=channel):
+                self._on_applied(epoch, channel, done.reply)
+            case _CommandDone():
+                self._command_done(done.tag, done.reply)
+            case _ExitRecorded(run_id=run_id):
+                self._on_exit_recorded(run_id, done.reply)
+            case _HandedBackAll(reply_to=reply_to):
+                answer(reply_to, None, done.reply)
+            case _Recorded():
+                pass
+            case _:
+                self._on_child_events(done)
 
-    def _connect(self, message: ConnectScheduler) -> None:
-        self._scheduler = message.scheduler
+    def _on_child_events(self, message: object) -> None:
+        for event in self._channels.handle(message):
+            match event:
+                case ChildStarted(key=epoch, identity=identity):
+                    self._on_spawned(epoch, identity)
+                case ChildEnded(key=epoch):
+                    self._on_ended(epoch, event)
 
     # --- launch ----------------------------------------------------------------------------
 
-    def _transact(
-        self,
-        work: Callable[[Any], Any],
-        done: Callable[[Reply], Any],
-        label: str,
-        *,
-        client: bool = False,
-    ) -> None:
+    def _transact(self, unit: object, tag: object, *, client: bool = False) -> None:
         """Send a unit of work. A runner's messages, spawns and exits wait out a full disk
         in order (`hold_when_full`); a client's command is refused at once instead."""
-        me = self.actor_ref
-        self._database.tell(
-            Transact(
-                work, lambda reply: tell_if_alive(me, done(reply)), label, hold_when_full=not client
-            )
-        )
+        self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=not client))
 
     def _launch(self, plan: LaunchPlan) -> None:
         crash_point("server.launch.after_commit")
@@ -461,52 +434,34 @@ class RunnerHostActor(ServerActor):
 
     def _spawn(self, plan: LaunchPlan) -> None:
         config = self._config
-        epoch = plan.runner_epoch
-        server_end, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.attach_channel_nowait(
-            server_end, RunnerChannel(self.actor_ref, epoch), epoch
-        )
-        self._active[epoch].channel_socket = server_end
         env = dict(config.env)
-        env[RUNNER_FD_ENV] = str(runner_end.fileno())
         env[LAUNCH_ENV] = dumps(plan.envelope).decode("utf-8")
         env[AGENT_DIR_ENV] = str(config.agent_dir)
         env[STATE_DIR_ENV] = str(config.state_dir)
         env.update(limits_env(config.default_limits))
         logs = config.state_dir / "logs" / "runners"
         ensure_private_dir(logs)
-        me = self.actor_ref
         project = Path(plan.project_path) if plan.project_path else config.state_dir
-        self._supervisor.tell(
-            Spawn(
+        self._channels.start(
+            ChildSpec(
+                plan.runner_epoch,
                 [sys.executable, "-m", RUNNER_MODULE],
                 env,
-                lambda reply: tell_if_alive(me, _Spawned(epoch, reply)),
-                lambda exited: tell_if_alive(me, RunnerExited(epoch, exited)),
+                RUNNER_FD_ENV,
                 cwd=project if project.is_dir() else config.state_dir,
-                log_path=logs / f"{epoch}.log",
-                pass_fds=(runner_end.detach(),),
+                log_path=logs / f"{plan.runner_epoch}.log",
                 preloaded=RUNNER_MODULE,
-                fd_env=RUNNER_FD_ENV,
+                name=plan.runner_epoch,
             )
         )
 
-    def _on_spawned(self, epoch: str, reply: Reply) -> None:
+    def _on_spawned(self, epoch: str, identity: ProcessIdentity) -> None:
         runner = self._active.get(epoch)
         if runner is None:
             return
-        if reply.error is not None:
-            log.error(
-                "runner spawn failed",
-                extra={"action": "runner.spawn_failed", "run_id": runner.run_id},
-            )
-            runner.channel_closed = True  # no process: nothing will ever write to it
-            self._on_exited(epoch, ChildExited(ProcessIdentity(0, 0, ""), 127, False))
-            return
-        runner.identity = reply.value
+        runner.identity = identity
         crash_point("server.launch.after_spawn")
-        work = functools.partial(record_spawn, runner_epoch=epoch, identity=reply.value)
-        self._transact(work, functools.partial(_Recorded, epoch), "runner.spawned")
+        self._transact(RecordSpawn(epoch, identity), _Recorded(epoch))
         # The database applies units in order: the identity commits before any frame.
         held, runner.held = runner.held, []
         for frame in held:
@@ -514,8 +469,8 @@ class RunnerHostActor(ServerActor):
 
     # --- frames ----------------------------------------------------------------------------
 
-    def _on_frame(self, frame: RunnerFrame) -> None:
-        runner = self._active.get(frame.runner_epoch)
+    def _on_frame(self, frame: ChildFrame) -> None:
+        runner = self._active.get(frame.key)
         refusal = refuse_frame(runner, frame)
         if refusal is not None:
             frame.channel.send(refusal)
@@ -524,12 +479,9 @@ class RunnerHostActor(ServerActor):
         if runner.identity is None:
             runner.held.append(frame)
             return
-        work = functools.partial(
-            apply_message, view=runner.view(self._draining), message=frame.message
-        )
-        done = functools.partial(_Applied, frame.runner_epoch, frame.channel)
+        unit = ApplyRunnerMessage(runner.view(self._draining), frame.message)
         runner.in_flight += 1
-        self._transact(work, done, "runner.message")
+        self._transact(unit, _Applied(frame.key, frame.channel))
 
     def _on_applied(self, epoch: str, channel: FrameSink, reply: Reply) -> None:
         runner = self._active.get(epoch)
@@ -559,38 +511,26 @@ class RunnerHostActor(ServerActor):
 
     # --- exits -----------------------------------------------------------------------------
 
-    def _on_exited(self, epoch: str, exited: ChildExited) -> None:
+    def _on_ended(self, epoch: str, ended: ChildEnded) -> None:
+        """Reaped, and its channel delivered every frame it wrote (or it never started)."""
         runner = self._active.get(epoch)
         if runner is None:
             return
+        if ended.exited is None:
+            log.error(
+                "runner spawn failed",
+                extra={"action": "runner.spawn_failed", "run_id": runner.run_id},
+            )
         self._stop_registered(runner)  # the server reaps what a dead runner registered
-        runner.exited = exited
-        if not runner.channel_closed and (
-            runner.channel_socket is None
-            or not self._listener.end_channel_input_nowait(runner.channel_socket)
-        ):
-            runner.channel_closed = True  # nothing will read the channel again
-        # Otherwise the channel delivers every frame the runner wrote, then its end of
-        # file, even if a descendant still holds the runner's end.
-        if runner.finished:
-            self._record_exit(runner)
-
-    def _on_channel_closed(self, epoch: str) -> None:
-        runner = self._active.get(epoch)
-        if runner is None:
-            return
-        runner.channel_closed = True
+        runner.ended = ended
         if runner.finished:
             self._record_exit(runner)
 
     def _record_exit(self, runner: ActiveRunner) -> None:
-        assert runner.exited is not None
         del self._active[runner.plan.runner_epoch]
-        work = functools.partial(
-            record_exit, facts=runner.facts(), returncode=runner.exited.returncode
-        )
-        done = functools.partial(_ExitRecorded, runner.plan.runner_epoch, runner.run_id)
-        self._transact(work, done, "runner.exit")
+        self._stop_registered(runner)  # a frame applied after the exit may have registered
+        unit = RecordRunnerExit(runner.facts(), runner.returncode)
+        self._transact(unit, _ExitRecorded(runner.plan.runner_epoch, runner.run_id))
 
     def _on_exit_recorded(self, run_id: str, reply: Reply) -> None:
         log.info(
@@ -626,43 +566,34 @@ class RunnerHostActor(ServerActor):
     ) -> None:
         runner = self._runner_of(str(request.get("runId") or ""))
         claim = runner.plan.claim if runner is not None else None
-        work = functools.partial(handle_operation, request=request, ctx=context, claim=claim)
-        done = functools.partial(
-            _CommandDone,
-            request,
-            context,
-            responder,
-            presented_claim=claim is not None,
-            retried=retried,
-        )
-        self._transact(work, done, request["operation"], client=True)
+        tag = _CommandDone(request, context, responder, claim is not None, retried)
+        self._transact(ClientOperation(request, context, claim), tag, client=True)
 
-    def _command_done(self, message: _CommandDone) -> None:
-        request, responder, reply = message.request, message.responder, message.reply
-        if self._await_launch(message):
+    def _command_done(self, done: _CommandDone, reply: Reply) -> None:
+        request, responder = done.request, done.responder
+        if self._await_launch(done, reply):
             return
         if reply.error is not None:
             responder.respond(failure_response(request, reply.error))
             return
-        answer = reply.value
-        if answer["outcome"] == "accepted" and request["operation"] in FENCING_COMMANDS:
+        result = reply.value
+        if result["outcome"] == "accepted" and request["operation"] in FENCING_COMMANDS:
             crash_point(f"server.lifecycle.{request['operation'].split('.')[1]}.before_fence")
             # The commit fenced the runner (its claim is released): now stop its group.
             self._fence(str(request.get("runId")))
-        responder.respond(answer)
+        responder.respond(result)
         self._wake_scheduler()
 
-    def _await_launch(self, message: _CommandDone) -> bool:
+    def _await_launch(self, done: _CommandDone, reply: Reply) -> bool:
         """Hold a command refused for want of a claim no runner here had yet: the
         admission that claimed the run commits before its `Launch` reaches this actor."""
-        answer = message.reply.value
-        if message.retried or message.presented_claim or message.reply.error is not None:
+        if done.retried or done.presented_claim or reply.error is not None:
             return False
-        if (answer.get("error") or {}).get("code") != LAUNCH_IN_FLIGHT:
+        if (reply.value.get("error") or {}).get("code") != LAUNCH_IN_FLIGHT:
             return False
-        run_id = str(message.request.get("runId") or "")
+        run_id = str(done.request.get("runId") or "")
         until = self._config.clock.now_ms() + LAUNCH_WAIT_MS
-        held = _AwaitingLaunch(message.request, message.context, message.responder, until)
+        held = _AwaitingLaunch(done.request, done.context, done.responder, until)
         self._awaiting_launch.setdefault(run_id, []).append(held)
         return True
 
@@ -689,8 +620,7 @@ class RunnerHostActor(ServerActor):
     def _stop_runner(self, runner: ActiveRunner) -> None:
         runner.stop_requested = True
         self._stop_registered(runner)
-        if runner.identity is not None:
-            self._supervisor.tell(StopChild(runner.identity, RUNNER_GRACE_TICKS))
+        self._channels.stop(runner.plan.runner_epoch, RUNNER_GRACE_TICKS)
 
     def _stop_registered(self, runner: ActiveRunner) -> None:
         for identity in runner.registered.values():
@@ -717,9 +647,9 @@ class RunnerHostActor(ServerActor):
                 runner.timed_out_attempt = attempt[0]
                 self._stop_runner(runner)
 
-    def _drain(self, reply: Callable[[Reply], None]) -> None:
+    def _drain(self, reply_to: Address) -> None:
         self._draining = True
-        self._drained.append(reply)
+        self._drained.append(reply_to)
         self._retry_awaiting(0, everything=True)  # no launch comes now: answer them as they are
         for runner in list(self._active.values()):
             if not runner.settled and runner.at_boundary:
@@ -729,21 +659,18 @@ class RunnerHostActor(ServerActor):
 
     def _check_drained(self) -> None:
         if self._draining and not self._active:
-            for reply in self._drained:
-                reply(Reply(0))
+            for reply_to in self._drained:
+                answer(reply_to, None, Reply(0))
             self._drained.clear()
 
     def _hand_back(self, runner: ActiveRunner) -> None:
         facts = runner.facts()
         runner.settled = True
         self._stop_runner(runner)
-        work = functools.partial(hand_back, facts=facts)
         del self._active[runner.plan.runner_epoch]
-        self._transact(
-            work, functools.partial(_Recorded, runner.plan.runner_epoch), "runner.hand_back"
-        )
+        self._transact(HandBackRun(facts), _Recorded(runner.plan.runner_epoch))
 
-    def _hand_back_all(self, reply: Callable[[Reply], None]) -> None:
+    def _hand_back_all(self, reply_to: Address) -> None:
         runners = list(self._active.values())
         for runner in runners:
             if runner.effect_open:
@@ -757,15 +684,9 @@ class RunnerHostActor(ServerActor):
                     extra={"action": "runner.drain_timeout", "run_id": runner.run_id},
                 )
             self._hand_back(runner)
-        # The database keeps order: this answers after every hand-back queued before it.
-        self._database.tell(
-            Transact(
-                functools.partial(_count, len(runners)),
-                reply,
-                "runner.hand_back_all",
-                hold_when_full=True,  # behind the hand-backs, even those a full disk holds
-            )
-        )
+        # The database keeps order: this answers after every hand-back queued before it,
+        # even those a full disk holds (`hold_when_full`).
+        self._transact(Barrier(len(runners)), _HandedBackAll(reply_to))
 
     def _wake_scheduler(self) -> None:
         if self._scheduler is not None:
@@ -773,7 +694,7 @@ class RunnerHostActor(ServerActor):
                 self._scheduler.tell(Wake())
 
 
-def refuse_frame(runner: ActiveRunner | None, frame: RunnerFrame) -> dict[str, Any] | None:
+def refuse_frame(runner: ActiveRunner | None, frame: ChildFrame) -> dict[str, Any] | None:
     """The reply to a frame that must not reach the database, or None to apply it.
 
     A frame that broke the schema is `rejected`. Generation and epoch come first, before
@@ -786,16 +707,12 @@ def refuse_frame(runner: ActiveRunner | None, frame: RunnerFrame) -> dict[str, A
     if (
         runner is None
         or runner.settled
-        or message.runner_epoch != frame.runner_epoch
+        or message.runner_epoch != frame.key
         or message.run_id != runner.run_id
         or message.generation != runner.plan.claim.generation
     ):
         return reply_to(message, "claimLost", error=("claimLost", "stale runner"))
     return None
-
-
-def _count(count: int, db: Any) -> int:
-    return count
 
 
 def _reply_to_raw(

@@ -8,30 +8,29 @@ retention actor of automatic retention grows from this one.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Done, Reply, ServerActor
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.domain import (
+    DeletePruneTree,
+    PruneDryRun,
     PruneProgress,
     PruneQuery,
     PruneQueryError,
     PruneSelection,
+    RecordPrune,
+    SelectAndBackUp,
     as_adopted,
-    delete_prune_tree,
     failure_response,
     parse_prune_query,
-    prune_dry_run,
-    record_prune,
     rejected,
-    select_and_back_up,
 )
 from pi_workflows.storage import PruneTree
 from pi_workflows.wire.protocol import RequestMessage
@@ -61,26 +60,30 @@ class Prune:
 
 @dataclass(frozen=True, slots=True)
 class _DryRunRead:
+    """Tag: a dry run's read (its answer is the response)."""
+
     held: Held
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Selected:
+    """Tag: an applied prune's selection and backup."""
+
     key: _Key
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Deleted:
+    """Tag: one tree's deletion."""
+
     key: _Key
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Recorded:
+    """Tag: the receipt, stored with the blob collection."""
+
     key: _Key
-    reply: Reply
 
 
 @dataclass
@@ -102,10 +105,9 @@ class _Job:
 class StatePruneActor(ServerActor):
     """Owns: every applied `state.prune` in flight, by (client ID, idempotency key).
 
-    Receives: `Prune`, and its own replies (`_DryRunRead`, `_Selected`, `_Deleted`,
-        `_Recorded`).
-    Sends: `Read` (`prune_dry_run`, `select_and_back_up`) to the reader; `Transact`
-        (`delete_prune_tree` one tree a unit, then `record_prune`) to the database;
+    Receives: `Prune`, and `Done` (its units' answers).
+    Sends: `Read` (`PruneDryRun`, `SelectAndBackUp`) to the reader; `Transact`
+        (`DeletePruneTree` one tree a unit, then `RecordPrune`) to the database;
         responses.
     Invariants: one applied prune per key at a time (a retry joins it and is answered
         `adopted`); nothing is deleted before the backup of the selection's snapshot is
@@ -132,13 +134,13 @@ class StatePruneActor(ServerActor):
         match message:
             case Prune(held=held):
                 self._prune(held)
-            case _DryRunRead(held=held, reply=reply):
-                _answer(held, reply)
-            case _Selected(key=key, reply=reply):
+            case Done(tag=_DryRunRead(held=held), reply=reply):
+                held.respond(_answer_of(held.request, reply))
+            case Done(tag=_Selected(key=key), reply=reply):
                 self._on_selected(key, reply)
-            case _Deleted(key=key, reply=reply):
+            case Done(tag=_Deleted(key=key), reply=reply):
                 self._on_deleted(key, reply)
-            case _Recorded(key=key, reply=reply):
+            case Done(tag=_Recorded(key=key), reply=reply):
                 job = self._jobs.get(key)
                 if job is not None:
                     self._finish(key, _answer_of(job.request, reply))
@@ -160,8 +162,7 @@ class StatePruneActor(ServerActor):
             held.respond(rejected(request, "rejected", exc.code, str(exc)))
             return
         if not query.apply:
-            work = functools.partial(prune_dry_run, request=request, query=query)
-            self._read(work, functools.partial(_DryRunRead, held))
+            self._ask(self._reader, Read, PruneDryRun(request, query), _DryRunRead(held))
             return
         key = (request["clientId"], request["idempotencyKey"])
         running = self._jobs.get(key)
@@ -169,8 +170,7 @@ class StatePruneActor(ServerActor):
             running.waiters.append((held, True))
             return
         self._jobs[key] = _Job(request, query, [(held, False)])
-        work = functools.partial(select_and_back_up, request=request, query=query)
-        self._read(work, functools.partial(_Selected, key))
+        self._ask(self._reader, Read, SelectAndBackUp(request, query), _Selected(key))
 
     def _on_selected(self, key: _Key, reply: Reply) -> None:
         job = self._jobs.get(key)
@@ -202,54 +202,32 @@ class StatePruneActor(ServerActor):
     def _next(self, key: _Key, job: _Job) -> None:
         assert job.selection is not None
         if job.pending:
-            work = functools.partial(
-                delete_prune_tree, tree=job.pending[-1], cutoff=job.selection.cutoff
-            )
-            self._transact(work, functools.partial(_Deleted, key))
+            unit = DeletePruneTree(job.pending[-1], job.selection.cutoff)
+            self._ask(self._database, Transact, unit, _Deleted(key))
             return
         progress = PruneProgress(
             job.selection, tuple(job.deleted), job.skipped, frozenset(job.digests)
         )
-        work = functools.partial(
-            record_prune, request=job.request, query=job.query, progress=progress
-        )
-        self._transact(work, functools.partial(_Recorded, key))
+        record = RecordPrune(job.request, job.query, progress)
+        self._ask(self._database, Transact, record, _Recorded(key))
 
     def _finish(self, key: _Key, answer: Mapping[str, Any]) -> None:
         job = self._jobs.pop(key, None)
         for held, retried in job.waiters if job is not None else []:
             held.respond(as_adopted(answer) if retried else answer)
 
-    def _read(self, work: Callable[[Any], Any], then: Callable[[Reply], Any]) -> None:
-        me = self.actor_ref
-        _tell_or_stop(
-            self._reader,
-            Read(work, lambda reply: tell_if_alive(me, then(reply)), "state.prune"),
-            me,
-            then,
-        )
-
-    def _transact(self, work: Callable[[Any], Any], then: Callable[[Reply], Any]) -> None:
-        me = self.actor_ref
-        _tell_or_stop(
-            self._database,
-            Transact(work, lambda reply: tell_if_alive(me, then(reply)), "state.prune"),
-            me,
-            then,
-        )
-
-
-def _tell_or_stop(
-    actor: pykka.ActorRef[Any],
-    message: Any,
-    me: pykka.ActorRef[Any],
-    then: Callable[[Reply], Any],
-) -> None:
-    """Hand the next step on; a stopped actor (the server stops) is the step's error."""
-    try:
-        actor.tell(message)
-    except pykka.ActorDeadError as exc:
-        tell_if_alive(me, then(Reply(error=exc)))
+    def _ask(
+        self,
+        actor: pykka.ActorRef[Any],
+        kind: type[Read] | type[Transact],
+        unit: object,
+        tag: object,
+    ) -> None:
+        """Hand the next step on; a stopped actor (the server stops) is the step's error."""
+        try:
+            actor.tell(kind(unit, self.actor_ref, tag))
+        except pykka.ActorDeadError as exc:
+            self.actor_ref.tell(Done(tag, Reply(error=exc)))
 
 
 def _answer_of(request: RequestMessage, reply: Reply) -> Mapping[str, Any]:
@@ -259,10 +237,6 @@ def _answer_of(request: RequestMessage, reply: Reply) -> Mapping[str, Any]:
         return failure_response(request, reply.error)
     answer: Mapping[str, Any] = reply.value
     return answer
-
-
-def _answer(held: Held, reply: Reply) -> None:
-    held.respond(_answer_of(held.request, reply))
 
 
 def _stopping(request: RequestMessage) -> dict[str, Any]:

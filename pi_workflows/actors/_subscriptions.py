@@ -27,18 +27,16 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Address, Done, Reply, ServerActor, answer
 from pi_workflows.actors._database import Committed
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._ticker import Tick
-from pi_workflows.domain import ViewGone, ViewSnapshot, ViewSpec
-from pi_workflows.storage import Database
+from pi_workflows.domain import ActiveEpochs, ReadView, ViewGone, ViewSnapshot, ViewSpec
 from pi_workflows.wire import Connection, offer_event_frames
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
@@ -54,7 +52,6 @@ __all__ = [
     "Subscribe",
     "SubscriptionActor",
     "Unsubscribe",
-    "ViewReader",
     "event_frame",
 ]
 
@@ -77,11 +74,6 @@ PATCH_KINDS: Final = {"run": "runPatch"}
 """View kinds that retain revisions and send patches, and their patch event kind."""
 
 
-ViewReader = Callable[[Database, ViewSpec, int], "ViewSnapshot | ViewGone | None"]
-"""Reads a view on the reader actor: its snapshot when its revision differs from the
-given one, None when unchanged (a revision lookup, not a rebuild), or `ViewGone`."""
-
-
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """Install a subscription and send its first event when the connection drains."""
@@ -93,8 +85,10 @@ class Subscribe:
     spec: ViewSpec
     revision: int | None = None
     """The view revision the client still holds (after a reconnect), if any."""
-    reply: Callable[[Reply], None] | None = field(default=None, repr=False)
-    """Receives True when installed, False when the connection holds too many already."""
+    reply_to: Address | None = None
+    """Told `Done(tag, Reply(True))` when installed, `Reply(False)` when the connection
+    holds too many already."""
+    tag: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +97,9 @@ class Unsubscribe:
 
     connection_id: str
     subscription_id: str
-    reply: Callable[[Reply], None]
-    """Receives True when a subscription was removed."""
+    reply_to: Address | None = None
+    """Told `Done(tag, Reply(True))` when a subscription was removed."""
+    tag: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +111,10 @@ class ConnectionClosed:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRead:
-    """The reader actor read one view."""
+    """Tag: the read of one view (its answer: a `ViewSnapshot`, None when unchanged, a
+    `ViewGone`, or an error)."""
 
     spec: ViewSpec
-    reply: Reply
-    """A `ViewSnapshot`, None when unchanged, a `ViewGone`, or an error."""
 
 
 class _HandOver:
@@ -173,7 +167,7 @@ class SubscriptionActor(ServerActor):
     """Owns: every live subscription, grouped by view, and the revision each client holds.
 
     Receives: `Subscribe`, `Unsubscribe`, `ConnectionClosed`, `Tick`, `Committed` (from
-        the database actor after a group commit that wrote), `SnapshotRead`.
+        the database actor after a group commit that wrote), `Done` (a `SnapshotRead`).
     Sends: `Read` to the reader actor (one per view, never one per subscriber); events
         to connections (non-blocking, one hand-over per delivery).
     Invariants: one read in flight per view; a subscriber is offered an event only when
@@ -190,12 +184,14 @@ class SubscriptionActor(ServerActor):
     def __init__(
         self,
         reader: pykka.ActorRef[Any],
-        read_view: ViewReader,
         on_actor_failure: ActorFailureHandler,
+        *,
+        epochs: ActiveEpochs | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._reader = reader
-        self._read_view = read_view
+        self._epochs = epochs
+        """The coordinator epochs, for a coordinator's session view (`ReadView`)."""
         self._views: dict[ViewSpec, _View] = {}
         self._where: dict[tuple[str, str], ViewSpec] = {}
         """Each subscription's view, by (connection ID, subscription ID)."""
@@ -214,8 +210,8 @@ class SubscriptionActor(ServerActor):
         match message:
             case Subscribe():
                 self._subscribe(message)
-            case Unsubscribe(connection_id=cid, subscription_id=sid, reply=reply):
-                reply(Reply(self._remove((cid, sid))))
+            case Unsubscribe(connection_id=cid, subscription_id=sid):
+                answer(message.reply_to, message.tag, Reply(self._remove((cid, sid))))
             case ConnectionClosed(connection_id=cid):
                 for key in [key for key in self._where if key[0] == cid]:
                     self._remove(key)
@@ -223,7 +219,7 @@ class SubscriptionActor(ServerActor):
                 # A commit refreshes at once; the tick covers a connection that drained.
                 for view in list(self._views.values()):
                     self._refresh(view)
-            case SnapshotRead(spec=spec, reply=reply):
+            case Done(tag=SnapshotRead(spec=spec), reply=reply):
                 self._deliver(spec, reply)
             case _:
                 raise TypeError(f"subscription actor got {type(message).__name__}")
@@ -249,8 +245,7 @@ class SubscriptionActor(ServerActor):
         key = (cid, message.subscription_id)
         held = sum(1 for known in self._where if known[0] == cid and known != key)
         if held >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
-            if message.reply is not None:
-                message.reply(Reply(False))
+            answer(message.reply_to, message.tag, Reply(False))
             return
         self._remove(key)
         spec = message.spec
@@ -262,8 +257,7 @@ class SubscriptionActor(ServerActor):
             member.revision = message.revision
         view.members[key] = member
         self._where[key] = spec
-        if message.reply is not None:
-            message.reply(Reply(True))
+        answer(message.reply_to, message.tag, Reply(True))
         if view.payload is not None:
             self._offer(view)  # a view already read: the newcomer need not wait for a read
         self._refresh(view)
@@ -296,17 +290,10 @@ class SubscriptionActor(ServerActor):
         if not any(_ready(member) for member in view.members.values()):
             self.snapshots_skipped_undrained += len(view.members)
             return
-        since, spec, read_view = view.revision, view.spec, self._read_view
-        me = self.actor_ref
         view.reading = True
         self.reads += 1
-        self._reader.tell(
-            Read(
-                lambda db: read_view(db, spec, since),
-                lambda reply: tell_if_alive(me, SnapshotRead(spec, reply)),
-                "subscription.read",
-            )
-        )
+        unit = ReadView(view.spec, view.revision, self._epochs)
+        self._reader.tell(Read(unit, self.actor_ref, SnapshotRead(view.spec)))
 
     def _deliver(self, spec: ViewSpec, reply: Reply) -> None:
         view = self._views.get(spec)

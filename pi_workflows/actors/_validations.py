@@ -5,8 +5,8 @@ candidate, a supervised validation child, settle only at the durable outcome) an
 client-protocol.md § Commands and uncertain results (the response stays open; a retry
 with the same identity waits for the same outcome, on the stored submission ID).
 
-The child's report travels on a private socketpair that the listener's loop reads (as
-a runner channel). The report is only a proposal: the submission settles when the
+The child's report travels on a private socketpair (`ChildChannels`, as a runner's
+channel). The report is only a proposal: the submission settles when the
 database actor commits it. If the child, or this server, dies first, the candidate is
 still `validating` in the database, so the next server validates it again (recovery
 step 9); a child that dies without a report rejects it here.
@@ -14,24 +14,20 @@ step 9); a child that dies without a report rejects it here.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import os
-import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import pykka
 
-from pi_workflows.actors._base import ActorFailureHandler, Reply, ServerActor, tell_if_alive
+from pi_workflows.actors._base import ActorFailureHandler, Done, Reply, ServerActor
 from pi_workflows.actors._database import Transact
-from pi_workflows.actors._process_supervisor import ChildExited, KillChild, Spawn
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._scheduler import Wake
 from pi_workflows.actors._ticker import Tick
@@ -39,18 +35,26 @@ from pi_workflows.domain import (
     ActiveEpochs,
     SessionAuthority,
     SettledSubmission,
+    SettleValidation,
+    SubmitInteraction,
     SubmitStep,
     ValidationJob,
+    ValidationsToResume,
     failure_response,
     held_answer,
     rejected,
-    settle_validation,
-    submit_interaction,
-    validations_to_resume,
 )
 from pi_workflows.engine.validate import VALIDATOR_FD_ENV
 from pi_workflows.storage import ensure_private_dir
-from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.supervision import (
+    ChannelListener,
+    ChildChannelClosed,
+    ChildChannels,
+    ChildExited,
+    ChildFrame,
+    ChildSpec,
+    FrameSink,
+)
 from pi_workflows.wire.framing import FrameError
 from pi_workflows.wire.protocol import RequestMessage
 
@@ -110,12 +114,6 @@ class Held(Protocol):
     def respond(self, answer: Mapping[str, Any]) -> None: ...
 
 
-class ChannelListener(Protocol):
-    def attach_channel_nowait(self, sock: socket.socket, handler: Any, name: str) -> None: ...
-
-    def end_channel_input_nowait(self, sock: socket.socket) -> bool: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ValidationsConfig:
     state_dir: Path
@@ -144,42 +142,21 @@ class ResumeValidations:
 
 @dataclass(frozen=True, slots=True)
 class _Submitted:
+    """Tag: a submission's unit of work."""
+
     held: Held
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
 class _Resumed:
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class _Spawned:
-    submission_id: str
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class _Report:
-    submission_id: str
-    report: dict[str, Any] = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class _ChannelEnded:
-    submission_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Exited:
-    submission_id: str
-    exited: ChildExited
+    """Tag: the read of candidates a dead server left `validating`."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Settled:
+    """Tag: a candidate's settlement."""
+
     submission_id: str
-    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,47 +166,26 @@ class _Waiter:
 
 
 @dataclass
-class _Child:
-    socket: socket.socket
+class _Candidate:
+    """One candidate being validated, and who waits for its outcome."""
+
+    job: ValidationJob
     deadline: float
-    identity: ProcessIdentity | None = None
     settling: bool = False
     timed_out: bool = False
     waiters: list[_Waiter] = field(default_factory=list)
 
 
-class ValidatorChannel:
-    """The listener's handler for one validation child (on the listener's loop)."""
-
-    def __init__(self, actor: pykka.ActorRef[Any], job: ValidationJob) -> None:
-        self._actor = actor
-        self._job = job
-
-    def on_message(self, channel: Any, message: dict[str, Any]) -> None:
-        kind = message.get("kind")
-        if kind == "validation.ready":
-            try:
-                channel.send(self._job.frame)
-            except FrameError:
-                channel.close()  # checked before the spawn; a reject follows the close
-        elif kind in _REPORTS:
-            tell_if_alive(self._actor, _Report(self._job.submission_id, message))
-        else:
-            channel.close()
-
-    def on_close(self, channel: Any) -> None:
-        tell_if_alive(self._actor, _ChannelEnded(self._job.submission_id))
-
-
 class ValidationsActor(ServerActor):
     """Owns: the held `interaction.submit` responses, by stored submission ID, and the
-    validation child of each candidate being validated (at most one per submission).
+    validation child of each candidate being validated (at most one per submission;
+    its channel is a `ChildChannels` of this actor's).
 
-    Receives: `Submit`, `ConnectionGone`, `ResumeValidations`, `Tick`, and its own
-        replies (database units, spawn, report, channel end, exit).
-    Sends: `Transact` (`submit_interaction`, `settle_validation`) to the database; `Read`
-        (`validations_to_resume`) to the reader; `Spawn` and `KillChild` to the process
-        supervisor; responses.
+    Receives: `Submit`, `ConnectionGone`, `ResumeValidations`, `Tick`, `ChildFrame`,
+        `ChildChannelClosed`, `ChildExited`, and `Done` (its units' and spawns' answers).
+    Sends: `Transact` (`SubmitInteraction`, `SettleValidation`) to the database; `Read`
+        (`ValidationsToResume`) to the reader; `Spawn`, `KillChild` to the process
+        supervisor (through its `ChildChannels`); responses.
     Invariants: a held response is answered only after its submission's outcome
         committed; a candidate settles once; a child that overruns is killed.
     On failure: reported to the server, which stops; candidates stay `validating` and
@@ -260,47 +216,45 @@ class ValidationsActor(ServerActor):
         self._reader = reader
         self._supervisor = supervisor
         self._listener = listener
-        self._children: dict[str, _Child] = {}
+        self._candidates: dict[str, _Candidate] = {}
+        self._children: ChildChannels | None = None
+        """Made in `on_start`, once this actor's own address exists."""
+
+    def on_start(self) -> None:
+        self._children = ChildChannels(self.actor_ref, self._supervisor, self._listener)
+
+    @property
+    def _channels(self) -> ChildChannels:
+        assert self._children is not None
+        return self._children
 
     def on_receive(self, message: Any) -> Any:
-        handler = self._routes.get(type(message))
-        if handler is None:
-            raise TypeError(f"validations actor got {type(message).__name__}")
-        handler(message)
+        match message:
+            case Submit(held=held):
+                self._submit(held)
+            case Done(tag=_Submitted(held=held), reply=reply):
+                self._on_submitted(held, reply)
+            case Done(tag=_Resumed(), reply=reply):
+                self._on_resumed(reply)
+            case Done(tag=_Settled(submission_id=sid), reply=reply):
+                self._on_settled(sid, reply)
+            case ChildFrame(key=sid, channel=channel, message=frame):
+                self._on_frame(sid, channel, frame)
+            case Done() | ChildExited() | ChildChannelClosed():
+                for event in self._channels.handle(message):
+                    if isinstance(event, ChildChannelClosed):
+                        self._on_channel_ended(event.key)
+            case ConnectionGone(connection_id=connection_id):
+                self._forget_connection(connection_id)
+            case ResumeValidations():
+                self._reader.tell(
+                    Read(ValidationsToResume(self._config.agent_dir), self.actor_ref, _Resumed())
+                )
+            case Tick():
+                self._kill_overdue()
+            case _:
+                raise TypeError(f"validations actor got {type(message).__name__}")
         return None
-
-    @functools.cached_property
-    def _routes(self) -> dict[type, Callable[[Any], None]]:
-        """One entry per message type: the messages this actor receives."""
-        return {
-            Submit: lambda m: self._submit(m.held),
-            _Submitted: lambda m: self._on_submitted(m.held, m.reply),
-            ConnectionGone: lambda m: self._forget_connection(m.connection_id),
-            ResumeValidations: lambda m: self._resume(),
-            _Resumed: lambda m: self._on_resumed(m.reply),
-            _Spawned: lambda m: self._on_spawned(m.submission_id, m.reply),
-            _Report: lambda m: self._settle(m.submission_id, m.report, ""),
-            _ChannelEnded: lambda m: self._on_channel_ended(m.submission_id),
-            _Exited: lambda m: self._on_exited(m.submission_id),
-            _Settled: lambda m: self._on_settled(m.submission_id, m.reply),
-            Tick: lambda m: self._kill_overdue(),
-        }
-
-    def _submit(self, held: Held) -> None:
-        work = functools.partial(
-            submit_interaction,
-            request=held.request,
-            agent_dir=self._config.agent_dir,
-            authority=SessionAuthority(held.connection_id, self._epochs),
-        )
-        self._transact(work, functools.partial(_Submitted, held), "interaction.submit")
-
-    def _resume(self) -> None:
-        me = self.actor_ref
-        work = functools.partial(validations_to_resume, agent_dir=self._config.agent_dir)
-        self._reader.tell(
-            Read(work, lambda reply: tell_if_alive(me, _Resumed(reply)), "interaction.resume")
-        )
 
     def _on_resumed(self, reply: Reply) -> None:
         if reply.error is not None:
@@ -319,9 +273,10 @@ class ValidationsActor(ServerActor):
             )
 
     def on_stop(self) -> None:
-        """The server stops: held requests are released (a retry adopts the outcome)."""
-        for child in self._children.values():
-            for waiter in child.waiters:
+        """The server stops: held requests are released (a retry adopts the outcome), and
+        every validation channel ends (the supervisor kills what still runs)."""
+        for candidate in self._candidates.values():
+            for waiter in candidate.waiters:
                 waiter.held.respond(
                     rejected(
                         waiter.held.request,
@@ -330,17 +285,18 @@ class ValidationsActor(ServerActor):
                         "the server is stopping",
                     )
                 )
-            child.waiters.clear()
+            candidate.waiters.clear()
+        self._channels.close()
 
     # --- submissions -----------------------------------------------------------------------
 
-    def _transact(self, work: Any, then: Any, label: str) -> None:
-        me = self.actor_ref
-        self._database.tell(
-            Transact(
-                work, lambda reply: tell_if_alive(me, then(reply)), label, hold_when_full=False
-            )
+    def _submit(self, held: Held) -> None:
+        unit = SubmitInteraction(
+            held.request,
+            self._config.agent_dir,
+            SessionAuthority(held.connection_id, self._epochs),
         )
+        self._database.tell(Transact(unit, self.actor_ref, _Submitted(held)))
 
     def _on_submitted(self, held: Held, reply: Reply) -> None:
         if reply.error is not None:
@@ -353,17 +309,19 @@ class ValidationsActor(ServerActor):
         assert step.wait_for is not None
         if step.job is not None:
             self._start(step.job)
-        child = self._children.get(step.wait_for)
-        assert child is not None  # a waited-on candidate always comes with its job
+        candidate = self._candidates.get(step.wait_for)
+        assert candidate is not None  # a waited-on candidate always comes with its job
         if held.closed:  # it hung up meanwhile: release it, the child goes on
             self._release(held)
             return
-        child.waiters.append(_Waiter(held, step.adopted))
+        candidate.waiters.append(_Waiter(held, step.adopted))
 
     def _forget_connection(self, connection_id: str) -> None:
-        for child in self._children.values():
-            gone = [w for w in child.waiters if w.held.connection_id == connection_id]
-            child.waiters = [w for w in child.waiters if w.held.connection_id != connection_id]
+        for candidate in self._candidates.values():
+            gone = [w for w in candidate.waiters if w.held.connection_id == connection_id]
+            candidate.waiters = [
+                w for w in candidate.waiters if w.held.connection_id != connection_id
+            ]
             for waiter in gone:
                 self._release(waiter.held)
 
@@ -376,60 +334,46 @@ class ValidationsActor(ServerActor):
 
     def _start(self, job: ValidationJob) -> None:
         sid = job.submission_id
-        if sid in self._children:
+        if sid in self._candidates:
             return  # one child per candidate
         config = self._config
-        server_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        me = self.actor_ref
-        self._listener.attach_channel_nowait(server_end, ValidatorChannel(me, job), "validator")
-        self._children[sid] = _Child(server_end, time.monotonic() + config.timeout_s)
-        env = dict(os.environ)
-        env[VALIDATOR_FD_ENV] = str(child_end.fileno())
+        self._candidates[sid] = _Candidate(job, time.monotonic() + config.timeout_s)
         logs = config.state_dir / "logs" / "validators"
         ensure_private_dir(logs)
         project = Path(job.frame.get("projectPath") or config.state_dir)
-        self._supervisor.tell(
-            Spawn(
+        self._channels.start(
+            ChildSpec(
+                sid,
                 [sys.executable, "-m", VALIDATOR_MODULE],
-                env,
-                lambda reply: tell_if_alive(me, _Spawned(sid, reply)),
-                lambda exited: tell_if_alive(me, _Exited(sid, exited)),
+                dict(os.environ),
+                VALIDATOR_FD_ENV,
                 cwd=project if project.is_dir() else config.state_dir,
                 log_path=logs / f"validator-{uuid.uuid4().hex[:16]}.log",
-                pass_fds=(child_end.detach(),),
                 preloaded=VALIDATOR_MODULE,
-                fd_env=VALIDATOR_FD_ENV,
+                name="validator",
             )
         )
 
-    def _on_spawned(self, sid: str, reply: Reply) -> None:
-        child = self._children.get(sid)
-        if child is None:
+    def _on_frame(self, sid: str, channel: FrameSink, frame: Mapping[str, Any]) -> None:
+        candidate = self._candidates.get(sid)
+        if candidate is None or candidate.settling:
             return
-        if reply.error is not None:
-            log.error("validation child not started", extra={"action": "validation.spawn_failed"})
-            self._end_input(child)
-            return
-        child.identity = reply.value
-
-    def _end_input(self, child: _Child) -> None:
-        """Make the channel end after what the child wrote (its end of file follows)."""
-        if not self._listener.end_channel_input_nowait(child.socket):
-            with contextlib.suppress(OSError):
-                child.socket.close()
-
-    def _on_exited(self, sid: str) -> None:
-        child = self._children.get(sid)
-        if child is not None:
-            # Every frame it wrote is still read; then the channel ends, even if a
-            # descendant holds the child's end.
-            self._end_input(child)
+        kind = frame.get("kind")
+        if kind == "validation.ready":
+            try:
+                channel.send(candidate.job.frame)
+            except FrameError:
+                channel.close()  # checked before the spawn; a reject follows the close
+        elif kind in _REPORTS:
+            self._settle(sid, frame, "")
+        else:
+            channel.close()
 
     def _on_channel_ended(self, sid: str) -> None:
-        child = self._children.get(sid)
-        if child is None or child.settling:
+        candidate = self._candidates.get(sid)
+        if candidate is None or candidate.settling:
             return
-        if child.timed_out:
+        if candidate.timed_out:
             reason = (
                 f"validating the output took longer than {self._config.timeout_s:g} s; submit again"
             )
@@ -439,23 +383,22 @@ class ValidationsActor(ServerActor):
             )
         self._settle(sid, None, reason)
 
-    def _settle(self, sid: str, report: dict[str, Any] | None, reason: str) -> None:
-        child = self._children.get(sid)
-        if child is None or child.settling:
+    def _settle(self, sid: str, report: Mapping[str, Any] | None, reason: str) -> None:
+        candidate = self._candidates.get(sid)
+        if candidate is None or candidate.settling:
             return
-        child.settling = True
-        if child.identity is not None:
-            self._supervisor.tell(KillChild(child.identity))  # nothing it started lingers
-        work = functools.partial(settle_validation, submission_id=sid, report=report, reason=reason)
-        self._transact(work, functools.partial(_Settled, sid), "interaction.settle")
+        candidate.settling = True
+        self._channels.kill(sid)  # nothing it started lingers
+        unit = SettleValidation(sid, report, reason)
+        self._database.tell(Transact(unit, self.actor_ref, _Settled(sid)))
 
     def _on_settled(self, sid: str, reply: Reply) -> None:
-        child = self._children.pop(sid, None)
+        candidate = self._candidates.pop(sid, None)
         if reply.error is None and reply.value.requeued and self._scheduler is not None:
             self._scheduler.tell(Wake())  # the accepted step's run is admissible again
-        if child is None:
+        if candidate is None:
             return
-        for waiter in child.waiters:
+        for waiter in candidate.waiters:
             if reply.error is not None:
                 waiter.held.respond(failure_response(waiter.held.request, reply.error))
                 continue
@@ -473,11 +416,8 @@ class ValidationsActor(ServerActor):
 
     def _kill_overdue(self) -> None:
         now = time.monotonic()
-        for child in self._children.values():
-            if child.settling or child.timed_out or now < child.deadline:
+        for sid, candidate in self._candidates.items():
+            if candidate.settling or candidate.timed_out or now < candidate.deadline:
                 continue
-            child.timed_out = True
-            if child.identity is not None:
-                self._supervisor.tell(KillChild(child.identity))
-            else:
-                self._end_input(child)
+            candidate.timed_out = True
+            self._channels.kill(sid)

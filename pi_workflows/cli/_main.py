@@ -32,8 +32,9 @@ from pi_workflows.cli._backup import (
     LiveDatabaseError,
     verify_inactive_backup,
 )
-from pi_workflows.engine import MEMORY_ENV, PI_BINARY_ENV, PROCESSES_ENV, discover
+from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.pi import PI_BINARY_ENV
 from pi_workflows.server import (
     DEFAULT_DRAIN_S,
     DEFAULT_IDLE_EXIT_S,
@@ -179,6 +180,8 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "paused, parked, ambiguous), there is no such run, or the server refused",
     ("run watch", EXIT_UNAVAILABLE): "no server could be reached or started, it runs "
     "another version, or it stayed unreachable past --reconnect-timeout",
+    ("channel reload", EXIT_FAILED): "the server refused the request, or refused "
+    "channels.json (readable by others, or not valid): no profile is served",
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", EXIT_USAGE): "always: the viewer is not built yet",
@@ -811,74 +814,6 @@ def _echo_ambiguous_effects(receipt: dict[str, Any]) -> None:
     )
 
 
-@run.command("recover")
-@click.argument("run_id")
-@click.argument("action", type=click.Choice(["confirm", "retry"]))
-@click.option(
-    "--result-json",
-    default=None,
-    help="confirm only: the effect's result as JSON (default null); the run continues with it.",
-)
-@click.option(
-    "--effect", "effect_id", default=None, help="The effect ID, when several are ambiguous."
-)
-@json_option
-@click.pass_context
-@_client_errors
-def run_recover(
-    ctx: click.Context,
-    *,
-    run_id: str,
-    action: str,
-    result_json: str | None,
-    effect_id: str | None,
-    as_json: bool,
-) -> None:
-    """Recover a run parked on an ambiguous effect, after inspecting the external system.
-
-    `confirm` records that the external work happened: the effect becomes applied
-    (with --result-json, default null) and the run continues without running it again.
-    `retry` applies the effect once more in a new attempt; a duplicate is possible.
-    Both are recorded in the run's history with this client's identity.
-
-    Example: pi-workflows run recover run-0123abcd confirm --result-json '{"id": 7}'
-    """
-    payload: dict[str, Any] = {"action": action}
-    if result_json is not None:
-        if action == "retry":
-            _fail("--result-json is for confirm; a retry produces its own result", EXIT_USAGE)
-        try:
-            payload["result"] = json.loads(result_json)
-        except json.JSONDecodeError:
-            _fail(
-                "--result-json is not valid JSON; pass a value such as '{\"id\": 7}' or null",
-                EXIT_USAGE,
-            )
-    if effect_id is not None:
-        payload["effectId"] = effect_id
-    with _client(ctx) as client:
-        answer = client.call("run.recover", payload, run_id=run_id)
-    receipt = answer["receipt"]
-    if action == "retry":
-        click.echo(f"warning: {receipt.get('warning', RETRY_WARNING_TEXT)}", err=True)
-    if as_json:
-        _print_json(receipt)
-        return
-    effect = receipt["effect"]
-    suffix = " (already done)" if answer["outcome"] == "adopted" else ""
-    what = f"effect {effect['effectType']} at node {effect['nodePath']}"
-    if action == "confirm":
-        click.echo(f"confirmed: {what} recorded as applied; run {run_id} continues{suffix}")
-    else:
-        click.echo(
-            f"retry: {what} runs again as attempt {receipt['nextAttemptNumber']}; "
-            f"run {run_id} continues{suffix}"
-        )
-
-
-RETRY_WARNING_TEXT = "the effect is applied once more; a duplicate is possible"
-
-
 def _control_command(operation: str, verb: str) -> None:
     @run.command(
         verb, help=f"{verb.capitalize()} a run.\n\nExample: pi-workflows run {verb} RUN_ID"
@@ -1074,13 +1009,15 @@ def piw_main(run_id: str | None) -> None:
 # Commands in their own modules register on the groups above when imported:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
 # `run watch` (_run_watch), `state prune` (_state_prune), `decision list|answer`
-# (_decision), `channel` (_channel), `completion`; then every
+# (_decision), `channel` (_channel), `run recover` and `channel recover` (_recover),
+# `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _channel,
     _completion,
     _decision,
     _pi_extension,
+    _recover,
     _run_list,
     _run_show,
     _run_watch,

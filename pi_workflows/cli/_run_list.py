@@ -29,6 +29,7 @@ from pi_workflows.cli._main import (
     json_option,
     run,
 )
+from pi_workflows.cli._palette import styled
 from pi_workflows.domain import DISPLAY_STATUSES
 from pi_workflows.wire.client import WorkflowClient
 
@@ -41,17 +42,6 @@ FOLLOW_EXIT_GRACE_S = 10.0
 """After the run settles, how long `--follow` waits for its runner epoch to exit."""
 _RELATIVE = re.compile(r"^(\d{1,9})([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_STATUS_STYLE = {
-    "queued": "cyan",
-    "running": "bold blue",
-    "waiting": "yellow",
-    "paused": "yellow",
-    "completed": "green",
-    "failed": "bold red",
-    "timed_out": "red",
-    "cancelled": "dim",
-    "ambiguous": "bold magenta",
-}
 SINCE_HELP = (
     "Only runs created at or after this time: ISO-8601 (2026-12-01T09:00, local time "
     "unless it names a zone, e.g. Z or +02:00) or a duration ago (30s, 30m, 1h, 2d, 1w)."
@@ -167,7 +157,7 @@ def _list_table(items: list[Mapping[str, Any]]) -> None:
         status = item["display"]["status"]
         table.add_row(
             item["runId"],
-            f"[{_STATUS_STYLE.get(status, '')}]{status}[/]",
+            styled(status),
             item["workflow"],
             _when(item["createdAt"]),
             _reason(item),

@@ -34,6 +34,7 @@ from pi_workflows.cli._main import (
     json_option,
     run,
 )
+from pi_workflows.cli._palette import STATUS_STYLES, styled
 from pi_workflows.wire.hydrate import ContentVerificationError, RunChangingError
 
 __all__ = ["HEAD_CHARS", "plain_lines", "run_show", "show_rich"]
@@ -41,19 +42,6 @@ __all__ = ["HEAD_CHARS", "plain_lines", "run_show", "show_rich"]
 HEAD_CHARS = 4000
 """How much of one long value (output, error, traceback, reason) is printed without
 --full; the rest is counted in a note."""
-
-_STYLES = {
-    "completed": "green",
-    "running": "cyan",
-    "waiting": "yellow",
-    "queued": "blue",
-    "paused": "yellow",
-    "failed": "red",
-    "timed_out": "red",
-    "cancelled": "magenta",
-    "ambiguous": "bold red",
-    "interrupted": "magenta",
-}
 
 
 @run.command("show")
@@ -249,29 +237,25 @@ def plain_lines(view: dict[str, Any], *, full: bool = False) -> Iterator[str]:
 # --- rich ------------------------------------------------------------------------------
 
 
-def _styled(status: str) -> Text:
-    return Text(status, style=_STYLES.get(status, ""))
-
-
 def show_rich(view: dict[str, Any], console: Console | None = None, *, full: bool = False) -> None:
     """The terminal form: colour and tables (rich)."""
     console = console or Console()
     title = f" ({view['title']})" if view.get("title") else ""
     heading = Text(f"run {view['runId']}  ")
-    heading.append_text(_styled(view["display"]["status"]))
+    heading.append_text(styled(view["display"]["status"]))
     heading.append(f"  {view['workflow']}{title}")
     console.print(heading)
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(overflow="fold")
     for label, text in _summary(view, full):
-        summary.add_row(label, _styled(text) if label == "status" else Text(text))
+        summary.add_row(label, styled(text) if label == "status" else Text(text))
     console.print(summary)
     for effect in view.get("ambiguousEffects", []):
         console.print(
             Text(
                 f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']}",
-                style="bold red",
+                style=STATUS_STYLES["ambiguous"],
             )
         )
     trace = view["trace"]
@@ -285,7 +269,7 @@ def show_rich(view: dict[str, Any], console: Console | None = None, *, full: boo
             item["node"],
             item["kind"],
             f"{item['visit']}/{item['attempt']}",
-            _styled(item["outcome"]),
+            styled(item["outcome"]),
             _when(item["startedAt"]),
             _took(item.get("startedAt"), item.get("finishedAt")),
             Text(details),

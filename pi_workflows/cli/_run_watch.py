@@ -37,6 +37,7 @@ from pi_workflows.cli._main import (
     json_option,
     run,
 )
+from pi_workflows.cli._palette import styled
 from pi_workflows.wire.live import (
     DEFAULT_RECONNECT_TIMEOUT_S,
     LiveViews,
@@ -60,17 +61,6 @@ RESTART_WORDS = (
     "attempts) and subscribes again, for at most --reconnect-timeout seconds of outage; "
     "it never starts a server after losing one."
 )
-_STYLES = {
-    "completed": "green",
-    "running": "cyan",
-    "waiting": "yellow",
-    "queued": "blue",
-    "paused": "yellow",
-    "failed": "red",
-    "timed_out": "red",
-    "cancelled": "magenta",
-    "ambiguous": "bold red",
-}
 WATCH_ATTEMPTS_SHOWN = 10
 """The newest attempts the live display lists."""
 
@@ -259,15 +249,11 @@ def _watch_plain(live: LiveViews, run_id: str, timeout: float | None) -> RunView
 # --- rich live display ----------------------------------------------------------------
 
 
-def _styled(status: str) -> Text:
-    return Text(status, style=_STYLES.get(status, ""))
-
-
 def watch_renderable(view: RunView, reconnects: int = 0) -> Group:
     """The live display of one view: heading, facts and the newest attempts."""
     display = view["display"]
     heading = Text(f"run {view['runId']}  ")
-    heading.append_text(_styled(display["status"]))
+    heading.append_text(styled(display["status"]))
     heading.append(f"  {view['workflow']}  revision {view['revision']}")
     facts = Table(show_header=False, box=None, pad_edge=False)
     facts.add_column(style="bold")
@@ -294,7 +280,7 @@ def watch_renderable(view: RunView, reconnects: int = 0) -> Group:
         table.add_row(
             item["node"],
             f"{item['visit']}/{item['attempt']}",
-            _styled(item["outcome"]),
+            styled(item["outcome"]),
             _when(item["startedAt"]),
             _when(item.get("finishedAt")),
         )

@@ -36,6 +36,7 @@ from pi_workflows.storage import (
     delivered_decisions,
     interrupt_channel_attempts,
     pending_protected_decisions,
+    protected_decision_row,
     read_json_blob,
     read_protected_decision,
     reserve_channel_attempt,
@@ -392,25 +393,9 @@ def _pending_decision(tx: Tx, decision_id: str) -> DecisionView | None:
     return None if found is None else _view(found)
 
 
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    decision_id: str
-    run_id: str
-    node_path: str
-    workflow_name: str
-    request_hash: str
-
-
-_SELECT_STORED = """
-SELECT d.decision_id, d.run_id, d.node_path, r.workflow_name, d.request_hash
-FROM human_decisions AS d JOIN runs AS r ON r.run_id = d.run_id
-WHERE d.decision_id = :d AND d.audience <> 'checkpoint'
-"""
-
-
 def _decision_view(tx: Tx, decision_id: str) -> DecisionView | None:
     """A protected decision's presentation in any state (a late press still resolves)."""
-    found = tx.fetch_one(_SELECT_STORED, {"d": decision_id}, _Stored)
+    found = protected_decision_row(tx, decision_id)
     if found is None:
         return None
     presentation = read_json_blob(tx, found.request_hash)

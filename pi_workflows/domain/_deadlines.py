@@ -20,7 +20,7 @@ The timeout-resume child is the next runner the scheduler launches through the p
 supervisor: its state names the attempt `timed_out`, so it follows a `$result.outcome`
 edge for `timed_out`, or ends the run `timed_out` (terminal: the session reservation is
 released in that transaction). This is the same vocabulary and the same runner rule as a
-headless node that overran its deadline (`server/_runner_exits.py`).
+headless node that overran its deadline (`domain/_runner_exits.py`).
 
 A protected decision with `on_timeout` (workflow-server.md § Interactive Pi execution:
 "When a protected decision reaches its saved onTimeout deadline ..."): one transaction
@@ -37,7 +37,6 @@ import logging
 from typing import Final
 
 from pi_workflows.storage import (
-    UPDATE_ATTEMPT_FINISH,
     ClaimHeldError,
     ClaimLostError,
     Database,
@@ -46,6 +45,8 @@ from pi_workflows.storage import (
     OwnerType,
     Tx,
     acquire_claim,
+    cancel_step_messages,
+    close_attempt,
     due_decisions,
     due_requests,
     next_decision_due,
@@ -53,6 +54,7 @@ from pi_workflows.storage import (
     protected_write,
     requeue_run,
     time_out_protected_decision,
+    time_out_request,
 )
 from pi_workflows.storage import suspend_session_time as _suspend_session
 
@@ -129,29 +131,9 @@ def _expire(tx: Tx, due: DueRequest, owner_id: str) -> bool:
     )
 
     def close(tx: Tx) -> None:
-        tx.execute(
-            UPDATE_ATTEMPT_FINISH,
-            {
-                "attempt_id": due.attempt_id,
-                "status": "timed_out",
-                "output_hash": None,
-                "error": TIMED_OUT_ERROR,
-                "next_node_path": None,
-                "now": tx.now,
-            },
-        )
-        tx.execute(
-            "UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, "
-            "updated_at = :now, active_ms = active_ms + "
-            "CASE WHEN active_since IS NULL THEN 0 ELSE max(0, :now - active_since) END, "
-            "active_since = NULL WHERE request_id = :q AND status = 'pending'",
-            {"q": due.request_id, "now": tx.now},
-        )
-        tx.execute(
-            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
-            "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
-            {"q": due.request_id, "now": tx.now},
-        )
+        close_attempt(tx, due.attempt_id, status="timed_out", error=TIMED_OUT_ERROR)
+        time_out_request(tx, due.request_id)
+        cancel_step_messages(tx, due.request_id)
 
     protected_write(
         tx,

@@ -13,7 +13,6 @@ decision's own fence: the same answer is `adopted`, another is a `conflict`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Final
 
 from pi_workflows.domain._operations import rejected, response, stored_answer
@@ -26,7 +25,9 @@ from pi_workflows.storage import (
     answer_protected_decision,
     lookup_receipt,
     pending_protected_decisions,
+    protected_decision_row,
     record_receipt,
+    run_protected_decision,
 )
 from pi_workflows.wire.protocol import RequestMessage
 
@@ -45,21 +46,6 @@ _REFUSALS: Final = {
     "answeredDifferently": ("conflict", "decisionAnswered"),
     "keyReused": ("conflict", "idempotencyConflict"),
 }
-
-_RUN_DECISION = """
-SELECT decision_id FROM human_decisions
-WHERE run_id = :r AND audience != 'checkpoint'
-ORDER BY (status = 'pending') DESC, created_at DESC, rowid DESC LIMIT 1
-"""
-_DECISION_RUN = """
-SELECT run_id, revision FROM human_decisions WHERE decision_id = :d AND audience != 'checkpoint'
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class _Owner:
-    run_id: str
-    revision: int
 
 
 def answer_decision_command(db: Database, request: RequestMessage) -> dict[str, Any]:
@@ -92,8 +78,8 @@ def answer_decision_command(db: Database, request: RequestMessage) -> dict[str, 
         stored = stored_answer(request, lookup_receipt(tx, command))
         if stored is not None:
             return stored
-        decision_id = payload.get("decisionId") or tx.fetch_value(_RUN_DECISION, {"r": run_id})
-        found = tx.fetch_one(_DECISION_RUN, {"d": decision_id}, _Owner) if decision_id else None
+        decision_id = payload.get("decisionId") or run_protected_decision(tx, run_id)
+        found = protected_decision_row(tx, decision_id) if decision_id else None
         if found is None or found.run_id != run_id:
             return rejected(
                 request, "notFound", "decisionNotFound", "the run has no such protected decision"

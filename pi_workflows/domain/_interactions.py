@@ -54,15 +54,19 @@ from pi_workflows.storage import (
     binding_refusal,
     chain_leaf,
     decision_audience,
+    get_attempt,
     get_run,
+    interactive_origin_session,
     lookup_receipt,
     read_json_blob,
     read_request,
     record_interaction_event,
     record_receipt,
     record_submission,
+    run_paused,
     settle_submission,
     submission_receipt,
+    submission_run_status,
     validating_submissions,
 )
 from pi_workflows.wire.canonical import dumps
@@ -280,11 +284,7 @@ def _job(tx: Tx, row: SubmissionRow, agent_dir: Path) -> ValidationJob:
     assert request is not None
     run = get_run(tx, request.run_id)
     assert run is not None
-    attempt = tx.fetch_one(
-        "SELECT node_path, visit FROM node_attempts WHERE attempt_id = :a",
-        {"a": request.attempt_id},
-        _Attempt,
-    )
+    attempt = get_attempt(tx, request.attempt_id)
     assert attempt is not None
     state, _ = launch_state(tx, request.run_id)
     frame = {
@@ -302,12 +302,6 @@ def _job(tx: Tx, row: SubmissionRow, agent_dir: Path) -> ValidationJob:
         "value": read_json_blob(tx, row.payload_hash),
     }
     return ValidationJob(row.submission_id, frame)
-
-
-@dataclass(frozen=True, slots=True)
-class _Attempt:
-    node_path: str
-    visit: int
 
 
 def settle_validation(
@@ -329,25 +323,15 @@ def settle_validation(
     if not accepted and error is None:
         error = {"code": SUBMISSION_REJECTED, "message": reason[:MAX_REJECTION_CHARS]}
     with db.write() as tx:
-        before = _run_status(tx, submission_id)
+        before = submission_run_status(tx, submission_id)
         if accepted and has_value:
             row = settle_submission(tx, submission_id=submission_id, accepted=True, value=value)
         else:
             row = settle_submission(tx, submission_id=submission_id, accepted=accepted, error=error)
         receipt = submission_receipt(tx, row)
         assert receipt is not None
-        requeued = before == "waiting" and _run_status(tx, submission_id) == "queued"
+        requeued = before == "waiting" and submission_run_status(tx, submission_id) == "queued"
     return SettledSubmission(submission_id, receipt, requeued)
-
-
-def _run_status(tx: Tx, submission_id: str) -> str | None:
-    value = tx.fetch_value(
-        "SELECT r.status FROM interactive_submissions s "
-        "JOIN interactive_requests q ON q.request_id = s.request_id "
-        "JOIN runs r ON r.run_id = q.run_id WHERE s.submission_id = :s",
-        {"s": submission_id},
-    )
-    return None if value is None else str(value)
 
 
 def validations_to_resume(db: Database, agent_dir: Path) -> list[ValidationJob]:
@@ -464,11 +448,7 @@ def answer_from_session(
             "payloadInvalid",
             "an origin-session answer names its runId, sessionId and coordinatorEpoch",
         )
-    bound = db.fetch_value(
-        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
-        "AND execution_mode = 'interactive'",
-        {"r": run_id},
-    )
+    bound = interactive_origin_session(db, run_id)
     if get_run(db, run_id) is None:
         return rejected(request, "notFound", "runNotFound", "no such run")
     if bound != session:
@@ -490,12 +470,10 @@ def answer_from_session(
 def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[str, str] | None:
     if status != "pending":
         return "claimLost", f"the request is {status}"
-    attempt = tx.fetch_value(
-        "SELECT status FROM node_attempts WHERE attempt_id = :a", {"a": attempt_id}
-    )
-    if attempt not in ("running", "waiting"):
+    attempt = get_attempt(tx, attempt_id)
+    if attempt is None or attempt.status not in ("running", "waiting"):
         return "claimLost", "the request's attempt is no longer running"
-    if tx.fetch_value("SELECT paused FROM runs WHERE run_id = :r", {"r": run_id}):
+    if run_paused(tx, run_id):
         return "rejected", "the run is paused"
     return None
 
@@ -503,6 +481,8 @@ def _update_refusal(tx: Tx, run_id: str, status: str, attempt_id: str) -> tuple[
 # --- followUp.add ----------------------------------------------------------------------
 
 EVENT_FOLLOW_UP_ADDED = "follow_up_added"
+_NOT_COMPLETED = frozenset({"failed", "timed_out", "cancelled"})
+"""The terminal statuses after which a follow-up is never delivered."""
 
 
 def add_follow_up_command(db: Database, request: RequestMessage) -> dict[str, Any]:
@@ -537,11 +517,7 @@ def add_follow_up_command(db: Database, request: RequestMessage) -> dict[str, An
             return stored
         if get_run(tx, run_id) is None:
             return rejected(request, "notFound", "runNotFound", "no such run")
-        session = tx.fetch_value(
-            "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
-            "AND execution_mode = 'interactive'",
-            {"r": run_id},
-        )
+        session = interactive_origin_session(tx, run_id)
         if session is None:
             return rejected(
                 request,
@@ -549,11 +525,8 @@ def add_follow_up_command(db: Database, request: RequestMessage) -> dict[str, An
                 "noOriginSession",
                 "a follow-up goes to the run's origin Pi session; a headless run has none",
             )
-        ended = tx.fetch_value(
-            "SELECT status FROM runs WHERE run_id = :r AND status IN "
-            "('failed', 'timed_out', 'cancelled')",
-            {"r": chain_leaf(tx, run_id)},
-        )
+        last = get_run(tx, chain_leaf(tx, run_id))
+        ended = last.status if last is not None and last.status in _NOT_COMPLETED else None
         if ended is not None:
             return rejected(
                 request,

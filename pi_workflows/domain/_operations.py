@@ -30,7 +30,6 @@ from pi_workflows.domain._view_pages import run_page
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
     DISK_FULL_MESSAGE,
-    SELECT_SESSION_RESERVATION,
     AnswerInvalidError,
     Claim,
     ClaimHeldError,
@@ -56,6 +55,7 @@ from pi_workflows.storage import (
     get_run,
     get_run_summary,
     get_server_lease,
+    interactive_origin_session,
     is_disk_full,
     lookup_receipt,
     pause_run,
@@ -66,6 +66,7 @@ from pi_workflows.storage import (
     recover_ambiguous_effect,
     resume_run,
     run_list_revision,
+    session_reservation,
     state_counts,
     state_size,
     status_counts,
@@ -660,7 +661,7 @@ def start_run(
 
 def _require_free_session(tx: Tx, session_id: str | None) -> None:
     """An interactive run reserves its origin session: one unfinished run per session."""
-    if tx.fetch_value(SELECT_SESSION_RESERVATION, {"origin_session_id": session_id}):
+    if session_reservation(tx, session_id):
         raise OperationError(
             "rejected",
             "sessionReserved",
@@ -682,11 +683,7 @@ def _restart(
                 "rejected", "runNotTerminal", "only a finished run restarts; cancel it first"
             )
         # A restart runs where the run ran: an interactive run's in its origin session.
-        session = tx.fetch_value(
-            "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
-            "AND execution_mode = 'interactive'",
-            {"r": old_id},
-        )
+        session = interactive_origin_session(tx, old_id)
         if session is not None:
             _require_free_session(tx, session)
         run_id = f"run-{uuid.uuid4().hex}"
@@ -753,26 +750,54 @@ def recover_action(payload: Mapping[str, Any]) -> Literal["confirm", "retry"]:
     )
 
 
-RETRY_WARNING = (
-    "the effect is applied once more; if its first attempt did take effect, "
-    "the external system may now see it twice"
-)
+@dataclass(frozen=True, slots=True)
+class RecoverRequest:
+    """One checked recover command, as the effect's recovery function receives it."""
+
+    run_id: str
+    action: Literal["confirm", "retry"]
+    actor: str
+    """The client ID the `effect_recovered` event names."""
+    effect_id: str | None
+    payload: Mapping[str, Any]
+    expected_revision: int | None
 
 
-def _recover(
-    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
-) -> dict[str, Any]:
-    """`run.recover`: the operator's reviewed recovery of a run's ambiguous effect.
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a recovery function did, for the receipt."""
 
-    `confirm` records that the external work happened (optional `result`) and settles
-    the effect `applied`; `retry` opens the effect for one more numbered attempt. Either
-    way the run is queued again and continues; the event names the client.
+    revision: int
+    fields: dict[str, Any]
+    """The receipt's fields after `runId`, `operation` and `action` (the effect, ...)."""
+    next_attempt_number: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverTarget:
+    """What differs between the recover commands: which effect is recovered."""
+
+    confirm_only: str
+    """The payload field only a `confirm` takes (`result`, `messageIds`)."""
+    confirm_only_code: str
+    confirm_only_words: str
+    retry_warning: str
+    recover: Callable[[Tx, RecoverRequest], Recovered]
+    """Recover the effect in the command's transaction; raises `EffectRecoveryError`."""
+
+
+def recover_effect(db: Database, request: RequestMessage, target: RecoverTarget) -> dict[str, Any]:
+    """A recover command (`run.recover`, `channel.recover`): receipt lookup, recovery and
+    receipt in one transaction; the event names the client.
+
+    `confirm` records that the external work happened and settles the effect
+    `applied`; `retry` opens it for one more numbered attempt (a duplicate is possible).
     """
     run_id = _run_id(request)
     payload = request["payload"]
     action = recover_action(payload)
-    if action == "retry" and "result" in payload:
-        raise OperationError("rejected", "resultNotAllowed", "a retry takes no result")
+    if action == "retry" and target.confirm_only in payload:
+        raise OperationError("rejected", target.confirm_only_code, target.confirm_only_words)
     effect_id = payload.get("effectId")
     if effect_id is not None and not isinstance(effect_id, str):
         raise OperationError("rejected", "effectIdInvalid", "payload.effectId is a string")
@@ -780,31 +805,58 @@ def _recover(
     def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
         if get_run(tx, run_id) is None:
             raise OperationError("notFound", "runNotFound", f"no run {run_id}")
+        asked = RecoverRequest(
+            run_id, action, command.client_id, effect_id, payload, request.get("expectedRevision")
+        )
         try:
-            recovered = recover_ambiguous_effect(
-                tx,
-                run_id,
-                action=action,
-                actor=command.client_id,
-                result=payload.get("result"),
-                effect_id=effect_id,
-                expected_revision=request.get("expectedRevision"),
-            )
+            recovered = target.recover(tx, asked)
         except EffectRecoveryError as exc:
             raise OperationError("rejected", exc.code, str(exc)) from None
         body: dict[str, Any] = {
             "runId": run_id,
             "operation": "recover",
             "action": action,
-            "state": recovered.transition.phase.value,
-            "effect": recovered.effect.to_wire(),
+            **recovered.fields,
         }
         if recovered.next_attempt_number is not None:
             body["nextAttemptNumber"] = recovered.next_attempt_number
-            body["warning"] = RETRY_WARNING
-        return run_id, recovered.transition.revision, body
+            body["warning"] = target.retry_warning
+        return run_id, recovered.revision, body
 
     return _run_command(db, request, change)
+
+
+def _recover_run_effect(tx: Tx, asked: RecoverRequest) -> Recovered:
+    recovered = recover_ambiguous_effect(
+        tx,
+        asked.run_id,
+        action=asked.action,
+        actor=asked.actor,
+        result=asked.payload.get("result"),
+        effect_id=asked.effect_id,
+        expected_revision=asked.expected_revision,
+    )
+    fields = {"state": recovered.transition.phase.value, "effect": recovered.effect.to_wire()}
+    return Recovered(recovered.transition.revision, fields, recovered.next_attempt_number)
+
+
+RUN_EFFECT = RecoverTarget(
+    confirm_only="result",
+    confirm_only_code="resultNotAllowed",
+    confirm_only_words="a retry takes no result",
+    retry_warning=(
+        "the effect is applied once more; if its first attempt did take effect, "
+        "the external system may now see it twice"
+    ),
+    recover=_recover_run_effect,
+)
+"""`run.recover`: a run's ambiguous effect; the run is queued again and continues."""
+
+
+def _recover(
+    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+) -> dict[str, Any]:
+    return recover_effect(db, request, RUN_EFFECT)
 
 
 SNAPSHOT_READS = frozenset(

@@ -20,7 +20,6 @@ from pi_workflows.domain._session_view import clear_terminal
 from pi_workflows.storage import (
     EVENT_UNPRODUCTIVE_TURN,
     UNPRODUCTIVE_TURN_LIMIT,
-    UPDATE_ATTEMPT_FINISH,
     ClaimLostError,
     Database,
     InvalidTransitionError,
@@ -28,13 +27,18 @@ from pi_workflows.storage import (
     TurnRow,
     Tx,
     absent_from_branch,
+    cancel_pending_request,
+    cancel_step_messages,
+    close_attempt,
     end_turn,
     insert_message,
     insert_step_again,
     insert_turn,
     mark_sent,
+    message_turn_ended,
     open_turns,
     pause_run,
+    pending_step_message,
     present_next_follow_up,
     read_json_blob,
     read_message,
@@ -43,8 +47,11 @@ from pi_workflows.storage import (
     record_interaction_event,
     requeue_run,
     resume_session_time,
+    run_unfinished_unpaused,
+    set_unproductive_turn_ends,
     start_active_time,
     suspend_request_time,
+    unproductive_turn_ends,
 )
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RequestMessage
@@ -338,17 +345,13 @@ def _message_open(tx: Tx, message: MessageRow) -> bool:
         return False
     if message.kind == "step":
         request = read_request(tx, message.source_id)
-        paused = tx.fetch_value(
-            "SELECT paused FROM runs WHERE run_id = :r AND finished_at IS NULL",
-            {"r": message.run_id},
+        return (
+            request is not None
+            and request.status == "pending"
+            and run_unfinished_unpaused(tx, message.run_id)
         )
-        return request is not None and request.status == "pending" and paused == 0
     if message.kind in ("terminal", "follow_up"):
-        ended = tx.fetch_value(
-            "SELECT 1 FROM workflow_turns WHERE message_id = :m AND status != 'open'",
-            {"m": message.message_id},
-        )
-        return ended is None
+        return not message_turn_ended(tx, message.message_id)
     return False
 
 
@@ -380,10 +383,7 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
     if status != "aborted":
         _count_unproductive(tx, message)
         return
-    paused = tx.fetch_value(
-        "SELECT paused FROM runs WHERE run_id = :r AND finished_at IS NULL", {"r": turn.run_id}
-    )
-    if paused == 0:
+    if run_unfinished_unpaused(tx, turn.run_id):
         try:
             pause_run(tx, turn.run_id)
         except (InvalidTransitionError, ClaimLostError):  # a live claim holds it: no pause
@@ -401,16 +401,6 @@ def _present_follow_up(tx: Tx, run_id: str) -> None:
 
 # --- reminders and unproductive turns ------------------------------------------------
 
-# The step's request is still pending, its run not paused and not terminal, and it has
-# no accepted or validating submission: the ended turn was unproductive.
-_UNPRODUCTIVE = """
-SELECT i.unproductive_turn_ends FROM interactive_requests i
-JOIN runs r ON r.run_id = i.run_id
-WHERE i.request_id = :q AND i.status = 'pending' AND i.accepted_submission_id IS NULL
-  AND r.paused = 0 AND r.finished_at IS NULL
-  AND NOT EXISTS (SELECT 1 FROM interactive_submissions s
-                  WHERE s.request_id = i.request_id AND s.outcome = 'validating')
-"""
 REMINDER_NOTE: Final = (
     "This workflow step is still waiting for its output (reason: reminder). Complete it "
     "by calling the `workflow` tool with action submit, as the step contract says."
@@ -421,15 +411,11 @@ def _count_unproductive(tx: Tx, message: MessageRow) -> None:
     """A completed, failed or lost turn of an open step with no accepted or validating
     submission: values 1 and 2 of the durable counter present one `reminder` step (at
     most one pending), a value above 2 fails the attempt (`agentUnproductive`)."""
-    counted = tx.fetch_value(_UNPRODUCTIVE, {"q": message.source_id})
+    counted = unproductive_turn_ends(tx, message.source_id)
     if counted is None:
-        return
-    count = int(counted) + 1
-    tx.execute(
-        "UPDATE interactive_requests SET unproductive_turn_ends = :c, updated_at = :now "
-        "WHERE request_id = :q",
-        {"c": count, "q": message.source_id, "now": tx.now},
-    )
+        return  # the turn does not count: settled, validating, paused or finished
+    count = counted + 1
+    set_unproductive_turn_ends(tx, message.source_id, count)
     record_interaction_event(
         tx,
         message.run_id,
@@ -439,12 +425,7 @@ def _count_unproductive(tx: Tx, message: MessageRow) -> None:
     if count > UNPRODUCTIVE_TURN_LIMIT:
         _fail_unproductive(tx, message, count)
         return
-    pending = tx.fetch_value(
-        "SELECT 1 FROM workflow_messages WHERE source_id = :q AND kind = 'step' "
-        "AND state = 'pending'",
-        {"q": message.source_id},
-    )
-    if pending is not None:
+    if pending_step_message(tx, message.source_id):
         return  # a pending step (a reminder or a re-presentation) is already there
     first = read_json_blob(tx, message.content_digest)
     contract = first.get("contract") if isinstance(first, Mapping) else None
@@ -475,27 +456,9 @@ def _fail_unproductive(tx: Tx, message: MessageRow, count: int) -> None:
     )
 
     def fail(tx: Tx) -> None:
-        tx.execute(
-            UPDATE_ATTEMPT_FINISH,
-            {
-                "attempt_id": request.attempt_id,
-                "status": "failed",
-                "output_hash": None,
-                "error": error,
-                "next_node_path": None,
-                "now": tx.now,
-            },
-        )
-        tx.execute(
-            "UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, "
-            "updated_at = :now WHERE request_id = :q AND status = 'pending'",
-            {"q": request.request_id, "now": tx.now},
-        )
-        tx.execute(
-            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
-            "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
-            {"q": request.request_id, "now": tx.now},
-        )
+        close_attempt(tx, request.attempt_id, status="failed", error=error)
+        cancel_pending_request(tx, request.request_id)
+        cancel_step_messages(tx, request.request_id)
 
     requeue_run(tx, message.run_id, reason="agentUnproductive", change=fail)
 

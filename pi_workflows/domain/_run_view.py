@@ -37,6 +37,7 @@ from pi_workflows.storage import (
     ContentUnavailableError,
     Database,
     NodeAttemptRow,
+    OpenTurn,
     PendingRequest,
     QueueRow,
     Reader,
@@ -48,6 +49,7 @@ from pi_workflows.storage import (
     get_queue_row,
     get_run,
     get_run_summary,
+    latest_open_turn,
     lineage_links,
     list_ambiguous_effects,
     pending_decision,
@@ -172,19 +174,6 @@ def reason_words(code: str) -> tuple[str, str | None]:
 
 
 @dataclass(frozen=True, slots=True)
-class OpenTurn:
-    turn_id: str
-    message_id: str
-    started_at: int
-
-
-_OPEN_TURN = """
-SELECT turn_id, message_id, started_at FROM workflow_turns
-WHERE run_id = :r AND status = 'open' ORDER BY started_at DESC LIMIT 1
-"""
-
-
-@dataclass(frozen=True, slots=True)
 class _Facts:
     """Everything one view reads, from one snapshot."""
 
@@ -229,7 +218,7 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         protected=decision is not None
         and decision_audience(db, run_id) not in (None, CHECKPOINT_AUDIENCE),
         runner=active_runner(db, run_id),
-        turn=db.fetch_one(_OPEN_TURN, {"r": run_id}, OpenTurn),
+        turn=latest_open_turn(db, run_id),
     )
 
 

@@ -42,6 +42,8 @@ from pi_workflows.storage import (
     Tx,
     WriteResult,
     adoptable_submission,
+    cancel_superseded_step_messages,
+    carry_turn_count,
     complete_run,
     declare_effect_ambiguous,
     earlier_submission_validating,
@@ -51,6 +53,8 @@ from pi_workflows.storage import (
     forget_recorded_process,
     get_run,
     insert_message,
+    interactive_origin_session,
+    interrupted_request_turns,
     lookup_runner_reply,
     mark_runner_live,
     open_waiting_decision,
@@ -77,6 +81,7 @@ from pi_workflows.storage import (
     start_node_attempt,
     store_view_blob,
     store_view_text,
+    submission_validating,
     submission_value,
     supersede_earlier_requests,
     time_out_run,
@@ -498,7 +503,7 @@ def _on_interaction_requested(
     contract = _object(_uploaded(tx, view, body.request, body.request_ref), "request")
     if body.interaction_kind != "agent":
         raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
-    origin = origin_session_of(tx, view.run_id)
+    origin = interactive_origin_session(tx, view.run_id)
     if (body.target_session_id or None) != origin:
         # A runner may name only its run's own origin session (none for a headless run).
         raise InvalidTransitionError(view.run_id, "another session", "request interaction")
@@ -554,16 +559,6 @@ def _answer(
     )
 
 
-def origin_session_of(tx: Tx, run_id: str) -> str | None:
-    """The origin Pi session of an interactive run; None for a headless run."""
-    value = tx.fetch_value(
-        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r "
-        "AND execution_mode = 'interactive'",
-        {"r": run_id},
-    )
-    return None if value is None else str(value)
-
-
 def _request_in_origin_session(
     tx: Tx,
     view: RunnerView,
@@ -598,13 +593,7 @@ def _request_in_origin_session(
     )
     if supersede_earlier_requests(tx, attempt_id):
         # A superseded request's pending step message can never be answered.
-        tx.execute(
-            "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
-            "WHERE run_id = :r AND kind = 'step' AND state = 'pending' AND source_id IN "
-            "(SELECT request_id FROM interactive_requests WHERE run_id = :r "
-            "AND status = 'cancelled')",
-            {"r": view.run_id, "now": tx.now},
-        )
+        cancel_superseded_step_messages(tx, view.run_id)
 
     def present(tx: Tx) -> None:
         insert_message(
@@ -622,36 +611,14 @@ def _request_in_origin_session(
     return waited.revision, InteractionAnswer(request_id=body.interaction_id, status="waiting")
 
 
-_EARLIER_REQUEST = """
-SELECT r.unproductive_turn_ends, r.last_turn_error FROM interactive_requests r
-JOIN node_attempts a ON a.attempt_id = r.attempt_id
-JOIN node_attempts cur ON cur.attempt_id = :attempt
-WHERE r.run_id = :run AND r.attempt_id != :attempt AND a.status = 'interrupted'
-  AND a.node_path = cur.node_path AND a.visit = cur.visit
-ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class _EarlierRequest:
-    unproductive_turn_ends: int
-    last_turn_error: str | None
-
-
 def _carry_over(tx: Tx, run_id: str, attempt_id: str, request_id: str) -> bool:
     """A new request for the same node visit as an interrupted attempt's (a runner died
     mid-step): it continues that request's unproductive-turn count (durable, so a resumed
     runner goes on counting). True: the step is presented again (reason `resumed`)."""
-    earlier = tx.fetch_one(
-        _EARLIER_REQUEST, {"run": run_id, "attempt": attempt_id}, _EarlierRequest
-    )
+    earlier = interrupted_request_turns(tx, run_id, attempt_id)
     if earlier is None:
         return False
-    tx.execute(
-        "UPDATE interactive_requests SET unproductive_turn_ends = :c, last_turn_error = :e "
-        "WHERE request_id = :r",
-        {"c": earlier.unproductive_turn_ends, "e": earlier.last_turn_error, "r": request_id},
-    )
+    carry_turn_count(tx, request_id, earlier)
     return True
 
 
@@ -781,11 +748,7 @@ def _on_turn_ended(tx: Tx, view: RunnerView, body: TurnEnded) -> tuple[int, Any]
         return head, TurnVerdict(action="accepted")
     if request.status != "pending":
         raise InvalidTransitionError(view.run_id, f"request {request.status}", "end turn")
-    validating = tx.fetch_value(
-        "SELECT 1 FROM interactive_submissions WHERE request_id = :r AND outcome = 'validating'",
-        {"r": request.request_id},
-    )
-    if validating or body.stop_reason == "aborted":
+    if submission_validating(tx, request.request_id) or body.stop_reason == "aborted":
         # Not unproductive: a submission is still being validated, or the turn was
         # aborted (the design counts no aborted turn); the runner prompts again.
         return head, TurnVerdict(action="remind", count=request.unproductive_turn_ends)

@@ -19,6 +19,7 @@ from pi_workflows.storage import (
     Tx,
     claim_for_launch,
     get_run,
+    interactive_origin_session,
     read_continuation,
     read_resume_state,
     record_process,
@@ -147,11 +148,7 @@ def launch_state(reader: Tx, run_id: str) -> tuple[RunState, str | None]:
     outputs.update(answers)
     unfinished = states[-1].unfinished
     # An interactive run's agent steps run in its origin Pi session, not in a pi child.
-    origin = reader.fetch_value(
-        "SELECT origin_session_id FROM run_bindings WHERE run_id = :r AND "
-        "execution_mode = 'interactive'",
-        {"r": run_id},
-    )
+    origin = interactive_origin_session(reader, run_id)
     return RunState(
         run_id=run_id,
         revision=states[0].revision,

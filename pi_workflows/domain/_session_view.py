@@ -19,8 +19,15 @@ from pi_workflows.storage import (
     Database,
     MessageRow,
     Reader,
+    clear_terminal_retention,
+    latest_terminal_run,
+    next_eligible_message,
+    session_base_revision,
     session_messages,
     session_messages_count,
+    session_reservation,
+    terminal_cleared,
+    terminal_message_retained,
 )
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import SESSION_VIEW_SCHEMA
@@ -52,77 +59,24 @@ class SessionRead:
     payload: dict[str, Any]
 
 
-_ACTIVE_RUN = """
-SELECT run_id FROM run_bindings WHERE origin_session_id = :s AND reserved = 1
-"""
-_LATEST_TERMINAL_RUN = """
-SELECT r.run_id FROM runs r JOIN run_bindings b ON b.run_id = r.run_id
-WHERE b.origin_session_id = :s AND r.finished_at IS NOT NULL
-ORDER BY r.finished_at DESC, r.rowid DESC LIMIT 1
-"""
-# The terminal run's retention was cleared (`sessionView.clearTerminal`).
-_TERMINAL_CLEARED = """
-SELECT 1 FROM run_bindings WHERE run_id = :r AND terminal_cleared_at IS NOT NULL
-"""
-# Its terminal message is pending, or sent with its first turn not started yet, or that
-# turn is open or ended less than 60 s ago: the terminal run stays in view (without the
-# sent case it blinked out between the send and pi's turn start).
-_TERMINAL_RETAINED = """
-SELECT 1 FROM workflow_messages m
-WHERE m.run_id = :r AND m.kind = 'terminal' AND (
-    m.state = 'pending'
-    OR (m.state = 'sent'
-        AND NOT EXISTS (SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id))
-    OR EXISTS (
-        SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id
-        AND t.started_at = (SELECT min(f.started_at) FROM workflow_turns f
-                            WHERE f.message_id = m.message_id)
-        AND (t.status = 'open' OR t.ended_at > :now - :keep))
-)
-"""
-# Every run of the session adds its view revision: each only grows, and a newer run
-# adds its own, so the sum grows with every change a session view shows.
-_BASE_REVISION = """
-SELECT coalesce(sum(r.revision + r.view_changes), 0) FROM runs r
-JOIN run_bindings b ON b.run_id = r.run_id WHERE b.origin_session_id = :s
-"""
-# The next eligible pending message, in session order. An earlier ineligible message
-# does not block a later eligible one (workflow-server.md § Interactive Pi execution).
-_NEXT_ELIGIBLE = """
-SELECT m.message_id, m.run_id, m.target_session_id, m.kind, m.reason, m.source_id,
-       m.content_digest, m.session_order, m.state, m.pi_entry_id
-FROM workflow_messages m JOIN runs r ON r.run_id = m.run_id
-WHERE m.target_session_id = :s AND m.state = 'pending' AND (
-    (m.kind = 'step' AND r.paused = 0 AND EXISTS (
-        SELECT 1 FROM interactive_requests i
-        WHERE i.request_id = m.source_id AND i.status = 'pending'))
-    OR (m.kind = 'decision' AND EXISTS (
-        SELECT 1 FROM human_decisions d
-        WHERE d.decision_id = m.source_id AND d.status = 'pending'))
-    OR m.kind IN ('notification', 'terminal', 'follow_up')
-)
-ORDER BY m.session_order LIMIT 1
-"""
-
-
 def session_revision(reader: Reader, session_id: str, now_ms: int) -> int:
     """The view's revision: the sum of its runs' revisions, times two, plus one once
     the retained terminal run has expired. Both parts only grow (for a fixed sum the
     expiry flips once), so the revision never goes back."""
-    base = int(reader.fetch_value(_BASE_REVISION, {"s": session_id}) or 0)
+    base = session_base_revision(reader, session_id)
     shown = _shown_run(reader, session_id, now_ms)
-    latest = reader.fetch_value(_LATEST_TERMINAL_RUN, {"s": session_id})
+    latest = latest_terminal_run(reader, session_id)
     expired = shown is None and latest is not None
     return base * 2 + int(expired)
 
 
 def _shown_run(reader: Reader, session_id: str, now_ms: int) -> str | None:
-    active = reader.fetch_value(_ACTIVE_RUN, {"s": session_id})
+    active = session_reservation(reader, session_id)
     if active is not None:
-        return str(active)
-    latest = reader.fetch_value(_LATEST_TERMINAL_RUN, {"s": session_id})
-    if latest is not None and retained_terminal_run(reader, str(latest), now_ms):
-        return str(latest)
+        return active
+    latest = latest_terminal_run(reader, session_id)
+    if latest is not None and retained_terminal_run(reader, latest, now_ms):
+        return latest
     return None
 
 
@@ -130,12 +84,9 @@ def retained_terminal_run(reader: Reader, run_id: str, now_ms: int) -> bool:
     """The latest terminal run stays while its terminal message is pending or its first
     turn is open, and for `TERMINAL_RETENTION_MS` after that turn ends (the server's
     injectable clock)."""
-    if reader.fetch_value(_TERMINAL_CLEARED, {"r": run_id}) is not None:
+    if terminal_cleared(reader, run_id):
         return False
-    found = reader.fetch_value(
-        _TERMINAL_RETAINED, {"r": run_id, "now": now_ms, "keep": TERMINAL_RETENTION_MS}
-    )
-    return found is not None
+    return terminal_message_retained(reader, run_id, now=now_ms, keep_ms=TERMINAL_RETENTION_MS)
 
 
 def clear_terminal(db: Database, session_id: str) -> str | None:
@@ -144,16 +95,13 @@ def clear_terminal(db: Database, session_id: str) -> str | None:
     workflow state does. Returns the cleared run ID, None when nothing was retained."""
     with db.write() as tx:
         now = tx.now
-        if tx.fetch_value(_ACTIVE_RUN, {"s": session_id}) is not None:
+        if session_reservation(tx, session_id) is not None:
             return None  # an active run is shown, not a terminal one
-        latest = tx.fetch_value(_LATEST_TERMINAL_RUN, {"s": session_id})
-        if latest is None or not retained_terminal_run(tx, str(latest), now):
+        latest = latest_terminal_run(tx, session_id)
+        if latest is None or not retained_terminal_run(tx, latest, now):
             return None
-        tx.execute(
-            "UPDATE run_bindings SET terminal_cleared_at = :now WHERE run_id = :r",
-            {"r": str(latest), "now": now},
-        )
-        return str(latest)
+        clear_terminal_retention(tx, latest)
+        return latest
 
 
 def _record(row: MessageRow) -> dict[str, Any]:
@@ -189,7 +137,7 @@ def _window(reader: Reader, session_id: str) -> dict[str, Any]:
 
 
 def _next_message(reader: Reader, session_id: str) -> dict[str, Any] | None:
-    row = reader.fetch_one(_NEXT_ELIGIBLE, {"s": session_id}, MessageRow)
+    row = next_eligible_message(reader, session_id)
     if row is None:
         return None
     return {**_record(row), "content": json_blob_value(reader, row.run_id, row.content_digest)}

@@ -107,9 +107,7 @@ from pi_workflows.engine._loader import (
     verify_mounted,
     verify_source,
 )
-from pi_workflows.engine._pi_child import PI_BINARY_ENV
 from pi_workflows.engine._routing import COMPLETED, OUTCOMES, next_node
-from pi_workflows.engine._warm import prewarm, rehearse
 
 __all__ = [
     "BUILTINS_DIR",
@@ -130,7 +128,6 @@ __all__ = [
     "NODE_ID_PATTERN",
     "NOT_APPLIED",
     "OUTCOMES",
-    "PI_BINARY_ENV",
     "PROCESSES_ENV",
     "SHELL_EFFECT_TYPE",
     "WORKFLOW_ATTRIBUTE",
@@ -200,9 +197,7 @@ __all__ = [
     "load_workflow",
     "next_node",
     "notify",
-    "prewarm",
     "project_scope",
-    "rehearse",
     "search_dirs",
     "shell",
     "validate_input",

@@ -26,6 +26,7 @@ import psutil
 
 from pi_workflows._paths import agent_dir as default_agent_dir
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.pi import PI_BINARY_ENV
 from pi_workflows.supervision import (
     Descendant,
     ProcessIdentity,
@@ -58,8 +59,6 @@ __all__ = [
     "tool_texts",
 ]
 
-PI_BINARY_ENV = "PI_WORKFLOWS_PI"
-"""Names the `pi` binary (a path, or a name looked up on PATH); unset means `pi` on PATH."""
 
 ABORT_GRACE_S = 3.0
 """How long a busy pi gets to answer `abort` (the snapshot's RPC abort grace)."""

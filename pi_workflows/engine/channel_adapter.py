@@ -269,6 +269,14 @@ class _Adapter:
     child and the server's idempotency key (`telegram:<profile>:<update_id>`) adopts the
     repeat.
 
+    Answers follow the results they depend on. A person can answer a message as soon as
+    it is in the chat, which can be before the Bot API's answer to its `sendMessage`
+    reaches this child; a reply names the message by its ID, which the server learns
+    only from the `channel.present` result. So a batch of updates is forwarded only after
+    every `channel.present` in flight when the batch arrived has written its result (see
+    `_results_written`); the channel, the actor's mailbox and the database actor keep
+    that order. Meanwhile the batch is unconfirmed: a crash re-delivers it.
+
     Results. `applied` carries the message IDs; `rejected` means the Bot API answered a
     4xx error (nothing was sent); `failed` means the outcome is unknown (a timeout, a
     dropped connection, a 5xx): the server's managed effect records that and never sends
@@ -298,6 +306,8 @@ class _Adapter:
         self._write_lock = asyncio.Lock()
         self._writer: asyncio.StreamWriter | None = None
         self._commands: set[asyncio.Task[Any]] = set()
+        self._presenting: set[asyncio.Task[Any]] = set()
+        """`channel.present` commands whose result is not written yet."""
         self._stop = asyncio.Event()
 
     async def run(self) -> int:
@@ -374,6 +384,9 @@ class _Adapter:
             task = asyncio.create_task(self._execute(message))
             self._commands.add(task)
             task.add_done_callback(self._commands.discard)
+            if message["kind"] == "channel.present":
+                self._presenting.add(task)
+                task.add_done_callback(self._presenting.discard)
 
     async def _next_command(self, frames: AsyncFrameReader) -> channel.ServerMessage | None:
         try:
@@ -453,9 +466,24 @@ class _Adapter:
                 await asyncio.sleep(pause)
                 continue
             failures = 0
+            if updates:
+                await self._results_written()
             for update in updates:
                 await self._forward(update)
                 offset = update.update_id + 1  # confirmed by the next call
+
+    async def _results_written(self) -> None:
+        """Wait until every send in flight now has written its result (or ended).
+
+        An update in the batch just fetched can only answer a message Telegram had
+        when it answered `getUpdates`, so that message's `sendMessage` had started
+        here already: waiting for the sends in flight now is enough, and a send
+        started later cannot hold the batch up. Each send ends within its timeout
+        (`SEND_TIMEOUT_SECONDS`).
+        """
+        in_flight = set(self._presenting)
+        if in_flight:
+            await asyncio.wait(in_flight)
 
     async def _forward(self, update: Update) -> None:
         answer, sender, chat = _answer_of(update)

@@ -24,6 +24,7 @@ from pi_workflows.wire.canonical import dumps
 __all__ = [
     "BRIDGE_CONFIG_ENV",
     "BRIDGE_CONFIG_SCHEMA",
+    "PI_BINARY_ENV",
     "BridgeConfig",
     "bridge_extension_path",
     "extension_dir",
@@ -31,6 +32,8 @@ __all__ = [
     "write_bridge_config",
 ]
 
+PI_BINARY_ENV = "PI_WORKFLOWS_PI"
+"""Names the `pi` binary (a path, or a name looked up on PATH); unset means `pi` on PATH."""
 BRIDGE_CONFIG_ENV = "PI_WORKFLOWS_BRIDGE_CONFIG"
 BRIDGE_CONFIG_SCHEMA = "pi-workflows.bridge-config.v1"
 

@@ -13,14 +13,13 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import pykka
 
-from pi_workflows.actors import KillChild, Reply, Spawn, wait_reply
-from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.actors import Address, wait_reply
+from pi_workflows.supervision import KillChild, ProcessIdentity, Spawn
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 
 __all__ = [
@@ -156,12 +155,13 @@ class ResolverPort:
         """
         fd = child_end.detach()  # the supervisor closes it once the child has it
 
-        def send(deliver: Callable[[Reply], None]) -> None:
+        def send(box: Address) -> None:
             self._supervisor.tell(
                 Spawn(
                     [sys.executable, "-m", RESOLVER_MODULE],
                     os.environ,
-                    deliver,
+                    box,
+                    report_exit=False,  # the resolver thread reads its answer, then kills it
                     cwd=cwd,
                     pass_fds=(fd,),
                     preloaded=RESOLVER_MODULE,

@@ -5,7 +5,8 @@ event loop and never blocks it: each request is parsed once, then handed to the 
 place that answers it (the database actor, the runner-host actor, the subscription
 actor; for `run.start` the reader actor's receipt lookup, then a resolver thread).
 Every request is answered exactly once, and the in-flight count (for a graceful stop's
-receipts) follows that answer.
+receipts) follows that answer. Answers of the actors come back to the loop as messages
+(`Done`, to the router's loop address), so no router code runs on an actor's thread.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import pykka
 
 from pi_workflows._version import __version__
 from pi_workflows.actors import (
+    Address,
     ChannelRequest,
     ClaimCoordinator,
     ConnectionClosed,
     ConnectionGone,
+    Done,
     Prune,
     Read,
     ReleaseConnection,
@@ -46,42 +49,39 @@ from pi_workflows.domain import (
     RUNNER_COMMANDS,
     SNAPSHOT_READS,
     ActiveEpochs,
+    AddFollowUp,
+    AnswerDecision,
+    AnswerFromSession,
+    ClearTerminalView,
+    ClientOperation,
     CoordinatorGrant,
+    ListDecisions,
     OperationContext,
     OperationError,
+    PriorAnswer,
+    RecoverChannel,
+    ReportBranch,
+    ReportTurn,
+    RunViewRevision,
     SessionAuthority,
     StartRequest,
+    StartRun,
+    UpdateInteraction,
     ViewSpec,
-    add_follow_up_command,
-    answer_decision_command,
-    answer_from_session,
-    clear_terminal_view,
     failure_response,
-    handle_operation,
     internal_error,
-    list_decisions,
-    prior_answer,
-    recover_channel,
     rejected,
-    report_branch,
-    report_turn,
     response,
     start_request_fields,
-    start_run,
-    update_interaction,
 )
 from pi_workflows.server._definition_cache import DefinitionCache
 from pi_workflows.server._resolver import ResolverChildren, resolve_start
-from pi_workflows.storage import run_view_revision
 from pi_workflows.wire import Connection
 from pi_workflows.wire.protocol import RequestMessage, client_operations
 
 __all__ = ["DEFAULT_DRAIN_S", "Router", "RouterPorts"]
 
 log = logging.getLogger(__name__)
-
-OriginReport = Callable[..., dict[str, Any]]
-"""`report_branch` or `report_turn`: (db, request, connection_id, epochs) -> response."""
 
 DEFAULT_DRAIN_S = 30.0
 """How long a graceful stop lets applying effects and running shell commands settle."""
@@ -115,6 +115,8 @@ class RouterPorts:
     end_request: Callable[[], None]
     stop: Callable[[str, float], None]
     """Asks for a graceful stop with a drain period (non-blocking)."""
+    loop: Callable[[Callable[[Any], None]], Address]
+    """Makes the address on the listener's loop where the actors' answers come back."""
     epochs: ActiveEpochs = field(default_factory=ActiveEpochs)
     """The coordinator epochs the coordinator actor publishes (origin-session reports)."""
     channels: pykka.ActorRef[Any] | None = None
@@ -151,6 +153,65 @@ class Pending:
             self._done()
 
 
+# --- tags: what an answer that comes back to the loop is about ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """The unit's value is the response; a command's commit may wake the scheduler."""
+
+    pending: Pending
+    wake: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Recovered:
+    """`channel.recover`'s answer; once durable, the channel actor looks for work."""
+
+    pending: Pending
+
+
+@dataclass(frozen=True, slots=True)
+class _ReceiptLooked:
+    """`run.start`'s receipt lookup: answer from it, or resolve the source."""
+
+    pending: Pending
+    start: StartRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _RunFound:
+    """`view.subscribe` of a run: whether the run exists."""
+
+    pending: Pending
+    spec: ViewSpec
+    revision: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Granted:
+    """A coordinator's `view.subscribe`: the session's epoch it was granted."""
+
+    pending: Pending
+    spec: ViewSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _Installed:
+    """A subscription was installed (True) or refused for too many (False)."""
+
+    pending: Pending
+    subscription_id: str
+    kind: str
+    epoch: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsubscribed:
+    pending: Pending
+    subscription_id: str
+
+
 class Router:
     """The listener's handler for client connections (runs on the listener's loop)."""
 
@@ -167,11 +228,9 @@ class Router:
             "decision.answer": self._answer_decision,
             "decision.list": self._list_decisions,
             "state.prune": self._state_prune,
-            "workflowMessage.reportBranch": functools.partial(self._origin_report, report_branch),
-            "workflowTurn.report": functools.partial(self._origin_report, report_turn),
-            "sessionView.clearTerminal": functools.partial(
-                self._origin_report, clear_terminal_view
-            ),
+            "workflowMessage.reportBranch": self._origin_report,
+            "workflowTurn.report": self._origin_report,
+            "sessionView.clearTerminal": self._origin_report,
             "channel.status": self._channel_request,
             "channel.reload": self._channel_request,
             "channel.recover": self._recover_channel,
@@ -184,6 +243,11 @@ class Router:
         for operation in SNAPSHOT_READS:
             table[operation] = self._snapshot_read
         self._table = table
+
+    @functools.cached_property
+    def _address(self) -> Address:
+        """Where the actors' answers come back: `_on_done`, on the listener's loop."""
+        return self._ports.loop(self._on_done)
 
     @property
     def operations(self) -> frozenset[str]:
@@ -217,21 +281,72 @@ class Router:
             log.exception("routing failed", extra={"action": "operation.error"})
             pending.respond(internal_error(request))
 
+    # --- answers, on the loop ----------------------------------------------------------
+
+    def _on_done(self, message: Any) -> None:
+        """An actor's answer, on the listener's loop: continue the request it names."""
+        if not isinstance(message, Done):
+            log.error("router got %s", type(message).__name__, extra={"action": "operation.error"})
+            return
+        tag, reply = message.tag, message.reply
+        try:
+            self._continue(tag, reply)
+        except Exception:
+            log.exception("answering failed", extra={"action": "operation.error"})
+            pending = getattr(tag, "pending", None)
+            if isinstance(pending, Pending):
+                pending.respond(internal_error(pending.request))
+
+    def _continue(self, tag: object, reply: Reply) -> None:
+        match tag:
+            case _Answer(pending=pending, wake=wake):
+                self._answer(pending, wake, reply)
+            case _Recovered(pending=pending):
+                self._answer(pending, False, reply)
+                if self._ports.channels is not None:
+                    _tell(self._ports.channels, ScanChannels())
+            case _ReceiptLooked(pending=pending, start=start):
+                self._after_receipt_lookup(pending, start, reply)
+            case _RunFound(pending=pending, spec=spec, revision=revision):
+                self._after_run_found(pending, spec, revision, reply)
+            case _Granted(pending=pending, spec=spec):
+                self._after_grant(pending, spec, reply)
+            case _Installed():
+                self._after_install(tag, reply)
+            case _Unsubscribed(pending=pending, subscription_id=subscription_id):
+                self._after_unsubscribe(pending, subscription_id, reply)
+            case _:
+                raise TypeError(f"router got an answer tagged {type(tag).__name__}")
+
+    def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
+        """Answer, then wake the scheduler for a command."""
+        if isinstance(result.error, pykka.ActorDeadError):  # an actor stopped: so do we
+            pending.respond(
+                rejected(pending.request, "unavailable", "serverStopping", "the server is stopping")
+            )
+            return
+        if result.error is not None:
+            pending.respond(failure_response(pending.request, result.error))
+            return
+        pending.respond(result.value)
+        if wake:
+            _tell(self._ports.scheduler, Wake())
+
+    def _write(self, unit: object, tag: object) -> None:
+        self._ports.database.tell(Transact(unit, self._address, tag))
+
+    def _read(self, unit: object, tag: object) -> None:
+        self._ports.reader.tell(Read(unit, self._address, tag))
+
     # --- routes ------------------------------------------------------------------------
 
     def _database_operation(self, pending: Pending) -> None:
-        ports = self._ports
         request = pending.request
-        work = functools.partial(handle_operation, request=request, ctx=ports.context)
-        done = functools.partial(self._answer, pending, request["operation"] in COMMANDS)
-        ports.database.tell(Transact(work, done, request["operation"]))
+        unit = ClientOperation(request, self._ports.context)
+        self._write(unit, _Answer(pending, request["operation"] in COMMANDS))
 
     def _snapshot_read(self, pending: Pending) -> None:
-        ports = self._ports
-        request = pending.request
-        work = functools.partial(handle_operation, request=request, ctx=ports.context)
-        done = functools.partial(self._answer, pending, False)
-        ports.reader.tell(Read(work, done, request["operation"]))
+        self._read(ClientOperation(pending.request, self._ports.context), _Answer(pending, False))
 
     def _runner_command(self, pending: Pending) -> None:
         ports = self._ports
@@ -241,34 +356,24 @@ class Router:
         """Held until the durable outcome: the validations actor answers it."""
         self._ports.validations.tell(Submit(pending))
 
+    def _authority(self, pending: Pending) -> SessionAuthority:
+        return SessionAuthority(pending.connection_id, self._ports.epochs)
+
     def _update_interaction(self, pending: Pending) -> None:
-        ports = self._ports
-        work = functools.partial(
-            update_interaction,
-            request=pending.request,
-            authority=SessionAuthority(pending.connection_id, ports.epochs),
-        )
-        done = functools.partial(self._answer, pending, False)
-        ports.database.tell(Transact(work, done, "interaction.update"))
+        unit = UpdateInteraction(pending.request, self._authority(pending))
+        self._write(unit, _Answer(pending, False))
 
     def _add_follow_up(self, pending: Pending) -> None:
-        ports = self._ports
-        work = functools.partial(add_follow_up_command, request=pending.request)
-        done = functools.partial(self._answer, pending, False)
-        ports.database.tell(Transact(work, done, "followUp.add"))
+        self._write(AddFollowUp(pending.request), _Answer(pending, False))
 
     def _answer_decision(self, pending: Pending) -> None:
         """`decision.answer`: a person's answer to a protected decision (CLI or Pi); a
         commit that queued the continuation wakes the scheduler."""
-        work = functools.partial(answer_decision_command, request=pending.request)
-        done = functools.partial(self._answer, pending, True)
-        self._ports.database.tell(Transact(work, done, "decision.answer"))
+        self._write(AnswerDecision(pending.request), _Answer(pending, True))
 
     def _list_decisions(self, pending: Pending) -> None:
         """`decision.list`: one read transaction on the reader actor."""
-        work = functools.partial(list_decisions, request=pending.request)
-        done = functools.partial(self._answer, pending, False)
-        self._ports.reader.tell(Read(work, done, "decision.list"))
+        self._read(ListDecisions(pending.request), _Answer(pending, False))
 
     def _answer_checkpoint(self, pending: Pending) -> None:
         """`run.answer`: a person's (the CLI's), or with `sessionId` and
@@ -277,15 +382,8 @@ class Router:
         if "sessionId" not in payload and "coordinatorEpoch" not in payload:
             self._database_operation(pending)
             return
-        ports = self._ports
-        work = functools.partial(
-            answer_from_session,
-            request=pending.request,
-            ctx=ports.context,
-            authority=SessionAuthority(pending.connection_id, ports.epochs),
-        )
-        done = functools.partial(self._answer, pending, True)
-        ports.database.tell(Transact(work, done, "run.answer"))
+        unit = AnswerFromSession(pending.request, self._ports.context, self._authority(pending))
+        self._write(unit, _Answer(pending, True))
 
     def _channel_request(self, pending: Pending) -> None:
         """`channel.status`, `channel.reload`: the channel-adapter actor answers (it owns
@@ -299,42 +397,18 @@ class Router:
     def _recover_channel(self, pending: Pending) -> None:
         """`channel.recover`: a command like `run.recover`; once durable, the channel
         actor looks for work (a retried attempt is sent by it, never here)."""
-        ports = self._ports
-        request = pending.request
+        self._write(RecoverChannel(pending.request, self._ports.context), _Recovered(pending))
 
-        def done(result: Reply) -> None:
-            self._answer(pending, False, result)
-            if ports.channels is not None:
-                _tell(ports.channels, ScanChannels())
-
-        work = functools.partial(recover_channel, request=request, ctx=ports.context)
-        ports.database.tell(Transact(work, done, request["operation"]))
-
-    def _origin_report(self, report: OriginReport, pending: Pending) -> None:
-        """A coordinator's branch or turn report: one transaction, which checks that this
-        connection holds the session's active epoch."""
-        ports = self._ports
-        work = functools.partial(
-            report,
-            request=pending.request,
-            connection_id=pending.connection_id,
-            epochs=ports.epochs,
-        )
-        done = functools.partial(self._answer, pending, True)
-        ports.database.tell(Transact(work, done, pending.request["operation"]))
-
-    def _answer(self, pending: Pending, wake: bool, result: Reply) -> None:
-        """On the database actor's thread: answer, then wake the scheduler for a command."""
-        if result.error is not None:
-            pending.respond(failure_response(pending.request, result.error))
-            return
-        pending.respond(result.value)
-        if wake:
-            _tell(self._ports.scheduler, Wake())
+    def _origin_report(self, pending: Pending) -> None:
+        """A coordinator's branch or turn report, or its terminal-view clear: one
+        transaction, which checks that this connection holds the session's active epoch."""
+        report = _ORIGIN_REPORTS[pending.request["operation"]]
+        unit = report(pending.request, pending.connection_id, self._ports.epochs)
+        self._write(unit, _Answer(pending, True))
 
     def _state_prune(self, pending: Pending) -> None:
         """Chained through the reader (selection, backup) and database (one tree a
-        unit) actors; answered once the receipt is stored (domain/_state_prune.py)."""
+        unit) actors by the state-prune actor; answered once the receipt is stored."""
         if self._ports.state_prune is None:
             pending.respond(_unrouted(pending.request))
             return
@@ -376,34 +450,32 @@ class Router:
         except OperationError as exc:
             pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
             return
-        lookup = functools.partial(prior_answer, request=request)
-        then = functools.partial(self._after_receipt_lookup, pending, start)
-        self._ports.reader.tell(Read(lookup, then, "run.start.receipt"))
+        self._read(PriorAnswer(request), _ReceiptLooked(pending, start))
 
     def _after_receipt_lookup(self, pending: Pending, start: StartRequest, found: Reply) -> None:
-        """On the reader's thread: answer from the stored receipt, or go on to resolve.
+        """Answer from the stored receipt, or go on to resolve.
 
         A failed lookup is not an answer: the commit's own lookup, in its write
-        transaction, still decides adopt or conflict. Never raises (a raising reply
-        would stop the reader actor).
+        transaction, still decides adopt or conflict.
         """
+        if found.error is None and found.value is not None:
+            pending.respond(found.value)
+            return
+        if found.error is not None:
+            log.warning(
+                "receipt lookup failed; resolving",
+                extra={"action": "operation.error", "operation": "run.start"},
+            )
         try:
-            if found.error is None and found.value is not None:
-                pending.respond(found.value)
-                return
-            if found.error is not None:
-                log.warning(
-                    "receipt lookup failed; resolving",
-                    extra={"action": "operation.error", "operation": "run.start"},
-                )
             self._ports.resolvers.submit(self._resolve_and_commit, pending, start)
-        except Exception:  # the executor is shut down: the server is stopping
-            log.exception("run.start not resolved", extra={"action": "operation.error"})
-            with contextlib.suppress(Exception):
-                pending.respond(internal_error(pending.request))
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            pending.respond(
+                rejected(pending.request, "unavailable", "serverStopping", "the server is stopping")
+            )
 
     def _resolve_and_commit(self, pending: Pending, start: StartRequest) -> None:
-        """On a resolver thread: the cached answer, or the resolver child's; then the commit.
+        """On a resolver thread: the cached answer, or the resolver child's; then the commit
+        (whose answer comes back to the loop).
 
         The cache checks every file the definition depends on by its hash, so a hit is
         the answer the resolver would give (it runs no workflow code).
@@ -424,12 +496,11 @@ class Router:
                 "code": "definitionInvalid",
                 "message": "the workflow could not be loaded",
             }
-        work = functools.partial(
-            start_run, request=pending.request, ctx=ports.context, start=start, resolved=resolved
-        )
-        ports.database.tell(
-            Transact(work, functools.partial(self._answer, pending, True), "run.start")
-        )
+        unit = StartRun(pending.request, ports.context, start, resolved)
+        try:
+            self._write(unit, _Answer(pending, True))
+        except pykka.ActorDeadError:  # the server is stopping
+            self._address.tell(Done(_Answer(pending, False), Reply(error=_stopping())))
 
     def _subscribe(self, pending: Pending) -> None:
         """`view.subscribe`: parse the view, check a run exists, then install it."""
@@ -445,82 +516,68 @@ class Router:
         if spec.run_id is None:
             self._install(pending, spec, revision)
             return
-        run_id = spec.run_id
+        self._read(RunViewRevision(spec.run_id), _RunFound(pending, spec, revision))
 
-        def then(found: Reply) -> None:
-            # On the reader's thread; never raises (a raising reply stops the reader).
-            try:
-                if found.error is not None:
-                    pending.respond(failure_response(request, found.error))
-                elif found.value is None:
-                    pending.respond(
-                        rejected(request, "notFound", "runNotFound", f"no run {run_id}")
-                    )
-                else:
-                    self._install(pending, spec, revision)
-            except Exception:
-                log.exception("view.subscribe failed", extra={"action": "operation.error"})
-                with contextlib.suppress(Exception):
-                    pending.respond(internal_error(request))
-
-        self._ports.reader.tell(
-            Read(lambda db: run_view_revision(db, run_id), then, "view.subscribe")
-        )
+    def _after_run_found(
+        self, pending: Pending, spec: ViewSpec, revision: int | None, found: Reply
+    ) -> None:
+        request = pending.request
+        if found.error is not None:
+            pending.respond(failure_response(request, found.error))
+        elif found.value is None:
+            pending.respond(rejected(request, "notFound", "runNotFound", f"no run {spec.run_id}"))
+        else:
+            self._install(pending, spec, revision)
 
     def _claim_coordinator(self, pending: Pending, spec: ViewSpec) -> None:
         """A coordinator's session view: take the session's active epoch (fencing any
         other connection's), then install a view of its own that names the next message
         while that epoch stays active."""
         assert spec.session_id is not None
-        connection_id = pending.connection_id
+        claim = ClaimCoordinator(
+            spec.session_id, pending.connection_id, self._address, _Granted(pending, spec)
+        )
+        self._ports.coordinators.tell(claim)
 
-        def granted(reply: Reply) -> None:
-            # On the coordinator actor's thread; never raises (that would stop it).
-            try:
-                if reply.error is not None or not isinstance(reply.value, CoordinatorGrant):
-                    pending.respond(internal_error(pending.request))
-                    return
-                held = ViewSpec(
-                    "sessionView",
-                    session_id=spec.session_id,
-                    connection_id=connection_id,
-                    epoch=reply.value.epoch,
-                )
-                self._install(pending, held, None, epoch=reply.value.epoch)
-            except Exception:
-                log.exception("view.subscribe failed", extra={"action": "operation.error"})
-                with contextlib.suppress(Exception):
-                    pending.respond(internal_error(pending.request))
-
-        self._ports.coordinators.tell(ClaimCoordinator(spec.session_id, connection_id, granted))
+    def _after_grant(self, pending: Pending, spec: ViewSpec, reply: Reply) -> None:
+        if reply.error is not None or not isinstance(reply.value, CoordinatorGrant):
+            pending.respond(internal_error(pending.request))
+            return
+        held = ViewSpec(
+            "sessionView",
+            session_id=spec.session_id,
+            connection_id=pending.connection_id,
+            epoch=reply.value.epoch,
+        )
+        self._install(pending, held, None, epoch=reply.value.epoch)
 
     def _install(
         self, pending: Pending, spec: ViewSpec, revision: int | None, *, epoch: int | None = None
     ) -> None:
-        request = pending.request
         subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
-
-        def answer(installed: Reply) -> None:
-            if installed.value:
-                receipt: dict[str, Any] = {"subscriptionId": subscription_id, "kind": spec.kind}
-                if epoch is not None:
-                    receipt["coordinatorEpoch"] = epoch
-                pending.respond(response(request, "accepted", receipt=receipt))
-            else:
-                pending.respond(
-                    rejected(
-                        request,
-                        "rejected",
-                        "tooManySubscriptions",
-                        "this connection holds the most subscriptions allowed; unsubscribe one",
-                    )
-                )
-
+        tag = _Installed(pending, subscription_id, spec.kind, epoch)
         # A stopped actor raises here, and the request is answered `internal` (never left
         # unanswered: a graceful stop waits for every answer).
         self._ports.subscriptions.tell(
-            Subscribe(pending.connection, subscription_id, spec, revision, answer)
+            Subscribe(pending.connection, subscription_id, spec, revision, self._address, tag)
         )
+
+    def _after_install(self, tag: _Installed, installed: Reply) -> None:
+        request = tag.pending.request
+        if installed.value:
+            receipt: dict[str, Any] = {"subscriptionId": tag.subscription_id, "kind": tag.kind}
+            if tag.epoch is not None:
+                receipt["coordinatorEpoch"] = tag.epoch
+            tag.pending.respond(response(request, "accepted", receipt=receipt))
+        else:
+            tag.pending.respond(
+                rejected(
+                    request,
+                    "rejected",
+                    "tooManySubscriptions",
+                    "this connection holds the most subscriptions allowed; unsubscribe one",
+                )
+            )
 
     def _unsubscribe(self, pending: Pending) -> None:
         """`view.unsubscribe`: removes a subscription of any kind by its ID."""
@@ -534,20 +591,34 @@ class Router:
             )
             return
         assert isinstance(subscription_id, str)
-
-        def answer(result: Reply) -> None:
-            if result.value:
-                pending.respond(
-                    response(request, "accepted", receipt={"subscriptionId": subscription_id})
-                )
-            else:
-                pending.respond(
-                    rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
-                )
-
+        tag = _Unsubscribed(pending, subscription_id)
         self._ports.subscriptions.tell(
-            Unsubscribe(pending.connection.connection_id, subscription_id, answer)
+            Unsubscribe(pending.connection.connection_id, subscription_id, self._address, tag)
         )
+
+    def _after_unsubscribe(self, pending: Pending, subscription_id: str, result: Reply) -> None:
+        request = pending.request
+        if result.value:
+            pending.respond(
+                response(request, "accepted", receipt={"subscriptionId": subscription_id})
+            )
+        else:
+            pending.respond(
+                rejected(request, "notFound", "subscriptionNotFound", "no such subscription")
+            )
+
+
+_OriginReport = ReportBranch | ReportTurn | ClearTerminalView
+_ORIGIN_REPORTS: Mapping[str, Callable[[RequestMessage, str, ActiveEpochs], _OriginReport]] = {
+    "workflowMessage.reportBranch": ReportBranch,
+    "workflowTurn.report": ReportTurn,
+    "sessionView.clearTerminal": ClearTerminalView,
+}
+"""The unit of each origin-session operation (request, connection ID, epochs)."""
+
+
+def _stopping() -> Exception:
+    return pykka.ActorDeadError("the server is stopping")
 
 
 def view_spec(request: RequestMessage) -> tuple[ViewSpec, int | None]:

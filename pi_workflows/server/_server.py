@@ -10,13 +10,11 @@ Nothing here runs runner or client logic: the actors and the router do.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,17 +35,16 @@ from pi_workflows.actors import (
     DeadlinesActor,
     Drain,
     HandBack,
-    LeaseHooks,
+    LeaseLost,
     ProcessSupervisorActor,
     ReaderActor,
-    Reply,
     ResumeValidations,
     RunnerHostActor,
     RunnerHostConfig,
     SchedulerActor,
+    ServerEpochTaken,
     StatePruneActor,
     StopAdapters,
-    StopRecorded,
     SubscriptionActor,
     Ticker,
     Transact,
@@ -60,9 +57,12 @@ from pi_workflows.actors import (
 from pi_workflows.domain import (
     ActiveEpochs,
     OperationContext,
+    Perform,
     RecoveryReport,
+    ReleaseServerClaim,
+    ServerHasWork,
     channels_path,
-    read_view,
+    perform,
     recover_at_startup,
 )
 from pi_workflows.engine import Limits
@@ -79,14 +79,11 @@ from pi_workflows.storage import (
     SystemClock,
     acquire_server_epoch,
     ensure_private_dir,
-    forget_recorded_processes,
     open_database,
-    release_server_epoch,
-    server_has_work,
     suspend_after_server_death,
     workflows_dir,
 )
-from pi_workflows.supervision import ProcessIdentity, ServerLock, Zygote, crash_point
+from pi_workflows.supervision import ProcessIdentity, ServerLock, StopRecorded, Zygote, crash_point
 from pi_workflows.wire import ClientListener, ConnectionLimits, raise_descriptor_limit
 from pi_workflows.wire.runner import max_value_bytes
 
@@ -119,8 +116,9 @@ DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
 """Source resolver children that may run at once (each loads workflow code)."""
 ZYGOTE_ENV = "PI_WORKFLOWS_ZYGOTE"
-WARM_MODULE = "pi_workflows.engine"
-"""The zygote warms its caches with this package's `prewarm` and `rehearse`."""
+WARM_MODULE = "pi_workflows.engine._warm"
+"""The module whose `prewarm` and `rehearse` warm the zygote's caches: imported by name
+in the zygote's process only (the server never loads the node executor)."""
 """`0` starts every runner and resolver as a cold interpreter (no zygote)."""
 
 
@@ -175,6 +173,9 @@ class WorkflowServer:
             from `PI_WORKFLOWS_MAX_CONNECTIONS` and `PI_WORKFLOWS_FIRST_FRAME_SECONDS`.
         lease_ttl_ms: the server lease lifetime; default `PI_WORKFLOWS_SERVER_LEASE_MS`
             or 15,000 (tests of stalls shorten it).
+        units: how the database and reader actors resolve a unit of work; default
+            `pi_workflows.domain.perform`. Tests extend it with units of their own
+            (`pi_workflows.testing.perform_with_calls`).
 
     **Blocking:** `start` returns once the socket accepts commands; `stop` returns
     once every in-flight command has its receipt and every actor has stopped.
@@ -192,7 +193,9 @@ class WorkflowServer:
         default_limits: Limits | None = None,
         connection_limits: ConnectionLimits | None = None,
         lease_ttl_ms: int | None = None,
+        units: Perform | None = None,
     ) -> None:
+        self._units: Perform = units if units is not None else perform
         self.state_dir = Path(state_dir) if state_dir is not None else workflows_dir()
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
         if self.max_workers < 1:
@@ -331,16 +334,16 @@ class WorkflowServer:
         if not identities:
             return 0
 
-        def send(deliver: Callable[[Reply], None]) -> None:
-            supervisor.tell(StopRecorded(identities, deliver))
-
-        return int(wait_reply(send, DB_CALL_TIMEOUT_S))
+        stopped = wait_reply(
+            lambda box: supervisor.tell(StopRecorded(identities, box)), DB_CALL_TIMEOUT_S
+        )
+        return int(stopped)
 
     def _start_actors(self, db: Database) -> None:
         fail = self._on_actor_failure
         supervisor = self._supervisor
         assert supervisor is not None and self._server_claim is not None
-        database = DatabaseActor.start(db, fail)
+        database = DatabaseActor.start(db, fail, units=self._units)
         self._database = database
         self._listener = ClientListener(
             self.socket_path,
@@ -358,22 +361,19 @@ class WorkflowServer:
         self._runner_host = runner_host
         renew_s = min(RENEW_EVERY_S, self.lease_ttl_ms / 5000)
         every = max(1, round(renew_s / self.tick_s))
-        hooks = LeaseHooks(self._lock.still_ours, self._on_new_epoch, os.getpid())
         renewer = ClaimRenewerActor.start(
-            database, self._server_claim, every, self._on_lease_lost, fail,
-            clock=self.clock, hooks=hooks,
+            database, self._server_claim, every, _LeaseNotices(self), fail,
+            clock=self.clock, lock=self._lock, pid=os.getpid(),
         )  # fmt: skip
         launches = runner_host if self.execute_runs else None
         self._scheduler = SchedulerActor.start(
             database, self.max_workers, launches, fail, self.owner_id
         )
         runner_host.tell(ConnectScheduler(self._scheduler))
-        reader = ReaderActor.start(db.path, self.clock, fail)
+        reader = ReaderActor.start(db.path, self.clock, fail, units=self._units)
         # The coordinator actor publishes its epochs; a coordinator's session view reads them.
         epochs = ActiveEpochs()
-        self._subscriptions = SubscriptionActor.start(
-            reader, functools.partial(read_view, epochs=epochs), fail
-        )
+        self._subscriptions = SubscriptionActor.start(reader, fail, epochs=epochs)
         database.tell(WatchCommits(self._subscriptions))  # live views refresh on commit
         self._coordinators = CoordinatorEpochActor.start(fail, epochs, database)
         deadlines = DeadlinesActor.start(
@@ -449,6 +449,7 @@ class WorkflowServer:
         self._listener.route_to(
             Router(
                 RouterPorts(
+                    loop=self._listener.address,
                     context=context,
                     database=database,
                     reader=reader,
@@ -560,17 +561,11 @@ class WorkflowServer:
         if host is None or not host.is_alive():
             return
 
-        def drain(deliver: Callable[[Reply], None]) -> None:
-            host.tell(Drain(deliver))
-
-        def hand_back_rest(deliver: Callable[[Reply], None]) -> None:
-            host.tell(HandBack(deliver))
-
         crash_point("server.drain.started")
         with contextlib.suppress(TimeoutError):
-            wait_reply(drain, drain_s)
+            wait_reply(lambda box: host.tell(Drain(box)), drain_s)
         with contextlib.suppress(Exception):
-            wait_reply(hand_back_rest, DB_CALL_TIMEOUT_S)
+            wait_reply(lambda box: host.tell(HandBack(box)), DB_CALL_TIMEOUT_S)
 
     def _stop_channels(self) -> None:
         """Stop the adapter children and end their channels before the listener stops."""
@@ -578,11 +573,8 @@ class WorkflowServer:
         if channels is None or not channels.is_alive():
             return
 
-        def send(deliver: Callable[[Reply], None]) -> None:
-            channels.tell(StopAdapters(deliver))
-
         with contextlib.suppress(Exception):
-            wait_reply(send, STOP_CHANNELS_TIMEOUT_S)
+            wait_reply(lambda box: channels.tell(StopAdapters(box)), STOP_CHANNELS_TIMEOUT_S)
 
     def _release_epoch(self) -> None:
         claim = self._server_claim
@@ -590,38 +582,28 @@ class WorkflowServer:
             return
 
         supervisor = self._supervisor
+        # A stopped process supervisor killed and waited for every child, so no
+        # recorded process of this server is left to reap.
         children_gone = supervisor is None or not supervisor.is_alive()
-
-        def release(db: Database) -> None:
-            with db.write() as tx:
-                if children_gone:
-                    # The process supervisor stopped: it killed and waited for every
-                    # child, so no recorded process of this server is left to reap.
-                    forget_recorded_processes(tx)
-                release_server_epoch(tx, claim)
-
         with contextlib.suppress(Exception):
-            self.call_database(release, "server.release")
+            self.call_database(ReleaseServerClaim(claim, children_gone))
 
     # --- database access for non-actor threads -----------------------------------------
 
-    def call_database(self, work: Callable[[Database], Any], label: str) -> Any:
-        """Run `work` on the database actor and wait for it (never from an actor)."""
+    def call_database(self, unit: object) -> Any:
+        """Run a unit of work on the database actor and wait for it (never from an actor).
+
+        Raises:
+            TimeoutError: no answer within 10 s; or the unit's own error.
+        """
         database = self._database
         assert database is not None
-
-        def send(deliver: Callable[[Reply], None]) -> None:
-            database.tell(Transact(work, deliver, label))
-
-        return wait_reply(send, DB_CALL_TIMEOUT_S)
+        return wait_reply(lambda box: database.tell(Transact(unit, box)), DB_CALL_TIMEOUT_S)
 
     # --- failures and idleness ----------------------------------------------------------
 
     def _on_actor_failure(self, name: str, exc: BaseException | None) -> None:
         reason = f"actor {name} failed ({type(exc).__name__ if exc else 'unknown'})"
-        self.stop_async(reason)
-
-    def _on_lease_lost(self, reason: str) -> None:
         self.stop_async(reason)
 
     def _on_new_epoch(self, claim: ServerClaim) -> None:
@@ -657,7 +639,7 @@ class WorkflowServer:
             if self._in_flight:
                 return False
         try:
-            return not self.call_database(server_has_work, "server.idle_check")
+            return not self.call_database(ServerHasWork())
         except Exception:  # noqa: BLE001 - an unanswered check means "not idle"
             return False
 
@@ -674,3 +656,17 @@ class WorkflowServer:
         with self._in_flight_lock:
             self._in_flight -= 1
             self._in_flight_lock.notify_all()
+
+
+class _LeaseNotices:
+    """The server's address for the claim renewer's notices (handled on its thread)."""
+
+    def __init__(self, server: WorkflowServer) -> None:
+        self._server = server
+
+    def tell(self, message: Any) -> None:
+        match message:
+            case LeaseLost(reason=reason):
+                self._server.stop_async(reason)
+            case ServerEpochTaken(claim=claim):
+                self._server._on_new_epoch(claim)

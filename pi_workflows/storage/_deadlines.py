@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pi_workflows.storage import _queries as q
 from pi_workflows.storage._db import Reader, Tx
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "suspend_request_time",
     "suspend_run_time",
     "suspend_session_time",
+    "time_out_request",
 ]
 
 # `used + (now - since)` folded into `active_ms`, for rows whose span is running.
@@ -137,6 +139,13 @@ def suspend_after_server_death(tx: Tx) -> int:
     last = tx.fetch_value(_LAST_ALIVE, {})
     until = tx.now if last is None else min(int(last), tx.now)
     return tx.execute(_SUSPEND_ALL, {"until": until})
+
+
+def time_out_request(tx: Tx, request_id: str) -> None:
+    """The request's node timeout ran out: cancel it if still pending, keeping the time
+    used (a running span is folded in). In the caller's transaction, which holds the
+    claim check, event and revision."""
+    tx.execute(q.UPDATE_REQUEST_TIME_OUT, {"request_id": request_id, "now": tx.now})
 
 
 def due_requests(reader: Reader) -> list[DueRequest]:

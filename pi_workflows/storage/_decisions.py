@@ -59,6 +59,7 @@ __all__ = [
     "PendingDecision",
     "PendingProtectedDecision",
     "ProtectedAnswer",
+    "ProtectedDecisionRow",
     "answer_checkpoint",
     "answer_protected_decision",
     "checkpoint_answer_schema",
@@ -73,8 +74,10 @@ __all__ = [
     "open_waiting_decision",
     "pending_decision",
     "pending_protected_decisions",
+    "protected_decision_row",
     "read_continuation",
     "read_protected_decision",
+    "run_protected_decision",
     "time_out_protected_decision",
 ]
 
@@ -913,6 +916,34 @@ def pending_protected_decisions(
             )
         )
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedDecisionRow:
+    """A protected decision in any state: what it is about and its answer revision."""
+
+    decision_id: str
+    run_id: str
+    node_path: str
+    workflow_name: str
+    revision: int
+    request_hash: str
+    """The presentation blob."""
+
+
+def protected_decision_row(reader: Reader, decision_id: str) -> ProtectedDecisionRow | None:
+    """One protected decision in any state (a late answer still finds it); None for an
+    unknown decision or a checkpoint's."""
+    return reader.fetch_one(
+        q.SELECT_PROTECTED_DECISION, {"decision_id": decision_id}, ProtectedDecisionRow
+    )
+
+
+def run_protected_decision(reader: Reader, run_id: str) -> str | None:
+    """The run's protected decision a client's answer means when it names none: its
+    pending one, else its latest; None if the run has none."""
+    value = reader.fetch_value(q.SELECT_RUN_PROTECTED_DECISION, {"run_id": run_id})
+    return None if value is None else str(value)
 
 
 def read_protected_decision(reader: Reader, decision_id: str) -> PendingProtectedDecision | None:

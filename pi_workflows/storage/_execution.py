@@ -40,6 +40,7 @@ __all__ = [
     "AttemptStarted",
     "LaunchResult",
     "claim_for_launch",
+    "close_attempt",
     "fail_node_attempt",
     "finish_node_attempt",
     "mark_runner_live",
@@ -373,6 +374,23 @@ def _end_attempt(
         event_type=event_type,
         payload={**event, **(payload or {})},
         change=finish,
+    )
+
+
+def close_attempt(tx: Tx, attempt_id: str, *, status: str, error: str) -> None:
+    """End an unfinished attempt with no output and no route (`timed_out`, `failed`)
+    when the server, not its runner, ends it. Only inside a change that the caller's
+    claim check guards (`protected_write`, `requeue_run`): it writes no event itself."""
+    tx.execute(
+        q.UPDATE_ATTEMPT_FINISH,
+        {
+            "attempt_id": attempt_id,
+            "status": status,
+            "output_hash": None,
+            "error": error,
+            "next_node_path": None,
+            "now": tx.now,
+        },
     )
 
 

@@ -17,11 +17,14 @@ from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import InvalidTransitionError
 from pi_workflows.storage._lifecycle import requeue_run
+from pi_workflows.storage._messages import cancel_step_messages
+from pi_workflows.storage._reads import run_paused
 from pi_workflows.wire.canonical import dumps
 
 __all__ = [
     "MAX_TURN_ERROR_CHARS",
     "UNPRODUCTIVE_TURN_LIMIT",
+    "CarriedTurns",
     "InteractionRequestRow",
     "SubmissionOutcome",
     "SubmissionRow",
@@ -29,7 +32,10 @@ __all__ = [
     "TurnOutcome",
     "adoptable_submission",
     "binding_refusal",
+    "cancel_pending_request",
+    "carry_turn_count",
     "continue_waiting_run",
+    "interrupted_request_turns",
     "read_request",
     "read_request_for_attempt",
     "read_submission",
@@ -37,9 +43,13 @@ __all__ = [
     "record_submission",
     "record_unproductive_turn",
     "request_interaction",
+    "set_unproductive_turn_ends",
     "settle_submission",
     "submission_receipt",
+    "submission_run_status",
+    "submission_validating",
     "submission_value",
+    "unproductive_turn_ends",
     "validating_submissions",
 ]
 
@@ -251,14 +261,9 @@ def record_submission(
     if attempt_status not in ("running", "waiting"):
         # A stale bridge: its attempt ended (the run was recovered into a new attempt).
         return _refuse("claimLost", "the request's attempt is no longer running", request)
-    paused = tx.fetch_value("SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id})
-    if paused:
+    if run_paused(tx, request.run_id):
         return _refuse("rejected", "the run is paused", request)
-    busy = tx.fetch_value(
-        "SELECT 1 FROM interactive_submissions WHERE request_id = :r AND outcome = 'validating'",
-        {"r": request_id},
-    )
-    if busy:
+    if submission_validating(tx, request_id):
         return _refuse("rejected", "another submission is being validated", request)
     tx.execute(
         "INSERT INTO interactive_submissions (submission_id, request_id, idempotency_key, "
@@ -385,9 +390,7 @@ def settle_submission(
     if accepted and request.status != "pending":
         accepted = False
         error = {"code": "submissionRejected", "message": f"the request is {request.status}"}
-    if accepted and tx.fetch_value(
-        "SELECT paused FROM runs WHERE run_id = :id", {"id": request.run_id}
-    ):
+    if accepted and run_paused(tx, request.run_id):
         # Paused while it validated: nothing is accepted while the run is paused.
         accepted = False
         error = {"code": "submissionRejected", "message": "the run is paused; submit again"}
@@ -430,11 +433,7 @@ def continue_waiting_run(tx: Tx, request: InteractionRequestRow) -> bool:
     A run that is not waiting there (a runner is already on its way, or it ended) is
     left as it is: whoever runs it next finds the accepted submission. True: requeued.
     """
-    tx.execute(
-        "UPDATE workflow_messages SET state = 'cancelled', updated_at = :now "
-        "WHERE source_id = :q AND kind = 'step' AND state = 'pending'",
-        {"q": request.request_id, "now": tx.now},
-    )
+    cancel_step_messages(tx, request.request_id)
     tx.execute(
         "UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = :r", {"r": request.run_id}
     )
@@ -465,6 +464,71 @@ def submission_value(reader: Reader, row: SubmissionRow) -> Any:
     if receipt is not None and "value" in receipt:
         return receipt["value"]
     return read_json_blob(reader, row.payload_hash)
+
+
+def submission_validating(reader: Reader, request_id: str) -> bool:
+    """Whether a submission of the request is being validated."""
+    found = reader.fetch_value(q.SELECT_SUBMISSION_VALIDATING, {"request_id": request_id})
+    return found is not None
+
+
+def submission_run_status(reader: Reader, submission_id: str) -> str | None:
+    """The status of the run whose request the submission answers (None: no submission)."""
+    value = reader.fetch_value(q.SELECT_SUBMISSION_RUN_STATUS, {"submission_id": submission_id})
+    return None if value is None else str(value)
+
+
+def cancel_pending_request(tx: Tx, request_id: str) -> None:
+    """Cancel the request if it is still pending (its attempt failed), in the caller's
+    transaction, which holds the claim check, event and revision."""
+    tx.execute(q.UPDATE_REQUEST_CANCEL, {"request_id": request_id, "now": tx.now})
+
+
+def unproductive_turn_ends(reader: Reader, request_id: str) -> int | None:
+    """The request's unproductive-turn count so far, when a turn that just ended counts:
+    the request is pending with nothing accepted or validating, and its run is neither
+    paused nor finished. None: the ended turn does not count."""
+    value = reader.fetch_value(q.SELECT_UNPRODUCTIVE_TURN_ENDS, {"request_id": request_id})
+    return None if value is None else int(value)
+
+
+def set_unproductive_turn_ends(tx: Tx, request_id: str, count: int) -> None:
+    """Store an origin-session step's unproductive-turn count, in the caller's transaction
+    (its event and revision are the caller's)."""
+    tx.execute(
+        q.UPDATE_REQUEST_UNPRODUCTIVE_TURNS,
+        {"count": count, "request_id": request_id, "now": tx.now},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedTurns:
+    """An interrupted request's unproductive-turn count, carried to its successor."""
+
+    unproductive_turn_ends: int
+    last_turn_error: str | None
+
+
+def interrupted_request_turns(reader: Reader, run_id: str, attempt_id: str) -> CarriedTurns | None:
+    """The turn count of the latest request of an interrupted attempt of the same node
+    visit as `attempt_id` (a runner died mid-step), if any."""
+    return reader.fetch_one(
+        q.SELECT_INTERRUPTED_REQUEST_TURNS,
+        {"run_id": run_id, "attempt_id": attempt_id},
+        CarriedTurns,
+    )
+
+
+def carry_turn_count(tx: Tx, request_id: str, carried: CarriedTurns) -> None:
+    """The new request continues the carried count, in the transaction that inserted it."""
+    tx.execute(
+        q.UPDATE_REQUEST_TURNS_CARRIED,
+        {
+            "count": carried.unproductive_turn_ends,
+            "last_turn_error": carried.last_turn_error,
+            "request_id": request_id,
+        },
+    )
 
 
 def record_unproductive_turn(

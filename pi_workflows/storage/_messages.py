@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pi_workflows.storage import _queries as q
+from pi_workflows.storage._bindings import interactive_origin_session
 from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import ContentUnavailableError
@@ -21,15 +23,22 @@ __all__ = [
     "MESSAGE_KINDS",
     "STEP_REASONS",
     "MessageRow",
+    "OpenTurn",
     "RepresentSource",
     "TurnRow",
     "absent_from_branch",
+    "cancel_step_messages",
+    "cancel_superseded_step_messages",
     "end_turn",
     "insert_message",
     "insert_step_again",
     "insert_turn",
+    "latest_open_turn",
     "mark_sent",
+    "message_turn_ended",
+    "next_eligible_message",
     "open_turns",
+    "pending_step_message",
     "present_notification",
     "present_resumed_steps",
     "present_terminal",
@@ -232,6 +241,30 @@ def insert_step_again(tx: Tx, source: RepresentSource, session_id: str, reason: 
     return message_id
 
 
+def next_eligible_message(reader: Reader, session_id: str) -> MessageRow | None:
+    """The session's next eligible pending message, in session order: a step of a pending
+    request of an unpaused run, a decision still pending, or any passive message."""
+    return reader.fetch_one(q.SELECT_NEXT_ELIGIBLE_MESSAGE, {"session_id": session_id}, MessageRow)
+
+
+def pending_step_message(reader: Reader, request_id: str) -> bool:
+    """Whether the request has a pending step message (a reminder or a re-presentation)."""
+    found = reader.fetch_value(q.SELECT_PENDING_STEP_MESSAGE, {"request_id": request_id})
+    return found is not None
+
+
+def cancel_step_messages(tx: Tx, request_id: str) -> None:
+    """Cancel the request's pending step messages (it settled, closed or timed out), in
+    the caller's transaction."""
+    tx.execute(q.UPDATE_STEP_MESSAGES_CANCEL, {"request_id": request_id, "now": tx.now})
+
+
+def cancel_superseded_step_messages(tx: Tx, run_id: str) -> None:
+    """Cancel the pending step messages of the run's cancelled (superseded) requests: they
+    can never be answered. In the caller's transaction."""
+    tx.execute(q.UPDATE_CANCELLED_REQUEST_MESSAGES_CANCEL, {"run_id": run_id, "now": tx.now})
+
+
 # --- turns ---------------------------------------------------------------------------
 
 
@@ -264,6 +297,25 @@ def open_turns(reader: Reader, session_id: str) -> list[TurnRow]:
         {"s": session_id},
         TurnRow,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTurn:
+    """A run's open origin-session model turn, as the run view shows it."""
+
+    turn_id: str
+    message_id: str
+    started_at: int
+
+
+def latest_open_turn(reader: Reader, run_id: str) -> OpenTurn | None:
+    """The run's newest open model turn, if any."""
+    return reader.fetch_one(q.SELECT_OPEN_RUN_TURN, {"run_id": run_id}, OpenTurn)
+
+
+def message_turn_ended(reader: Reader, message_id: str) -> bool:
+    """Whether a turn of the message has ended."""
+    return reader.fetch_value(q.SELECT_MESSAGE_TURN_ENDED, {"message_id": message_id}) is not None
 
 
 def insert_turn(tx: Tx, *, turn_id: str, message: MessageRow) -> None:
@@ -340,15 +392,6 @@ MAX_TERMINAL_REASON_CHARS: Final = 1000
 MAX_TERMINAL_OUTPUT_BYTES: Final = 4096
 """A completed run's output rides in its terminal message only up to this size."""
 
-_ORIGIN_SESSION = """
-SELECT origin_session_id FROM run_bindings WHERE run_id = :r AND execution_mode = 'interactive'
-"""
-
-
-def _origin_session(reader: Reader, run_id: str) -> str | None:
-    value = reader.fetch_value(_ORIGIN_SESSION, {"r": run_id})
-    return None if value is None else str(value)
-
 
 def present_terminal(
     tx: Tx, run_id: str, outcome: str, *, reason: str | None, event_payload: Any
@@ -358,7 +401,7 @@ def present_terminal(
     parent settled by its continuation (only the final leaf of a checkpoint-
     continuation chain gets one). Its source is the run itself, so a second call finds
     it and adds none."""
-    session = _origin_session(tx, run_id)
+    session = interactive_origin_session(tx, run_id)
     if session is None:
         return None
     if tx.fetch_value("SELECT 1 FROM runs WHERE continuation_of = :r", {"r": run_id}):
@@ -401,7 +444,7 @@ def present_notification(tx: Tx, run_id: str, attempt_id: str, output: Any) -> s
     )
     if attempt is None or attempt.node_type != "notify":
         return None
-    session = _origin_session(tx, run_id)
+    session = interactive_origin_session(tx, run_id)
     if session is None:
         return None
     source = f"{run_id}:{attempt.node_path}:{attempt.visit}"

@@ -93,9 +93,17 @@ __all__ = [
     "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
     "SELECT_EXPIRED_CLAIMED_RUNS",
+    "SELECT_INTERACTIVE_ORIGIN_SESSION",
+    "SELECT_INTERRUPTED_REQUEST_TURNS",
+    "SELECT_LATEST_TERMINAL_RUN",
     "SELECT_LEASE",
+    "SELECT_MESSAGE_TURN_ENDED",
+    "SELECT_NEXT_ELIGIBLE_MESSAGE",
     "SELECT_NODE_ATTEMPT",
+    "SELECT_OPEN_RUN_TURN",
     "SELECT_PENDING_DECISION",
+    "SELECT_PENDING_STEP_MESSAGE",
+    "SELECT_PROTECTED_DECISION",
     "SELECT_QUEUE_ROW",
     "SELECT_RESUME_ATTEMPTS",
     "SELECT_RUN",
@@ -107,6 +115,8 @@ __all__ = [
     "SELECT_RUN_EFFECTS",
     "SELECT_RUN_HEAD",
     "SELECT_RUN_LIST_REVISION",
+    "SELECT_RUN_PAUSED",
+    "SELECT_RUN_PROTECTED_DECISION",
     "SELECT_RUN_RESUME_HEAD",
     "SELECT_RUN_ROOT",
     "SELECT_RUN_SUMMARIES",
@@ -117,11 +127,18 @@ __all__ = [
     "SELECT_SERVER_HAS_WORK",
     "SELECT_SERVER_LEASE",
     "SELECT_SERVER_LEASE_HEAD",
+    "SELECT_SESSION_BASE_REVISION",
     "SELECT_SESSION_RESERVATION",
     "SELECT_STATE_COUNTS",
     "SELECT_STATUS_COUNTS",
+    "SELECT_SUBMISSION_RUN_STATUS",
+    "SELECT_SUBMISSION_VALIDATING",
     "SELECT_TABLE_NAMES",
+    "SELECT_TERMINAL_CLEARED",
+    "SELECT_TERMINAL_RETAINED",
     "SELECT_UNFINISHED_ATTEMPT",
+    "SELECT_UNFINISHED_RUN_PAUSED",
+    "SELECT_UNPRODUCTIVE_TURN_ENDS",
     "SELECT_VIEW_CONTENTS",
     "SELECT_VIEW_CONTENT_LOCATION",
     "UPDATE_APPLYING_EFFECTS_AMBIGUOUS",
@@ -129,6 +146,8 @@ __all__ = [
     "UPDATE_ATTEMPT_FINISH",
     "UPDATE_ATTEMPT_WAITING",
     "UPDATE_BINDING_RELEASE",
+    "UPDATE_BINDING_TERMINAL_CLEARED",
+    "UPDATE_CANCELLED_REQUEST_MESSAGES_CANCEL",
     "UPDATE_DECISION_ACCEPTED",
     "UPDATE_EFFECT_ATTEMPT_CLOSE",
     "UPDATE_EFFECT_ATTEMPT_CONFIRM",
@@ -147,6 +166,10 @@ __all__ = [
     "UPDATE_PENDING_REQUESTS_CANCEL",
     "UPDATE_QUEUE_REQUEUE",
     "UPDATE_QUEUE_STATE",
+    "UPDATE_REQUEST_CANCEL",
+    "UPDATE_REQUEST_TIME_OUT",
+    "UPDATE_REQUEST_TURNS_CARRIED",
+    "UPDATE_REQUEST_UNPRODUCTIVE_TURNS",
     "UPDATE_RUNNER_EPOCH_FINISH",
     "UPDATE_RUNNER_EPOCH_READY",
     "UPDATE_RUNNING_ATTEMPTS_INTERRUPTED",
@@ -156,6 +179,7 @@ __all__ = [
     "UPDATE_RUN_TERMINAL",
     "UPDATE_SERVER_LEASE_RELEASE",
     "UPDATE_SERVER_LEASE_RENEW",
+    "UPDATE_STEP_MESSAGES_CANCEL",
     "UPDATE_UNFINISHED_ATTEMPTS_CLOSE",
     "UPSERT_LEASE",
     "UPSERT_SERVER_LEASE",
@@ -270,7 +294,7 @@ def display_status_sql(
     status: str, paused: str, queue_state: str, ambiguous: str, runner: str, *, turn: str = "0"
 ) -> str:
     """The display status of a run in SQL over the given column expressions: the rule of
-    server/_display_status.py `display_status`, for the run list's status filter
+    domain/_display_status.py `display_status`, for the run list's status filter
     (tests/server/test_display_status.py checks they agree in every case)."""
     return f"""CASE
     WHEN {status} IN ('completed', 'failed', 'timed_out', 'cancelled') THEN {status}
@@ -395,6 +419,12 @@ WHERE run_id = :run_id
 """
 # Record a newly issued claim generation.
 UPDATE_RUN_GENERATION = "UPDATE runs SET generation = :generation WHERE run_id = :run_id"
+# Whether a run is paused (a missing run reads as not paused).
+SELECT_RUN_PAUSED = "SELECT paused FROM runs WHERE run_id = :run_id"
+# Whether an unfinished run is paused (no row once it finished).
+SELECT_UNFINISHED_RUN_PAUSED = """
+SELECT paused FROM runs WHERE run_id = :run_id AND finished_at IS NULL
+"""
 
 # --- Run queue ----------------------------------------------------------------------
 
@@ -703,6 +733,149 @@ VALUES (:run_id, :execution_mode, :origin_session_id, :reserved, :now)
 # The run holding an origin session's reservation, if any.
 SELECT_SESSION_RESERVATION = """
 SELECT run_id FROM run_bindings WHERE origin_session_id = :origin_session_id AND reserved = 1
+"""
+# The origin Pi session of an interactive run (no row for a headless run).
+SELECT_INTERACTIVE_ORIGIN_SESSION = """
+SELECT origin_session_id FROM run_bindings
+WHERE run_id = :run_id AND execution_mode = 'interactive'
+"""
+# The latest finished run bound to an origin session.
+SELECT_LATEST_TERMINAL_RUN = """
+SELECT r.run_id FROM runs r JOIN run_bindings b ON b.run_id = r.run_id
+WHERE b.origin_session_id = :origin_session_id AND r.finished_at IS NOT NULL
+ORDER BY r.finished_at DESC, r.rowid DESC LIMIT 1
+"""
+# The terminal run's retention was cleared (`sessionView.clearTerminal`).
+SELECT_TERMINAL_CLEARED = """
+SELECT 1 FROM run_bindings WHERE run_id = :run_id AND terminal_cleared_at IS NOT NULL
+"""
+# Stop retaining a terminal run in its session's view (a trigger moves the view revision).
+UPDATE_BINDING_TERMINAL_CLEARED = """
+UPDATE run_bindings SET terminal_cleared_at = :now WHERE run_id = :run_id
+"""
+
+# --- Interactive requests and submissions --------------------------------------------
+
+# The status of the run whose request a submission answers.
+SELECT_SUBMISSION_RUN_STATUS = """
+SELECT r.status FROM interactive_submissions s
+JOIN interactive_requests q ON q.request_id = s.request_id
+JOIN runs r ON r.run_id = q.run_id WHERE s.submission_id = :submission_id
+"""
+# A submission of the request is being validated.
+SELECT_SUBMISSION_VALIDATING = """
+SELECT 1 FROM interactive_submissions WHERE request_id = :request_id AND outcome = 'validating'
+"""
+# The step's request is still pending, its run not paused and not terminal, and it has
+# no accepted or validating submission: the ended turn was unproductive (the count so far).
+SELECT_UNPRODUCTIVE_TURN_ENDS = """
+SELECT i.unproductive_turn_ends FROM interactive_requests i
+JOIN runs r ON r.run_id = i.run_id
+WHERE i.request_id = :request_id AND i.status = 'pending' AND i.accepted_submission_id IS NULL
+  AND r.paused = 0 AND r.finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM interactive_submissions s
+                  WHERE s.request_id = i.request_id AND s.outcome = 'validating')
+"""
+# Store the unproductive-turn count of an origin-session step's request.
+UPDATE_REQUEST_UNPRODUCTIVE_TURNS = """
+UPDATE interactive_requests SET unproductive_turn_ends = :count, updated_at = :now
+WHERE request_id = :request_id
+"""
+# The turn count of the latest request of an interrupted attempt of the same node visit.
+SELECT_INTERRUPTED_REQUEST_TURNS = """
+SELECT r.unproductive_turn_ends, r.last_turn_error FROM interactive_requests r
+JOIN node_attempts a ON a.attempt_id = r.attempt_id
+JOIN node_attempts cur ON cur.attempt_id = :attempt_id
+WHERE r.run_id = :run_id AND r.attempt_id != :attempt_id AND a.status = 'interrupted'
+  AND a.node_path = cur.node_path AND a.visit = cur.visit
+ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1
+"""
+# A new request continues an interrupted request's turn count (in its insert's commit).
+UPDATE_REQUEST_TURNS_CARRIED = """
+UPDATE interactive_requests SET unproductive_turn_ends = :count, last_turn_error = :last_turn_error
+WHERE request_id = :request_id
+"""
+# Cancel one pending request (its attempt failed).
+UPDATE_REQUEST_CANCEL = """
+UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, updated_at = :now
+WHERE request_id = :request_id AND status = 'pending'
+"""
+# Cancel one pending request whose deadline passed, keeping its active time so far.
+UPDATE_REQUEST_TIME_OUT = """
+UPDATE interactive_requests SET status = 'cancelled', settled_at = :now, updated_at = :now,
+    active_ms = active_ms + CASE WHEN active_since IS NULL THEN 0 ELSE max(0, :now - active_since) END,
+    active_since = NULL
+WHERE request_id = :request_id AND status = 'pending'
+"""
+
+# --- Workflow messages and model turns -----------------------------------------------
+
+# Cancel a request's pending step messages.
+UPDATE_STEP_MESSAGES_CANCEL = """
+UPDATE workflow_messages SET state = 'cancelled', updated_at = :now
+WHERE source_id = :request_id AND kind = 'step' AND state = 'pending'
+"""
+# Cancel the pending step messages of a run's cancelled (superseded) requests.
+UPDATE_CANCELLED_REQUEST_MESSAGES_CANCEL = """
+UPDATE workflow_messages SET state = 'cancelled', updated_at = :now
+WHERE run_id = :run_id AND kind = 'step' AND state = 'pending' AND source_id IN (
+    SELECT request_id FROM interactive_requests WHERE run_id = :run_id AND status = 'cancelled'
+)
+"""
+# A request has a pending step message (a reminder or a re-presentation).
+SELECT_PENDING_STEP_MESSAGE = """
+SELECT 1 FROM workflow_messages WHERE source_id = :request_id AND kind = 'step' AND state = 'pending'
+"""
+# A turn of the message has ended.
+SELECT_MESSAGE_TURN_ENDED = """
+SELECT 1 FROM workflow_turns WHERE message_id = :message_id AND status != 'open'
+"""
+# The run's newest open origin-session model turn.
+SELECT_OPEN_RUN_TURN = """
+SELECT turn_id, message_id, started_at FROM workflow_turns
+WHERE run_id = :run_id AND status = 'open' ORDER BY started_at DESC LIMIT 1
+"""
+# The next eligible pending message, in session order. An earlier ineligible message
+# does not block a later eligible one (workflow-server.md § Interactive Pi execution).
+SELECT_NEXT_ELIGIBLE_MESSAGE = """
+SELECT m.message_id, m.run_id, m.target_session_id, m.kind, m.reason, m.source_id,
+       m.content_digest, m.session_order, m.state, m.pi_entry_id
+FROM workflow_messages m JOIN runs r ON r.run_id = m.run_id
+WHERE m.target_session_id = :session_id AND m.state = 'pending' AND (
+    (m.kind = 'step' AND r.paused = 0 AND EXISTS (
+        SELECT 1 FROM interactive_requests i
+        WHERE i.request_id = m.source_id AND i.status = 'pending'))
+    OR (m.kind = 'decision' AND EXISTS (
+        SELECT 1 FROM human_decisions d
+        WHERE d.decision_id = m.source_id AND d.status = 'pending'))
+    OR m.kind IN ('notification', 'terminal', 'follow_up')
+)
+ORDER BY m.session_order LIMIT 1
+"""
+
+# --- Session view --------------------------------------------------------------------
+
+# Every run of the session adds its view revision: each only grows, and a newer run
+# adds its own, so the sum grows with every change a session view shows.
+SELECT_SESSION_BASE_REVISION = """
+SELECT coalesce(sum(r.revision + r.view_changes), 0) FROM runs r
+JOIN run_bindings b ON b.run_id = r.run_id WHERE b.origin_session_id = :session_id
+"""
+# Its terminal message is pending, or sent with its first turn not started yet, or that
+# turn is open or ended less than `:keep_ms` ago: the terminal run stays in view
+# (without the sent case it blinked out between the send and pi's turn start).
+SELECT_TERMINAL_RETAINED = """
+SELECT 1 FROM workflow_messages m
+WHERE m.run_id = :run_id AND m.kind = 'terminal' AND (
+    m.state = 'pending'
+    OR (m.state = 'sent'
+        AND NOT EXISTS (SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id))
+    OR EXISTS (
+        SELECT 1 FROM workflow_turns t WHERE t.message_id = m.message_id
+        AND t.started_at = (SELECT min(f.started_at) FROM workflow_turns f
+                            WHERE f.message_id = m.message_id)
+        AND (t.status = 'open' OR t.ended_at > :now - :keep_ms))
+)
 """
 
 # --- Runner epochs ------------------------------------------------------------------
@@ -1142,6 +1315,21 @@ SELECT d.decision_id, d.run_id, d.attempt_id, d.node_path, x.response_hash
 FROM human_decisions AS d
 JOIN human_decision_resolutions AS x ON x.decision_id = d.decision_id
 WHERE d.continuation_run_id = :continuation_run_id AND x.outcome = 'accepted'
+"""
+
+# --- Protected decisions -------------------------------------------------------------
+
+# The run's protected decision a client's answer means: its pending one, else its latest.
+SELECT_RUN_PROTECTED_DECISION = """
+SELECT decision_id FROM human_decisions
+WHERE run_id = :run_id AND audience != 'checkpoint'
+ORDER BY (status = 'pending') DESC, created_at DESC, rowid DESC LIMIT 1
+"""
+# One protected decision in any state, with its run's workflow name.
+SELECT_PROTECTED_DECISION = """
+SELECT d.decision_id, d.run_id, d.node_path, r.workflow_name, d.revision, d.request_hash
+FROM human_decisions AS d JOIN runs AS r ON r.run_id = d.run_id
+WHERE d.decision_id = :decision_id AND d.audience != 'checkpoint'
 """
 
 # How many runner epochs of one run ended with one outcome (e.g. crashed).

@@ -33,6 +33,7 @@ __all__ = [
     "admissible_runs",
     "count_runner_outcomes",
     "expired_claimed_runs",
+    "get_attempt",
     "get_phase",
     "get_queue_row",
     "get_run",
@@ -44,6 +45,8 @@ __all__ = [
     "list_runs",
     "list_runs_filtered",
     "run_list_revision",
+    "run_paused",
+    "run_unfinished_unpaused",
     "run_view_revision",
     "server_has_work",
     "state_counts",
@@ -59,6 +62,17 @@ _NEWEST = 2**62
 def get_run(reader: Reader, run_id: str) -> RunRow | None:
     """Return the complete run row, or None."""
     return reader.fetch_one(q.SELECT_RUN, {"run_id": run_id}, RunRow)
+
+
+def run_paused(reader: Reader, run_id: str) -> bool:
+    """Whether the run is paused (an unknown run is not)."""
+    return bool(reader.fetch_value(q.SELECT_RUN_PAUSED, {"run_id": run_id}))
+
+
+def run_unfinished_unpaused(reader: Reader, run_id: str) -> bool:
+    """Whether the run exists, is not finished and is not paused."""
+    paused = reader.fetch_value(q.SELECT_UNFINISHED_RUN_PAUSED, {"run_id": run_id})
+    return paused is not None and int(paused) == 0
 
 
 def get_queue_row(reader: Reader, run_id: str) -> QueueRow | None:
@@ -211,6 +225,11 @@ def server_has_work(reader: Reader) -> bool:
 def expired_claimed_runs(reader: Reader, now: int) -> list[QueueRow]:
     """Return starting or running runs whose claim is expired or missing at `now`."""
     return reader.fetch_all(q.SELECT_EXPIRED_CLAIMED_RUNS, {"now": now}, QueueRow)
+
+
+def get_attempt(reader: Reader, attempt_id: str) -> NodeAttemptRow | None:
+    """Return one attempt, or None."""
+    return reader.fetch_one(q.SELECT_NODE_ATTEMPT, {"attempt_id": attempt_id}, NodeAttemptRow)
 
 
 def unfinished_attempt(reader: Reader, run_id: str) -> NodeAttemptRow | None:

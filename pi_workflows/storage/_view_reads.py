@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from pi_workflows.storage import _queries as q
 from pi_workflows.storage._content import ContentRef, put_view_content
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._rows import NodeAttemptRow
@@ -33,9 +34,11 @@ __all__ = [
     "pending_requests",
     "put_traceback",
     "run_result_payload",
+    "session_base_revision",
     "store_definition_content",
     "store_view_blob",
     "store_view_text",
+    "terminal_message_retained",
     "transition_window",
 ]
 
@@ -163,6 +166,22 @@ class _Traceback:
 def pending_requests(reader: Reader, run_id: str) -> list[PendingRequest]:
     """Return the run's pending interactive requests, oldest first."""
     return reader.fetch_all(_SELECT_PENDING_REQUESTS, {"run_id": run_id}, PendingRequest)
+
+
+def session_base_revision(reader: Reader, session_id: str) -> int:
+    """The sum of the view revisions of every run bound to the origin session: it grows
+    with every change the session's view shows."""
+    return int(reader.fetch_value(q.SELECT_SESSION_BASE_REVISION, {"session_id": session_id}) or 0)
+
+
+def terminal_message_retained(reader: Reader, run_id: str, *, now: int, keep_ms: int) -> bool:
+    """Whether the terminal run's message still holds it in its session's view: pending,
+    sent with no turn yet, or its first turn open or ended less than `keep_ms` before
+    `now`."""
+    found = reader.fetch_value(
+        q.SELECT_TERMINAL_RETAINED, {"run_id": run_id, "now": now, "keep_ms": keep_ms}
+    )
+    return found is not None
 
 
 def run_result_payload(reader: Reader, run_id: str) -> dict[str, Any] | None:

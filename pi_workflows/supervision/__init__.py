@@ -3,6 +3,18 @@
 Implements workflow-server.md § Process supervision and § Server lifecycle.
 """
 
+from pi_workflows.supervision._child_channels import (
+    ChannelListener,
+    ChildChannelClosed,
+    ChildChannels,
+    ChildEnded,
+    ChildEvent,
+    ChildFrame,
+    ChildSpec,
+    ChildStarted,
+    ChildTag,
+    FrameSink,
+)
 from pi_workflows.supervision._crash import (
     CRASH_ENV,
     CRASH_ONCE_ENV,
@@ -19,6 +31,14 @@ from pi_workflows.supervision._crash import (
     parse_crash_spec,
 )
 from pi_workflows.supervision._log_drain import LogDrain
+from pi_workflows.supervision._messages import (
+    ChildExited,
+    KillChild,
+    Spawn,
+    StopChild,
+    StopGroup,
+    StopRecorded,
+)
 from pi_workflows.supervision._pi_group import (
     Descendant,
     end_descendants,
@@ -56,16 +76,32 @@ __all__ = [
     "CRASH_POINTS",
     "RUNNER_MESSAGE_POINTS",
     "RUNNER_SENT_KINDS",
+    "ChannelListener",
+    "ChildChannelClosed",
+    "ChildChannels",
+    "ChildEnded",
+    "ChildEvent",
+    "ChildExited",
+    "ChildFrame",
     "ChildProcess",
+    "ChildSpec",
+    "ChildStarted",
+    "ChildTag",
     "CrashPoint",
     "CrashSpec",
     "Descendant",
     "DescendantCap",
+    "FrameSink",
     "InvalidCrashSpecError",
+    "KillChild",
     "LogDrain",
     "ProcessIdentity",
     "ServerAlreadyRunningError",
     "ServerLock",
+    "Spawn",
+    "StopChild",
+    "StopGroup",
+    "StopRecorded",
     "UnknownCrashPointError",
     "Zygote",
     "ZygoteUnavailable",

@@ -3,6 +3,7 @@
 `FakeProvider` is a scripted model provider on 127.0.0.1 for the real `pi` binary;
 `make demo`, the benchmarks and the tests run agent steps against it. `FakeTelegram`
 is a scripted Telegram Bot API on 127.0.0.1 for the channel adapter child.
+`perform_with_calls` lets a test run its own `CallUnit` on the database actor.
 """
 
 from pi_workflows.testing._fake_provider import (
@@ -32,6 +33,7 @@ from pi_workflows.testing._fake_telegram import (
     RecordedCall,
     TelegramMessage,
 )
+from pi_workflows.testing._units import CallUnit, perform_with_calls
 
 __all__ = [
     "FAKE_API_KEY",
@@ -40,6 +42,7 @@ __all__ = [
     "FAKE_MODEL",
     "FAKE_PROVIDER",
     "BotApiError",
+    "CallUnit",
     "DropConnection",
     "FakeProvider",
     "FakeTelegram",
@@ -54,6 +57,7 @@ __all__ = [
     "ToolCall",
     "Turn",
     "bash_turn",
+    "perform_with_calls",
     "text_turn",
     "workflow_submit_turn",
     "workflow_update_turn",

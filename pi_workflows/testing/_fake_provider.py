@@ -20,15 +20,15 @@ import itertools
 import json
 import os
 import select
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeAlias
+
+from pi_workflows.testing._loopback_http import LoopbackServer, QuietHandler
 
 __all__ = [
     "FAKE_API_KEY",
@@ -158,7 +158,7 @@ def workflow_update_turn(
     return Turn(tool_calls=(ToolCall("workflow", arguments, call_id),))
 
 
-class FakeProvider:
+class FakeProvider(LoopbackServer):
     """A real HTTP server on 127.0.0.1 (ephemeral port) with a queue of scripted turns.
 
     Use it as a context manager, or call `start` and `stop`. One provider serves many
@@ -166,63 +166,25 @@ class FakeProvider:
     """
 
     def __init__(self, *, host: str = "127.0.0.1") -> None:
-        if host not in ("127.0.0.1", "localhost"):
-            raise ValueError("the fake provider listens on loopback only")
-        self._lock = threading.Condition()
+        super().__init__(
+            _handler_class(self), host=host, name="fake-provider", what="the fake provider"
+        )
         self._queue: deque[ScriptedReply] = deque()
         self._requests: list[RecordedRequest] = []
         self._ids = itertools.count(1)
-        self._stopping = False
         # Stalled streams block in select() on this pipe; stop() makes it readable.
         self._wake_r, self._wake_w = os.pipe()
-        self._httpd = ThreadingHTTPServer((host, 0), _handler_class(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle -------------------------------------------------------------------
+    # -- lifecycle (start, stop and the context manager: LoopbackServer) -------------
 
-    def start(self) -> FakeProvider:
-        """Serve in a background thread; returns self."""
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fake-provider",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
+    def _wake_handlers(self) -> None:
+        os.write(self._wake_w, b"x")  # ends stalled streams
 
-    def stop(self) -> None:
-        """Stop serving, end stalled streams and close the socket."""
-        with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
-            self._lock.notify_all()
-        os.write(self._wake_w, b"x")
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def _closed(self) -> None:
         os.close(self._wake_w)
         os.close(self._wake_r)
 
-    def __enter__(self) -> FakeProvider:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- configuration ---------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
     @property
     def base_url(self) -> str:
@@ -290,16 +252,15 @@ class FakeProvider:
         Raises:
             TimeoutError: fewer arrived within `timeout` seconds.
         """
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                chats = [r for r in self._requests if r.path == CHAT_COMPLETIONS_PATH]
-                if len(chats) >= count:
-                    return chats
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{len(chats)} of {count} model requests arrived")
-                self._lock.wait(left)
+
+        def arrived() -> list[RecordedRequest] | None:
+            chats = [r for r in self._requests if r.path == CHAT_COMPLETIONS_PATH]
+            return chats if len(chats) >= count else None
+
+        chats = self._wait(arrived, timeout)
+        if chats is None:
+            raise TimeoutError(f"{len(self.chat_requests())} of {count} model requests arrived")
+        return chats
 
     # -- used by the handler ---------------------------------------------------------
 
@@ -390,19 +351,13 @@ def chat_completion_chunks(
 
 
 def _handler_class(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as real providers
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Never log: request lines are harmless, but nothing here should print."""
-
-        def do_GET(self) -> None:
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
             provider._record(RecordedRequest("GET", self.path, dict(self.headers), {}, None))
-            self._json(404, {"error": {"message": "not found", "type": "invalid_request"}})
+            self._error(404, "not found", "invalid_request")
 
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            raw = self.rfile.read(length) if length else b""
+        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+            raw = self.read_body()
             path = self.path.split("?", 1)[0]
             try:
                 body = json.loads(raw or b"{}")
@@ -410,12 +365,12 @@ def _handler_class(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 body = {}
             if path != CHAT_COMPLETIONS_PATH:
                 provider._record(RecordedRequest("POST", path, dict(self.headers), body, None))
-                self._json(404, {"error": {"message": "no such route", "type": "invalid_request"}})
+                self._error(404, "no such route", "invalid_request")
                 return
             turn = provider._take_turn(body)
             provider._record(RecordedRequest("POST", path, dict(self.headers), body, turn))
             if isinstance(turn, ProviderError):
-                self._json(turn.status, {"error": {"message": turn.message, "type": "api_error"}})
+                self._error(turn.status, turn.message, "api_error")
                 return
             self._stream(turn, str(body.get("model") or FAKE_MODEL))
 
@@ -447,19 +402,14 @@ def _handler_class(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
 
+        def _error(self, status: int, message: str, kind: str) -> None:
+            self.send_json(status, {"error": {"message": message, "type": kind}})
+
         def _event(self, data: str) -> None:
             self._write_chunk(f"data: {data}\n\n".encode())
 
         def _write_chunk(self, data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
-
-        def _json(self, status: int, obj: Mapping[str, Any]) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
     return Handler

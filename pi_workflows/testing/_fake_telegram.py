@@ -9,9 +9,10 @@ real API answers. It serves `getMe`, `sendMessage` (with `reply_markup`),
 `timeout`, `limit`, `allowed_updates`) with `message` and `callback_query` updates.
 
 Tests script it: `press_button` and `reply` queue updates from a given user, and
-`fail_next`, `hang_next` and `drop_next` make the next call of a method answer an HTTP
-error, block until released, or lose its connection without an answer. Every call is
-recorded (method, parameters, status) under one lock, and `wait_for` blocks on a
+`fail_next`, `hang_next`, `hold_answer_next` and `drop_next` make the next call of a
+method answer an HTTP error, block until released, apply at once but answer only when
+released, or lose its connection without an answer. Every call is recorded (method,
+parameters, status, result) under one lock, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
 
 It lives in the package, not under `tests/`, because the benchmarks drive it too. It
@@ -27,10 +28,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import parse_qsl, urlsplit
+
+from pi_workflows.testing._loopback_http import LoopbackServer, QuietHandler
 
 __all__ = [
     "FAKE_BOT_TOKEN",
@@ -74,9 +76,14 @@ class Hang:
     (the message is sent) if `deliver`, and the answer is written if the client is
     still there; a client killed meanwhile leaves the "was it sent?" question open,
     which is what the ambiguous-attempt tests need.
+
+    With `applied_first` the call is applied before it is held (the message is already
+    in the chat, where a person can answer it) and only its answer waits: a Bot API
+    answer slower than the chat, which is what the early-answer tests need.
     """
 
     deliver: bool = True
+    applied_first: bool = False
     entered: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -113,7 +120,9 @@ class RecordedCall:
     method: str
     params: Mapping[str, Any]
     status: int | None
-    """The HTTP status answered; None if the connection was dropped or is still held."""
+    """The HTTP status answered; None if the connection was dropped."""
+    result: Any = None
+    """The `result` of a 200 answer (a `getUpdates` call's updates), else None."""
 
 
 @dataclass(slots=True)
@@ -138,7 +147,7 @@ class _Dropped(Exception):  # noqa: N818 - a control-flow signal, not an error
     """The scripted fault says: answer nothing, close the connection."""
 
 
-class FakeTelegram:
+class FakeTelegram(LoopbackServer):
     """A real HTTP server on 127.0.0.1 (ephemeral port) that plays the Bot API.
 
     Use it as a context manager, or call `start` and `stop`.
@@ -152,68 +161,31 @@ class FakeTelegram:
         bot_username: str = "pi_workflows_fake_bot",
         host: str = "127.0.0.1",
     ) -> None:
-        if host not in ("127.0.0.1", "localhost"):
-            raise ValueError("the fake Bot API listens on loopback only")
+        super().__init__(
+            _handler_class(self), host=host, name="fake-telegram", what="the fake Bot API"
+        )
         self.token = token
         self.chat_id = chat_id
         self.bot_username = bot_username
         self.bot_id = int(token.split(":", 1)[0]) if token.split(":", 1)[0].isdigit() else 1
-        self._lock = threading.Condition()
         self._calls: list[RecordedCall] = []
         self._faults: dict[str, deque[Fault]] = {}
         self._hangs: list[Hang] = []
         self._updates: list[dict[str, Any]] = []
+        self._written_updates: set[int] = set()
         self._messages: dict[int, TelegramMessage] = {}
         self._message_ids = itertools.count(1)
         self._update_ids = itertools.count(1001)
         self._callback_ids = itertools.count(1)
-        self._stopping = False
-        self._httpd = ThreadingHTTPServer((host, 0), _handler_class(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle -------------------------------------------------------------------
+    # -- lifecycle (start, stop and the context manager: LoopbackServer) -------------
 
-    def start(self) -> FakeTelegram:
-        """Serve in a background thread; returns self."""
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fake-telegram",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving: release held calls, end long polls, close the socket."""
+    def _wake_handlers(self) -> None:
+        """Release held calls (long polls end on `_stopping`)."""
         with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
             hangs = list(self._hangs)
-            self._lock.notify_all()
         for hang in hangs:
             hang.release()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> FakeTelegram:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
     @property
     def api_base(self) -> str:
@@ -280,6 +252,18 @@ class FakeTelegram:
         self._add_fault(method, hang)
         return hang
 
+    def hold_answer_next(self, method: str) -> Hang:
+        """The next call of `method` is applied at once (a `sendMessage` puts its message
+        in the chat) but answered only when the returned handle is released."""
+        hang = Hang(deliver=True, applied_first=True)
+        self._add_fault(method, hang)
+        return hang
+
+    def handed_out(self, update_id: int) -> bool:
+        """Whether a `getUpdates` answer carrying `update_id` was written to the client."""
+        with self._lock:
+            return update_id in self._written_updates
+
     def drop_next(self, method: str, *, deliver: bool = False) -> None:
         """The next call of `method` loses its connection without an answer."""
         self._add_fault(method, DropConnection(deliver))
@@ -323,16 +307,10 @@ class FakeTelegram:
         Raises:
             TimeoutError: it stayed falsy for `timeout` seconds.
         """
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                value = condition(self)
-                if value:
-                    return value
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the fake Bot API never reached the awaited condition")
-                self._lock.wait(left)
+        value = self._wait(lambda: condition(self), timeout)
+        if value is None:
+            raise TimeoutError("the fake Bot API never reached the awaited condition")
+        return value
 
     def wait_for_calls(
         self, method: str, count: int = 1, timeout: float = 10.0
@@ -356,9 +334,18 @@ class FakeTelegram:
             faults = self._faults.get(method.lower())
             return faults.popleft() if faults else None
 
-    def _record(self, method: str, params: Mapping[str, Any], status: int | None) -> None:
+    def _record(
+        self, method: str, params: Mapping[str, Any], status: int | None, result: Any = None
+    ) -> None:
         with self._lock:
-            self._calls.append(RecordedCall(method, dict(params), status))
+            self._calls.append(
+                RecordedCall(method, dict(params), status, result if status == 200 else None)
+            )
+            self._lock.notify_all()
+
+    def _handed_out(self, updates: Any) -> None:
+        with self._lock:
+            self._written_updates.update(u["update_id"] for u in updates)
             self._lock.notify_all()
 
     def _queue_update(self, kind: str, body: dict[str, Any]) -> int:
@@ -534,21 +521,12 @@ def _parse_params(query: str, content_type: str, raw: bytes) -> dict[str, Any]:
 
 
 def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the real API and httpx use
-        # Headers and body go out in two writes; without TCP_NODELAY each answer waits
-        # for the client's delayed ACK (~40 ms), which would swamp every latency measured.
-        disable_nagle_algorithm = True
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Never log: the request line holds the bot token."""
-
-        def do_GET(self) -> None:
+    class Handler(QuietHandler):  # never logs: the request line holds the bot token
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
             self._serve(b"")
 
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            self._serve(self.rfile.read(length) if length else b"")
+        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+            self._serve(self.read_body())
 
         def _serve(self, raw: bytes) -> None:
             url = urlsplit(self.path)
@@ -566,13 +544,20 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             except _Dropped:
                 self.close_connection = True
                 return
-            fake._record(method, params, status)
-            self._answer(status, result)
+            fake._record(method, params, status, result)
+            written = self._answer(status, result)
+            if written and status == 200 and method.lower() == "getupdates":
+                fake._handed_out(result)
 
         def _call(self, method: str, params: Mapping[str, Any]) -> tuple[int, Any]:
             fault = fake._take_fault(method)
             if isinstance(fault, BotApiError):
                 return fault.status, fault.description
+            if isinstance(fault, Hang) and fault.applied_first:
+                answer = fake._dispatch(method, params)
+                fault.entered.set()
+                fault.released.wait()
+                return answer
             if isinstance(fault, Hang):
                 fault.entered.set()
                 fault.released.wait()
@@ -585,19 +570,11 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
                 raise _Dropped
             return fake._dispatch(method, params)
 
-        def _answer(self, status: int, result: Any) -> None:
+        def _answer(self, status: int, result: Any) -> bool:
             if status == 200:
                 body: dict[str, Any] = {"ok": True, "result": result}
             else:
                 body = {"ok": False, "error_code": status, "description": result}
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client went away while the call was held
+            return self.send_json(status, body)  # False: the client went away meanwhile
 
     return Handler

@@ -52,6 +52,7 @@ __all__ = [
     "ConnectionHandler",
     "ConnectionLimits",
     "ConnectionLimitsError",
+    "LoopAddress",
     "offer_event_frames",
     "raise_descriptor_limit",
     "unavailable_event",
@@ -456,6 +457,22 @@ class _Rejections:
         self._counts.clear()
 
 
+class LoopAddress:
+    """An address on the listener's loop: what is told here is handled there, in order.
+
+    The router's answers come back this way, as messages, so no router code ever runs
+    on an actor's thread (a raise there would stop the actor).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, receive: Callable[[Any], None]) -> None:
+        self._loop = loop
+        self._receive = receive
+
+    def tell(self, message: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+            self._loop.call_soon_threadsafe(self._receive, message)
+
+
 class ClientListener:
     """Accepts client connections on a Unix socket, in a thread of its own.
 
@@ -507,7 +524,13 @@ class ClientListener:
         self._silent: dict[_Slot, None] = {}
         """Admitted slots whose connection has not sent a complete frame yet, oldest first."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._channels: set[Connection] = set()
+        """Child channels being served (closed at shutdown, like client connections)."""
         self.rejections = _Rejections(self._loop)
+
+    def address(self, receive: Callable[[Any], None]) -> LoopAddress:
+        """An address whose messages `receive` handles on this listener's loop."""
+        return LoopAddress(self._loop, receive)
 
     def route_to(self, handler: ConnectionHandler) -> None:
         """Set the connection handler (before `start`, when it is built after the listener)."""
@@ -607,6 +630,7 @@ class ClientListener:
         reading = _ChannelReading(channel, handler, self._loop.create_future())
         channel._reading, _ = await self._loop.create_unix_connection(lambda: reading, sock=sock)
         task = self._loop.create_task(self._serve_channel(channel, reading, handler))
+        self._channels.add(channel)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return channel
@@ -618,6 +642,7 @@ class ClientListener:
         try:
             await reading.ended
         finally:
+            self._channels.discard(channel)
             channel._close_now()
             writer_task.cancel()
             with contextlib.suppress(BaseException):
@@ -773,8 +798,8 @@ class ClientListener:
         if self._sock is not None:
             self._loop.remove_reader(self._sock.fileno())
         self._close_sockets()
-        for connection in list(self._connections):
-            connection._close_now()
+        for connection in [*self._connections, *self._channels]:
+            connection._close_now()  # a child channel's owner hears `on_close`
         with contextlib.suppress(FileNotFoundError):
             there = self._path.stat()
             # Only our own file: a server that lost its lease to another (after a stall)

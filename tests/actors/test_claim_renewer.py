@@ -15,7 +15,7 @@ from typing import Any
 import pykka
 import pytest
 
-from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseHooks
+from pi_workflows.actors._claim_renewer import ClaimRenewerActor, LeaseLost, ServerEpochTaken
 from pi_workflows.actors._database import DatabaseActor
 from pi_workflows.storage import (
     DEFAULT_CLAIM_TTL_MS,
@@ -34,6 +34,7 @@ from pi_workflows.storage import (
     open_database,
     record_runner_exit,
 )
+from pi_workflows.testing import perform_with_calls
 from tests.actors.ticks import blocked, handled, on_database, tick
 from tests.storage.storage_helpers import enqueue
 
@@ -62,7 +63,7 @@ class Renewal:
     def tick(self, *sequences: int) -> None:
         """Send the ticks and wait for every round they started to finish."""
         tick(self.renewer, *sequences)
-        handled(self.database, self.renewer)  # the round's unit, then its RenewalDone
+        handled(self.database, self.renewer)  # the round's unit, then its answer
 
     def rounds(self) -> int:
         return int(self.renewer.proxy().rounds.get(timeout=10))
@@ -76,6 +77,31 @@ class Renewal:
         lease: LeaseRow | None = on_database(self.database, lambda db: get_lease(db, run_id))
         assert lease is not None
         return lease
+
+
+@dataclass
+class _Server:
+    """The server's address for the renewer's notices: what it was told, in order."""
+
+    lost: list[str]
+    epochs: list[int]
+
+    def tell(self, message: Any) -> None:
+        match message:
+            case LeaseLost(reason=reason):
+                self.lost.append(reason)
+            case ServerEpochTaken(claim=claim):
+                self.epochs.append(claim.epoch)
+
+
+@dataclass
+class _Lock:
+    """The lock file: still ours while `held[0]` (a test sets it False)."""
+
+    held: list[bool]
+
+    def still_ours(self) -> bool:
+        return self.held[0]
 
 
 @pytest.fixture
@@ -93,16 +119,17 @@ def renewal(tmp_path: Path) -> Iterator[Renewal]:
     lost: list[str] = []
     epochs: list[int] = []
     lock = [True]
-    hooks = LeaseHooks(lambda: lock[0], lambda new: epochs.append(new.epoch), pid=None)
-    database = DatabaseActor.start(db, lambda name, exc: failures.append(name))
+    database = DatabaseActor.start(
+        db, lambda name, exc: failures.append(name), units=perform_with_calls
+    )
     renewer = ClaimRenewerActor.start(
         database,
         claim,
         EVERY,
-        lost.append,
+        _Server(lost, epochs),
         lambda name, exc: failures.append(name),
         clock=clock,
-        hooks=hooks,
+        lock=_Lock(lock),
     )
     try:
         yield Renewal(clock, database, renewer, claim, lost, failures, epochs, lock)

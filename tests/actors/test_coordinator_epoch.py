@@ -12,9 +12,9 @@ from pi_workflows.actors._coordinator_epoch import (
     CheckCoordinator,
     ClaimCoordinator,
     CoordinatorEpochActor,
-    CoordinatorGrant,
     ReleaseConnection,
 )
+from pi_workflows.domain import CoordinatorGrant
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -32,15 +32,15 @@ def actor() -> Iterator[Any]:
 
 def _claim(actor: Any, session: str, connection: str) -> CoordinatorGrant:
     grant: CoordinatorGrant = wait_reply(
-        lambda deliver: actor.tell(ClaimCoordinator(session, connection, deliver)), 5
+        lambda box: actor.tell(ClaimCoordinator(session, connection, box)), 5
     )
     return grant
 
 
 def _active(actor: Any, grant: CoordinatorGrant) -> bool:
     result: bool = wait_reply(
-        lambda deliver: actor.tell(
-            CheckCoordinator(grant.session_id, grant.connection_id, grant.epoch, deliver)
+        lambda box: actor.tell(
+            CheckCoordinator(grant.session_id, grant.connection_id, grant.epoch, box)
         ),
         5,
     )

@@ -24,7 +24,7 @@ from typing import Any
 import pykka
 import pytest
 
-from pi_workflows.actors._base import Reply
+from pi_workflows.actors._base import Address, Done, Reply
 from pi_workflows.actors._database import RETRY_FULL_EVERY_TICKS, DatabaseActor, Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain._operations import OperationContext, handle_operation
@@ -47,6 +47,7 @@ from pi_workflows.storage import (
     runner_message_fingerprint,
 )
 from pi_workflows.supervision import CRASH_ENV, CRASH_ONCE_ENV, ProcessIdentity
+from pi_workflows.testing import CallUnit, perform_with_calls
 from pi_workflows.wire.protocol import RequestMessage
 from tests.storage.storage_helpers import running
 
@@ -62,15 +63,20 @@ class Recorder:
         self.replies: list[tuple[str, Reply]] = []
         self._done = threading.Condition()
 
-    def reply(self, name: str, then: Callable[[Reply], None] | None = None) -> Any:
-        def deliver(reply: Reply) -> None:
-            if then is not None:
-                then(reply)
-            with self._done:
-                self.replies.append((name, reply))
-                self._done.notify_all()
+    def reply(self, name: str, then: Callable[[Reply], None] | None = None) -> Address:
+        """An address for one unit's answer: recorded as `name` (after `then` saw it)."""
+        recorder = self
 
-        return deliver
+        class Box:
+            def tell(self, message: Any) -> None:
+                assert isinstance(message, Done)
+                if then is not None:
+                    then(message.reply)
+                with recorder._done:
+                    recorder.replies.append((name, message.reply))
+                    recorder._done.notify_all()
+
+        return Box()
 
     def wait(self, count: int) -> dict[str, Reply]:
         with self._done:
@@ -97,7 +103,9 @@ def traced(tmp_path: Path, statements: list[str]) -> Iterator[Database]:
 @pytest.fixture
 def actor(traced: Database) -> Iterator[pykka.ActorRef[Any]]:
     failures: list[str] = []
-    ref = DatabaseActor.start(traced, lambda name, exc: failures.append(name))
+    ref = DatabaseActor.start(
+        traced, lambda name, exc: failures.append(name), units=perform_with_calls
+    )
     try:
         yield ref
     finally:
@@ -115,7 +123,7 @@ def hold(actor: pykka.ActorRef[Any]) -> threading.Event:
         started.set()
         assert release.wait(WAIT_S)
 
-    actor.tell(Transact(gate, lambda reply: None, "gate"))
+    actor.tell(Transact(CallUnit(gate)))
     assert started.wait(WAIT_S)
     return release
 
@@ -151,9 +159,9 @@ def test_a_failing_unit_rolls_back_only_its_own_writes(
 
     recorder = Recorder()
     release = hold(actor)
-    actor.tell(Transact(store(b"first"), recorder.reply("first"), "first"))
-    actor.tell(Transact(stale_claim_write, recorder.reply("second"), "second"))
-    actor.tell(Transact(store(b"third"), recorder.reply("third"), "third"))
+    actor.tell(Transact(CallUnit(store(b"first")), recorder.reply("first")))
+    actor.tell(Transact(CallUnit(stale_claim_write), recorder.reply("second")))
+    actor.tell(Transact(CallUnit(store(b"third")), recorder.reply("third")))
     release.set()
     replies = recorder.wait(3)
 
@@ -188,7 +196,8 @@ def test_replies_are_released_only_after_the_commit(
     release = hold(actor)
     for index in range(5):
         data = f"unit-{index}".encode()
-        actor.tell(Transact(write_then_look(data), recorder.reply(str(index), look(data))))
+        unit = CallUnit(write_then_look(data))
+        actor.tell(Transact(unit, recorder.reply(str(index), look(data))))
     release.set()
     replies = recorder.wait(5)
 
@@ -214,9 +223,9 @@ def test_a_failing_commit_fails_every_unit_of_the_batch(
 
     recorder = Recorder()
     release = hold(actor)
-    actor.tell(Transact(read_only, recorder.reply("read before any write")))
-    actor.tell(Transact(store(b"neighbour"), recorder.reply("neighbour")))
-    actor.tell(Transact(broken_run, recorder.reply("broken")))
+    actor.tell(Transact(CallUnit(read_only), recorder.reply("read before any write")))
+    actor.tell(Transact(CallUnit(store(b"neighbour")), recorder.reply("neighbour")))
+    actor.tell(Transact(CallUnit(broken_run), recorder.reply("broken")))
     release.set()
     replies = recorder.wait(3)
 
@@ -226,7 +235,7 @@ def test_a_failing_commit_fails_every_unit_of_the_batch(
     assert blob_count(traced.path, b"neighbour") == 0, "nothing of the batch is durable"
     # The actor carries on: the next unit commits on its own.
     again = Recorder()
-    actor.tell(Transact(store(b"later"), again.reply("later")))
+    actor.tell(Transact(CallUnit(store(b"later")), again.reply("later")))
     assert again.wait(1)["later"].error is None
     assert blob_count(traced.path, b"later") == 1
 
@@ -239,9 +248,9 @@ def test_a_transaction_sqlite_rolls_back_under_a_unit_fails_the_units_before_it(
     traced.connection.execute(f"PRAGMA max_page_count = {pages + 16}")
     recorder = Recorder()
     release = hold(actor)
-    actor.tell(Transact(store(b"before"), recorder.reply("before")))
-    actor.tell(Transact(store(b"x" * 1_000_000), recorder.reply("too big")))
-    actor.tell(Transact(store(b"after"), recorder.reply("after")))
+    actor.tell(Transact(CallUnit(store(b"before")), recorder.reply("before")))
+    actor.tell(Transact(CallUnit(store(b"x" * 1_000_000)), recorder.reply("too big")))
+    actor.tell(Transact(CallUnit(store(b"after")), recorder.reply("after")))
     release.set()
     replies = recorder.wait(3)
 
@@ -258,9 +267,9 @@ def test_a_stop_envelope_ends_the_batch_and_keeps_its_place(
 ) -> None:
     recorder = Recorder()
     release = hold(actor)
-    actor.tell(Transact(store(b"before stop"), recorder.reply("before")))
+    actor.tell(Transact(CallUnit(store(b"before stop")), recorder.reply("before")))
     stopped = actor.stop(block=False)
-    actor.tell(Transact(store(b"after stop"), recorder.reply("after")))
+    actor.tell(Transact(CallUnit(store(b"after stop")), recorder.reply("after")))
     release.set()
     stopped.get(timeout=WAIT_S)
     assert [name for name, _ in recorder.replies] == ["before"]
@@ -282,13 +291,13 @@ def test_an_ask_between_tells_runs_in_mailbox_order(
         return work
 
     release = hold(actor)
-    actor.tell(Transact(mark("a"), lambda reply: None))
-    asked = actor.ask(Transact(mark("b"), lambda reply: None), block=False)
-    actor.tell(Transact(mark("c"), lambda reply: None))
+    actor.tell(Transact(CallUnit(mark("a"))))
+    asked = actor.ask(Transact(CallUnit(mark("b"))), block=False)
+    actor.tell(Transact(CallUnit(mark("c"))))
     release.set()
     asked.get(timeout=WAIT_S)
     recorder = Recorder()
-    actor.tell(Transact(lambda db: None, recorder.reply("end")))
+    actor.tell(Transact(CallUnit(lambda db: None), recorder.reply("end")))
     recorder.wait(1)
     assert order == ["a", "b", "c"]
 
@@ -310,8 +319,8 @@ def test_after_commit_actions_run_after_the_commit_and_not_after_a_rollback(
 
     recorder = Recorder()
     release = hold(actor)
-    actor.tell(Transact(act("kept", b"kept", False), recorder.reply("kept")))
-    actor.tell(Transact(act("undone", b"undone", True), recorder.reply("undone")))
+    actor.tell(Transact(CallUnit(act("kept", b"kept", False)), recorder.reply("kept")))
+    actor.tell(Transact(CallUnit(act("undone", b"undone", True)), recorder.reply("undone")))
     release.set()
     replies = recorder.wait(2)
     assert isinstance(replies["undone"].error, ValueError)
@@ -321,11 +330,13 @@ def test_after_commit_actions_run_after_the_commit_and_not_after_a_rollback(
 # --- a real crash between the COMMIT and the replies ----------------------------------
 
 CRASH_CHILD = r"""
-import json, sys, threading
+import json, sys, threading, types
 from pathlib import Path
 from pi_workflows.actors._database import RETRY_FULL_EVERY_TICKS, DatabaseActor, Transact
 from pi_workflows.actors._ticker import Tick
+from pi_workflows.testing import CallUnit, perform_with_calls
 from pi_workflows.domain._operations import OperationContext, handle_operation
+from pi_workflows.domain import ApplyRunnerMessage, ClientOperation
 from pi_workflows.domain._runner_handlers import RunnerView, apply_message
 from pi_workflows.domain._runner_launch import prepare_launch
 from pi_workflows.wire.runner import RunnerMessage
@@ -362,12 +373,13 @@ def gate(db):
     gate_started.set()
     release.wait(20)
 ctx = OperationContext(epoch=1, owner_id="server-crashed")
-actor = DatabaseActor.start(db, lambda name, exc: None)
-actor.tell(Transact(gate, lambda reply: None))
+actor = DatabaseActor.start(db, lambda name, exc: None, units=perform_with_calls)
+actor.tell(Transact(CallUnit(gate)))
 gate_started.wait(20)
 typed = RunnerMessage.from_wire(started)
-actor.tell(Transact(lambda db: apply_message(db, view, typed).frames, print))
-actor.tell(Transact(lambda db: handle_operation(db, request, ctx), print))
+printer = types.SimpleNamespace(tell=print)
+actor.tell(Transact(ApplyRunnerMessage(view, typed), printer))
+actor.tell(Transact(ClientOperation(request, ctx), printer))
 release.set()
 threading.Event().wait(20)  # the armed point kills this process first
 sys.exit(3)
@@ -479,21 +491,23 @@ def test_a_full_disk_holds_the_servers_own_units_in_order_and_refuses_client_uni
     actor: pykka.ActorRef[Any], traced: Database
 ) -> None:
     recorder = Recorder()
-    actor.tell(Transact(_cap_pages(0), recorder.reply("cap")))
+    actor.tell(Transact(CallUnit(_cap_pages(0)), recorder.reply("cap")))
     release = hold(actor)
-    actor.tell(Transact(store(b"a" * 200_000), recorder.reply("held a"), hold_when_full=True))
-    actor.tell(Transact(store(b"b" * 200_000), recorder.reply("client b")))
-    actor.tell(Transact(store(b"c"), recorder.reply("held c"), hold_when_full=True))
+    actor.tell(
+        Transact(CallUnit(store(b"a" * 200_000)), recorder.reply("held a"), hold_when_full=True)
+    )
+    actor.tell(Transact(CallUnit(store(b"b" * 200_000)), recorder.reply("client b")))
+    actor.tell(Transact(CallUnit(store(b"c")), recorder.reply("held c"), hold_when_full=True))
     release.set()
     replies = recorder.wait(2)
     assert is_disk_full(replies["client b"].error), "a client's unit is refused at once"
     actor.tell(Tick(RETRY_FULL_EVERY_TICKS))  # still full: the held units stay held
-    actor.tell(Transact(lambda db: None, recorder.reply("barrier")))
+    actor.tell(Transact(CallUnit(lambda db: None), recorder.reply("barrier")))
     recorder.wait(3)
     assert [name for name, _ in recorder.replies] == ["cap", "client b", "barrier"]
     assert blob_count(traced.path, b"c") == 0, "c fits, but waits behind a: order is kept"
 
-    actor.tell(Transact(_cap_pages(None), recorder.reply("space returns")))
+    actor.tell(Transact(CallUnit(_cap_pages(None)), recorder.reply("space returns")))
     actor.tell(Tick(RETRY_FULL_EVERY_TICKS))
     replies = recorder.wait(6)
     names = [name for name, _ in recorder.replies]
@@ -507,9 +521,11 @@ def test_a_unit_held_for_space_gets_a_disk_full_error_when_the_actor_stops(
     actor: pykka.ActorRef[Any], traced: Database
 ) -> None:
     recorder = Recorder()
-    actor.tell(Transact(_cap_pages(0), recorder.reply("cap")))
-    actor.tell(Transact(store(b"a" * 200_000), recorder.reply("held"), hold_when_full=True))
-    actor.tell(Transact(lambda db: None, recorder.reply("barrier")))
+    actor.tell(Transact(CallUnit(_cap_pages(0)), recorder.reply("cap")))
+    actor.tell(
+        Transact(CallUnit(store(b"a" * 200_000)), recorder.reply("held"), hold_when_full=True)
+    )
+    actor.tell(Transact(CallUnit(lambda db: None), recorder.reply("barrier")))
     recorder.wait(2)
     actor.stop(block=True, timeout=WAIT_S)
     assert isinstance(recorder.wait(3)["held"].error, DiskFullError)

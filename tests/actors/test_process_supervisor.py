@@ -21,18 +21,19 @@ from typing import Any
 import psutil
 import pytest
 
-from pi_workflows.actors._base import wait_reply
-from pi_workflows.actors._process_supervisor import (
-    LOG_CAP_BYTES,
+from pi_workflows.actors._process_supervisor import LOG_CAP_BYTES, ProcessSupervisorActor
+from pi_workflows.actors._ticker import Tick
+from pi_workflows.supervision import (
     ChildExited,
-    ProcessSupervisorActor,
+    ProcessIdentity,
     Spawn,
     StopChild,
+    identity_of,
+    is_alive,
+    signal_group,
 )
-from pi_workflows.actors._ticker import Tick
-from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive, signal_group
 from pi_workflows.supervision._log_drain import MARKER_MAX_BYTES
-from tests.actors.ticks import WAIT_S, handled, wait_exited
+from tests.actors.ticks import WAIT_S, SpawnAnswers, handled, wait_exited
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -57,20 +58,17 @@ class Supervised:
     def spawn(
         self, code: str, *args: str, log_path: Path | None = None, pass_fds: tuple[int, ...] = ()
     ) -> ProcessIdentity:
-        identity: ProcessIdentity = wait_reply(
-            lambda deliver: self.ref.tell(
-                Spawn(
-                    [sys.executable, "-c", code, *args],
-                    dict(os.environ),
-                    deliver,
-                    self.exits.append,  # called on the actor's thread when it reaps
-                    log_path=log_path,
-                    pass_fds=pass_fds,
-                )
-            ),
-            WAIT_S,
+        answers = SpawnAnswers(self.exits)  # exits appended on the actor's thread
+        self.ref.tell(
+            Spawn(
+                [sys.executable, "-c", code, *args],
+                dict(os.environ),
+                answers,
+                log_path=log_path,
+                pass_fds=pass_fds,
+            )
         )
-        return identity
+        return answers.identity(WAIT_S)
 
     def tick(self, count: int = 1) -> None:
         """Send the next `count` ticks and wait until they are handled."""
@@ -109,7 +107,7 @@ def test_children_get_their_own_group_and_a_start_identity(supervisor: Supervise
     wait_exited(identity.pid)
     assert supervisor.exits == [], "a cold child's exit is noticed on a tick, not before"
     supervisor.tick()
-    assert supervisor.exits == [ChildExited(identity, -signal.SIGTERM, killed=False)]
+    assert supervisor.exits == [ChildExited(None, identity, -signal.SIGTERM, killed=False)]
     assert not is_alive(identity)
 
 
@@ -131,7 +129,7 @@ def test_sigkill_comes_exactly_after_the_grace_ticks_and_stops_the_whole_group(
     assert not alive, "the whole process group is stopped, not only its leader"
     assert supervisor.exits == [], "killed, but reaped only on the next tick"
     supervisor.tick()
-    assert supervisor.exits == [ChildExited(identity, -signal.SIGKILL, killed=True)]
+    assert supervisor.exits == [ChildExited(None, identity, -signal.SIGKILL, killed=True)]
 
 
 def test_a_second_stop_does_not_restart_the_grace(supervisor: Supervised) -> None:
@@ -145,7 +143,7 @@ def test_a_second_stop_does_not_restart_the_grace(supervisor: Supervised) -> Non
     supervisor.tick()
     wait_exited(identity.pid)
     supervisor.tick()
-    assert supervisor.exits == [ChildExited(identity, -signal.SIGKILL, killed=True)]
+    assert supervisor.exits == [ChildExited(None, identity, -signal.SIGKILL, killed=True)]
 
 
 def test_an_exiting_child_is_reaped_and_reported_on_the_next_tick(
@@ -157,7 +155,7 @@ def test_an_exiting_child_is_reaped_and_reported_on_the_next_tick(
     assert supervisor.exits == []
     assert psutil.Process(identity.pid).status() == psutil.STATUS_ZOMBIE, "not reaped yet"
     supervisor.tick()
-    assert supervisor.exits == [ChildExited(identity, 3, False)]
+    assert supervisor.exits == [ChildExited(None, identity, 3, False)]
     assert supervisor.ref.proxy().child_count.get(timeout=WAIT_S) == 0
     with pytest.raises(psutil.NoSuchProcess):
         psutil.Process(identity.pid).status()

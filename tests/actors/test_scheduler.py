@@ -13,7 +13,8 @@ import pytest
 
 from pi_workflows.actors._base import ServerActor
 from pi_workflows.actors._database import DatabaseActor
-from pi_workflows.actors._scheduler import Launch, SchedulerActor, Wake, plan_admissions
+from pi_workflows.actors._scheduler import Launch, SchedulerActor, Wake
+from pi_workflows.domain import plan_admissions
 from pi_workflows.storage import (
     Claim,
     Database,
@@ -26,6 +27,7 @@ from pi_workflows.storage import (
     get_queue_row,
     open_database,
 )
+from pi_workflows.testing import perform_with_calls
 from tests.actors.ticks import blocked, handled, on_database, tick
 from tests.storage.storage_helpers import new_run
 
@@ -146,7 +148,9 @@ def _admission(path: Path, capacity: int, *, launcher: bool = True) -> Iterator[
     with db.write() as tx:  # a server admits only while it holds the live server lease
         acquire_server_epoch(tx, owner_id=OWNER, pid=None, ttl_ms=LEASE_MS)
     failures: list[str] = []
-    database = DatabaseActor.start(db, lambda name, exc: failures.append(name))
+    database = DatabaseActor.start(
+        db, lambda name, exc: failures.append(name), units=perform_with_calls
+    )
     launches = _Launches.start()
     admission = Admission(clock, database, launches)
     admission.scheduler = SchedulerActor.start(

@@ -30,9 +30,9 @@ from pi_workflows.actors._subscriptions import (
     SubscriptionActor,
     Unsubscribe,
 )
-from pi_workflows.domain import ViewGone, ViewSnapshot, ViewSpec
+from pi_workflows.domain import ReadView, ViewSnapshot, ViewSpec
 from pi_workflows.domain._run_view import build_run_view
-from pi_workflows.domain._view_subscriptions import read_view, run_view_read
+from pi_workflows.domain._view_subscriptions import run_view_read
 from pi_workflows.storage import (
     Database,
     ManualClock,
@@ -43,6 +43,7 @@ from pi_workflows.storage import (
     resume_run,
 )
 from pi_workflows.storage._queries import SELECT_RUN_VIEW_REVISION
+from pi_workflows.testing import perform_with_calls
 from pi_workflows.wire._listener import ClientListener, Connection
 from pi_workflows.wire.framing import SocketFrameReader
 from pi_workflows.wire.protocol import RequestMessage
@@ -74,13 +75,14 @@ class _Connections:
 
 @dataclass
 class CountedReads:
-    """The server's view reader, counting its calls (on the reader actor's thread)."""
+    """The reader actor's units, counting the view reads (on the reader actor's thread)."""
 
     builds: int = 0
 
-    def __call__(self, db: Database, spec: ViewSpec, since: int) -> ViewSnapshot | ViewGone | None:
-        self.builds += 1
-        return read_view(db, spec, since)
+    def __call__(self, db: Database, unit: object) -> Any:
+        if isinstance(unit, ReadView):
+            self.builds += 1
+        return perform_with_calls(db, unit)
 
 
 @dataclass
@@ -166,8 +168,8 @@ class Views:
     def unsubscribe(self, connection: Connection, subscription_id: str) -> bool:
         return bool(
             wait_reply(
-                lambda deliver: self.actor.tell(
-                    Unsubscribe(connection.connection_id, subscription_id, deliver)
+                lambda box: self.actor.tell(
+                    Unsubscribe(connection.connection_id, subscription_id, box)
                 ),
                 WAIT_S,
             )
@@ -178,14 +180,18 @@ class Views:
 def views(short_tmp: Path) -> Iterator[Views]:
     db = open_database(short_tmp / "state.sqlite", clock=ManualClock())
     failures: list[str] = []
-    database = DatabaseActor.start(db, lambda name, exc: failures.append(name))
-    reader = ReaderActor.start(db.path, ManualClock(), lambda name, exc: failures.append(name))
+    database = DatabaseActor.start(
+        db, lambda name, exc: failures.append(name), units=perform_with_calls
+    )
+    counted = CountedReads()
+    reader = ReaderActor.start(
+        db.path, ManualClock(), lambda name, exc: failures.append(name), units=counted
+    )
     handler = _Connections()
     path = short_tmp / "host.sock"
     listener = ClientListener(path, handler, __version__, lambda exc: failures.append("listener"))
     listener.start()
-    counted = CountedReads()
-    actor = SubscriptionActor.start(reader, counted, lambda name, exc: failures.append(name))
+    actor = SubscriptionActor.start(reader, lambda name, exc: failures.append(name))
     started = Views(database, reader, actor, listener, handler, path, counted)
     try:
         yield started

@@ -18,12 +18,23 @@ from typing import Any
 
 import pykka
 
+from pi_workflows._address import ReplyBox
 from pi_workflows.actors._base import wait_reply
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.storage import Database
+from pi_workflows.supervision import ChildExited, ProcessIdentity
+from pi_workflows.testing import CallUnit
 
-__all__ = ["WAIT_S", "blocked", "handled", "on_database", "tick", "wait_exited"]
+__all__ = [
+    "WAIT_S",
+    "SpawnAnswers",
+    "blocked",
+    "handled",
+    "on_database",
+    "tick",
+    "wait_exited",
+]
 
 WAIT_S = 10.0
 """The longest any hop may take on a loaded machine (a bound, never a delay)."""
@@ -43,8 +54,10 @@ def tick(ref: pykka.ActorRef[Any], *sequences: int) -> None:
 
 
 def on_database(database: pykka.ActorRef[Any], work: Any) -> Any:
-    """Run `work(db)` on the database actor, after everything queued there; its result."""
-    return wait_reply(lambda deliver: database.tell(Transact(work, deliver, "test")), WAIT_S)
+    """Run `work(db)` on the database actor, after everything queued there; its result.
+
+    The actor must run `CallUnit`s (started with `units=perform_with_calls`)."""
+    return wait_reply(lambda box: database.tell(Transact(CallUnit(work), box)), WAIT_S)
 
 
 @contextmanager
@@ -56,7 +69,7 @@ def blocked(database: pykka.ActorRef[Any]) -> Iterator[None]:
         entered.set()
         release.wait(WAIT_S)
 
-    database.tell(Transact(hold, lambda _: None, "test.block"))
+    database.tell(Transact(CallUnit(hold)))
     try:
         assert entered.wait(WAIT_S), "the database actor never started the blocking unit"
         yield
@@ -72,3 +85,27 @@ def wait_exited(pid: int) -> None:
         assert readable, f"process {pid} did not exit"
     finally:
         os.close(fd)
+
+
+class SpawnAnswers:
+    """An address for a `Spawn`'s answers: its `Done` (the identity), then `ChildExited`.
+
+    `exits` collects the exits (on the supervisor's thread); `exited` is set per exit.
+    """
+
+    def __init__(self, exits: list[ChildExited] | None = None) -> None:
+        self._spawned = ReplyBox()
+        self.exits: list[ChildExited] = exits if exits is not None else []
+        self.exited = threading.Event()
+
+    def tell(self, message: Any) -> None:
+        if isinstance(message, ChildExited):
+            self.exits.append(message)
+            self.exited.set()
+        else:
+            self._spawned.tell(message)
+
+    def identity(self, timeout: float = WAIT_S) -> ProcessIdentity:
+        """The spawned child's identity (or the spawn's error, raised)."""
+        identity: ProcessIdentity = self._spawned.wait(timeout)
+        return identity

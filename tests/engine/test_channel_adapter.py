@@ -275,6 +275,34 @@ def test_a_reply_from_an_allowed_user_is_answered_with_the_replied_message(
     assert answer["answer"] == {"replyToMessageId": message.message_id, "text": "approve"}
 
 
+@pytest.mark.parametrize("how", ["reply", "press"])
+def test_an_answer_fetched_before_its_send_is_answered_follows_the_send_result(
+    ready: AdapterRig, how: str
+) -> None:
+    """Issue 23: the person answers the message before the Bot API's answer to its
+    `sendMessage` reached the child. The answer is written after the send's result,
+    never before: a reply names the message by an ID the server learns from that result."""
+    held = ready.fake.hold_answer_next("sendMessage")
+    ready.present("attempt-1", 1, "Deploy?", "d:1:approve", "d:1:reject")
+    held.wait_entered(WAIT)
+    [message] = ready.fake.bot_messages()
+    if how == "reply":
+        update_id = ready.fake.reply(
+            "reject", reply_to_message_id=message.message_id, user_id=ALLOWED_USER
+        )
+    else:
+        update_id = ready.fake.press_button(
+            "d:1:reject", user_id=ALLOWED_USER, message_id=message.message_id
+        )
+    # The child has the update in hand while its send still waits for Telegram's answer.
+    ready.fake.wait_for(lambda fake: fake.handed_out(update_id), WAIT)
+    held.release()
+    result = ready.read_kind("channel.present")
+    assert result["result"] == {"status": "applied", "messageIds": [message.message_id]}
+    answer = ready.read_kind("channel.answer")
+    assert answer["eventId"] == f"telegram:{update_id}"
+
+
 def test_settle_edits_the_message_and_drops_the_buttons(ready: AdapterRig) -> None:
     message = presented(ready)
     ready.settle("attempt-2", 2, [message.message_id], "Deploy run-1: approved.")

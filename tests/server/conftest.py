@@ -10,6 +10,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.storage import Database, ManualClock, open_database
+from pi_workflows.testing import perform_with_calls
 from tests.conftest import write_workflow
 
 
@@ -33,7 +34,13 @@ def db(tmp_path: Path) -> Iterator[Database]:
 
 @pytest.fixture
 def server(state_dir: Path) -> Iterator[WorkflowServer]:
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)
+    instance = WorkflowServer(
+        state_dir,
+        idle_exit_s=None,
+        tick_s=0.05,
+        execute_runs=False,
+        units=perform_with_calls,  # tests may run a `CallUnit` through `call_database`
+    )
     instance.start()
     try:
         yield instance
@@ -44,7 +51,13 @@ def server(state_dir: Path) -> Iterator[WorkflowServer]:
 @pytest.fixture
 def running_server(state_dir: Path) -> Iterator[WorkflowServer]:
     """An embedded server that executes runs in real runner processes."""
-    instance = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    instance = WorkflowServer(
+        state_dir,
+        idle_exit_s=None,
+        tick_s=0.05,
+        execute_runs=True,
+        units=perform_with_calls,
+    )
     instance.start()
     try:
         yield instance

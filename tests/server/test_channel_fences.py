@@ -35,6 +35,7 @@ from pi_workflows.storage._channels import (
     ChannelResult,
 )
 from pi_workflows.storage._decisions import answer_protected_decision
+from pi_workflows.testing import CallUnit
 from tests.server.channel_rig import attempts, channel_row, rows, waiting_run
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,7 +64,7 @@ def _consistent(server: WorkflowServer) -> None:
 
 
 def _call(server: WorkflowServer, work: Any) -> Any:
-    return server.call_database(work, "test")
+    return server.call_database(CallUnit(work))
 
 
 def _reserve(server: WorkflowServer, decision_id: str, epoch: str) -> ChannelAttempt | None:

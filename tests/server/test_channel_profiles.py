@@ -95,3 +95,41 @@ def test_a_malformed_profile_is_refused_by_place_and_rule_never_by_value(
         _no_secret(shown.stdout, shown.stderr)
     finally:
         server.stop("test teardown")
+
+
+def test_a_refused_reload_exits_1_with_the_refusal_on_stderr(
+    state_dir: Path, processes: Processes
+) -> None:
+    """A reload the server refuses (a file readable by others, a file that is not JSON)
+    is a failure a script can see: exit 1, the refusal on stderr, nothing else printed
+    (`--json` still prints the receipt); the fixed file reloads with exit 0."""
+    path = write_profiles(state_dir, NOWHERE)
+    server = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=False)
+    server.start()
+    try:
+        os.chmod(path, 0o644)
+        readable = processes.cli(state_dir, "channel", "reload")
+        assert readable.returncode == 1, (readable.stdout, readable.stderr)
+        assert readable.stdout == ""
+        assert "channel profiles refused" in readable.stderr
+        assert "mode 0644" in readable.stderr and "chmod 600" in readable.stderr
+        as_json = processes.cli(state_dir, "channel", "reload", "--json")
+        assert as_json.returncode == 1, as_json.stderr
+        receipt = json.loads(as_json.stdout)
+        assert receipt["config"] == "refused" and receipt["profiles"] == []
+        assert "chmod 600" in as_json.stderr
+
+        os.chmod(path, 0o600)
+        path.write_text("{not json")
+        broken = processes.cli(state_dir, "channel", "reload")
+        assert broken.returncode == 1, (broken.stdout, broken.stderr)
+        assert "not valid JSON" in broken.stderr
+        _no_secret(readable.stderr, as_json.stdout, as_json.stderr, broken.stderr)
+        assert str(state_dir) not in readable.stderr + broken.stderr, "no user path"
+
+        write_profiles(state_dir, NOWHERE)
+        fixed = processes.cli(state_dir, "channel", "reload")
+        assert fixed.returncode == 0, fixed.stderr
+        assert fixed.stdout.startswith("ops") and fixed.stderr == ""
+    finally:
+        server.stop("test teardown")

@@ -183,6 +183,54 @@ def test_a_reply_naming_a_choice_answers_the_decision(
     assert "Answered in Telegram: Reject." in edited.text
 
 
+@pytest.mark.parametrize("how", ["reply", "press"])
+def test_an_answer_before_the_delivery_is_recorded_is_applied_once(
+    served: WorkflowServer, telegram: FakeTelegram, short_tmp: Path, how: str
+) -> None:
+    """Issue 23: the message is in the chat and answered while Telegram's answer to the
+    `sendMessage` is still on its way, so the answer reaches the adapter before the
+    delivery's result can be recorded. It is applied, once, after that result."""
+    state_dir = served.state_dir
+    held = telegram.hold_answer_next("sendMessage")
+    with _client(state_dir) as client:
+        run_id = waiting_run(client, short_tmp / "project")
+        held.wait_entered(60)
+        (sent,) = telegram.bot_messages()
+        if how == "reply":
+            update_id = telegram.reply(
+                "Reject", reply_to_message_id=sent.message_id, user_id=ALLOWED_USER
+            )
+        else:
+            update_id = telegram.press_button(
+                _button(sent, "Reject"), user_id=ALLOWED_USER, message_id=sent.message_id
+            )
+        telegram.wait_for(lambda fake: fake.handed_out(update_id), 60)
+        assert attempts(state_dir) == [(1, "applying", None)], "the delivery is not recorded"
+        held.release()
+        done = wait_for(client, _continuation(state_dir, run_id), TERMINAL)
+    assert done["result"]["output"]["value"] == {"answer": {"choice": "reject"}}
+    assert attempts(state_dir) == [(1, "applied", None)]
+    assert rows(
+        state_dir,
+        "SELECT outcome, provenance, source_channel FROM human_decision_resolutions",
+    ) == [("accepted", "human", "telegram")]
+    assert rows(state_dir, "SELECT idempotency_key, outcome FROM human_decision_answers") == [
+        (f"telegram:ops:{update_id}", "accepted")
+    ]
+    edited = telegram.wait_for(
+        lambda fake: m if (m := fake.message(sent.message_id)).edits else None, 60
+    )
+    assert "Answered in Telegram: Reject." in edited.text
+    assert len(telegram.calls_of("sendMessage")) == 1
+    log = state_dir / "logs" / "server.log"
+    handled = '"action":"channel.answer"'
+    answers = eventually(
+        lambda: [line for line in log.read_text().splitlines() if handled in line],
+        "the answer logged",
+    )
+    assert len(answers) == 1 and '"outcome":"accepted"' in answers[0], answers
+
+
 def test_a_press_from_a_user_not_allowed_changes_nothing(
     served: WorkflowServer, telegram: FakeTelegram, short_tmp: Path
 ) -> None:

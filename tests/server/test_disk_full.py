@@ -28,6 +28,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.storage import DISK_FULL_MESSAGE, Database
+from pi_workflows.testing import CallUnit, perform_with_calls
 from tests.conftest import Processes, wait_for_attempt, write_workflow
 
 pytestmark = pytest.mark.timeout(180)
@@ -138,7 +139,7 @@ def _set_max_pages(server: WorkflowServer, pages: int | None) -> int:
             limit = int(db.connection.execute("PRAGMA page_count").fetchone()[0])
         return int(db.connection.execute(f"PRAGMA max_page_count = {limit}").fetchone()[0])
 
-    return int(server.call_database(cap, "test.max_page_count"))
+    return int(server.call_database(CallUnit(cap)))
 
 
 def test_sqlite_full_refuses_commands_with_disk_full_and_the_run_waits_for_space(
@@ -149,7 +150,9 @@ def test_sqlite_full_refuses_commands_with_disk_full_and_the_run_waits_for_space
     write_workflow(project, "echo")
     gate = short_tmp / "gate-open"
     with (
-        WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05) as server,
+        WorkflowServer(
+            state_dir, idle_exit_s=None, tick_s=0.05, units=perform_with_calls
+        ) as server,
         WorkflowClient(state_dir, autostart=False, timeout=30) as client,
     ):
         run_id = client.call(

@@ -15,6 +15,7 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.actors._database import Transact
 from pi_workflows.storage import Database
+from pi_workflows.testing import CallUnit
 from tests.server.runs import start_run
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,7 +34,7 @@ def test_reads_are_answered_while_the_writer_is_busy(
             assert release.wait(30)
 
     assert server._database is not None
-    server._database.tell(Transact(long_write, lambda reply: None, "test.hold"))
+    server._database.tell(Transact(CallUnit(long_write)))
     assert inside.wait(30)
     try:
         status = client.call("server.status")["receipt"]

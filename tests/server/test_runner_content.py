@@ -16,13 +16,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from pi_workflows.actors._runner_host import ActiveRunner, RunnerFrame, refuse_frame
+from pi_workflows.actors._runner_host import ActiveRunner, refuse_frame
 from pi_workflows.domain._runner_content import INLINE_FRAME_LIMIT
 from pi_workflows.domain._runner_exits import record_exit
 from pi_workflows.domain._runner_handlers import apply_message
 from pi_workflows.domain._runner_launch import launch_state, prepare_launch, record_spawn
 from pi_workflows.storage import Database, NewRun, enqueue_run
-from pi_workflows.supervision import identity_of
+from pi_workflows.supervision import ChildFrame, identity_of
 from pi_workflows.wire.canonical import dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 from pi_workflows.wire.protocol import LAUNCH_SCHEMA, ProtocolViolation, encode_runner_message
@@ -75,9 +75,9 @@ class Runner:
 
     def _frames(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         try:
-            frame = RunnerFrame(self.epoch, _NoChannel(), RunnerMessage.from_wire(message))
+            frame = ChildFrame(self.epoch, _NoChannel(), RunnerMessage.from_wire(message))
         except ProtocolViolation as exc:
-            frame = RunnerFrame(self.epoch, _NoChannel(), None, message, str(exc))
+            frame = ChildFrame(self.epoch, _NoChannel(), None, message, str(exc))
         refusal = refuse_frame(self.active, frame)
         if refusal is not None:
             return [refusal]

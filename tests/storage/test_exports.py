@@ -24,7 +24,7 @@ PINNED = {
     "MAX_EVENT_PAYLOAD_BYTES", "acquire_claim", "check_claim", "protected_write",
     "renew_claim", "renew_owner_claims", "release_claim", "get_lease", "hash_token",
     "ServerClaim", "acquire_server_epoch", "renew_server_epoch", "release_server_epoch",
-    "get_server_lease",
+    "get_server_lease", "read_head",
     # lifecycle model and transitions
     "RunPhase", "RunStatus", "QueueState", "QueueKind", "ExecutionMode", "FailureClass",
     "RunnerOutcome", "EventType", "TRANSITIONS", "phase_of", "is_transition_allowed",
@@ -32,10 +32,10 @@ PINNED = {
     "enqueue_run", "claim_for_launch", "mark_runner_live", "record_runner_exit",
     "start_node_attempt", "finish_node_attempt", "fail_node_attempt", "park_run", "wait_run",
     "pause_run", "resume_run", "requeue_run", "complete_run", "fail_run", "time_out_run",
-    "cancel_run",
+    "cancel_run", "close_attempt",
     # reads and rows
     "get_run", "get_run_summary", "run_list_revision", "run_view_revision", "get_queue_row",
-    "get_phase",
+    "get_phase", "get_attempt", "run_paused", "run_unfinished_unpaused",
     # retention (state prune)
     "DAY_MS", "BackupFailedError", "PruneTree", "collect_unreferenced_blobs", "delete_tree",
     "prunable_trees", "tree_blockers", "write_backup",
@@ -82,6 +82,42 @@ PINNED = {
     "VIEW_INLINE_BYTES", "VIEW_JSON_MEDIA_TYPE", "VIEW_TEXT_MEDIA_TYPE", "NumberedAttempt",
     "attempt_position", "attempt_window", "count_attempts", "store_definition_content",
     "store_view_blob", "store_view_text", "count_transitions", "transition_window",
+    # run bindings and the session view: origin sessions, reservations, terminal retention
+    "interactive_origin_session", "session_reservation", "latest_terminal_run",
+    "terminal_cleared", "clear_terminal_retention", "session_base_revision",
+    "terminal_message_retained",
+    # interactive requests and their submissions (the domain's interaction units)
+    "EVENT_UNPRODUCTIVE_TURN", "UNPRODUCTIVE_TURN_LIMIT", "SubmissionRow", "CarriedTurns",
+    "request_interaction", "read_request", "read_request_for_attempt", "read_submission",
+    "record_submission", "settle_submission", "submission_receipt", "submission_value",
+    "submission_run_status", "submission_validating", "validating_submissions",
+    "binding_refusal", "adoptable_submission", "earlier_submission_validating",
+    "supersede_earlier_requests", "record_interaction_event", "record_unproductive_turn",
+    "unproductive_turn_ends", "set_unproductive_turn_ends", "interrupted_request_turns",
+    "carry_turn_count", "cancel_pending_request",
+    # workflow messages and origin-session model turns
+    "MessageRow", "TurnRow", "OpenTurn", "insert_message", "insert_step_again", "read_message",
+    "mark_sent", "absent_from_branch", "session_messages", "session_messages_count",
+    "next_eligible_message", "pending_step_message", "cancel_step_messages",
+    "cancel_superseded_step_messages", "present_notification", "present_resumed_steps",
+    "insert_turn", "read_turn", "end_turn", "open_turns", "latest_open_turn",
+    "message_turn_ended",
+    # active time and deadlines of interactive steps
+    "DueRequest", "due_requests", "next_due_at", "start_active_time", "suspend_request_time",
+    "suspend_session_time", "resume_session_time", "suspend_after_server_death",
+    "time_out_request",
+    # protected human decisions
+    "CHECKPOINT_AUDIENCE", "ProtectedAnswer", "ProtectedDecisionRow", "decision_audience",
+    "open_waiting_decision", "answer_protected_decision", "pending_protected_decisions",
+    "read_protected_decision", "protected_decision_row", "run_protected_decision",
+    "decision_outcome", "due_decisions", "next_decision_due", "time_out_protected_decision",
+    # follow-ups
+    "MAX_FOLLOW_UP_CHARS", "add_follow_up", "chain_leaf", "present_next_follow_up",
+    # channel adapters (managed effects of the channel children)
+    "DELIVER", "SETTLE", "ChannelAttempt", "ChannelCounts", "ChannelResult", "SettledAttempt",
+    "StaleChannelResultError", "channel_counts", "channel_message_ids", "delivered_decisions",
+    "interrupt_channel_attempts", "recover_channel_effect", "reserve_channel_attempt",
+    "settle_channel_attempt",
 }  # fmt: skip
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -15,17 +14,18 @@ from typing import Any
 import psutil
 import pytest
 
-from pi_workflows.actors._base import wait_reply
-from pi_workflows.actors._process_supervisor import (
+from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
+from pi_workflows.supervision import (
     ChildExited,
-    ProcessSupervisorActor,
+    ProcessIdentity,
     Spawn,
     StopChild,
+    identity_of,
+    is_alive,
 )
-from pi_workflows.supervision import ProcessIdentity, identity_of, is_alive
 from pi_workflows.supervision._zygote_client import Zygote, ZygoteUnavailable
 from pi_workflows.wire.canonical import dumps
-from tests.actors.ticks import tick
+from tests.actors.ticks import SpawnAnswers, tick
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -153,28 +153,20 @@ def test_a_warm_child_ignoring_sigterm_is_killed_with_its_double_forked_grandchi
     supervisor: Any, tmp_path: Path
 ) -> None:
     read_end, write_end = os.pipe()
-    exits: list[ChildExited] = []
-    done = threading.Event()
-
-    def on_exit(exited: ChildExited) -> None:
-        exits.append(exited)
-        done.set()
-
-    identity: ProcessIdentity = wait_reply(
-        lambda deliver: supervisor.tell(
-            Spawn(
-                ["unused-for-a-warm-child"],
-                dict(os.environ),
-                deliver,
-                on_exit,
-                log_path=tmp_path / "probe.log",
-                pass_fds=(write_end,),
-                preloaded="piw_probe",
-                fd_env="PROBE_FD",
-            )
-        ),
-        timeout=30,
+    answers = SpawnAnswers()
+    exits, done = answers.exits, answers.exited
+    supervisor.tell(
+        Spawn(
+            ["unused-for-a-warm-child"],
+            dict(os.environ),
+            answers,
+            log_path=tmp_path / "probe.log",
+            pass_fds=(write_end,),
+            preloaded="piw_probe",
+            fd_env="PROBE_FD",
+        )
     )
+    identity = answers.identity(30)
     with os.fdopen(read_end) as report:
         pids = {int(report.readline()), int(report.readline())}
     grandchild = psutil.Process(next(pid for pid in pids if pid != identity.pid))
@@ -229,24 +221,13 @@ def test_a_warm_child_that_exits_before_its_spawn_returns_is_still_reported(
     """The zygote's exit report can reach the supervisor's callback before `spawn`
     returned the child's identity to the supervisor: the exit must not be lost."""
     count = 30
-    exits: list[ChildExited] = []
-    all_reported = threading.Event()
-
-    def on_exit(exited: ChildExited) -> None:  # on the supervisor's thread
-        exits.append(exited)
-        if len(exits) == count:
-            all_reported.set()
-
-    identities = [
-        wait_reply(
-            lambda deliver: supervisor.tell(
-                Spawn(["unused"], dict(os.environ), deliver, on_exit, preloaded="piw_quick")
-            ),
-            timeout=30,
-        )
-        for _ in range(count)
-    ]
-    assert all_reported.wait(30), f"{count - len(exits)} exits were never reported"
+    exits: list[ChildExited] = []  # appended on the supervisor's thread
+    answers = [SpawnAnswers(exits) for _ in range(count)]
+    for spawn_answers in answers:
+        supervisor.tell(Spawn(["unused"], dict(os.environ), spawn_answers, preloaded="piw_quick"))
+    identities = [spawn_answers.identity(30) for spawn_answers in answers]
+    for spawn_answers in answers:
+        assert spawn_answers.exited.wait(30), f"{count - len(exits)} exits were never reported"
     assert sorted(exited.identity.pid for exited in exits) == sorted(i.pid for i in identities)
     assert {exited.returncode for exited in exits} == {0}
     assert supervisor.proxy().child_count.get(timeout=10) == 0

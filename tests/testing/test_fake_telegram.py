@@ -134,3 +134,28 @@ def test_a_hung_send_answers_after_release(fake: FakeTelegram) -> None:
     fake.wait_for_calls("sendMessage", 1, timeout=10)
     sender.join(timeout=10)
     assert results == [200] and len(fake.bot_messages()) == 1
+
+
+def test_a_held_answer_applies_at_once_and_answers_after_release(fake: FakeTelegram) -> None:
+    held = fake.hold_answer_next("sendMessage")
+    results: list[dict[str, Any]] = []
+    sender = threading.Thread(
+        target=lambda: results.append(
+            call(fake, "sendMessage", {"chat_id": FAKE_CHAT_ID, "text": "x"})[1]
+        )
+    )
+    sender.start()
+    held.wait_entered(10)
+    # The message is in the chat (a person can answer it) but the call is not answered.
+    [message] = fake.bot_messages()
+    assert fake.calls_of("sendMessage") == [] and results == []
+    update_id = fake.reply("now", reply_to_message_id=message.message_id, user_id=42)
+    assert not fake.handed_out(update_id)
+    _, polled = call(fake, "getUpdates", {"timeout": 0})
+    assert [u["update_id"] for u in polled["result"]] == [update_id]
+    fake.wait_for(lambda f: f.handed_out(update_id), 10)  # marked once written
+    held.release()
+    fake.wait_for_calls("sendMessage", 1, timeout=10)
+    sender.join(timeout=10)
+    assert results[0]["result"]["message_id"] == message.message_id
+    assert fake.calls_of("sendMessage")[0].result["message_id"] == message.message_id

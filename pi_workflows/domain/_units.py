@@ -1,0 +1,539 @@
+"""Units of work as named data: one record per kind, resolved by the actor that runs it.
+
+Implements the house rule that messages carry data, never code: an actor asks the
+database or reader actor for a unit (`Transact(RecordSpawn(...))`), and that actor
+resolves the record's kind to its function here (`perform`). Each record's fields are
+the keyword arguments of its function, so a unit reads as the call it stands for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pi_workflows.domain._admission import admit
+from pi_workflows.domain._channel_ops import recover_channel
+from pi_workflows.domain._channel_work import (
+    ProfileScope,
+    WorkItem,
+    answer_from_channel,
+    counts_by_channel,
+    find_work,
+    interrupt_adapter,
+    record_result,
+    reserve_work,
+)
+from pi_workflows.domain._deadlines import expire_due, next_deadline, suspend_session
+from pi_workflows.domain._decisions import answer_decision_command, list_decisions
+from pi_workflows.domain._epochs import ActiveEpochs
+from pi_workflows.domain._interactions import (
+    SessionAuthority,
+    add_follow_up_command,
+    answer_from_session,
+    settle_validation,
+    submit_interaction,
+    update_interaction,
+    validations_to_resume,
+)
+from pi_workflows.domain._operations import (
+    OperationContext,
+    StartRequest,
+    handle_operation,
+    prior_answer,
+    start_run,
+)
+from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
+from pi_workflows.domain._runner_exits import ExitFacts, hand_back, record_exit
+from pi_workflows.domain._runner_handlers import RunnerView, apply_message
+from pi_workflows.domain._runner_launch import record_spawn
+from pi_workflows.domain._server_claims import (
+    release_server_claim,
+    renew_server_claims,
+    retake_server_claims,
+)
+from pi_workflows.domain._state_prune import (
+    PruneProgress,
+    PruneQuery,
+    delete_prune_tree,
+    prune_dry_run,
+    record_prune,
+    select_and_back_up,
+)
+from pi_workflows.domain._view_subscriptions import read_view
+from pi_workflows.domain._view_types import ViewSpec
+from pi_workflows.storage import (
+    ChannelResult,
+    Claim,
+    Database,
+    PruneTree,
+    QueueKind,
+    ServerClaim,
+    run_view_revision,
+    server_has_work,
+)
+from pi_workflows.supervision import ProcessIdentity
+from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire.runner import RunnerMessage
+
+__all__ = [
+    "AddFollowUp",
+    "AdmitRuns",
+    "AnswerDecision",
+    "AnswerFromChannel",
+    "AnswerFromSession",
+    "ApplyRunnerMessage",
+    "Barrier",
+    "ClearTerminalView",
+    "ClientOperation",
+    "CountChannelWork",
+    "DeletePruneTree",
+    "ExpireDue",
+    "FindChannelWork",
+    "HandBackRun",
+    "InterruptAdapter",
+    "ListDecisions",
+    "NextDeadline",
+    "Perform",
+    "PriorAnswer",
+    "PruneDryRun",
+    "ReadView",
+    "RecordChannelResult",
+    "RecordPrune",
+    "RecordRunnerExit",
+    "RecordSpawn",
+    "RecoverChannel",
+    "ReleaseServerClaim",
+    "RenewServerClaims",
+    "ReportBranch",
+    "ReportTurn",
+    "ReserveChannelWork",
+    "RetakeServerClaims",
+    "RunViewRevision",
+    "SelectAndBackUp",
+    "ServerHasWork",
+    "SettleValidation",
+    "StartRun",
+    "SubmitInteraction",
+    "SuspendSession",
+    "UpdateInteraction",
+    "ValidationsToResume",
+    "perform",
+    "unit_label",
+]
+
+Perform = Callable[[Database, object], Any]
+"""How an actor runs a unit: `perform` here, or a test's extension of it."""
+
+_U = TypeVar("_U")
+
+_WORK: dict[type[Any], tuple[Callable[..., Any], tuple[str, ...]]] = {}
+"""Each unit kind's function and the record fields passed to it by name (filled once,
+at import, by `_runs`; never changed afterwards)."""
+
+
+def _runs(work: Callable[..., Any]) -> Callable[[type[_U]], type[_U]]:
+    """Register a unit record as standing for `work(db, **fields)`."""
+
+    def register(kind: type[_U]) -> type[_U]:
+        names = tuple(field.name for field in dataclasses.fields(kind))  # type: ignore[arg-type]
+        _WORK[kind] = (work, names)
+        return kind
+
+    return register
+
+
+def perform(db: Database, unit: object) -> Any:
+    """Run `unit` on `db` (the writer in a group commit, or the reader's snapshot).
+
+    Raises:
+        TypeError: `unit` is not a unit of work.
+    """
+    try:
+        work, names = _WORK[type(unit)]
+    except KeyError:
+        raise TypeError(f"not a unit of work: {type(unit).__name__}") from None
+    return work(db, **{name: getattr(unit, name) for name in names})
+
+
+def unit_label(unit: object) -> str:
+    """A safe name of the unit for logs (an operation or unit name, never a payload)."""
+    label = getattr(unit, "label", None)
+    return label if isinstance(label, str) else type(unit).__name__
+
+
+def _count(db: Database, value: int) -> int:
+    del db
+    return value
+
+
+# --- runners -----------------------------------------------------------------------------
+
+
+@_runs(record_spawn)
+@dataclass(frozen=True, slots=True)
+class RecordSpawn:
+    """Record a spawned runner's exact identity."""
+
+    label: ClassVar[str] = "runner.spawned"
+    runner_epoch: str
+    identity: ProcessIdentity
+
+
+@_runs(apply_message)
+@dataclass(frozen=True, slots=True)
+class ApplyRunnerMessage:
+    """Apply one runner message the runner host checked (epoch, generation)."""
+
+    label: ClassVar[str] = "runner.message"
+    view: RunnerView
+    message: RunnerMessage
+
+
+@_runs(record_exit)
+@dataclass(frozen=True, slots=True)
+class RecordRunnerExit:
+    """A runner's one terminal outcome, and what its run does next."""
+
+    label: ClassVar[str] = "runner.exit"
+    facts: ExitFacts
+    returncode: int
+
+
+@_runs(hand_back)
+@dataclass(frozen=True, slots=True)
+class HandBackRun:
+    """A graceful stop: requeue a run a live runner still holds."""
+
+    label: ClassVar[str] = "runner.hand_back"
+    facts: ExitFacts
+
+
+@_runs(_count)
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Answers `value` after every unit queued before it (the database keeps order)."""
+
+    label: ClassVar[str] = "barrier"
+    value: int
+
+
+@_runs(admit)
+@dataclass(frozen=True, slots=True)
+class AdmitRuns:
+    """Choose the runs to admit now and claim each for a new runner generation."""
+
+    label: ClassVar[str] = "plan"
+    capacity: int
+    last_kind: QueueKind | None
+    owner_id: str
+
+
+# --- the server lease --------------------------------------------------------------------
+
+
+@_runs(renew_server_claims)
+@dataclass(frozen=True, slots=True)
+class RenewServerClaims:
+    label: ClassVar[str] = "claims.renew"
+    claim: ServerClaim
+
+
+@_runs(retake_server_claims)
+@dataclass(frozen=True, slots=True)
+class RetakeServerClaims:
+    label: ClassVar[str] = "claims.retake"
+    claim: ServerClaim
+    pid: int | None
+
+
+@_runs(release_server_claim)
+@dataclass(frozen=True, slots=True)
+class ReleaseServerClaim:
+    label: ClassVar[str] = "server.release"
+    claim: ServerClaim
+    children_gone: bool
+
+
+@_runs(server_has_work)
+@dataclass(frozen=True, slots=True)
+class ServerHasWork:
+    """Whether durable state needs the server to stay up (the idle check)."""
+
+    label: ClassVar[str] = "server.idle_check"
+
+
+# --- client requests ---------------------------------------------------------------------
+
+
+@_runs(handle_operation)
+@dataclass(frozen=True, slots=True)
+class ClientOperation:
+    """One client read or command by its operation name (`domain/_operations.py`)."""
+
+    request: RequestMessage
+    ctx: OperationContext
+    claim: Claim | None = None
+    """The live runner's claim a run command presents (the runner host knows it)."""
+
+    @property
+    def label(self) -> str:
+        return str(self.request["operation"])
+
+
+@_runs(prior_answer)
+@dataclass(frozen=True, slots=True)
+class PriorAnswer:
+    """The stored answer of a command already handled under this request's identity."""
+
+    label: ClassVar[str] = "run.start.receipt"
+    request: RequestMessage
+
+
+@_runs(start_run)
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    label: ClassVar[str] = "run.start"
+    request: RequestMessage
+    ctx: OperationContext
+    start: StartRequest
+    resolved: Mapping[str, Any]
+
+
+@_runs(run_view_revision)
+@dataclass(frozen=True, slots=True)
+class RunViewRevision:
+    label: ClassVar[str] = "view.subscribe"
+    run_id: str
+
+
+@_runs(update_interaction)
+@dataclass(frozen=True, slots=True)
+class UpdateInteraction:
+    label: ClassVar[str] = "interaction.update"
+    request: RequestMessage
+    authority: SessionAuthority | None = None
+
+
+@_runs(add_follow_up_command)
+@dataclass(frozen=True, slots=True)
+class AddFollowUp:
+    label: ClassVar[str] = "followUp.add"
+    request: RequestMessage
+
+
+@_runs(answer_decision_command)
+@dataclass(frozen=True, slots=True)
+class AnswerDecision:
+    label: ClassVar[str] = "decision.answer"
+    request: RequestMessage
+
+
+@_runs(list_decisions)
+@dataclass(frozen=True, slots=True)
+class ListDecisions:
+    label: ClassVar[str] = "decision.list"
+    request: RequestMessage
+
+
+@_runs(answer_from_session)
+@dataclass(frozen=True, slots=True)
+class AnswerFromSession:
+    label: ClassVar[str] = "run.answer"
+    request: RequestMessage
+    ctx: OperationContext
+    authority: SessionAuthority | None = None
+
+
+@_runs(recover_channel)
+@dataclass(frozen=True, slots=True)
+class RecoverChannel:
+    label: ClassVar[str] = "channel.recover"
+    request: RequestMessage
+    ctx: OperationContext
+
+
+@_runs(report_branch)
+@dataclass(frozen=True, slots=True)
+class ReportBranch:
+    label: ClassVar[str] = "workflowMessage.reportBranch"
+    request: RequestMessage
+    connection_id: str
+    epochs: ActiveEpochs
+
+
+@_runs(report_turn)
+@dataclass(frozen=True, slots=True)
+class ReportTurn:
+    label: ClassVar[str] = "workflowTurn.report"
+    request: RequestMessage
+    connection_id: str
+    epochs: ActiveEpochs
+
+
+@_runs(clear_terminal_view)
+@dataclass(frozen=True, slots=True)
+class ClearTerminalView:
+    label: ClassVar[str] = "sessionView.clearTerminal"
+    request: RequestMessage
+    connection_id: str
+    epochs: ActiveEpochs
+
+
+# --- submissions and validation ----------------------------------------------------------
+
+
+@_runs(submit_interaction)
+@dataclass(frozen=True, slots=True)
+class SubmitInteraction:
+    label: ClassVar[str] = "interaction.submit"
+    request: RequestMessage
+    agent_dir: Path
+    authority: SessionAuthority | None = None
+
+
+@_runs(settle_validation)
+@dataclass(frozen=True, slots=True)
+class SettleValidation:
+    label: ClassVar[str] = "interaction.settle"
+    submission_id: str
+    report: Mapping[str, Any] | None
+    reason: str
+
+
+@_runs(validations_to_resume)
+@dataclass(frozen=True, slots=True)
+class ValidationsToResume:
+    label: ClassVar[str] = "interaction.resume"
+    agent_dir: Path
+
+
+# --- timers without a runner -------------------------------------------------------------
+
+
+@_runs(suspend_session)
+@dataclass(frozen=True, slots=True)
+class SuspendSession:
+    """A session's coordinator epoch ended: its running step spans stop."""
+
+    label: ClassVar[str] = "coordinator.epoch_ended"
+    session_id: str
+
+
+@_runs(next_deadline)
+@dataclass(frozen=True, slots=True)
+class NextDeadline:
+    label: ClassVar[str] = "deadlines"
+
+
+@_runs(expire_due)
+@dataclass(frozen=True, slots=True)
+class ExpireDue:
+    label: ClassVar[str] = "deadlines.expire"
+    owner_id: str
+
+
+# --- live views --------------------------------------------------------------------------
+
+
+@_runs(read_view)
+@dataclass(frozen=True, slots=True)
+class ReadView:
+    """The view `spec` names if its revision differs from `since` (None: unchanged)."""
+
+    label: ClassVar[str] = "view"
+    spec: ViewSpec
+    since: int
+    epochs: ActiveEpochs | None = None
+
+
+# --- state prune -------------------------------------------------------------------------
+
+
+@_runs(prune_dry_run)
+@dataclass(frozen=True, slots=True)
+class PruneDryRun:
+    label: ClassVar[str] = "state.prune"
+    request: RequestMessage
+    query: PruneQuery
+
+
+@_runs(select_and_back_up)
+@dataclass(frozen=True, slots=True)
+class SelectAndBackUp:
+    label: ClassVar[str] = "state.prune"
+    request: RequestMessage
+    query: PruneQuery
+
+
+@_runs(delete_prune_tree)
+@dataclass(frozen=True, slots=True)
+class DeletePruneTree:
+    label: ClassVar[str] = "state.prune"
+    tree: PruneTree
+    cutoff: int
+
+
+@_runs(record_prune)
+@dataclass(frozen=True, slots=True)
+class RecordPrune:
+    label: ClassVar[str] = "state.prune"
+    request: RequestMessage
+    query: PruneQuery
+    progress: PruneProgress
+
+
+# --- channel adapters --------------------------------------------------------------------
+
+
+@_runs(find_work)
+@dataclass(frozen=True, slots=True)
+class FindChannelWork:
+    label: ClassVar[str] = "channel.scan"
+    scopes: Sequence[ProfileScope]
+
+
+@_runs(reserve_work)
+@dataclass(frozen=True, slots=True)
+class ReserveChannelWork:
+    label: ClassVar[str] = "channel.reserve"
+    item: WorkItem
+    adapter_epoch: str
+
+
+@_runs(record_result)
+@dataclass(frozen=True, slots=True)
+class RecordChannelResult:
+    label: ClassVar[str] = "channel.result"
+    channel: str
+    adapter_epoch: str
+    attempt_id: str
+    channel_revision: int
+    result: ChannelResult
+
+
+@_runs(answer_from_channel)
+@dataclass(frozen=True, slots=True)
+class AnswerFromChannel:
+    label: ClassVar[str] = "channel.answer"
+    channel: str
+    profile: str
+    event_id: str
+    answer: Mapping[str, Any]
+
+
+@_runs(interrupt_adapter)
+@dataclass(frozen=True, slots=True)
+class InterruptAdapter:
+    label: ClassVar[str] = "channel.interrupt"
+    channel: str
+    adapter_epoch: str
+
+
+@_runs(counts_by_channel)
+@dataclass(frozen=True, slots=True)
+class CountChannelWork:
+    label: ClassVar[str] = "channel.status"
+    channels: Sequence[str]
