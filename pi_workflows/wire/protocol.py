@@ -14,13 +14,14 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from importlib import resources
-from typing import Any, Final, Literal, NotRequired, TypeAlias, TypedDict, cast
+from typing import Any, Final, Literal, NotRequired, TypeAlias, TypedDict, cast, get_args
 
 import fastjsonschema
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match, by_relevance
 
 from pi_workflows.errors import PiWorkflowsError
+from pi_workflows.wire._runner_payloads import MessageKind as RunnerMessageKind
 from pi_workflows.wire.canonical import dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameTooLargeError
 
@@ -160,26 +161,7 @@ DISPLAY_STATUSES: Final[tuple[DisplayStatus, ...]] = (
 )
 """The closed `display.status` set; only the server computes it."""
 
-RUNNER_MESSAGE_KINDS: Final = (
-    "runner.ready",
-    "node.started",
-    "node.update",
-    "node.finished",
-    "node.failed",
-    "run.parked",
-    "run.finished",
-    "interaction.requested",
-    "interaction.accepted",
-    "interaction.rejected",
-    "notification.requested",
-    "presentation.requested",
-    "effect.reserve",
-    "effect.settle",
-    "runner.progress",
-    "runner.exiting",
-    "content.read",
-    "content.write",
-)
+RUNNER_MESSAGE_KINDS: Final = get_args(RunnerMessageKind)
 """Kinds a runner may send to the server: the design's list, then `content.read` (a
 bounded part of a value the server sent by reference; the design names no kind for it)
 and `content.write` (a bounded part of a value too large for one frame that the runner
