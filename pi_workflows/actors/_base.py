@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import pykka
 
@@ -24,13 +24,10 @@ __all__ = [
     "Reply",
     "ServerActor",
     "answer",
-    "tell_if_alive",
     "wait_reply",
 ]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 ActorFailureHandler = Callable[[str, BaseException | None], None]
 """Called with the actor name and its exception when an actor dies unexpectedly."""
@@ -58,13 +55,6 @@ class ServerActor(pykka.ThreadingActor):
             exc_info=exception_value,
         )
         self._on_actor_failure(self.name, exception_value)
-
-
-def tell_if_alive(ref: pykka.ActorRef[Any], message: Any) -> None:
-    """`tell`, dropping the message if the actor stopped: a reply that comes back during
-    the server's stop must not fail the actor that delivers it (the database actor)."""
-    with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(message)
 
 
 def answer(reply_to: Address | None, tag: Any, reply: Reply) -> None:
