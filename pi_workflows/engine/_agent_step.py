@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pi_workflows._paths import ensure_private_dir
-from pi_workflows.engine._channel import RunnerStopped
+from pi_workflows.engine._channel import NodePlace, RunnerStopped
 from pi_workflows.engine._compile import CompiledNode
 from pi_workflows.engine._context import EngineContext
 from pi_workflows.engine._definition import AgentNode
@@ -30,9 +30,6 @@ from pi_workflows.wire.runner import (
     TurnEnded,
     TurnVerdict,
 )
-
-if TYPE_CHECKING:
-    from pi_workflows.engine._nodes import NodePlace
 
 __all__ = [
     "MAX_REMINDERS",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import socket
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import msgspec
@@ -46,7 +48,7 @@ from pi_workflows.wire.runner import (
     result_as,
 )
 
-__all__ = ["Channel", "ClaimLost", "Refused", "RunnerStopped"]
+__all__ = ["Channel", "ClaimLost", "NodePlace", "Refused", "RunnerStopped"]
 
 _T = TypeVar("_T")
 
@@ -299,3 +301,20 @@ class Channel:
             if answer is None or answer.reply_to != message.message_id:
                 continue
             return self._accepted(body.kind, answer)
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlace:
+    """Where one node attempt runs: the channel, the run and attempt, the folders."""
+
+    channel: Channel
+    run_id: str
+    workflow: str
+    """The compiled workflow's name (an agent step's contract names it)."""
+    attempt_id: str
+    origin_session_id: str | None = None
+    """The Pi session an interactive run is bound to: its agent steps run there."""
+    state_dir: Path | None = None
+    """The server's state folder: agent steps keep pi's private files under it."""
+    pi_agent_dir: Path | None = None
+    """Pi's agent folder (`models.json`, `auth.json`, `settings.json`)."""

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
-from pi_workflows.engine._channel import Channel, ClaimLost, Refused
+from pi_workflows.engine._channel import Channel, ClaimLost, NodePlace, Refused
 from pi_workflows.engine._compile import CompiledNode, CompiledWorkflow, ScopedState
 from pi_workflows.engine._context import EngineContext
 from pi_workflows.engine._definition import HumanDecisionNode
@@ -20,7 +20,7 @@ from pi_workflows.engine._effects import EffectAmbiguous, RunnerEffects
 from pi_workflows.engine._errors import RoutingError
 from pi_workflows.engine._failures import node_error, run_failure, short_text
 from pi_workflows.engine._limits import Limits, NodeGuard, NodeWatch
-from pi_workflows.engine._nodes import NodePlace, run_node_kind
+from pi_workflows.engine._nodes import run_node_kind
 from pi_workflows.engine._routing import next_node
 from pi_workflows.engine._values import checked_output
 from pi_workflows.wire.runner import (

@@ -8,12 +8,10 @@ checkpoint and human_decision produce what a person answers, agent drives a Pi s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pi_workflows.engine._agent_step import run_agent_step
-from pi_workflows.engine._channel import Channel
+from pi_workflows.engine._channel import NodePlace
 from pi_workflows.engine._compile import CompiledNode
 from pi_workflows.engine._context import EngineContext
 from pi_workflows.engine._definition import (
@@ -29,24 +27,7 @@ from pi_workflows.engine._shell import SHELL_EFFECT_TYPE, run_shell
 from pi_workflows.wire.decisions import MAX_SUMMARY_CHARS, label_problem
 from pi_workflows.wire.runner import NotificationRequested
 
-__all__ = ["NodePlace", "run_node_kind"]
-
-
-@dataclass(frozen=True, slots=True)
-class NodePlace:
-    """Where one node attempt runs: the channel, the run and attempt, the folders."""
-
-    channel: Channel
-    run_id: str
-    workflow: str
-    """The compiled workflow's name (an agent step's contract names it)."""
-    attempt_id: str
-    origin_session_id: str | None = None
-    """The Pi session an interactive run is bound to: its agent steps run there."""
-    state_dir: Path | None = None
-    """The server's state folder: agent steps keep pi's private files under it."""
-    pi_agent_dir: Path | None = None
-    """Pi's agent folder (`models.json`, `auth.json`, `settings.json`)."""
+__all__ = ["run_node_kind"]
 
 
 def run_node_kind(place: NodePlace, node: CompiledNode, ctx: EngineContext) -> Any:
