@@ -193,8 +193,14 @@ def test_the_session_view_shows_the_active_run_and_its_pending_step_message(
             run_id = start(client, ask_project, "ask", SESSION)["receipt"]["runId"]
             view = session_snapshot(
                 watcher,
-                lambda view: has_step(view) and view["activeRun"]["display"]["status"] == "waiting",
-                "the waiting run and its step message",
+                # The runner that parked the run exits after it: `activity` (apart from
+                # status) shows it until then, so compare once it is gone.
+                lambda view: (
+                    has_step(view)
+                    and view["activeRun"]["display"]["status"] == "waiting"
+                    and view["activeRun"]["display"].get("activity") is None
+                ),
+                "the waiting run (its runner gone) and its step message",
             )
             shown = client.call("run.get", run_id=run_id)["receipt"]
     finally:
