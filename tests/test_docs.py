@@ -35,6 +35,14 @@ OUTSIDE_DOCUMENTS = re.compile(
 )
 """The design's source documents, which are not in the repository: docs/design.md says
 in the project's own words what they say."""
+REPOSITORY_PATH = re.compile(r"^[\w.-]+(?:/[\w.-]+)+\.(?:py|ts|sql|json|c|md|toml)$")
+"""A code span that names a file of the repository (`engine/_agent_step.py`)."""
+TEST_ID = re.compile(r"^(tests/[\w/.-]+\.(?:py|ts))(?:::([\w]+)(?:\[[^\]]*\])?(?:::(\w+))?)?$")
+"""A test named in a code span: `tests/x.py::test_y`, `tests/x.py::TestZ::test_y`."""
+PATH_ROOTS: tuple[Path, ...] = (ROOT, ROOT / "pi_workflows", ROOT / "docs")
+"""Where a path in the docs may start: the repository, the package, the docs."""
+PI_DOCUMENTS = frozenset({"docs/extensions.md"})
+"""Pi's own documentation (in its npm package), which the Pi users' guide cites."""
 FENCE = re.compile(r"^\s*(```+|~~~+)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\((?P<target><[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -42,7 +50,7 @@ PI_WORKFLOWS = re.compile(r"(?:(?<=[\s`(\"'=])|^|(?<=bin/))pi-workflows(?=\s|$)"
 SLASH_WORKFLOW = re.compile(r"(?:(?<=[\s`(\"'])|^)/workflow(?![\w-])(?:\s+(?P<sub>[a-z][a-z|-]*))?")
 SEPARATORS = re.compile(r"\s(?:\|\||\||&&|;)\s")
 PLACEHOLDERS = frozenset({"...", "…", "COMMAND", "SUBCOMMAND"})
-TOP_LEVEL = frozenset(main.commands)  # type: ignore[attr-defined]
+TOP_LEVEL = frozenset(main.commands)
 ROOT_OPTIONS_WITH_VALUE = frozenset({"--state-dir"})
 SHELLS = frozenset({"sh", "bash", "console", "shell", "zsh"})
 SHORT_SPAN = 6
@@ -241,7 +249,7 @@ def resolve(tokens: list[str], strict: bool = True) -> list[Mention]:
     index = 0
     while index < len(tokens) and tokens[index].startswith("-"):
         index += 2 if _clean(tokens[index]) in ROOT_OPTIONS_WITH_VALUE else 1
-    return _walk(main, (), tokens[index:], strict)  # type: ignore[arg-type]
+    return _walk(main, (), tokens[index:], strict)
 
 
 def _walk(
@@ -294,7 +302,12 @@ def cli_mentions(code: Code) -> Iterator[Mention]:
 
 
 def all_cli_mentions() -> list[tuple[Code, Mention]]:
-    return [(code, mention) for page in PAGES for code in code_of(page) for mention in cli_mentions(code)]
+    return [
+        (code, mention)
+        for page in PAGES
+        for code in code_of(page)
+        for mention in cli_mentions(code)
+    ]
 
 
 # --- the Pi extension -------------------------------------------------------------
@@ -327,7 +340,8 @@ def workflow_mentions(pages: tuple[Path, ...] = PAGES) -> list[tuple[Code, str]]
 
 
 def _where(code: Code) -> str:
-    return f"{code.page.relative_to(ROOT)}:{code.line}: `{code.text[:80]}`"
+    page = code.page.relative_to(ROOT) if code.page.is_relative_to(ROOT) else code.page.name
+    return f"{page}:{code.line}: `{code.text[:80]}`"
 
 
 # --- the tests ----------------------------------------------------------------------
@@ -358,6 +372,44 @@ def test_no_page_points_to_design_documents_outside_the_repository(page: Path) -
     assert found == []
 
 
+def test_every_file_and_test_named_in_the_docs_exists() -> None:
+    assert named_file_problems(PAGES) == []
+
+
+def named_file_problems(pages: tuple[Path, ...]) -> list[str]:
+    """Files and tests named in code spans that do not exist: `engine/_agent_step.py`,
+    `tests/server/test_x.py::test_y`, and a following `::test_z` of the same file."""
+    problems: list[str] = []
+    for page in pages:
+        test_file: Path | None = None
+        for code in code_of(page):
+            if code.block:
+                continue
+            text = code.text.strip()
+            test = TEST_ID.match(text)
+            if test is not None:
+                test_file = ROOT / test.group(1)
+                names = [name for name in (test.group(2), test.group(3)) if name]
+            elif text.startswith("::") and test_file is not None:
+                names = [text[2:].split("[")[0]]
+            elif REPOSITORY_PATH.match(text) and text not in PI_DOCUMENTS:
+                if not any((root / text).exists() for root in PATH_ROOTS):
+                    problems.append(f"{_where(code)}: no such file")
+                continue
+            else:
+                continue
+            if test_file is None or not test_file.exists():
+                problems.append(f"{_where(code)}: no such file")
+                continue
+            source = test_file.read_text(encoding="utf-8")
+            problems.extend(
+                f"{_where(code)}: no {name} in {test_file.relative_to(ROOT)}"
+                for name in names
+                if not re.search(rf"^\s*(?:(?:async )?def|class) {name}\b|^{name} = ", source, re.M)
+            )
+    return problems
+
+
 def test_every_cli_command_named_in_the_docs_exists() -> None:
     problems = [f"{_where(code)}: {m.problem}" for code, m in all_cli_mentions() if m.problem]
     assert problems == []
@@ -365,13 +417,17 @@ def test_every_cli_command_named_in_the_docs_exists() -> None:
 
 def test_every_cli_command_is_in_the_docs() -> None:
     named = {mention.path for _, mention in all_cli_mentions() if mention.problem is None}
-    missing = [" ".join(path) for path in leaf_commands(main) if path not in named]  # type: ignore[arg-type]
+    missing = [" ".join(path) for path in leaf_commands(main) if path not in named]
     assert missing == []
 
 
 def test_every_workflow_command_named_in_the_docs_exists() -> None:
     known = workflow_subcommands()
-    unknown = [f"{_where(code)}: /workflow {name}" for code, name in workflow_mentions() if name not in known]
+    unknown = [
+        f"{_where(code)}: /workflow {name}"
+        for code, name in workflow_mentions()
+        if name not in known
+    ]
     assert unknown == []
 
 
@@ -379,7 +435,11 @@ def test_every_workflow_command_and_pi_command_is_in_the_docs() -> None:
     named = {name for _, name in workflow_mentions()}
     assert sorted(workflow_subcommands() - named) == []
     text = "\n".join(code.text for page in PAGES for code in code_of(page))
-    missing = [name for name in sorted(pi_commands()) if not re.search(rf"(?<![\w/.-])/{name}(?![\w-])", text)]
+    missing = [
+        name
+        for name in sorted(pi_commands())
+        if not re.search(rf"(?<![\w/.-])/{name}(?![\w-])", text)
+    ]
     assert missing == []
 
 
@@ -397,7 +457,9 @@ def test_the_checker_finds_a_broken_link_an_unknown_command_and_a_wrapped_span(
         "# A heading, with `code`\n\nSee [it](#a-heading-with-code), [no](#nowhere),\n"
         "[gone](missing.md), [up](../../x.md) and [guide](guide.md#install-the-extension).\n\n"
         "Run `pi-workflows run recover RUN_ID --confirm` or `pi-workflows\nrun frobnicate`,\n"
-        "`run pause|resume RUN_ID` and `/workflow adopt-all`.\n\n```sh\n"
+        "`run pause|resume RUN_ID` and `/workflow adopt-all`.\n\n"
+        "See `engine/_nowhere.py`, `tests/test_docs.py::test_nothing_like_this` and\n"
+        "`::test_the_checker_finds_a_broken_link_an_unknown_command_and_a_wrapped_span`.\n\n```sh\n"
         "[not](a-link.md) pi-workflows run wait RUN_ID --json  # pi-workflows run nope\n```\n",
         encoding="utf-8",
     )
@@ -414,6 +476,10 @@ def test_the_checker_finds_a_broken_link_an_unknown_command_and_a_wrapped_span(
         (("run", "pause"), None),
         (("run", "resume"), None),
         (("run", "wait"), None),
+    ]
+    assert [p.split(": ", 2)[2] for p in named_file_problems((page,))] == [
+        "no such file",
+        "no test_nothing_like_this in tests/test_docs.py",
     ]
     assert [name for _, name in workflow_mentions((page,))] == ["adopt-all"]
     assert "adopt-all" not in workflow_subcommands()
