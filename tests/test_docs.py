@@ -318,7 +318,9 @@ def workflow_subcommands() -> set[str]:
     source = COMMANDS_TS.read_text(encoding="utf-8")
     body = source[source.index("export function parseWorkflowArgs") :]
     body = body[: body.index("\n}\n")]
-    return {name for name in re.findall(r'case "([a-z-]*)":', body) if name}
+    names = {name for name in re.findall(r'case "([a-z-]*)":', body) if name}
+    assert names, "parseWorkflowArgs names its subcommands as `case \"NAME\":` no more"
+    return names
 
 
 def pi_commands() -> set[str]:
