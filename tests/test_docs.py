@@ -319,7 +319,7 @@ def workflow_subcommands() -> set[str]:
     body = source[source.index("export function parseWorkflowArgs") :]
     body = body[: body.index("\n}\n")]
     names = {name for name in re.findall(r'case "([a-z-]*)":', body) if name}
-    assert names, "parseWorkflowArgs names its subcommands as `case \"NAME\":` no more"
+    assert names, 'parseWorkflowArgs names its subcommands as `case "NAME":` no more'
     return names
 
 
