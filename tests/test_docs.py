@@ -1,11 +1,8 @@
-"""The docs match the product: links resolve, commands exist, every command is documented.
+"""The docs match the product: README.md and docs/*.md, read as GitHub renders them.
 
-Reads README.md and docs/*.md as GitHub renders them: every relative link names a file
-in the repository (and a heading of it, for a `#anchor`); no page speaks of the
-project's issue numbers, which a user cannot follow (CHANGELOG.md is history and keeps
-them); every `pi-workflows ...` command, option and `/workflow ...` command named in a
-code span or code block exists in the click tree or the extension's parser, and every one
-that exists is named somewhere.
+Every relative link resolves (files and heading anchors), every file, test, CLI command,
+option and `/workflow` command a page names exists, every command that exists is named,
+and no page speaks of issue numbers or of design files outside the repository.
 """
 
 from __future__ import annotations
