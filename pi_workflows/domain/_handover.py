@@ -72,7 +72,9 @@ def _unfinished_interactive(tx: Tx, run_id: str) -> tuple[RunRow, str]:
         raise OperationError("notFound", "runNotFound", f"no run {run_id}")
     if run.finished_at is not None:
         raise OperationError(
-            "rejected", "runFinished", f"run {run_id} is {run.status}: there is nothing to hand over"
+            "rejected",
+            "runFinished",
+            f"run {run_id} is {run.status}: there is nothing to hand over",
         )
     origin = interactive_origin_session(tx, run_id)
     if origin is None:
@@ -224,4 +226,3 @@ def resume_headless(
         return run_id, head.revision, {"runId": run_id, "state": state, "operation": "resume"}
 
     return _command(db, request, change)
-
