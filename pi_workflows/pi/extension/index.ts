@@ -60,9 +60,9 @@ const LOST_NOTE = "connection to the workflow server lost; reconnecting";
  */
 const LOADED = Symbol.for("pi-workflows.extension.loaded");
 
-/** What `withOriginSession` runs, given the origin session's ID and file: the run it
- * started or adopted, and the notice to show in that session. */
-type OriginAct = (sessionId: string, file: string | undefined) => Promise<{ runId: string; notice: string }>;
+/** What `withOriginSession` runs, given the origin session's ID: the run it started or
+ * adopted, and the first line of the notice to show in that session. */
+type OriginAct = (sessionId: string) => Promise<{ runId: string; notice: string }>;
 
 function loadedBuses(): WeakSet<object> {
   const holder = globalThis as { [LOADED]?: WeakSet<object> };
@@ -183,23 +183,26 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   }
 
   /**
-   * Run `act` with an origin session Pi can reopen; show its notice in that session. A
-   * saved session (or one Pi never saves, `--no-session`) is used as it is. An unsaved
-   * one is saved first (saved-session.ts): a `SessionManager` on the same file writes
-   * its entries and the marker, Pi switches to that file (`ctx.switchSession`), and
-   * `act` runs there, with the saved session's ID, once the switch is done. The run it
-   * starts or adopts is recorded in the session when its view arrives (`onView`).
+   * Run `act` with an origin session Pi can reopen; show its notice, with the command
+   * that reopens the session, in that session. A saved session (or one Pi never saves,
+   * `--no-session`) is used as it is, and so is an unsaved one while a model reply runs
+   * (Pi saves it when the reply ends). An idle unsaved one is saved first
+   * (saved-session.ts): a `SessionManager` on the same file writes its entries and the
+   * marker, Pi switches to that file (`ctx.switchSession`), and `act` runs there, with
+   * the saved session's ID, once the switch is done. The run it starts or adopts is
+   * recorded in that session when its view arrives (`onView`).
    */
   async function withOriginSession(ctx: ExtensionCommandContext, act: OriginAct): Promise<void> {
     const file = ctx.sessionManager.getSessionFile();
-    if (coordinator === null || file === undefined || sessionState(file) !== "unsaved") {
+    const state = sessionState(file);
+    const busy = !ctx.isIdle() || ctx.hasPendingMessages(); // a model reply saves it soon
+    if (coordinator === null || file === undefined || state === "saved" || busy) {
       const sessionId = coordinator?.sessionId ?? ctx.sessionManager.getSessionId();
-      const { runId: id, notice } = await act(sessionId, file);
+      const { runId: id, notice } = await act(sessionId);
       adopt(id);
-      notify(notice);
+      notify(`${notice}\n${reopenHint(file, id, state === "saved")}`);
       return;
     }
-    await ctx.waitForIdle(); // no model reply may reach the old session's manager now
     const saved = SessionManager.open(file, ctx.sessionManager.getSessionDir(), ctx.sessionManager.getCwd());
     carryEntries(saved, ctx.sessionManager.getBranch(), new Set([RUN_ENTRY]));
     saved.appendMessage(savedMarker(ctx.model)); // Pi writes the file with its first assistant message
@@ -211,7 +214,8 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     const switched = await ctx.switchSession(file, {
       withSession: async (next) => {
         try {
-          shown = { ui: next.ui, text: (await act(sessionId, file)).notice, level: "info" };
+          const { runId: id, notice } = await act(sessionId);
+          shown = { ui: next.ui, text: `${notice}\n${reopenHint(file, id)}`, level: "info" };
         } catch (error) {
           shown = { ui: next.ui, text: (error as Error).message, level: "error" };
         }
@@ -248,10 +252,10 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         }
         // Started from this Pi session: the run is interactive, its agent steps run here,
         // so the session is saved before the server accepts the run.
-        await withOriginSession(ctx, async (sessionId, file) => {
+        await withOriginSession(ctx, async (sessionId) => {
           const { receipt } = await client.call("run.start", { ...payload, originSessionId: sessionId });
           const started = String(receipt.runId);
-          return { runId: started, notice: `Started workflow ${parsed.workflow}: ${started}\n${reopenHint(file, started)}` };
+          return { runId: started, notice: `Started workflow ${parsed.workflow}: ${started}` };
         });
         return;
       }
@@ -325,10 +329,10 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       notify(`Not adopted: ${id} is unchanged.`);
       return;
     }
-    await withOriginSession(ctx, async (sessionId, file) => {
+    await withOriginSession(ctx, async (sessionId) => {
       await client.call("run.adopt", { sessionId }, { runId: id });
       const where = step ? `its step ${step} is presented in this session` : "its next step is presented in this session";
-      return { runId: id, notice: `Adopted ${id}: ${where}.\n${reopenHint(file, id)}` };
+      return { runId: id, notice: `Adopted ${id}: ${where}.` };
     });
   }
 

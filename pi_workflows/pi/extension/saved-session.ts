@@ -94,14 +94,23 @@ export function shellWord(path: string): string {
 
 /**
  * The start notice's second line: the exact command that reopens the run's origin
- * session, or, for a session Pi never saves (`pi --no-session`), the two ways out.
+ * session; for a session Pi saves only when the running model reply ends (`saved`
+ * false), that and the way out if Pi exits first; for a session Pi never saves (`pi
+ * --no-session`), the two ways out.
  */
-export function reopenHint(file: string | undefined, runId: string): string {
+export function reopenHint(file: string | undefined, runId: string, saved: boolean = true): string {
   if (file === undefined) {
     return (
       "This Pi session is not saved (pi --no-session): if Pi exits, take the run over with " +
       `/workflow adopt ${runId} in another Pi session, or run it without Pi: pi-workflows run resume ${runId} --headless`
     );
   }
-  return `If Pi exits, reopen this session with: pi --session ${shellWord(file)}`;
+  const reopen = `pi --session ${shellWord(file)}`;
+  if (!saved) {
+    return (
+      `Pi saves this session when the model's reply ends; then reopen it with: ${reopen} ` +
+      `(if Pi exits before that, take the run over with /workflow adopt ${runId} in another Pi session)`
+    );
+  }
+  return `If Pi exits, reopen this session with: ${reopen}`;
 }
