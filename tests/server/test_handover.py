@@ -11,6 +11,9 @@ is one clear error, stored like an acceptance so a retry gets the same answer.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,6 +24,11 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.domain import ActiveEpochs
+from pi_workflows.domain._handover import resume_headless
+from pi_workflows.domain._operations import OperationContext, StartRequest, start_run
+from pi_workflows.storage import Database
+from pi_workflows.wire.canonical import dumps, sha256_digest
 from tests.conftest import write_workflow
 from tests.server import origin
 from tests.server.origin import SESSION, rows, session_snapshot, start
@@ -387,3 +395,70 @@ def test_resume_headless_is_refused_while_the_origin_session_is_open_or_after_th
     assert (refused["outcome"], refused["error"]["code"]) == ("rejected", "runFinished")
     missing = stranded.client.request("run.resumeHeadless", {}, run_id="run-nope")
     assert (missing["outcome"], missing["error"]["code"]) == ("notFound", "runNotFound")
+
+
+# --- a workflow whose step needs a Pi session cannot go on headless ----------------------
+
+VISIBLE = """
+from pi_workflows import agent, compute, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="prep",
+    nodes={
+        "prep": compute(lambda ctx: {}),
+        "ask": agent(prompt="Say hi", output_schema={"type": "object"}),
+    },
+    edges=[{"from": "prep", "to": "ask"}],
+)
+"""
+
+
+def _request(operation: str, key: str, payload: dict[str, Any], **envelope: Any) -> Any:
+    return {
+        "schema": "pi-workflows.client.v1",
+        "type": "request",
+        "requestId": f"req-{uuid.uuid4().hex}",
+        "clientId": "handover-test",
+        "operation": operation,
+        "idempotencyKey": key,
+        "payload": payload,
+        **envelope,
+    }
+
+
+def test_resume_headless_is_refused_when_a_step_of_the_workflow_needs_a_pi_session(
+    db: Database, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    write_workflow(project, "ask", VISIBLE)
+    # What the resolver child answers (run as the server runs it), with step `ask` marked
+    # the way a snapshot with a visible assistant-message step would say.
+    answer = subprocess.run(
+        [sys.executable, "-m", "pi_workflows.engine.resolve"],
+        input=dumps(
+            {"workflow": "ask", "projectPath": str(project), "agentDir": str(tmp_path), "input": {}}
+        ),
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    resolved = json.loads(answer.stdout)
+    resolved["definition"]["nodes"]["ask"]["visible"] = True
+    resolved["definitionDigest"] = sha256_digest(resolved["definition"])
+    ctx = OperationContext(epoch=1, owner_id="server-1", agent_dir=tmp_path)
+    payload = {"workflow": "ask", "input": {}, "projectPath": str(project)}
+    start = StartRequest("ask", str(project), {}, origin_session_id=SESSION)
+    started = start_run(db, _request("run.start", "start-1", payload), ctx, start, resolved)
+    assert started["outcome"] == "accepted", started
+    run_id = started["receipt"]["runId"]
+
+    refused = resume_headless(
+        db, _request("run.resumeHeadless", "headless-1", {}, runId=run_id), ctx, ActiveEpochs()
+    )
+    assert (refused["outcome"], refused["error"]["code"]) == ("rejected", "headlessForbidden")
+    assert f"/workflow adopt {run_id}" in refused["error"]["message"]
+    mode = db.fetch_value(
+        "SELECT execution_mode FROM run_bindings WHERE run_id = :run_id", {"run_id": run_id}
+    )
+    assert mode == "interactive", "nothing changed"
