@@ -835,10 +835,40 @@ def _control_command(operation: str, verb: str) -> None:
 for _operation, _verb in (
     ("run.cancel", "cancel"),
     ("run.pause", "pause"),
-    ("run.resume", "resume"),
     ("run.restart", "restart"),
 ):
     _control_command(_operation, _verb)
+
+
+@run.command("resume")
+@click.argument("run_id")
+@click.option(
+    "--headless",
+    is_flag=True,
+    help="Go on without the run's Pi session: its agent steps run in a headless pi child.",
+)
+@json_option
+@click.pass_context
+@_client_errors
+def run_resume(ctx: click.Context, run_id: str, headless: bool, as_json: bool) -> None:
+    """Resume a run.
+
+    A paused run goes on from its last durable boundary. With --headless, an interactive
+    run whose Pi session cannot come back (Pi was closed before it saved the session)
+    goes on without it: the server releases the session, and the step the run waits at
+    runs in a headless pi child. Refused while a runner executes the run (pause it
+    first), while the session is open in a Pi, or when a step needs a Pi session.
+
+    Example: pi-workflows run resume RUN_ID --headless
+    """
+    operation = "run.resumeHeadless" if headless else "run.resume"
+    with _client(ctx) as client:
+        answer = client.call(operation, run_id=run_id)
+    if as_json:
+        _print_json(answer["receipt"])
+    else:
+        suffix = " (already done)" if answer["outcome"] == "adopted" else ""
+        click.echo(f"resume: {answer['receipt'].get('runId', run_id)}{suffix}")
 
 
 # --- state ----------------------------------------------------------------------------

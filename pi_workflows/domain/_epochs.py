@@ -46,6 +46,11 @@ class ActiveEpochs:
             grant = self._active.get(session_id)
             return grant is not None and grant.connection_id == connection_id
 
+    def coordinated(self, session_id: str) -> bool:
+        """Some connection holds the session's active epoch: its Pi is open."""
+        with self._lock:
+            return session_id in self._active
+
     def publish(self, active: dict[str, CoordinatorGrant]) -> None:
         """The actor's new table (only the actor calls this)."""
         with self._lock:

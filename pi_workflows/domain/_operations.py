@@ -100,8 +100,10 @@ __all__ = [
     "failure_response",
     "handle_operation",
     "internal_error",
+    "origin_session_steps",
     "prior_answer",
     "rejected",
+    "run_command",
     "start_request_fields",
     "start_run",
     "stored_answer",
@@ -421,6 +423,11 @@ def _run_command(
     if revision is not None:
         result["revision"] = revision
     return result
+
+
+run_command = _run_command
+"""The command transaction (receipt lookup, change, receipt) for the domain's other
+command modules (`_handover.py`)."""
 
 
 def _adopted(request: RequestMessage, stored: Any) -> dict[str, Any]:

@@ -339,8 +339,9 @@ def _start(tx: Tx, report: _TurnReport) -> dict[str, Any]:
 
 
 def _message_open(tx: Tx, message: MessageRow) -> bool:
-    """A sent step is open while its request is pending and its run is not paused; a
-    sent terminal or follow-up message until its first turn ends; others never."""
+    """A sent step is open while its request is pending in the message's session (an
+    adopted run's request moved on) and its run is not paused; a sent terminal or
+    follow-up message until its first turn ends; others never."""
     if message.state != "sent":
         return False
     if message.kind == "step":
@@ -348,6 +349,7 @@ def _message_open(tx: Tx, message: MessageRow) -> bool:
         return (
             request is not None
             and request.status == "pending"
+            and request.target_session_id == message.target_session_id
             and run_unfinished_unpaused(tx, message.run_id)
         )
     if message.kind in ("terminal", "follow_up"):

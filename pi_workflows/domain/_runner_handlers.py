@@ -504,9 +504,12 @@ def _on_interaction_requested(
     if body.interaction_kind != "agent":
         raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
     origin = interactive_origin_session(tx, view.run_id)
-    if (body.target_session_id or None) != origin:
-        # A runner may name only its run's own origin session (none for a headless run).
-        raise InvalidTransitionError(view.run_id, "another session", "request interaction")
+    names_session = (body.target_session_id or None) is not None
+    if names_session != (origin is not None):
+        # A runner names an origin session exactly when its run is interactive (none for
+        # a headless run). The binding names which one: a run adopted by another Pi
+        # session while this runner ran is presented there (`run.adopt`).
+        raise InvalidTransitionError(view.run_id, "another execution mode", "request interaction")
     if read_request_for_attempt(tx, message.attempt_id) is None:
         # A runner died after the step's output was accepted: adopt it, ask nothing.
         earlier = adoptable_submission(tx, message.attempt_id)

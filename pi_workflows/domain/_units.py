@@ -29,6 +29,7 @@ from pi_workflows.domain._channel_work import (
 from pi_workflows.domain._deadlines import expire_due, next_deadline, suspend_session
 from pi_workflows.domain._decisions import answer_decision_command, list_decisions
 from pi_workflows.domain._epochs import ActiveEpochs
+from pi_workflows.domain._handover import adopt_run, resume_headless
 from pi_workflows.domain._interactions import (
     SessionAuthority,
     add_follow_up_command,
@@ -81,6 +82,7 @@ from pi_workflows.wire.runner import RunnerMessage
 __all__ = [
     "AddFollowUp",
     "AdmitRuns",
+    "AdoptRun",
     "AnswerDecision",
     "AnswerFromChannel",
     "AnswerFromSession",
@@ -110,6 +112,7 @@ __all__ = [
     "ReportBranch",
     "ReportTurn",
     "ReserveChannelWork",
+    "ResumeHeadless",
     "RetakeServerClaims",
     "RunViewRevision",
     "SelectAndBackUp",
@@ -281,6 +284,29 @@ class ClientOperation:
     @property
     def label(self) -> str:
         return str(self.request["operation"])
+
+
+@_runs(adopt_run)
+@dataclass(frozen=True, slots=True)
+class AdoptRun:
+    """`run.adopt`: the requesting Pi session becomes the run's origin session (the
+    epochs say whether its old origin session is open in a Pi)."""
+
+    label: ClassVar[str] = "run.adopt"
+    request: RequestMessage
+    ctx: OperationContext
+    epochs: ActiveEpochs
+
+
+@_runs(resume_headless)
+@dataclass(frozen=True, slots=True)
+class ResumeHeadless:
+    """`run.resumeHeadless`: the interactive run goes on without a Pi session."""
+
+    label: ClassVar[str] = "run.resumeHeadless"
+    request: RequestMessage
+    ctx: OperationContext
+    epochs: ActiveEpochs
 
 
 @_runs(prior_answer)

@@ -500,6 +500,23 @@ class PiChild:
                 raise PiExited("pi exited before it read the command", self.returncode) from None
         return command_id
 
+    def answer_ui(self, request_id: str, answer: Mapping[str, Any]) -> None:
+        """Answer an extension's dialog (`extension_ui_request` `select`, `confirm`,
+        `input`, `editor`) with `{"confirmed": true}` and the like (pi-rpc.md § Extension
+        UI protocol): its `id` is the request's, not a new command's.
+
+        Raises:
+            PiExited: pi's stdin is closed.
+        """
+        response = {**answer, "type": "extension_ui_response", "id": request_id}
+        line = json.dumps(response, ensure_ascii=False) + "\n"
+        with self._write_lock:
+            try:
+                self._stdin.write(line.encode("utf-8"))
+                self._stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                raise PiExited("pi exited before it read the answer", self.returncode) from None
+
     def wait_response(self, command_id: str, timeout: float) -> dict[str, Any]:
         """Wait for the response to one command.
 

@@ -50,6 +50,7 @@ from pi_workflows.domain import (
     SNAPSHOT_READS,
     ActiveEpochs,
     AddFollowUp,
+    AdoptRun,
     AnswerDecision,
     AnswerFromSession,
     ClearTerminalView,
@@ -62,6 +63,7 @@ from pi_workflows.domain import (
     RecoverChannel,
     ReportBranch,
     ReportTurn,
+    ResumeHeadless,
     RunViewRevision,
     SessionAuthority,
     StartRequest,
@@ -234,6 +236,8 @@ class Router:
             "channel.status": self._channel_request,
             "channel.reload": self._channel_request,
             "channel.recover": self._recover_channel,
+            "run.adopt": self._hand_over,
+            "run.resumeHeadless": self._hand_over,
         }
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
@@ -398,6 +402,18 @@ class Router:
         """`channel.recover`: a command like `run.recover`; once durable, the channel
         actor looks for work (a retried attempt is sent by it, never here)."""
         self._write(RecoverChannel(pending.request, self._ports.context), _Recovered(pending))
+
+    def _hand_over(self, pending: Pending) -> None:
+        """`run.adopt`, `run.resumeHeadless`: a command whose transaction reads the
+        coordinator epochs (an origin session open in a Pi keeps its run); a commit that
+        put the run back in the admission line wakes the scheduler."""
+        request, ports = pending.request, self._ports
+        unit: AdoptRun | ResumeHeadless
+        if request["operation"] == "run.adopt":
+            unit = AdoptRun(request, ports.context, ports.epochs)
+        else:
+            unit = ResumeHeadless(request, ports.context, ports.epochs)
+        self._write(unit, _Answer(pending, True))
 
     def _origin_report(self, pending: Pending) -> None:
         """A coordinator's branch or turn report, or its terminal-view clear: one

@@ -173,6 +173,11 @@ from pi_workflows.storage._follow_ups import (
     chain_leaf,
     present_next_follow_up,
 )
+from pi_workflows.storage._handover import (
+    make_run_headless,
+    move_origin_session,
+    waits_at_agent_step,
+)
 from pi_workflows.storage._interactions import (
     EVENT_UNPRODUCTIVE_TURN,
     UNPRODUCTIVE_TURN_LIMIT,
@@ -579,9 +584,11 @@ __all__ = [
     "list_runs_filtered",
     "lookup_receipt",
     "lookup_runner_reply",
+    "make_run_headless",
     "mark_runner_live",
     "mark_sent",
     "message_turn_ended",
+    "move_origin_session",
     "next_decision_due",
     "next_due_at",
     "next_eligible_message",
@@ -699,6 +706,7 @@ __all__ = [
     "verify_backup",
     "view_content_length",
     "wait_run",
+    "waits_at_agent_step",
     "workflows_dir",
     "write_backup",
 ]

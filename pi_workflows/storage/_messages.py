@@ -74,14 +74,16 @@ _COLUMNS = (
 
 # The recovery window (client-protocol.md § Run and session views): every nonterminal
 # message (pending) and every sent message that is still open: a sent step of a request
-# that is still pending, and a sent terminal or follow-up message until its first turn
-# ends (client-protocol.md § Origin-session activity).
+# that is still pending in this session (an adopted run's request moved on), and a sent
+# terminal or follow-up message until its first turn ends (client-protocol.md §
+# Origin-session activity).
 _WINDOW_WHERE = """
 m.target_session_id = :session AND (
     m.state = 'pending'
     OR (m.state = 'sent' AND m.kind = 'step' AND EXISTS (
         SELECT 1 FROM interactive_requests i
-        WHERE i.request_id = m.source_id AND i.status = 'pending'))
+        WHERE i.request_id = m.source_id AND i.status = 'pending'
+          AND i.target_session_id = m.target_session_id))
     OR (m.state = 'sent' AND m.kind IN ('terminal', 'follow_up') AND NOT EXISTS (
         SELECT 1 FROM workflow_turns t
         WHERE t.message_id = m.message_id AND t.status != 'open'))

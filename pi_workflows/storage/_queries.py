@@ -59,6 +59,7 @@ __all__ = [
     "INSERT_CHECKPOINT_DECISION",
     "INSERT_COMMAND",
     "INSERT_DECISION_ANSWER_ACCEPTED",
+    "INSERT_DECISION_MESSAGE_AGAIN",
     "INSERT_DECISION_RESOLUTION_ACCEPTED",
     "INSERT_EFFECT",
     "INSERT_EFFECT_ATTEMPT",
@@ -90,6 +91,7 @@ __all__ = [
     "SELECT_COMMAND_BY_KEY",
     "SELECT_COMMAND_BY_REQUEST",
     "SELECT_CONTINUATION_DECISION",
+    "SELECT_DECISIONS_TO_PRESENT_AGAIN",
     "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
     "SELECT_EXPIRED_CLAIMED_RUNS",
@@ -99,6 +101,7 @@ __all__ = [
     "SELECT_LEASE",
     "SELECT_MESSAGE_TURN_ENDED",
     "SELECT_NEXT_ELIGIBLE_MESSAGE",
+    "SELECT_NEXT_SESSION_ORDER",
     "SELECT_NODE_ATTEMPT",
     "SELECT_OPEN_RUN_TURN",
     "SELECT_PENDING_DECISION",
@@ -116,12 +119,14 @@ __all__ = [
     "SELECT_RUN_HEAD",
     "SELECT_RUN_LIST_REVISION",
     "SELECT_RUN_PAUSED",
+    "SELECT_RUN_PENDING_MESSAGES",
     "SELECT_RUN_PROTECTED_DECISION",
     "SELECT_RUN_RESUME_HEAD",
     "SELECT_RUN_ROOT",
     "SELECT_RUN_SUMMARIES",
     "SELECT_RUN_SUMMARY",
     "SELECT_RUN_VIEW_REVISION",
+    "SELECT_RUN_WAITS_AT_AGENT_STEP",
     "SELECT_SCHEMA_INFO",
     "SELECT_SCHEMA_INFO_TABLE",
     "SELECT_SERVER_HAS_WORK",
@@ -145,9 +150,12 @@ __all__ = [
     "UPDATE_APPLYING_EFFECT_ATTEMPTS_AMBIGUOUS",
     "UPDATE_ATTEMPT_FINISH",
     "UPDATE_ATTEMPT_WAITING",
+    "UPDATE_BINDING_HEADLESS",
+    "UPDATE_BINDING_ORIGIN_SESSION",
     "UPDATE_BINDING_RELEASE",
     "UPDATE_BINDING_TERMINAL_CLEARED",
     "UPDATE_CANCELLED_REQUEST_MESSAGES_CANCEL",
+    "UPDATE_CHAIN_FOLLOW_UPS_TARGET",
     "UPDATE_DECISION_ACCEPTED",
     "UPDATE_EFFECT_ATTEMPT_CLOSE",
     "UPDATE_EFFECT_ATTEMPT_CONFIRM",
@@ -159,6 +167,7 @@ __all__ = [
     "UPDATE_EFFECT_TOUCH",
     "UPDATE_LEASE_CHECK_RENEW",
     "UPDATE_LEASE_RENEW",
+    "UPDATE_MESSAGE_TARGET",
     "UPDATE_OWNER_LEASES_RENEW",
     "UPDATE_PENDING_DECISIONS_CANCEL",
     "UPDATE_PENDING_EFFECTS_CANCEL",
@@ -174,8 +183,12 @@ __all__ = [
     "UPDATE_RUNNER_EPOCH_READY",
     "UPDATE_RUNNING_ATTEMPTS_INTERRUPTED",
     "UPDATE_RUN_GENERATION",
+    "UPDATE_RUN_OPEN_TURNS_LOST",
+    "UPDATE_RUN_REQUESTS_TARGET",
+    "UPDATE_RUN_REQUESTS_UNTARGETED",
     "UPDATE_RUN_REVISION",
     "UPDATE_RUN_STATUS",
+    "UPDATE_RUN_STEP_DECISION_MESSAGES_CANCEL",
     "UPDATE_RUN_TERMINAL",
     "UPDATE_SERVER_LEASE_RELEASE",
     "UPDATE_SERVER_LEASE_RENEW",
@@ -183,8 +196,6 @@ __all__ = [
     "UPDATE_UNFINISHED_ATTEMPTS_CLOSE",
     "UPSERT_LEASE",
     "UPSERT_SERVER_LEASE",
-    "display_status_sql",
-    "filtered_run_summaries_sql",
 ]
 
 # --- Transaction control and connection pragmas -------------------------------------
@@ -1335,4 +1346,87 @@ WHERE d.decision_id = :decision_id AND d.audience != 'checkpoint'
 # How many runner epochs of one run ended with one outcome (e.g. crashed).
 COUNT_RUNNER_OUTCOMES = """
 SELECT count(*) FROM runner_epochs WHERE run_id = :run_id AND status = :outcome
+"""
+
+# --- Handing an interactive run over (adopt, headless) -------------------------------
+
+# Make another session the run's origin session; its reservation moves with it.
+UPDATE_BINDING_ORIGIN_SESSION = """
+UPDATE run_bindings SET origin_session_id = :session_id
+WHERE run_id = :run_id AND execution_mode = 'interactive'
+"""
+# Turn an interactive run headless: no origin session, its reservation released.
+UPDATE_BINDING_HEADLESS = """
+UPDATE run_bindings SET execution_mode = 'headless', origin_session_id = NULL, reserved = 0,
+    released_at = coalesce(released_at, :now)
+WHERE run_id = :run_id AND execution_mode = 'interactive'
+"""
+# The run's pending origin-session requests now target another session.
+UPDATE_RUN_REQUESTS_TARGET = """
+UPDATE interactive_requests SET target_session_id = :session_id, updated_at = :now
+WHERE run_id = :run_id AND status = 'pending' AND target_session_id IS NOT NULL
+"""
+# The run's pending requests target no session (a headless bridge answers them).
+UPDATE_RUN_REQUESTS_UNTARGETED = """
+UPDATE interactive_requests SET target_session_id = NULL, active_since = NULL, updated_at = :now
+WHERE run_id = :run_id AND status = 'pending' AND target_session_id IS NOT NULL
+"""
+# End the run's open origin-session turns as lost.
+UPDATE_RUN_OPEN_TURNS_LOST = """
+UPDATE workflow_turns SET status = 'lost', ended_at = :now
+WHERE run_id = :run_id AND status = 'open'
+"""
+# The run's pending workflow messages, in session order.
+SELECT_RUN_PENDING_MESSAGES = """
+SELECT message_id FROM workflow_messages
+WHERE run_id = :run_id AND state = 'pending' ORDER BY session_order
+"""
+# The next place in a session's message order.
+SELECT_NEXT_SESSION_ORDER = """
+SELECT coalesce(max(session_order), 0) + 1 FROM workflow_messages
+WHERE target_session_id = :session_id
+"""
+# Move one pending message to another session, at the given place.
+UPDATE_MESSAGE_TARGET = """
+UPDATE workflow_messages SET target_session_id = :session_id, session_order = :order,
+    updated_at = :now
+WHERE message_id = :message_id AND state = 'pending'
+"""
+# The chain's pending follow-ups go to the run's new origin session.
+UPDATE_CHAIN_FOLLOW_UPS_TARGET = """
+UPDATE follow_ups SET target_session_id = :session_id, updated_at = :now
+WHERE chain_run_id = :root AND state = 'pending'
+"""
+# Cancel the run's pending step and decision messages.
+UPDATE_RUN_STEP_DECISION_MESSAGES_CANCEL = """
+UPDATE workflow_messages SET state = 'cancelled', updated_at = :now
+WHERE run_id = :run_id AND state = 'pending' AND kind IN ('step', 'decision')
+"""
+# The run's pending protected decisions that were presented before (a decision message
+# exists) and have no pending message now, with the content of their latest message.
+SELECT_DECISIONS_TO_PRESENT_AGAIN = """
+SELECT d.decision_id,
+       (SELECT m.content_digest FROM workflow_messages AS m
+        WHERE m.source_id = d.decision_id AND m.kind = 'decision'
+        ORDER BY m.session_order DESC LIMIT 1) AS content_digest
+FROM human_decisions AS d
+WHERE d.run_id = :run_id AND d.status = 'pending'
+  AND EXISTS (SELECT 1 FROM workflow_messages AS m
+              WHERE m.source_id = d.decision_id AND m.kind = 'decision')
+  AND NOT EXISTS (SELECT 1 FROM workflow_messages AS m
+                  WHERE m.source_id = d.decision_id AND m.kind = 'decision'
+                    AND m.state = 'pending')
+ORDER BY d.created_at, d.rowid
+"""
+# One more decision message for a pending decision, with an earlier message's content.
+INSERT_DECISION_MESSAGE_AGAIN = """
+INSERT INTO workflow_messages (message_id, run_id, target_session_id, kind, reason, source_id,
+    content_digest, session_order, state, created_at, updated_at)
+VALUES (:message_id, :run_id, :session_id, 'decision', NULL, :source_id, :digest, :order,
+    'pending', :now, :now)
+"""
+# The run waits, with no runner, at a pending agent step.
+SELECT_RUN_WAITS_AT_AGENT_STEP = """
+SELECT 1 FROM runs AS r JOIN interactive_requests AS i ON i.run_id = r.run_id
+WHERE r.run_id = :run_id AND r.status = 'waiting' AND i.status = 'pending' AND i.kind = 'agent'
 """

@@ -37,7 +37,7 @@ from tests.server.runs import TERMINAL, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 UI_TIMEOUT_S = 30.0
-STARTED = re.compile(r"^Started workflow (\S+): (run-[0-9a-f]+)$")
+STARTED = re.compile(r"^Started workflow (\S+): (run-[0-9a-f]+)$", re.M)  # line 1 of 2
 
 APPROVAL = """
 from pi_workflows import checkpoint, compute, define_workflow

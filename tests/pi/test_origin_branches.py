@@ -47,7 +47,7 @@ workflow = define_workflow(
     edges=[{"from": "gate", "to": "ask"}],
 )
 """
-STARTED = re.compile(r"^Started workflow gated: (run-[0-9a-f]+)$")
+STARTED = re.compile(r"^Started workflow gated: (run-[0-9a-f]+)$", re.M)
 CONTINUES = re.compile(r"^Answered run-[0-9a-f]+; the workflow continues as (run-[0-9a-f]+)$")
 
 

@@ -32,7 +32,7 @@ from tests.server.test_human_decisions import SHIP_NOW
 pytestmark = pytest.mark.timeout(180)
 __all__ = ["origin_rig", "origin_server"]
 
-STARTED = re.compile(r"^Started workflow ship: (run-[0-9a-f]+)$")
+STARTED = re.compile(r"^Started workflow ship: (run-[0-9a-f]+)$", re.M)
 
 
 def _decision(rig: OriginRig, run_id: str) -> tuple[str, int]:

@@ -28,7 +28,7 @@ from tests.pi.origin_pi import (
 pytestmark = pytest.mark.timeout(180)
 __all__ = ["origin_rig", "origin_server"]
 
-STARTED = re.compile(r"^Started workflow ask: (run-[0-9a-f]+)$")
+STARTED = re.compile(r"^Started workflow ask: (run-[0-9a-f]+)$", re.M)
 
 CHECKED = """
 from pi_workflows import agent, compute, define_workflow
@@ -197,7 +197,7 @@ def test_the_model_answers_an_ordinary_checkpoint_and_submits_the_continuations_
     )
     origin = origin_rig.spawn()
     found = re.match(
-        r"^Started workflow gated: (run-[0-9a-f]+)$", origin.notice("/workflow start gated")
+        r"^Started workflow gated: (run-[0-9a-f]+)$", origin.notice("/workflow start gated"), re.M
     )
     assert found is not None
     parent = found.group(1)
@@ -318,7 +318,7 @@ def test_a_step_message_over_16_kib_is_loaded_by_reference_and_presented_whole(
     )
     origin = origin_rig.spawn()
     found = re.match(
-        r"^Started workflow big: (run-[0-9a-f]+)$", origin.notice("/workflow start big")
+        r"^Started workflow big: (run-[0-9a-f]+)$", origin.notice("/workflow start big"), re.M
     )
     assert found is not None
     run_id = found.group(1)

@@ -39,7 +39,7 @@ from tests.pi.origin_pi import (
 pytestmark = pytest.mark.timeout(240)
 __all__ = ["origin_rig", "origin_server"]
 
-STARTED = re.compile(r"^Started workflow ask: (run-[0-9a-f]+)$")
+STARTED = re.compile(r"^Started workflow ask: (run-[0-9a-f]+)$", re.M)
 
 
 def start(origin: OriginPi) -> str:

@@ -52,7 +52,7 @@ def test_a_finished_run_is_shown_in_a_scroll_window_while_retained_and_cleared_w
     origin_rig.provider.script(text_turn("It failed."))  # the terminal message's turn
     origin = origin_rig.spawn()
     notice = origin.notice("/workflow start broken")
-    found = re.fullmatch(r"Started workflow broken: (run-[0-9a-f]+)", notice)
+    found = re.match(r"Started workflow broken: (run-[0-9a-f]+)$", notice, re.M)
     assert found is not None, notice
     run_id = found.group(1)
     session = origin_rig.origin_session(run_id)

@@ -102,6 +102,8 @@ PINNED = {
     "cancel_superseded_step_messages", "present_notification", "present_resumed_steps",
     "insert_turn", "read_turn", "end_turn", "open_turns", "latest_open_turn",
     "message_turn_ended",
+    # handing an interactive run over: adopt, headless
+    "move_origin_session", "make_run_headless", "waits_at_agent_step",
     # active time and deadlines of interactive steps
     "DueRequest", "due_requests", "next_due_at", "start_active_time", "suspend_request_time",
     "suspend_session_time", "resume_session_time", "suspend_after_server_death",

@@ -15,6 +15,7 @@ export const USAGE = [
   "  /workflow answer [RUN_ID] JSON   answer the checkpoint or decision the run waits at",
   "  /workflow followup [RUN_ID] TEXT  a request for the model once the run has finished",
   "  /workflow clear                  remove the finished run from this session's view",
+  "  /workflow adopt RUN_ID           take over a run whose own Pi session cannot come back",
   "  /piw                             how to watch the run",
 ].join("\n");
 
@@ -25,6 +26,7 @@ export type Parsed =
   | { kind: "status" | "pause" | "resume" | "cancel"; runId: string | null }
   | { kind: "answer"; runId: string | null; answer: JsonValue }
   | { kind: "followup"; runId: string | null; text: string }
+  | { kind: "adopt"; runId: string }
   | { kind: "help" }
   | { kind: "error"; message: string };
 
@@ -78,6 +80,9 @@ export function parseWorkflowArgs(args: string): Parsed {
       if (!text) return { kind: "error", message: "Give the follow-up text: /workflow followup Now write the changelog." };
       return { kind: "followup", runId, text };
     }
+    case "adopt":
+      if (!RUN_ID.test(rest)) return { kind: "error", message: "Name the run to adopt: /workflow adopt RUN_ID (see /workflow list)." };
+      return { kind: "adopt", runId: rest };
     default:
       return { kind: "error", message: `Unknown /workflow command "${sub.slice(0, 40)}".\n${USAGE}` };
   }

@@ -29,8 +29,9 @@
  */
 
 import { randomUUID } from "node:crypto";
+import { rmSync } from "node:fs";
 
-import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import { SessionManager, type ExtensionAPI, type ExtensionCommandContext, type ExtensionContext } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 
 import type { JsonValue } from "../common/canonical.ts";
@@ -40,6 +41,7 @@ import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts"
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
 import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
+import { carryEntries, reopenHint, savedMarker, sessionState } from "./saved-session.ts";
 import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll } from "./widget.ts";
 
 type Ui = ExtensionContext["ui"];
@@ -50,7 +52,28 @@ export const RUN_ENTRY = "pi-workflows.run";
 /** A connection condition, not a run status: shown under the last view while it lasts. */
 const LOST_NOTE = "connection to the workflow server lost; reconnecting";
 
+/**
+ * The event buses of the Pi runtimes this extension is loaded into (one per resource
+ * load; `/reload` reuses it after `session_shutdown`). With the extension installed, `pi
+ * -e PATH` loads a second copy, and Pi refuses two owners of the `workflow` tool: the
+ * second copy finds the first one's bus here and registers nothing (`-e` loads first).
+ */
+const LOADED = Symbol.for("pi-workflows.extension.loaded");
+
+/** What `withOriginSession` runs, given the origin session's ID: the run it started or
+ * adopted, and the first line of the notice to show in that session. */
+type OriginAct = (sessionId: string) => Promise<{ runId: string; notice: string }>;
+
+function loadedBuses(): WeakSet<object> {
+  const holder = globalThis as { [LOADED]?: WeakSet<object> };
+  holder[LOADED] ??= new WeakSet<object>();
+  return holder[LOADED];
+}
+
 export default function piWorkflowsExtension(pi: ExtensionAPI): void {
+  const buses = loadedBuses();
+  if (buses.has(pi.events)) return; // already loaded into this Pi (installed and -e): step aside
+  buses.add(pi.events);
   const clientId = `pi-extension-${randomUUID().slice(0, 12)}`;
   const socketPath = socketPathFor(stateDir(process.env));
   const client = new ServerClient(socketPath, clientId);
@@ -97,6 +120,10 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       shownRun = displayOf(run) !== null ? run : null;
       lost = false;
       const id = (run as { runId?: unknown } | null)?.runId;
+      // A run this session got while it followed none (started or adopted as Pi saved the
+      // session, which replaced the extension): record it, so commands and a restarted
+      // Pi follow it.
+      if (runId === null && typeof id === "string") adopt(id);
       scroll.set(typeof id === "string" ? id : null, widgetText(run) ?? []);
       paint();
     },
@@ -147,14 +174,66 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   }
 
   function targetRun(explicit: string | null, verb: string): string {
-    const id = explicit ?? runId;
+    // A run recorded after this session started (a session saved for it) counts too.
+    const id = explicit ?? runId ?? (context !== null ? restoredRun(context) : null);
     if (id === null) {
       throw new Error(`No run was started in this Pi session; name one: /workflow ${verb} RUN_ID (see /workflow list).`);
     }
     return id;
   }
 
-  async function runCommand(parsed: Parsed, cwd: string): Promise<void> {
+  /**
+   * Run `act` with an origin session Pi can reopen; show its notice, with the command
+   * that reopens the session, in that session. A saved session (or one Pi never saves,
+   * `--no-session`) is used as it is, and so is an unsaved one while a model reply runs
+   * (Pi saves it when the reply ends). An idle unsaved one is saved first
+   * (saved-session.ts): a `SessionManager` on the same file writes its entries and the
+   * marker, Pi switches to that file (`ctx.switchSession`), and `act` runs there, with
+   * the saved session's ID, once the switch is done. The run it starts or adopts is
+   * recorded in that session when its view arrives (`onView`).
+   */
+  async function withOriginSession(ctx: ExtensionCommandContext, act: OriginAct): Promise<void> {
+    const file = ctx.sessionManager.getSessionFile();
+    const state = sessionState(file);
+    const busy = !ctx.isIdle() || ctx.hasPendingMessages(); // a model reply saves it soon
+    if (coordinator === null || file === undefined || state === "saved" || busy) {
+      const sessionId = coordinator?.sessionId ?? ctx.sessionManager.getSessionId();
+      const { runId: id, notice } = await act(sessionId);
+      adopt(id);
+      notify(`${notice}\n${reopenHint(file, id, state === "saved")}`);
+      return;
+    }
+    const saved = SessionManager.open(file, ctx.sessionManager.getSessionDir(), ctx.sessionManager.getCwd());
+    carryEntries(saved, ctx.sessionManager.getBranch(), new Set([RUN_ENTRY]));
+    saved.appendMessage(savedMarker(ctx.model)); // Pi writes the file with its first assistant message
+    if (sessionState(file) !== "saved") {
+      throw new Error("Pi did not save this session, so nothing was started; send the model a first message, then try again.");
+    }
+    const sessionId = saved.getSessionId();
+    let shown: { ui: Ui; text: string; level: "info" | "error" } | null = null;
+    const switched = await ctx.switchSession(file, {
+      withSession: async (next) => {
+        try {
+          const { runId: id, notice } = await act(sessionId);
+          shown = { ui: next.ui, text: `${notice}\n${reopenHint(file, id)}`, level: "info" };
+        } catch (error) {
+          shown = { ui: next.ui, text: (error as Error).message, level: "error" };
+        }
+      },
+    });
+    if (switched.cancelled) {
+      // Nothing refers to the file written above: remove it, so Pi keeps its own session.
+      rmSync(file, { force: true });
+      notify("Pi did not switch to the saved session (an extension cancelled it); nothing was started.", "error");
+      return;
+    }
+    // Shown once the switch is done: Pi draws the reopened session after `withSession`.
+    const notice = shown as { ui: Ui; text: string; level: "info" | "error" } | null;
+    notice?.ui.notify(notice.text, notice.level);
+  }
+
+  async function runCommand(parsed: Parsed, ctx: ExtensionCommandContext): Promise<void> {
+    const cwd = ctx.cwd;
     switch (parsed.kind) {
       case "help":
         notify(USAGE);
@@ -164,12 +243,24 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         return;
       case "start": {
         const payload: { [key: string]: JsonValue } = { workflow: parsed.workflow, input: parsed.input, projectPath: cwd };
-        // Started from this Pi session: the run is interactive, its agent steps run here.
-        if (coordinator !== null) payload.originSessionId = coordinator.sessionId;
-        const { receipt } = await client.call("run.start", payload);
-        const started = String(receipt.runId);
-        adopt(started);
-        notify(`Started workflow ${parsed.workflow}: ${started}`);
+        if (coordinator === null) {
+          const { receipt } = await client.call("run.start", payload);
+          const started = String(receipt.runId);
+          adopt(started);
+          notify(`Started workflow ${parsed.workflow}: ${started}`);
+          return;
+        }
+        // Started from this Pi session: the run is interactive, its agent steps run here,
+        // so the session is saved before the server accepts the run.
+        await withOriginSession(ctx, async (sessionId) => {
+          const { receipt } = await client.call("run.start", { ...payload, originSessionId: sessionId });
+          const started = String(receipt.runId);
+          return { runId: started, notice: `Started workflow ${parsed.workflow}: ${started}` };
+        });
+        return;
+      }
+      case "adopt": {
+        await adoptRun(parsed.runId, ctx);
         return;
       }
       case "clear": {
@@ -217,6 +308,34 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     }
   }
 
+  /**
+   * `/workflow adopt RUN_ID`: after a confirmation that names the run and its step, this
+   * session becomes the run's origin session (`run.adopt`), so its step is presented
+   * here once. The server refuses while the run's own session is open in a Pi.
+   */
+  async function adoptRun(id: string, ctx: ExtensionCommandContext): Promise<void> {
+    if (coordinator === null) throw new Error("This Pi session has no workflow coordinator; reopen Pi and try again.");
+    const { receipt: view } = await client.call("run.get", {}, { runId: id });
+    const display = displayOf(view);
+    const workflow = typeof view.workflow === "string" ? view.workflow : "workflow";
+    const step = display?.waitingOn ?? display?.currentNode;
+    const at = step ? `at step ${step}` : "";
+    const ok = await ctx.ui.confirm(
+      `Adopt workflow run ${id}?`,
+      `Run ${id} (${workflow}, ${display?.status ?? "unknown"}${at ? ` ${at}` : ""}) continues in this Pi session: ` +
+        `its step is presented here once, and its old Pi session no longer gets it.`,
+    );
+    if (!ok) {
+      notify(`Not adopted: ${id} is unchanged.`);
+      return;
+    }
+    await withOriginSession(ctx, async (sessionId) => {
+      await client.call("run.adopt", { sessionId }, { runId: id });
+      const where = step ? `its step ${step} is presented in this session` : "its next step is presented in this session";
+      return { runId: id, notice: `Adopted ${id}: ${where}.` };
+    });
+  }
+
   async function guarded(work: () => Promise<void>): Promise<void> {
     try {
       await work();
@@ -257,6 +376,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   });
 
   pi.on("session_shutdown", async () => {
+    buses.delete(pi.events); // a reload loads the extension into this Pi again
     coordinator?.stop();
     coordinator = null;
     context = null;
@@ -264,11 +384,11 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   });
 
   pi.registerCommand("workflow", {
-    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer, followup, clear",
+    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer, followup, clear, adopt",
     handler: async (args, ctx) => {
       ui = ctx.ui;
       context = ctx;
-      await guarded(() => runCommand(parseWorkflowArgs(args), ctx.cwd));
+      await guarded(() => runCommand(parseWorkflowArgs(args), ctx));
     },
   });
 
