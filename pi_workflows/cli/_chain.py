@@ -119,7 +119,8 @@ def chain_rows(chain: Chain | None, chars: int | None = VALUE_CHARS) -> list[tup
     if display.get("reasonText"):
         rows.append(("chain reason", str(display["reasonText"])))
     if display.get("action"):
-        rows.append(("chain action", str(display["action"])))
+        # The advice is about the last run: name it where the words say RUN_ID.
+        rows.append(("chain action", str(display["action"]).replace("RUN_ID", leaf["runId"])))
     if "result" in leaf:
         output = leaf["result"].get("output")
         rows.append(("chain output", value_text(output, str(leaf["runId"]), chars)))

@@ -774,8 +774,9 @@ def run_answer(ctx: click.Context, run_id: str, input_json: str, as_json: bool) 
     if as_json:
         _print_json(receipt)
     else:
-        click.echo(f"answered {run_id}; the workflow continues as:", err=True)
-        click.echo(receipt["continuationRunId"])
+        continuation = receipt["continuationRunId"]
+        click.echo(f"Answered {run_id}; the workflow continues as {continuation}", err=True)
+        click.echo(continuation)
 
 
 @main.group()
