@@ -7,7 +7,9 @@ Click completes commands and options by itself once the shell script is installe
   does (`.pi/workflows/` of the project, then the agent folder): files are listed, never
   imported, and no server is needed;
 - run IDs (every `RUN_ID` argument) through `run.list` over the server socket, the
-  newest `RUN_ID_PAGES` pages. The CLI never opens SQLite.
+  newest `RUN_ID_PAGES` pages, and only runs that allow the command by their display
+  status (`ALLOWED_STATUSES`: no completed run for `run cancel`). The CLI never opens
+  SQLite.
 
 Completion must never hang or start a server: the client does not autostart, every
 request has a short timeout, and any failure (no server, a stale socket, an error)
@@ -30,11 +32,13 @@ from pi_workflows.storage import workflows_dir
 from pi_workflows.wire.client import WorkflowClient
 
 __all__ = [
+    "ALLOWED_STATUSES",
     "COMPLETE_VAR",
     "RUN_ID_PAGES",
     "SHELLS",
     "RunIdType",
     "WorkflowNameType",
+    "allows",
     "complete_run_ids",
     "complete_workflow_names",
     "completion_script",
@@ -51,6 +55,20 @@ _REQUEST_TIMEOUT_S: Final = 1.0
 _TOTAL_BUDGET_S: Final = 2.0
 """Completion gives up after this long in all: a shell waits for it on every Tab."""
 
+_TERMINAL: Final = frozenset({"completed", "failed", "timed_out", "cancelled"})
+_UNFINISHED: Final = frozenset({"queued", "running", "waiting", "paused", "ambiguous"})
+ALLOWED_STATUSES: Final[dict[str, frozenset[str]]] = {
+    "run cancel": _UNFINISHED,
+    "run pause": frozenset({"queued", "running", "waiting"}),
+    "run resume": frozenset({"paused", "queued"}),  # a queued run only when parked
+    "run restart": _TERMINAL,
+    "run answer": frozenset({"waiting"}),
+    "decision answer": frozenset({"waiting"}),
+    "run recover": frozenset({"ambiguous"}),
+}
+"""The display statuses of the runs a command accepts, by command path (the controls of
+the run view allow the same); any other command completes every run."""
+
 
 def _state_dir(ctx: click.Context) -> Path:
     """The `--state-dir` of the command line being completed, else the default.
@@ -63,14 +81,37 @@ def _state_dir(ctx: click.Context) -> Path:
 
 
 def complete_run_ids(ctx: click.Context, incomplete: str) -> list[CompletionItem]:
-    """Run IDs starting with `incomplete`, newest first, from a running server only."""
+    """Run IDs starting with `incomplete` of runs that allow the command being completed,
+    newest first, from a running server only."""
     try:
-        return _run_ids(_state_dir(ctx), incomplete)
+        return _run_ids(_state_dir(ctx), incomplete, _command_path(ctx))
     except Exception:  # noqa: BLE001  (completion completes nothing rather than fail)
         return []
 
 
-def _run_ids(state_dir: Path, incomplete: str) -> list[CompletionItem]:
+def _command_path(ctx: click.Context) -> str:
+    """`run cancel` for the context of `pi-workflows run cancel` (the root left out)."""
+    names: list[str] = []
+    current: click.Context | None = ctx
+    while current is not None and current.parent is not None:
+        names.append(current.info_name or "")
+        current = current.parent
+    return " ".join(reversed(names))
+
+
+def allows(command: str, item: dict[str, Any]) -> bool:
+    """Whether the run of run-list `item` allows `command` (a command path) now."""
+    allowed = ALLOWED_STATUSES.get(command)
+    if allowed is None:
+        return True
+    display = item.get("display", {})
+    status = display.get("status", "")
+    if command == "run resume" and status == "queued":
+        return bool(display.get("reason"))  # parked for a reason, not merely queued
+    return status in allowed
+
+
+def _run_ids(state_dir: Path, incomplete: str, command: str) -> list[CompletionItem]:
     client = WorkflowClient(
         state_dir,
         client_id=f"cli-complete-{os.getuid()}-{os.getpid()}",
@@ -89,7 +130,7 @@ def _run_ids(state_dir: Path, incomplete: str) -> list[CompletionItem]:
             page = client.call("run.list", payload)["receipt"]
             for item in page["items"]:
                 run_id = str(item["runId"])
-                if run_id.startswith(incomplete):
+                if run_id.startswith(incomplete) and allows(command, item):
                     status = item.get("display", {}).get("status", "")
                     items.append(CompletionItem(run_id, help=f"{item['workflow']} {status}"))
             cursor = page.get("nextCursor")

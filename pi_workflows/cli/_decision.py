@@ -131,6 +131,9 @@ def decision_answer(
 ) -> None:
     """Answer the protected decision a run waits at; exactly one answer wins.
 
+    Prints the continuation's run ID (--json: the receipt and outcome); `run wait` of
+    either run waits for the workflow's end.
+
     Example: pi-workflows decision answer run-0123abcd --input-json '{"choice": "approve"}'
     """
     try:
@@ -150,7 +153,10 @@ def decision_answer(
         _print_json({**receipt, "outcome": reply["outcome"]})
         return
     continuation = receipt.get("continuationRunId")
+    # The continuation's bare ID on stdout (R=$(...) holds it); the words on stderr.
     if reply["outcome"] == "adopted":
-        click.echo(f"Already answered this way; the workflow continues as {continuation}")
+        click.echo(f"Already answered this way; the workflow continues as {continuation}", err=True)
     else:
-        click.echo(f"Answered {run_id}; the workflow continues as {continuation}")
+        click.echo(f"Answered {run_id}; the workflow continues as {continuation}", err=True)
+    if continuation:
+        click.echo(continuation)

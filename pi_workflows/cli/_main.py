@@ -32,6 +32,7 @@ from pi_workflows.cli._backup import (
     LiveDatabaseError,
     verify_inactive_backup,
 )
+from pi_workflows.cli._chain import chain_rows, follow_chain
 from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.pi import PI_BINARY_ENV
@@ -56,6 +57,7 @@ from pi_workflows.wire.client import (
     RequestFailedError,
     WorkflowClient,
 )
+from pi_workflows.wire.live import DEFAULT_RECONNECT_TIMEOUT_S
 from pi_workflows.wire.runner import MAX_VALUE_ENV
 
 EXIT_FAILED = 1
@@ -70,6 +72,7 @@ STOP_TIMEOUT_S = 20.0
 STATUS_KEYS = (
     "state",
     "epoch",
+    "pid",
     "socket",
     "activeRunners",
     "runs",
@@ -149,15 +152,16 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "server run": (0, EXIT_FAILED, EXIT_USAGE, EXIT_ALREADY_RUNNING, EXIT_STATE),
     "server start": (0, EXIT_FAILED, EXIT_USAGE),
     "server stop": (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE),
-    "server status": (0, EXIT_USAGE, EXIT_UNAVAILABLE),
+    "server status": (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE),
+    "run start": (*CLIENT_EXITS, EXIT_TIMEOUT),
     "run wait": (*CLIENT_EXITS, EXIT_TIMEOUT),
     "run watch": (*CLIENT_EXITS, EXIT_TIMEOUT),
     "state verify": (*CLIENT_EXITS, EXIT_STATE),
     "workflows list": (0, EXIT_USAGE),
     "debug crash-points": (0, EXIT_USAGE),
     "completion": (0, EXIT_USAGE),
-    "pi-extension path": (0,),
-    "pi-extension install": (0, EXIT_FAILED),
+    "pi-extension path": (0, EXIT_USAGE),
+    "pi-extension install": (0, EXIT_FAILED, EXIT_USAGE),
     "piw": (EXIT_USAGE,),
 }
 """Exit codes by command path; any other command gives `CLIENT_EXITS`."""
@@ -167,9 +171,18 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("server start", EXIT_FAILED): "the server did not become ready in time, or exited",
     ("server stop", 0): "the server stopped, or none was running",
     ("server stop", EXIT_FAILED): "the server refused, or did not exit in time",
+    ("server stop", EXIT_UNAVAILABLE): "the server runs another version, refused the "
+    "connection (at its limit), or was lost before it answered (this command never starts "
+    "a server)",
     ("server status", 0): "the server is running",
+    ("server status", EXIT_FAILED): "the server refused the request (it is stopping)",
     ("server status", EXIT_UNAVAILABLE): "the server is stopped (no server answers), or it "
     "runs another version",
+    ("run start", 0): "the run was started (with --wait: it completed)",
+    ("run start", EXIT_FAILED): "the server refused the start (rejected: no such workflow, "
+    "invalid input, ...), or with --wait the run settled otherwise (failed, cancelled, "
+    "waiting, paused, parked, ambiguous)",
+    ("run start", EXIT_TIMEOUT): "with --wait: --timeout passed first (the run goes on)",
     ("run wait", 0): "the run completed",
     ("run wait", EXIT_FAILED): "the run settled otherwise (failed, cancelled, waiting, "
     "paused, parked, ambiguous), there is no such run, or the server refused",
@@ -180,6 +193,8 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "paused, parked, ambiguous), there is no such run, or the server refused",
     ("run watch", EXIT_UNAVAILABLE): "no server could be reached or started, it runs "
     "another version, or it stayed unreachable past --reconnect-timeout",
+    ("run show", EXIT_FAILED): "no such run, the server refused, content failed "
+    "verification, or the run kept changing between pages",
     ("channel reload", EXIT_FAILED): "the server refused the request, or refused "
     "channels.json (readable by others, or not valid): no profile is served",
     ("state verify", 0): "consistent",
@@ -540,7 +555,9 @@ def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> No
     client = _client(ctx, autostart=False)
     try:
         client.connect()
-    except HostUnavailableError:
+    except HostUnavailableError as exc:
+        if exc.server_answered:  # a live server refused this connection (at its cap)
+            raise
         click.echo("pi-workflows server is not running")
         return
     with client:
@@ -569,7 +586,8 @@ def _server_pid(state_dir: Path) -> int | None:
 @click.pass_context
 @_client_errors
 def server_status(ctx: click.Context, as_json: bool) -> None:
-    """Show whether the server runs, its state and safe counts (no IDs, paths or payloads).
+    """Show whether the server runs: its state, epoch, PID and safe counts (no IDs, paths
+    or payloads).
 
     When no server answers it says the server is stopped (`{"running": false, ...}` with
     --json) and exits 3; it never starts one.
@@ -590,7 +608,10 @@ def server_status(ctx: click.Context, as_json: bool) -> None:
         _print_json(status)
         return
     runs = status["runs"]
-    click.echo(f"state: {status['state']}  epoch: {status['epoch']}  socket: {status['socket']}")
+    click.echo(
+        f"state: {status['state']}  epoch: {status['epoch']}  pid: {status['pid']}  "
+        f"socket: {status['socket']}"
+    )
     click.echo(
         f"runs: {runs['queued']} queued, {runs['running']} running, "
         f"{runs['parked']} parked, {runs['waiting']} waiting; "
@@ -633,16 +654,48 @@ def run() -> None:
     default=None,
     help="Project folder whose .pi/workflows/ is searched first (default: the current one).",
 )
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Then wait until the run settles, as `run wait` does (its output and exit codes).",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="With --wait: give up waiting after this many seconds (default: never).",
+)
+@click.option(
+    "--reconnect-timeout",
+    type=float,
+    default=None,
+    help="With --wait: seconds the server may stay unreachable (a restart) before exit 3 "
+    f"(default: {DEFAULT_RECONNECT_TIMEOUT_S:g}).",
+)
 @json_option
 @click.pass_context
 @_client_errors
 def run_start(
-    ctx: click.Context, name: str, input_json: str, project: Path | None, as_json: bool
+    ctx: click.Context,
+    *,
+    name: str,
+    input_json: str,
+    project: Path | None,
+    wait: bool,
+    timeout: float | None,
+    reconnect_timeout: float | None,
+    as_json: bool,
 ) -> None:
-    """Start a run of workflow NAME.
+    """Start a run of workflow NAME; print its run ID (--json: the receipt).
 
-    Example: pi-workflows run start release --input-json '{"version": "1.2.0"}'
+    With --wait it then waits as `run wait` does: the run ID is the first line, the
+    settled run's line follows (--json: only the settled run view, whose
+    lineage.rootRunId is the started run), and the exit code is `run wait`'s.
+
+    Example: pi-workflows run start release --input-json '{"version": "1.2.0"}' --wait
     """
+    if not wait and (timeout is not None or reconnect_timeout is not None):
+        _fail("--timeout and --reconnect-timeout are for --wait", EXIT_USAGE)
     try:
         workflow_input = json.loads(input_json)
     except json.JSONDecodeError:
@@ -661,10 +714,19 @@ def run_start(
             # The server never echoes the name (its receipt is stored); the user typed
             # it, so their own terminal may show it beside the names that exist.
             _fail(f"{exc.outcome}: workflow {name!r}: {exc}")
-    if as_json:
-        _print_json(receipt)
-    else:
-        click.echo(receipt["runId"])
+    if not wait:
+        if as_json:
+            _print_json(receipt)
+        else:
+            click.echo(receipt["runId"])
+        return
+    if not as_json:
+        click.echo(receipt["runId"])  # at once: the run is known while it is waited for
+    # Lazily: cli/_run_watch.py registers its commands on this module's groups.
+    from pi_workflows.cli._run_watch import wait_and_report  # noqa: PLC0415
+
+    reconnect = DEFAULT_RECONNECT_TIMEOUT_S if reconnect_timeout is None else reconnect_timeout
+    wait_and_report(ctx, receipt["runId"], timeout, reconnect, as_json)
 
 
 SETTLED_PARK_REASONS = (
@@ -695,6 +757,9 @@ def _settled(item: dict[str, Any]) -> bool:
 def run_answer(ctx: click.Context, run_id: str, input_json: str, as_json: bool) -> None:
     """Answer the checkpoint a run waits at; exactly one continuation run starts.
 
+    Prints the continuation's run ID (--json: the receipt); `run wait` of either run
+    waits for the workflow's end.
+
     Example: pi-workflows run answer run-0123abcd --input-json '{"approved": true}'
     """
     try:
@@ -709,7 +774,9 @@ def run_answer(ctx: click.Context, run_id: str, input_json: str, as_json: bool) 
     if as_json:
         _print_json(receipt)
     else:
-        click.echo(receipt["continuationRunId"])
+        continuation = receipt["continuationRunId"]
+        click.echo(f"Answered {run_id}; the workflow continues as {continuation}", err=True)
+        click.echo(continuation)
 
 
 @main.group()
@@ -752,15 +819,20 @@ def workflows_list(ctx: click.Context, project: Path | None, as_json: bool) -> N
 @click.pass_context
 @_client_errors
 def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """Show one run.
+    """Show one run; for a run continued after its checkpoint, where the chain is now.
+
+    The chain lines follow the continuations to the last run: its status, reason,
+    what to do, and its output once it completed (--json: this run's view only; its
+    lineage.continuedBy names the next run).
 
     Example: pi-workflows run status run-0123abcd
     """
     with _client(ctx) as client:
         receipt = client.call("run.get", run_id=run_id)["receipt"]
-    if as_json:
-        _print_json(receipt)
-        return
+        if as_json:
+            _print_json(receipt)
+            return
+        chain = follow_chain(receipt, lambda hop: client.call("run.get", run_id=hop)["receipt"])
     display = receipt["display"]
     click.echo(f"{receipt['runId']}  {display['status']}  {receipt['workflow']}")
     if receipt.get("executionMode"):
@@ -775,6 +847,8 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
             f"  {step['node']:<24} {step['kind']:<10} visit {step['visit']}  {step['status']}"
         )
     _echo_ambiguous_effects(receipt)
+    for label, text in chain_rows(chain):  # an answered checkpoint's continuations
+        click.echo(f"{label}: {text}")
     click.echo(f"revision {receipt['revision']}, generation {receipt['generation']}")
 
 
@@ -814,9 +888,27 @@ def _echo_ambiguous_effects(receipt: dict[str, Any]) -> None:
     )
 
 
+CONTROL_HELP = {
+    "cancel": "Cancel a run; print its run ID (--json: the receipt).",
+    "pause": "Pause a run; print its run ID (--json: the receipt).",
+    "resume": "Resume a paused or parked run; print its run ID (--json: the receipt).",
+    "restart": "Start a finished run again from the start, as a new run; print the new "
+    "run's ID (--json: the receipt).",
+}
+CONTROL_DONE = {
+    "cancel": "cancelled",
+    "pause": "paused",
+    "resume": "resumed",
+    "restart": "restarted",
+}
+
+
 def _control_command(operation: str, verb: str) -> None:
     @run.command(
-        verb, help=f"{verb.capitalize()} a run.\n\nExample: pi-workflows run {verb} RUN_ID"
+        verb,
+        help=f"{CONTROL_HELP[verb]}\n\nWhat happened goes to stderr, so "
+        f"R=$(pi-workflows run {verb} RUN_ID) holds the run ID alone."
+        f"\n\nExample: pi-workflows run {verb} RUN_ID",
     )
     @click.argument("run_id")
     @json_option
@@ -827,9 +919,13 @@ def _control_command(operation: str, verb: str) -> None:
             answer = client.call(operation, run_id=run_id)
         if as_json:
             _print_json(answer["receipt"])
-        else:
-            suffix = " (already done)" if answer["outcome"] == "adopted" else ""
-            click.echo(f"{verb}: {answer['receipt'].get('runId', run_id)}{suffix}")
+            return
+        affected = str(answer["receipt"].get("runId", run_id))
+        suffix = " (already done)" if answer["outcome"] == "adopted" else ""
+        done = CONTROL_DONE[verb]
+        said = f"{done} {run_id} as {affected}" if affected != run_id else f"{done} {run_id}"
+        click.echo(said + suffix, err=True)
+        click.echo(affected)
 
 
 for _operation, _verb in (

@@ -122,8 +122,9 @@ def run_list(
 
     The list is read as pages of one revision, so it is never a mix of two moments.
     A terminal gets a table; a pipe gets one line per run (tab-separated fields:
-    run ID, status, workflow, created, reason). Exit codes: 0 listed, 2 bad option,
-    3 no server.
+    run ID, status, workflow, created, reason). A run that completed because its
+    checkpoint was answered says "continued as RUN_ID" as its reason: the workflow
+    goes on in that run, and `run wait` of either waits for the workflow's end.
 
     Example: pi-workflows run list --status failed --since 1d
     """
@@ -175,6 +176,8 @@ def _when(epoch_ms: int) -> str:
 
 def _reason(item: Mapping[str, Any]) -> str:
     display = item["display"]
+    if item.get("continuedBy"):  # completed with no output of its own: say where it went on
+        return f"continued as {item['continuedBy']}"
     return str(display.get("reason") or display.get("failureClass") or "")
 
 
@@ -217,7 +220,7 @@ def run_logs(ctx: click.Context, run_id: str, follow: bool, as_json: bool) -> No
 
     The server maps the run to its runners; nothing another run or the server wrote
     is shown. With --json: one JSON document, or with --follow one JSON line per
-    entry. Exit codes: 0 printed, 1 no such run, 3 no server.
+    entry.
 
     Example: pi-workflows run logs run-0123abcd --follow
     """

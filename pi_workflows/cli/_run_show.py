@@ -18,6 +18,7 @@ import datetime
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -25,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pi_workflows.cli._chain import Chain, chain_rows, follow_chain
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     _client,
@@ -35,6 +37,7 @@ from pi_workflows.cli._main import (
     run,
 )
 from pi_workflows.cli._palette import STATUS_STYLES, styled
+from pi_workflows.wire.client import WorkflowClient
 from pi_workflows.wire.hydrate import ContentVerificationError, RunChangingError
 
 __all__ = ["HEAD_CHARS", "plain_lines", "run_show", "show_rich"]
@@ -64,15 +67,16 @@ def run_show(ctx: click.Context, run_id: str, full: bool, as_json: bool) -> None
     its size unless --full is given. With --json, prints the hydrated run view
     (pi-workflows.run-view.v1 with every attempt and every value loaded) whole.
 
-    Exit codes: 0 shown; 1 no such run (notFound), refused, content that failed
-    verification, or a run that kept changing between pages; 3 server unavailable.
-    Environment: PI_CODING_AGENT_DIR picks the state folder (see --state-dir).
+    A run continued after its checkpoint was answered also shows its chain: the runs
+    that continued it, where the last one is now and, once it completed, its output
+    (the workflow's). --json prints this run's view only.
 
     Example: pi-workflows run show run-0123abcd --full
     """
     try:
         with _client(ctx) as client:
             view = client.hydrated_run_view(run_id)
+            chain = None if as_json else _chain_of(client, view)
     except ContentVerificationError as exc:
         _fail(f"content failed verification: {exc}", EXIT_FAILED)
     except RunChangingError as exc:
@@ -80,10 +84,19 @@ def run_show(ctx: click.Context, run_id: str, full: bool, as_json: bool) -> None
     if as_json:
         _print_json(view)
     elif sys.stdout.isatty():
-        show_rich(view, full=full)
+        show_rich(view, full=full, chain=chain)
     else:
-        for line in plain_lines(view, full=full):
+        for line in plain_lines(view, full=full, chain=chain):
             click.echo(line)
+
+
+def _chain_of(client: WorkflowClient, view: dict[str, Any]) -> Chain | None:
+    """The run's continuations down to the last run, whose view is loaded whole (its
+    output is the workflow's); the runs between need only their links."""
+    chain = follow_chain(view, lambda hop: client.call("run.get", run_id=hop)["receipt"])
+    if chain is None or chain.missing:
+        return chain
+    return replace(chain, leaf=client.hydrated_run_view(str(chain.leaf["runId"])))
 
 
 # --- facts shared by both renderers --------------------------------------------------
@@ -139,8 +152,10 @@ def _lineage(view: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _summary(view: dict[str, Any], full: bool = False) -> list[tuple[str, str]]:
-    """(label, text) rows of the run itself."""
+def _summary(
+    view: dict[str, Any], full: bool = False, chain: Chain | None = None
+) -> list[tuple[str, str]]:
+    """(label, text) rows of the run itself, then where its chain is now."""
     display = view["display"]
     rows = [("status", display["status"])]
     if display.get("reasonText"):
@@ -160,6 +175,7 @@ def _summary(view: dict[str, Any], full: bool = False) -> list[tuple[str, str]]:
     lineage = _lineage(view)
     if lineage:
         rows.append(("lineage", "; ".join(lineage)))
+    rows += chain_rows(chain, None if full else HEAD_CHARS)
     rows.append(("input", _value(view.get("state", {}).get("input"), full)))
     if "result" in view:
         rows.append(("output", _value(view["result"].get("output"), full)))
@@ -205,11 +221,13 @@ def _trace_note(trace: dict[str, Any]) -> str:
 # --- plain text ---------------------------------------------------------------------------
 
 
-def plain_lines(view: dict[str, Any], *, full: bool = False) -> Iterator[str]:
+def plain_lines(
+    view: dict[str, Any], *, full: bool = False, chain: Chain | None = None
+) -> Iterator[str]:
     """The plain-text form: stable lines for pipes and scripts."""
     title = f" ({view['title']})" if view.get("title") else ""
     yield f"run {view['runId']}  {view['display']['status']}  {view['workflow']}{title}"
-    for label, text in _summary(view, full):
+    for label, text in _summary(view, full, chain):
         yield f"{label + ':':<12} {text}"
     for effect in view.get("ambiguousEffects", []):
         yield (
@@ -237,7 +255,13 @@ def plain_lines(view: dict[str, Any], *, full: bool = False) -> Iterator[str]:
 # --- rich ------------------------------------------------------------------------------
 
 
-def show_rich(view: dict[str, Any], console: Console | None = None, *, full: bool = False) -> None:
+def show_rich(
+    view: dict[str, Any],
+    console: Console | None = None,
+    *,
+    full: bool = False,
+    chain: Chain | None = None,
+) -> None:
     """The terminal form: colour and tables (rich)."""
     console = console or Console()
     title = f" ({view['title']})" if view.get("title") else ""
@@ -248,7 +272,7 @@ def show_rich(view: dict[str, Any], console: Console | None = None, *, full: boo
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(overflow="fold")
-    for label, text in _summary(view, full):
+    for label, text in _summary(view, full, chain):
         summary.add_row(label, styled(text) if label == "status" else Text(text))
     console.print(summary)
     for effect in view.get("ambiguousEffects", []):

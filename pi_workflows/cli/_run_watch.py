@@ -15,6 +15,7 @@ import datetime
 import inspect
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -26,6 +27,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from pi_workflows.cli._chain import chain_path, next_run, value_text
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -47,14 +49,24 @@ from pi_workflows.wire.live import (
 )
 from pi_workflows.wire.views import RunView
 
-__all__ = ["change_line", "follow_run", "run_wait", "run_watch", "watch_renderable"]
+__all__ = [
+    "change_line",
+    "follow_chain_live",
+    "follow_run",
+    "run_wait",
+    "run_watch",
+    "wait_and_report",
+    "watch_renderable",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 SETTLED_WORDS = (
     "It ends when the run settles: it is completed, failed, timed_out or cancelled, or "
     "it needs someone (waiting at a checkpoint or request, paused, ambiguous, or parked "
-    "for a reason only an operator clears, such as workflowSourceChanged)."
+    "for a reason only an operator clears, such as workflowSourceChanged). A run that "
+    "completed because its checkpoint was answered is followed into its continuation, "
+    "down to the chain's last run, whose status and exit code count."
 )
 RESTART_WORDS = (
     "A server restart does not end it: it reconnects (backing off up to 1 s between "
@@ -103,6 +115,55 @@ def follow_run(
     raise AssertionError("a watch ends only by a settled view or an error")
 
 
+def follow_chain_live(
+    live: LiveViews,
+    run_id: str,
+    timeout: float | None,
+    on_view: Callable[[RunView], None] | None = None,
+) -> tuple[RunView, list[str]]:
+    """Follow the run, then each continuation of an answered checkpoint, until the
+    chain's last run settles; return its view and the run IDs followed, in order.
+
+    `timeout` bounds the whole wait, every run of the chain together.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    run_ids = [run_id]
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        view = follow_run(live, run_ids[-1], left, on_view)
+        following = next_run(view)
+        if view["display"]["status"] != "completed" or following is None:
+            return view, run_ids
+        run_ids.append(following)
+
+
+@_live_errors
+def wait_and_report(
+    ctx: click.Context, run_id: str, timeout: float | None, reconnect_timeout: float, as_json: bool
+) -> None:
+    """`run wait`'s work: wait for the chain's last run, print it, exit 1 unless completed.
+
+    Prints the settled view (--json), or one line: the last run's ID, status and reason
+    (and the chain, when the run was continued), then its output when it completed.
+    """
+    with _live(ctx, reconnect_timeout) as live:
+        view, run_ids = follow_chain_live(live, run_id, timeout)
+    display = view["display"]
+    if as_json:
+        _print_json(view)
+    else:
+        reason = display.get("reason") or view.get("failureReason")
+        line = f"{view['runId']}  {display['status']}" + (f"  ({reason})" if reason else "")
+        if len(run_ids) > 1:
+            line += f"  (chain: {chain_path(run_ids)})"
+        click.echo(line)
+        result = view.get("result")
+        if result is not None and "output" in result:
+            click.echo(f"output: {value_text(result['output'], view['runId'])}")
+    if display["status"] != "completed":
+        sys.exit(EXIT_FAILED)
+
+
 @contextmanager
 def _live(ctx: click.Context, reconnect_timeout: float) -> Iterator[LiveViews]:
     with LiveViews(
@@ -141,21 +202,13 @@ def run_wait(
 ) -> None:
     """Wait until a run settles; exit 0 only if it completed.
 
-    Prints the run's ID, status and reason (--json: the settled run view). Follows the
-    run's subscription, so it returns as soon as the run settles.
+    Prints the settled run's ID, status and reason, and its output once it completed
+    (--json: the settled run view). Follows the run's subscription, so it returns as
+    soon as the run settles.
 
     Example: pi-workflows run wait run-0123abcd --timeout 600
     """
-    with _live(ctx, reconnect_timeout) as live:
-        view = follow_run(live, run_id, timeout)
-    if as_json:
-        _print_json(view)
-    else:
-        display = view["display"]
-        reason = display.get("reason") or view.get("failureReason")
-        click.echo(f"{run_id}  {display['status']}" + (f"  ({reason})" if reason else ""))
-    if view["display"]["status"] != "completed":
-        sys.exit(EXIT_FAILED)
+    wait_and_report(ctx, run_id, timeout, reconnect_timeout, as_json)
 
 
 run_wait.help = f"{inspect.cleandoc(run_wait.help or '')}\n\n{SETTLED_WORDS} {RESTART_WORDS}"
@@ -177,6 +230,9 @@ def run_watch(
 ) -> None:
     """Show a run live until it settles; exit codes as `run wait` (0 only if completed).
 
+    Like `run wait`, it follows an answered checkpoint's continuation to the chain's
+    last run.
+
     A terminal gets a live display (status, reason, current node, newest attempts);
     otherwise one line per change of status, node or attempt; --json prints every view
     (pi-workflows.run-view.v1) as one JSON line.
@@ -185,7 +241,7 @@ def run_watch(
     """
     with _live(ctx, reconnect_timeout) as live:
         if as_json:
-            view = follow_run(live, run_id, timeout, _print_json)
+            view = follow_chain_live(live, run_id, timeout, _print_json)[0]
         elif sys.stdout.isatty():
             view = _watch_rich(live, run_id, timeout)
         else:
@@ -236,14 +292,18 @@ def change_line(view: RunView) -> str:
 
 def _watch_plain(live: LiveViews, run_id: str, timeout: float | None) -> RunView:
     seen: list[tuple[Any, ...]] = []
+    following = [run_id]
 
     def on_view(view: RunView) -> None:
+        if view["runId"] != following[-1]:  # the chain went on in its continuation
+            click.echo(f"continued as {view['runId']}")
+            following.append(view["runId"])
         key = _change_key(view)
         if not seen or seen[-1] != key:
             seen.append(key)
             click.echo(change_line(view))
 
-    return follow_run(live, run_id, timeout, on_view)
+    return follow_chain_live(live, run_id, timeout, on_view)[0]
 
 
 # --- rich live display ----------------------------------------------------------------
@@ -294,4 +354,4 @@ def _watch_rich(live: LiveViews, run_id: str, timeout: float | None) -> RunView:
         def on_view(view: RunView) -> None:
             screen.update(watch_renderable(view, live.reconnects), refresh=True)
 
-        return follow_run(live, run_id, timeout, on_view)
+        return follow_chain_live(live, run_id, timeout, on_view)[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -121,6 +122,8 @@ class OperationContext:
     """This server epoch's claim owner ID (control claims of stale rows)."""
     agent_dir: Path = field(default_factory=Path.home)
     """Pi's agent directory: the project path of a run started without one."""
+    pid: int = field(default_factory=os.getpid)
+    """The server's process ID (`server status` shows it; the context is built there)."""
 
 
 FENCING_COMMANDS = frozenset({"run.pause", "run.cancel"})
@@ -193,6 +196,7 @@ def _server_status(
     receipt = {
         "state": "running",
         "epoch": lease.epoch if lease is not None else ctx.epoch,
+        "pid": ctx.pid,
         "socket": "available",
         "activeRunners": counts.active_runners,
         "runs": {
@@ -269,6 +273,11 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
         item["display"]["failureClass"] = summary.failure_class
     if summary.execution_mode is not None:
         item["executionMode"] = summary.execution_mode
+    # A run settled by its checkpoint's continuation: its result is the chain's.
+    if summary.continuation_of is not None:
+        item["continuationOf"] = summary.continuation_of
+    if summary.continued_by is not None:
+        item["continuedBy"] = summary.continued_by
     return item
 
 

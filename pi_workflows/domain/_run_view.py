@@ -443,6 +443,10 @@ def _result(db: Database, run: RunRow) -> dict[str, Any] | None:
     payload = run_result_payload(db, run.run_id)
     if payload is None:
         return None
+    if "continuedBy" in payload and "output" not in payload:
+        # Settled by its checkpoint's continuation: the chain's result is its leaf's,
+        # not a null output of this run (`lineage.continuedBy` names the next run).
+        return None
     if "outputRef" in payload:
         digest = str(payload["outputRef"]["digest"])
         return {"output": json_blob_value(db, run.run_id, digest)}

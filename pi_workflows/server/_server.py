@@ -445,7 +445,9 @@ class WorkflowServer:
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
-        context = OperationContext(epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir)
+        context = OperationContext(
+            epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir, pid=os.getpid()
+        )
         self._listener.route_to(
             Router(
                 RouterPorts(

@@ -285,12 +285,18 @@ _runner_active = (
 _turn_open = (
     "EXISTS (SELECT 1 FROM workflow_turns AS t WHERE t.run_id = r.run_id AND t.status = 'open')"
 )
+# The run's checkpoint continuation (runs_by_continuation): committed with the parent's
+# completion, so the list never shows a continued run without it.
+_continued_by = (
+    "(SELECT c.run_id FROM runs AS c WHERE c.continuation_of = r.run_id"
+    " ORDER BY c.created_at DESC, c.run_id DESC LIMIT 1)"
+)
 _summary_columns = f"""
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused,
        r.revision + r.view_changes AS revision, q.state AS queue_state, q.park_reason,
        r.created_at, r.updated_at, r.finished_at, r.failure_class, b.execution_mode,
        {_ambiguous_effect} AS ambiguous_effect, {_runner_active} AS runner_active,
-       {_turn_open} AS turn_open
+       {_turn_open} AS turn_open, r.continuation_of, {_continued_by} AS continued_by
 FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
 LEFT JOIN run_bindings AS b ON b.run_id = r.run_id"""
 # The run list, newest first, keyset-paged by (created_at, run_id).

@@ -72,6 +72,10 @@ class RunSummary:
     """1 when the run has a starting or ready runner epoch."""
     turn_open: int = 0
     """1 when an origin-session model turn of the run is open."""
+    continuation_of: str | None = None
+    """The run this one continues (its checkpoint was answered), if any."""
+    continued_by: str | None = None
+    """The run that continues this one after its checkpoint, if any (the newest)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -309,6 +309,10 @@ class RunListItem(TypedDict):
     title: NotRequired[str]
     finishedAt: NotRequired[int]
     executionMode: NotRequired[Literal["headless", "interactive"]]
+    continuationOf: NotRequired[str]
+    """The run whose answered checkpoint this run continues."""
+    continuedBy: NotRequired[str]
+    """The run that continues this one: its result is that chain's, not its own."""
 
 
 class RunListPage(TypedDict):

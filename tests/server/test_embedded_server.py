@@ -61,6 +61,7 @@ def test_server_status_reports_exactly_the_safe_keys(client: WorkflowClient) -> 
     assert set(status) == {
         "state",
         "epoch",
+        "pid",  # the server's process ID (an operator's fact, no user data)
         "socket",
         "activeRunners",
         "runs",

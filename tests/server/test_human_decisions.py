@@ -126,14 +126,17 @@ def test_one_answer_wins_a_repeat_adopts_and_another_answer_conflicts(
     reject = '{"choice": "reject", "input": {"reason": "not on a Friday"}}'
     answered = processes.cli(state_dir, "decision", "answer", waiting, "--input-json", reject)
     assert answered.returncode == 0, answered.stderr
-    assert answered.stdout.startswith(f"Answered {waiting}; the workflow continues as run-")
-    continuation = answered.stdout.strip().rsplit(" ", 1)[1]
+    # The words go to stderr; stdout is the continuation's bare run ID (issue 24).
+    assert answered.stderr.startswith(f"Answered {waiting}; the workflow continues as run-")
+    continuation = answered.stderr.strip().rsplit(" ", 1)[1]
+    assert answered.stdout == f"{continuation}\n"
     again = processes.cli(state_dir, "decision", "answer", waiting, "--input-json", reject)
     assert again.returncode == 0, again.stderr
     assert (
-        again.stdout.strip()
+        again.stderr.strip()
         == f"Already answered this way; the workflow continues as {continuation}"
     )
+    assert again.stdout == f"{continuation}\n"
     other = processes.cli(
         state_dir, "decision", "answer", waiting, "--input-json", '{"choice": "approve"}'
     )

@@ -110,6 +110,7 @@ def test_cli_start_status_stop(processes: Processes, state_dir: Path) -> None:
         "running",
         "state",
         "epoch",
+        "pid",  # the server's process ID (an operator's fact, no user data)
         "socket",
         "activeRunners",
         "runs",
