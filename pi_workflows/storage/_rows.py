@@ -72,6 +72,10 @@ class RunSummary:
     """1 when the run has a starting or ready runner epoch."""
     turn_open: int = 0
     """1 when an origin-session model turn of the run is open."""
+    current_node: str | None = None
+    """The node of the run's unfinished attempt, if any."""
+    decision_node: str | None = None
+    """The node of the run's pending checkpoint or decision, if any."""
 
 
 @dataclass(frozen=True, slots=True)
