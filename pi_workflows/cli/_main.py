@@ -769,9 +769,10 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 def command_prefix(ctx: click.Context) -> str:
     """How an advised command starts: `pi-workflows`, with this invocation's
-    `--state-dir` when one was given (so the command acts on the same state)."""
+    `--state-dir` when one was given that the environment would not pick by itself (so
+    the command acts on the same state, typed as printed)."""
     given = ctx.find_root().params.get("state_dir")
-    if given is None:
+    if given is None or _state_dir(ctx).resolve() == workflows_dir().absolute().resolve():
         return "pi-workflows"
     return f"pi-workflows --state-dir {shlex.quote(str(_state_dir(ctx)))}"
 
@@ -824,11 +825,12 @@ def advice_lines(shown: Advice, indent: str) -> list[str]:
 
 
 def ambiguous_effect_lines(view: dict[str, Any]) -> list[str]:
-    """Name each ambiguous effect: its type, node, visit and try (an effect's tries
-    are counted apart from the node's attempts); the advice names the commands."""
+    """Name each ambiguous effect: its type, node, visit and effect attempt (an
+    effect's attempts are numbered apart from its node's); the advice names the
+    commands."""
     return [
         f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
-        f"(visit {effect['visit']}, effect try {effect['attemptNumber']}, "
+        f"(visit {effect['visit']}, effect attempt {effect['attemptNumber']}, "
         f"effect {effect['effectId']}) may have applied; nothing proves whether it did"
         for effect in view.get("ambiguousEffects") or []
     ]

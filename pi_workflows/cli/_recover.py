@@ -54,7 +54,7 @@ RUN_WORDS = RecoverWords(
     retry_warning="the effect is applied once more; a duplicate is possible",
     what=lambda effect: f"effect {effect['effectType']} at node {effect['nodePath']}",
     confirmed="confirmed: {what} recorded as applied; run {run_id} continues{suffix}",
-    retried="retry: {what} runs again as effect try {attempt}; run {run_id} continues{suffix}",
+    retried="retry: {what} runs again as effect attempt {attempt}; run {run_id} continues{suffix}",
 )
 CHANNEL_WORDS = RecoverWords(
     operation="channel.recover",
@@ -63,7 +63,7 @@ CHANNEL_WORDS = RecoverWords(
     retry_warning="the Telegram message is sent once more; a duplicate is possible",
     what=lambda effect: "delivery" if effect["effectType"] == "channel.deliver" else "message edit",
     confirmed="confirmed: the Telegram {what} of run {run_id} is recorded as done{suffix}",
-    retried="retry: the Telegram {what} of run {run_id} is sent again as try {attempt}{suffix}",
+    retried="retry: the Telegram {what} of run {run_id} is sent again as attempt {attempt}{suffix}",
 )
 
 F = Callable[..., None]
@@ -155,8 +155,8 @@ def run_recover(
 
     `confirm` records that the external work happened: the effect becomes applied
     (with --result-json, default null) and the run continues without running it again.
-    `retry` applies the effect once more in a new effect try (an effect's tries are
-    numbered apart from the node's attempts); a duplicate is possible.
+    `retry` applies the effect once more in a new effect attempt (an effect's attempts
+    are numbered apart from its node's attempts); a duplicate is possible.
     Both are recorded in the run's history with this client's identity.
 
     Example: pi-workflows run recover run-0123abcd confirm --result-json '{"id": 7}'
@@ -205,7 +205,7 @@ def channel_recover(
     """Recover an ambiguous Telegram delivery or edit, after checking the chat.
 
     `confirm` records that the message was sent (or edited). `retry` sends it once more
-    as a new numbered try; a duplicate is possible. The same mechanism as `run
+    as a new numbered attempt; a duplicate is possible. The same mechanism as `run
     recover`: recorded in the run's history with this client's identity.
 
     Example: pi-workflows channel recover run-0123abcd confirm --message-id 77

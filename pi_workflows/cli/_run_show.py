@@ -208,13 +208,14 @@ def _attempt_details(item: dict[str, Any], full: bool = False) -> Iterator[tuple
 
 
 def _trace_note(trace: dict[str, Any]) -> str:
+    # Node attempts: an effect's attempts are numbered apart ("effect attempt N").
     shown = len(trace["items"])
     if trace["omitted"]:
         return (
-            f"attempts: the newest {shown} of {trace['count']} "
+            f"node attempts: the newest {shown} of {trace['count']} "
             f"({trace['omitted']} earlier ones are not in this view)"
         )
-    return f"attempts: {trace['count']}"
+    return f"node attempts: {trace['count']}"
 
 
 # --- plain text ---------------------------------------------------------------------------

@@ -242,11 +242,9 @@ def test_a_checkpoint_wait_and_its_continuation_through_run_show(
     assert "reason:      Waiting for an answer at a checkpoint." in shown.stdout
     # Each allowed control is the command that performs it, never its internal name.
     assert "what to do:  Answer the checkpoint, or cancel the run." in shown.stdout
-    # The commands name the state folder this one was given (the test's --state-dir).
-    piw = f"pi-workflows --state-dir {state_dir}"
-    assert f"             {piw} run answer {run_id} --input-json JSON\n" in shown.stdout
-    assert f"             {piw} run cancel {run_id}\n" in shown.stdout
-    assert f"allowed now: {piw} run pause {run_id}\n" in shown.stdout, shown.stdout
+    assert f"             pi-workflows run answer {run_id} --input-json JSON\n" in shown.stdout
+    assert f"             pi-workflows run cancel {run_id}\n" in shown.stdout
+    assert f"allowed now: pi-workflows run pause {run_id}\n" in shown.stdout, shown.stdout
 
     answered = processes.cli(
         state_dir, "run", "answer", run_id, "--input-json", '{"approved": true}'
