@@ -39,7 +39,8 @@ export function windowOf(text: readonly string[], offset: number, size: number =
   const lines = [...text.slice(0, kept), ...body.slice(from, from + room)];
   if (text.length > height) {
     const to = kept + from + (lines.length - kept);
-    const first = kept + from + 1;
+    // At the top every line up to `to` shows; scrolled, the pinned ones go unsaid.
+    const first = from === 0 ? 1 : kept + from + 1;
     lines.push(`lines ${first}-${to} of ${text.length} (Shift+Up/Shift+Down to scroll)`);
   }
   return { lines, offset: from };
