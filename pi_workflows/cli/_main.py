@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import pykka.debug
 from pi_workflows._paths import AGENT_DIR_ENV
 from pi_workflows._version import __version__
 from pi_workflows.actors import VALIDATE_TIMEOUT_ENV
+from pi_workflows.cli._advice import Advice, advice, kind_words, node_kinds, status_words
 from pi_workflows.cli._backup import (
     BackupUnusableError,
     LiveDatabaseError,
@@ -745,7 +747,7 @@ def _settled(item: dict[str, Any]) -> bool:
     display = item["display"]
     if display["status"] in (*TERMINAL_STATUSES, "waiting", "paused", "ambiguous"):
         return True
-    return display.get("reason") in SETTLED_PARK_REASONS
+    return bool(display.get("parked")) or display.get("reason") in SETTLED_PARK_REASONS
 
 
 @run.command("answer")
@@ -833,59 +835,80 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
             _print_json(receipt)
             return
         chain = follow_chain(receipt, lambda hop: client.call("run.get", run_id=hop)["receipt"])
-    display = receipt["display"]
-    click.echo(f"{receipt['runId']}  {display['status']}  {receipt['workflow']}")
-    if receipt.get("executionMode"):
-        click.echo(f"execution mode: {receipt['executionMode']}")
+    lines = status_lines(receipt, command_prefix(ctx))
+    # An answered checkpoint's continuations: where the chain is now, before the revision.
+    chained = [f"{label}: {text}" for label, text in chain_rows(chain)]
+    for line in lines[:-1] + chained + lines[-1:]:
+        click.echo(line)
+
+
+def command_prefix(ctx: click.Context) -> str:
+    """How an advised command starts: `pi-workflows`, with this invocation's
+    `--state-dir` when one was given that the environment would not pick by itself (so
+    the command acts on the same state, typed as printed)."""
+    given = ctx.find_root().params.get("state_dir")
+    if given is None or _state_dir(ctx).resolve() == workflows_dir().absolute().resolve():
+        return "pi-workflows"
+    return f"pi-workflows --state-dir {shlex.quote(str(_state_dir(ctx)))}"
+
+
+def status_lines(view: dict[str, Any], prefix: str = "pi-workflows") -> list[str]:
+    """`run status`: the run, where it is, what it asks, why it stopped and what to do
+    (each advised step as the command to type), its newest steps and its effects."""
+    display = view["display"]
+    lines = [f"{view['runId']}  {status_words(display)}  {view['workflow']}"]
+    if view.get("executionMode"):
+        lines.append(f"execution mode: {view['executionMode']}")
+    kinds = node_kinds(view)
     where = display.get("currentNode") or display.get("waitingOn")
     if where:
-        click.echo(f"at node: {where}")
-    if display.get("reason") or receipt.get("failureReason"):
-        click.echo(f"reason: {display.get('reason') or receipt.get('failureReason')}")
-    for step in receipt.get("steps", []):
-        click.echo(
-            f"  {step['node']:<24} {step['kind']:<10} visit {step['visit']}  {step['status']}"
-        )
-    _echo_ambiguous_effects(receipt)
-    for label, text in chain_rows(chain):  # an answered checkpoint's continuations
-        click.echo(f"{label}: {text}")
-    click.echo(f"revision {receipt['revision']}, generation {receipt['generation']}")
+        kind = kinds.get(where)
+        lines.append(f"at node: {where}" + (f" ({kind_words(kind)})" if kind else ""))
+    if display.get("question"):
+        lines.append(f"question: {display['question']}")
+    if display.get("choices"):
+        lines.append("choices: " + ", ".join(_choice_words(c) for c in display["choices"]))
+    reason = display.get("reasonText") or display.get("reason") or view.get("failureReason")
+    if reason:
+        lines.append(f"reason: {reason}")
+    lines += advice_lines(advice(view, prefix), "  ")
+    for step in view.get("steps", []):
+        kind = kind_words(kinds.get(step["node"], step["kind"]))
+        lines.append(f"  {step['node']:<24} {kind:<14} visit {step['visit']}  {step['status']}")
+    lines += ambiguous_effect_lines(view)
+    lines.append(f"revision {view['revision']}, generation {view['generation']}")
+    return lines
 
 
-def _echo_ambiguous_effects(receipt: dict[str, Any]) -> None:
-    """Name each ambiguous effect and the two reviewed recovery commands."""
-    effects = receipt.get("ambiguousEffects") or []
-    run_id = receipt["runId"]
-    for effect in effects:
-        click.echo(
-            f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
-            f"(visit {effect['visit']}, attempt {effect['attemptNumber']}) may have applied; "
-            "nothing proves whether it did"
-        )
-    if not effects:
-        return
-    named = f" --effect {effects[0]['effectId']}" if len(effects) > 1 else ""
-    if all(str(effect["effectType"]).startswith("channel.") for effect in effects):
-        # A Telegram delivery or edit of a waiting decision (cli/_channel.py).
-        click.echo("check the Telegram chat, then either:")
-        click.echo(
-            f"  pi-workflows channel recover {run_id} confirm{named} [--message-id ID]"
-            "   # the message is there"
-        )
-        click.echo(
-            f"  pi-workflows channel recover {run_id} retry{named}"
-            "   # send it once more (a duplicate is possible)"
-        )
-        return
-    click.echo("inspect the external system, then either:")
-    click.echo(
-        f"  pi-workflows run recover {run_id} confirm{named} [--result-json JSON]"
-        "   # it happened: continue without running it again"
-    )
-    click.echo(
-        f"  pi-workflows run recover {run_id} retry{named}"
-        "   # run it once more (a duplicate is possible)"
-    )
+def _choice_words(choice: dict[str, Any]) -> str:
+    text = f" (with {choice['input']}: text)" if choice.get("input") else ""
+    return f"{choice['id']} ({choice.get('label') or choice['id']}{text})"
+
+
+def advice_lines(shown: Advice, indent: str) -> list[str]:
+    """What to do: the words, each advised command on its own line, what a placeholder
+    means, and the other commands allowed now."""
+    lines: list[str] = []
+    if shown.action:
+        lines.append(f"what to do: {shown.action}")
+    lines += [f"{indent}{command}" for command in shown.commands]
+    lines += [f"{indent}({note})" for note in shown.notes]
+    if shown.also:
+        lines.append("allowed now:")
+        lines += [f"{indent}{command}" for command in shown.also]
+    return lines
+
+
+def ambiguous_effect_lines(view: dict[str, Any]) -> list[str]:
+    """Name each ambiguous effect: its type, node, visit and effect attempt (an
+    effect's attempts are numbered apart from its node's); the advice names the
+    commands."""
+    return [
+        f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
+        f"(visit {effect['visit']}, effect attempt {effect['attemptNumber']}, "
+        f"effect {effect['effectId']}) may have applied; nothing proves whether it did"
+        for effect in view.get("ambiguousEffects") or []
+    ]
 
 
 CONTROL_HELP = {

@@ -54,7 +54,7 @@ RUN_WORDS = RecoverWords(
     retry_warning="the effect is applied once more; a duplicate is possible",
     what=lambda effect: f"effect {effect['effectType']} at node {effect['nodePath']}",
     confirmed="confirmed: {what} recorded as applied; run {run_id} continues{suffix}",
-    retried="retry: {what} runs again as attempt {attempt}; run {run_id} continues{suffix}",
+    retried="retry: {what} runs again as effect attempt {attempt}; run {run_id} continues{suffix}",
 )
 CHANNEL_WORDS = RecoverWords(
     operation="channel.recover",
@@ -155,7 +155,8 @@ def run_recover(
 
     `confirm` records that the external work happened: the effect becomes applied
     (with --result-json, default null) and the run continues without running it again.
-    `retry` applies the effect once more in a new attempt; a duplicate is possible.
+    `retry` applies the effect once more in a new effect attempt (an effect's attempts
+    are numbered apart from its node's attempts); a duplicate is possible.
     Both are recorded in the run's history with this client's identity.
 
     Example: pi-workflows run recover run-0123abcd confirm --result-json '{"id": 7}'

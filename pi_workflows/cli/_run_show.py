@@ -27,12 +27,15 @@ from rich.table import Table
 from rich.text import Text
 
 from pi_workflows.cli._chain import Chain, chain_rows, follow_chain
+from pi_workflows.cli._advice import advice, kind_words, node_kinds, status_words
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     _client,
     _client_errors,
     _fail,
     _print_json,
+    ambiguous_effect_lines,
+    command_prefix,
     json_option,
     run,
 )
@@ -81,12 +84,13 @@ def run_show(ctx: click.Context, run_id: str, full: bool, as_json: bool) -> None
         _fail(f"content failed verification: {exc}", EXIT_FAILED)
     except RunChangingError as exc:
         _fail(str(exc), EXIT_FAILED)
+    prefix = command_prefix(ctx)
     if as_json:
         _print_json(view)
     elif sys.stdout.isatty():
-        show_rich(view, full=full, chain=chain)
+        show_rich(view, full=full, chain=chain, prefix=prefix)
     else:
-        for line in plain_lines(view, full=full, chain=chain):
+        for line in plain_lines(view, full=full, chain=chain, prefix=prefix):
             click.echo(line)
 
 
@@ -153,20 +157,31 @@ def _lineage(view: dict[str, Any]) -> list[str]:
 
 
 def _summary(
-    view: dict[str, Any], full: bool = False, chain: Chain | None = None
+    view: dict[str, Any],
+    full: bool = False,
+    chain: Chain | None = None,
+    prefix: str = "pi-workflows",
 ) -> list[tuple[str, str]]:
-    """(label, text) rows of the run itself, then where its chain is now."""
+    """(label, text) rows of the run itself, then where its chain is now; a text may
+    hold several lines (one advised command a line)."""
     display = view["display"]
-    rows = [("status", display["status"])]
+    rows = [("status", status_words(display))]
     if display.get("reasonText"):
         rows.append(("reason", _head(display["reasonText"], full)))
-    if display.get("action"):
-        rows.append(("what to do", display["action"]))
+    shown = advice(view, prefix)
+    if shown.action or shown.commands:
+        words = [shown.action] if shown.action else []
+        notes = [f"({note})" for note in shown.notes]
+        rows.append(("what to do", "\n".join([*words, *shown.commands, *notes])))
     where = display.get("currentNode") or display.get("waitingOn")
     if where:
-        rows.append(("at node" if display.get("currentNode") else "waiting on", where))
-    if display.get("controls"):
-        rows.append(("allowed now", ", ".join(display["controls"])))
+        kind = node_kinds(view).get(where)
+        label = "at node" if display.get("currentNode") else "waiting on"
+        rows.append((label, where + (f" ({kind_words(kind)})" if kind else "")))
+    if display.get("question"):
+        rows.append(("question", _head(display["question"], full)))
+    if shown.also:
+        rows.append(("allowed now", "\n".join(shown.also)))
     rows.append(("mode", view.get("executionMode", "-")))
     rows.append(("created", _when(view.get("createdAt"))))
     if view.get("finishedAt") is not None:
@@ -183,10 +198,11 @@ def _summary(
     return rows
 
 
-def _attempt_head(item: dict[str, Any]) -> str:
+def _attempt_head(item: dict[str, Any], kinds: dict[str, str]) -> str:
     took = _took(item.get("startedAt"), item.get("finishedAt"))
+    kind = kind_words(kinds.get(item["node"], item["kind"]))
     return (
-        f"{item['node']}  {item['kind']}  visit {item['visit']} attempt {item['attempt']}"
+        f"{item['node']}  {kind}  visit {item['visit']} attempt {item['attempt']}"
         f"  generation {item['generation']}  {item['outcome']}"
         f"  started {_when(item['startedAt'])}" + (f"  took {took}" if took else "")
     )
@@ -209,40 +225,39 @@ def _attempt_details(item: dict[str, Any], full: bool = False) -> Iterator[tuple
 
 
 def _trace_note(trace: dict[str, Any]) -> str:
+    # Node attempts: an effect's attempts are numbered apart ("effect attempt N").
     shown = len(trace["items"])
     if trace["omitted"]:
         return (
-            f"attempts: the newest {shown} of {trace['count']} "
+            f"node attempts: the newest {shown} of {trace['count']} "
             f"({trace['omitted']} earlier ones are not in this view)"
         )
-    return f"attempts: {trace['count']}"
+    return f"node attempts: {trace['count']}"
 
 
 # --- plain text ---------------------------------------------------------------------------
 
 
 def plain_lines(
-    view: dict[str, Any], *, full: bool = False, chain: Chain | None = None
+    view: dict[str, Any],
+    *,
+    full: bool = False,
+    chain: Chain | None = None,
+    prefix: str = "pi-workflows",
 ) -> Iterator[str]:
     """The plain-text form: stable lines for pipes and scripts."""
     title = f" ({view['title']})" if view.get("title") else ""
-    yield f"run {view['runId']}  {view['display']['status']}  {view['workflow']}{title}"
-    for label, text in _summary(view, full, chain):
-        yield f"{label + ':':<12} {text}"
-    for effect in view.get("ambiguousEffects", []):
-        yield (
-            f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
-            f"(visit {effect['visit']}, attempt {effect['attemptNumber']})"
-        )
-        if str(effect["effectType"]).startswith("channel."):  # a Telegram send or edit
-            yield (
-                "  check the Telegram chat, then: pi-workflows channel recover "
-                f"{view['runId']} confirm  (or retry: a duplicate is possible)"
-            )
+    yield f"run {view['runId']}  {status_words(view['display'])}  {view['workflow']}{title}"
+    for label, text in _summary(view, full, chain, prefix):
+        first, *more = text.split("\n")
+        yield f"{label + ':':<12} {first}"
+        yield from (f"{'':<12} {line}" for line in more)
+    yield from ambiguous_effect_lines(view)
     trace = view["trace"]
+    kinds = node_kinds(view)
     yield _trace_note(trace)
     for number, item in enumerate(trace["items"], start=trace["omitted"] + 1):
-        yield f"  {number}. {_attempt_head(item)}"
+        yield f"  {number}. {_attempt_head(item, kinds)}"
         for label, text in _attempt_details(item, full):
             lines = text.splitlines() or [""]
             if len(lines) == 1:
@@ -261,28 +276,27 @@ def show_rich(
     *,
     full: bool = False,
     chain: Chain | None = None,
+    prefix: str = "pi-workflows",
 ) -> None:
     """The terminal form: colour and tables (rich)."""
     console = console or Console()
     title = f" ({view['title']})" if view.get("title") else ""
     heading = Text(f"run {view['runId']}  ")
     heading.append_text(styled(view["display"]["status"]))
+    if view["display"].get("parked"):
+        heading.append(" (parked)")
     heading.append(f"  {view['workflow']}{title}")
     console.print(heading)
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(overflow="fold")
-    for label, text in _summary(view, full, chain):
+    for label, text in _summary(view, full, chain, prefix):
         summary.add_row(label, styled(text) if label == "status" else Text(text))
     console.print(summary)
-    for effect in view.get("ambiguousEffects", []):
-        console.print(
-            Text(
-                f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']}",
-                style=STATUS_STYLES["ambiguous"],
-            )
-        )
+    for line in ambiguous_effect_lines(view):
+        console.print(Text(line, style=STATUS_STYLES["ambiguous"]))
     trace = view["trace"]
+    kinds = node_kinds(view)
     table = Table(title=_trace_note(trace), title_justify="left", show_lines=True)
     for column in ("#", "node", "kind", "visit/attempt", "outcome", "started", "took", "detail"):
         table.add_column(column, overflow="fold")
@@ -291,7 +305,7 @@ def show_rich(
         table.add_row(
             str(number),
             item["node"],
-            item["kind"],
+            kind_words(kinds.get(item["node"], item["kind"])),
             f"{item['visit']}/{item['attempt']}",
             styled(item["outcome"]),
             _when(item["startedAt"]),

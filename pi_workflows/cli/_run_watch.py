@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pi_workflows.cli._chain import chain_path, next_run, value_text
+from pi_workflows.cli._advice import advice, status_words
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -36,6 +37,7 @@ from pi_workflows.cli._main import (
     _print_json,
     _settled,
     _state_dir,
+    command_prefix,
     json_option,
     run,
 )
@@ -243,7 +245,7 @@ def run_watch(
         if as_json:
             view = follow_chain_live(live, run_id, timeout, _print_json)[0]
         elif sys.stdout.isatty():
-            view = _watch_rich(live, run_id, timeout)
+            view = _watch_rich(live, run_id, timeout, command_prefix(ctx))
         else:
             view = _watch_plain(live, run_id, timeout)
     if view["display"]["status"] != "completed":
@@ -274,7 +276,7 @@ def _change_key(view: RunView) -> tuple[Any, ...]:
 def change_line(view: RunView) -> str:
     """One plain line: time, status, node and the newest attempt."""
     display = view["display"]
-    parts = [_when(view.get("updatedAt")), f"{display['status']:<9}"]
+    parts = [_when(view.get("updatedAt")), f"{status_words(dict(display)):<9}"]
     if "currentNode" in display:
         parts.append(f"at {display['currentNode']}")
     elif "waitingOn" in display:
@@ -309,11 +311,13 @@ def _watch_plain(live: LiveViews, run_id: str, timeout: float | None) -> RunView
 # --- rich live display ----------------------------------------------------------------
 
 
-def watch_renderable(view: RunView, reconnects: int = 0) -> Group:
+def watch_renderable(view: RunView, reconnects: int = 0, prefix: str = "pi-workflows") -> Group:
     """The live display of one view: heading, facts and the newest attempts."""
     display = view["display"]
     heading = Text(f"run {view['runId']}  ")
     heading.append_text(styled(display["status"]))
+    if display.get("parked"):
+        heading.append(" (parked)")
     heading.append(f"  {view['workflow']}  revision {view['revision']}")
     facts = Table(show_header=False, box=None, pad_edge=False)
     facts.add_column(style="bold")
@@ -321,15 +325,20 @@ def watch_renderable(view: RunView, reconnects: int = 0) -> Group:
     for label, key in (("at node", "currentNode"), ("waiting on", "waitingOn")):
         if key in display:
             facts.add_row(label, display[key])  # type: ignore[literal-required]
+    if display.get("question"):
+        facts.add_row("question", display["question"])
     if display.get("reasonText"):
         facts.add_row("reason", display["reasonText"])
-    if display.get("action"):
-        facts.add_row("what to do", display["action"])
+    shown = advice(dict(view), prefix)
+    if shown.action or shown.commands:
+        words = [shown.action] if shown.action else []
+        notes = [f"({note})" for note in shown.notes]
+        facts.add_row("what to do", "\n".join([*words, *shown.commands, *notes]))
     activity = display["activity"]
     if activity is not None:
         facts.add_row("activity", f"{activity['kind']} {activity.get('state', '')}".strip())
-    if display["controls"]:
-        facts.add_row("allowed now", ", ".join(display["controls"]))
+    if shown.also:
+        facts.add_row("allowed now", "\n".join(shown.also))
     if reconnects:
         facts.add_row("reconnected", f"{reconnects} time(s) after losing the server")
     trace = view["trace"]
@@ -347,11 +356,11 @@ def watch_renderable(view: RunView, reconnects: int = 0) -> Group:
     return Group(heading, facts, table)
 
 
-def _watch_rich(live: LiveViews, run_id: str, timeout: float | None) -> RunView:
+def _watch_rich(live: LiveViews, run_id: str, timeout: float | None, prefix: str) -> RunView:
     console = Console()
     with Live(console=console, auto_refresh=False, transient=False) as screen:
 
         def on_view(view: RunView) -> None:
-            screen.update(watch_renderable(view, live.reconnects), refresh=True)
+            screen.update(watch_renderable(view, live.reconnects, prefix), refresh=True)
 
         return follow_chain_live(live, run_id, timeout, on_view)[0]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from pi_workflows.domain._display_status import TERMINAL_STATUSES
 from pi_workflows.domain._display_status import summary_status as display_status
 from pi_workflows.domain._run_list import (
     RunListQuery,
@@ -95,6 +96,7 @@ __all__ = [
     "SNAPSHOT_READS",
     "OperationContext",
     "OperationError",
+    "RestartLookup",
     "StartRequest",
     "build_run_list",
     "display_status",
@@ -105,6 +107,8 @@ __all__ = [
     "prior_answer",
     "rejected",
     "run_command",
+    "restart_lookup",
+    "restart_run",
     "start_request_fields",
     "start_run",
     "stored_answer",
@@ -278,7 +282,21 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
         item["continuationOf"] = summary.continuation_of
     if summary.continued_by is not None:
         item["continuedBy"] = summary.continued_by
+    item["display"].update(_summary_place(summary, item["display"]["status"]))
     return item
+
+
+def _summary_place(summary: RunSummary, status: str) -> dict[str, Any]:
+    """Where the listed run is, as its view says it: `currentNode` while it runs, else
+    `waitingOn` (its unfinished attempt, or its pending checkpoint); `parked` for a
+    `queued` run held until an operator resumes it."""
+    place: dict[str, Any] = {}
+    if status == "queued" and summary.queue_state == "parked":
+        place["parked"] = True
+    node = summary.current_node or summary.decision_node
+    if node is not None and status not in TERMINAL_STATUSES:
+        place["currentNode" if status == "running" else "waitingOn"] = node
+    return place
 
 
 def build_run_list(db: Database, since_revision: int) -> tuple[int, dict[str, Any]] | None:
@@ -634,20 +652,8 @@ def start_run(
     name, project = start.workflow, start.project_path
 
     def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
-        if not resolved.get("ok"):
-            raise OperationError(
-                "rejected",
-                str(resolved.get("code") or "definitionInvalid"),
-                str(resolved.get("message") or "the workflow could not be started"),
-            )
-        definition = resolved.get("definition")
-        if definition is not None and put_json_blob(tx, definition) != resolved["definitionDigest"]:
-            raise OperationError(
-                "rejected", "definitionInvalid", "the definition snapshot does not match its digest"
-            )
         interactive = start.origin_session_id is not None
-        if isinstance(definition, Mapping) and not interactive:
-            _refuse_headless_visible_steps(definition)
+        _check_resolved(tx, resolved, interactive=interactive)
         # The snapshot stays stored under the run's definition digest: the server checks
         # checkpoint answers against it without loading workflow code.
         run_id = f"run-{uuid.uuid4().hex}"
@@ -685,9 +691,60 @@ def _require_free_session(tx: Tx, session_id: str | None) -> None:
         )
 
 
-def _restart(
-    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+@dataclass(frozen=True, slots=True)
+class RestartLookup:
+    """What `run.restart` found before resolving: a final answer, or what to resolve."""
+
+    answer: dict[str, Any] | None
+    """The stored answer of this request (adopted or conflict), or a refusal of a
+    request without a run ID; None: not handled yet."""
+    source: StartRequest | None
+    """The finished run's workflow name, project and input, resolved again (the current
+    source); None when there is nothing to resolve (no such run, or it is not finished:
+    the commit refuses it in its own transaction)."""
+
+
+def restart_lookup(db: Database, request: RequestMessage) -> RestartLookup:
+    """`run.restart` before the resolver: the stored answer, or the source to resolve.
+
+    Read-only, on the reader actor, like `prior_answer` for `run.start`: a retry is
+    answered from its receipt and runs no workflow code.
+    """
+    if not request.get("runId"):
+        refusal = rejected(request, "rejected", "runIdRequired", "this operation needs a runId")
+        return RestartLookup(refusal, None)
+    stored = prior_answer(db, request)
+    if stored is not None:
+        return RestartLookup(stored, None)
+    old = get_run(db, request["runId"])
+    if old is None or old.finished_at is None:
+        return RestartLookup(None, None)
+    source = StartRequest(old.workflow_name, old.project_path, json.loads(old.input))
+    return RestartLookup(None, source)
+
+
+def restart_run(
+    db: Database,
+    request: RequestMessage,
+    ctx: OperationContext,
+    resolved: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
+    """`run.restart` after the resolver answered: a new run from the start, of the
+    workflow's current source (its identity, definition and input hash are what the
+    resolver reported now), with the finished run's input, where the run ran.
+
+    The old run keeps its own source identity. A source that no longer loads, or whose
+    input schema refuses the old input, commits no run; the refusal is the receipt.
+    """
+    try:
+        return _run_command(db, request, _restart_change(request, resolved))
+    except OperationError as exc:  # not stored: no such run, or it changed meanwhile
+        return rejected(request, exc.outcome, exc.code, str(exc))
+
+
+def _restart_change(
+    request: RequestMessage, resolved: Mapping[str, Any] | None
+) -> Callable[[Tx, CommandRequest], tuple[str, int, dict[str, Any]]]:
     old_id = _run_id(request)
 
     def change(tx: Tx, command: CommandRequest) -> tuple[str, int, dict[str, Any]]:
@@ -698,8 +755,13 @@ def _restart(
             raise OperationError(
                 "rejected", "runNotTerminal", "only a finished run restarts; cancel it first"
             )
+        if resolved is None:  # it finished after the lookup: nothing was resolved yet
+            raise OperationError(
+                "conflict", "runChanged", "the run finished while the restart was checked; retry"
+            )
         # A restart runs where the run ran: an interactive run's in its origin session.
         session = interactive_origin_session(tx, old_id)
+        _check_resolved(tx, resolved, interactive=session is not None)
         if session is not None:
             _require_free_session(tx, session)
         run_id = f"run-{uuid.uuid4().hex}"
@@ -709,11 +771,11 @@ def _restart(
                 run_id=run_id,
                 workflow_name=old.workflow_name,
                 project_path=old.project_path,
-                source_identity=json.loads(old.source_identity),
-                definition_digest=old.definition_digest,
-                input_hash=old.input_hash,
-                input=json.loads(old.input),
-                title=old.title,
+                source_identity=resolved["sourceIdentity"],
+                definition_digest=resolved["definitionDigest"],
+                input_hash=resolved["inputHash"],
+                input=resolved["input"],
+                title=resolved.get("title"),
                 restart_of=old_id,
                 execution_mode=(
                     ExecutionMode.HEADLESS if session is None else ExecutionMode.INTERACTIVE
@@ -724,7 +786,28 @@ def _restart(
         body = {"runId": run_id, "restartOf": old_id, "state": result.phase.value}
         return run_id, result.revision, body
 
-    return _run_command(db, request, change)
+    return change
+
+
+def _check_resolved(tx: Tx, resolved: Mapping[str, Any], *, interactive: bool) -> None:
+    """Refuse what the resolver could not load, and store its definition snapshot.
+
+    The snapshot stays stored under the run's definition digest: the server checks
+    checkpoint answers against it without loading workflow code.
+    """
+    if not resolved.get("ok"):
+        raise OperationError(
+            "rejected",
+            str(resolved.get("code") or "definitionInvalid"),
+            str(resolved.get("message") or "the workflow could not be started"),
+        )
+    definition = resolved.get("definition")
+    if definition is not None and put_json_blob(tx, definition) != resolved["definitionDigest"]:
+        raise OperationError(
+            "rejected", "definitionInvalid", "the definition snapshot does not match its digest"
+        )
+    if isinstance(definition, Mapping) and not interactive:
+        _refuse_headless_visible_steps(definition)
 
 
 def _answer(
@@ -904,7 +987,6 @@ COMMANDS: dict[str, Operation] = {
     "run.pause": _transition("pause", pause_run),
     "run.resume": _transition("resume", resume_run),
     "run.cancel": _transition("cancel", cancel_run),
-    "run.restart": _restart,
     "run.answer": _answer,
     "run.recover": _recover,
 }

@@ -17,6 +17,7 @@ reference to the complete definition snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,8 +64,13 @@ from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.protocol import RUN_VIEW_SCHEMA
 
 __all__ = [
+    "ADVICE",
+    "CONTROLS",
     "INLINE_BYTES",
+    "INSPECTIONS",
+    "MODEL_CONTROLS",
     "TRACE_ITEMS",
+    "Advice",
     "build_run_view",
     "reason_words",
 ]
@@ -81,96 +87,148 @@ GRAPH_EDGE_BYTES: Final = 64 * 1024
 """The most encoded edge bytes the graph projection holds (switch edges can be long)."""
 
 TERMINAL: Final = frozenset({"completed", "failed", "timed_out", "cancelled"})
+CHANNEL_EFFECT: Final = "channel."
+"""The effect types of an external channel's delivery and edit (`channel.recover`)."""
 
-_REASONS: Final[Mapping[str, tuple[str, str]]] = {
-    "paused": (
+CONTROLS: Final = (
+    "pause",
+    "resume",
+    "cancel",
+    "restart",
+    "answer",
+    "human-answer",
+    "submit",
+    "update",
+    "recoverConfirm",
+    "recoverRetry",
+    "channelRecoverConfirm",
+    "channelRecoverRetry",
+    "review",
+)
+"""Every name `display.controls` can hold: the commands allowed now. Renderers turn each
+into their own command (or leave it out); none of these names is shown to a person."""
+INSPECTIONS: Final = ("show", "logs", "verify")
+"""Advice that reads and changes nothing: the run's details (its attempts' errors and
+tracebacks, its effects), its log, the state database's check. Always allowed."""
+MODEL_CONTROLS: Final = frozenset({"submit", "update"})
+"""The model's tool actions on an agent step: allowed, but never advice to a person."""
+QUESTION_CHARS: Final = 2000
+"""The most characters of a checkpoint's or decision's question the display holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """One reason in words: what happened, what to do, and the advised steps in order.
+
+    `action` names no command and no option: each renderer turns every name of `next`
+    (a control of `CONTROLS` or an inspection of `INSPECTIONS`) into a command of its own
+    (the CLI's `pi-workflows ...`, Pi's `/workflow ...`), or leaves out one it cannot do.
+    """
+
+    words: str
+    action: str
+    next: tuple[str, ...]
+
+
+ADVICE: Final[Mapping[str, Advice]] = {
+    # Nonterminal: a run that waits for someone.
+    "paused": Advice(
         "Paused by an operator.",
-        "Resume it (run resume RUN_ID) or cancel it.",
+        "Resume it, or cancel it.",
+        ("resume", "cancel"),
     ),
-    "checkpoint": (
+    "checkpoint": Advice(
         "Waiting for an answer at a checkpoint.",
-        "Answer it (run answer RUN_ID --input-json VALUE) or cancel the run.",
+        "Answer the checkpoint, or cancel the run.",
+        ("answer", "cancel"),
     ),
-    "humanDecision": (
+    "humanDecision": Advice(
         "Waiting for a person's decision.",
-        "Answer it (decision answer RUN_ID --input-json VALUE, or /workflow answer in its "
-        "Pi session) or cancel the run.",
+        "A person answers the decision (the model cannot), or cancel the run.",
+        ("human-answer", "cancel"),
     ),
-    "runnerNoProgress": (
+    "interaction": Advice(
+        "Waiting for the model to do an agent step in the run's Pi session.",
+        "Open the run's Pi session: the step is presented there. Or cancel the run.",
+        ("cancel",),
+    ),
+    "runnerNoProgress": Advice(
         "The runner exited before the run made any progress.",
-        "Read the server log, fix the cause, then resume or cancel the run.",
+        "Read the run's log, fix the cause, then resume or cancel the run.",
+        ("logs", "resume", "cancel"),
     ),
-    "workflowSourceChanged": (
+    "workflowSourceChanged": Advice(
         "The workflow source changed since the run started.",
-        "Restore the source and resume, or cancel and start a new run.",
+        "Restore the source the run started with and resume it, or cancel it and "
+        "restart it: a restart runs the current source.",
+        ("resume", "cancel"),
     ),
-    "effectAmbiguous": (
+    "effectAmbiguous": Advice(
         "An external effect may have been applied without a receipt.",
-        "Check the external system, then recover with --confirm or --retry, or cancel.",
+        "Check the external system, then confirm that the effect happened or retry it "
+        "(a duplicate is possible), or cancel the run.",
+        (
+            "recoverConfirm",
+            "recoverRetry",
+            "channelRecoverConfirm",
+            "channelRecoverRetry",
+            "cancel",
+        ),
     ),
-    "serverCrashLoop": (
+    "serverCrashLoop": Advice(
         "The server died again and again while this run was in flight; "
         "the run may be what kills it.",
         "Inspect the run and its workflow, then resume or cancel it.",
+        ("show", "resume", "cancel"),
     ),
-    "workerCrashed": (
-        "The runner process crashed.",
-        "Read the server log; resume to try again, or cancel the run.",
+    "workerCrashed": Advice(
+        "The runner process crashed again and again.",
+        "Read the run's log; resume to try again, or cancel the run.",
+        ("logs", "resume", "cancel"),
     ),
-    "contentUnavailable": (
+    "contentUnavailable": Advice(
         "Content the run needs is missing or damaged.",
-        "Run state verify, then resume or cancel the run.",
+        "Check the state database, then resume or cancel the run.",
+        ("verify", "resume", "cancel"),
     ),
-    "diskFull": (
-        "The disk holding the workflow state is full.",
-        "Free disk space; the server carries on by itself.",
+    # Terminal: what failed, and how to run it again.
+    "nodeFailed": Advice(
+        "A node failed.",
+        "Read the failed attempt's error and traceback, fix the workflow, then restart "
+        "the run: a restart runs the current source.",
+        ("show", "restart"),
     ),
-    "resourceLimit": (
+    "resourceLimit": Advice(
         "A node went over its memory or process limit.",
         "Raise the node's limits or make it do less, then restart the run.",
+        ("show", "restart"),
     ),
-    "piUnavailable": (
+    "piUnavailable": Advice(
         "The pi binary could not be started.",
-        "Install pi or set PI_WORKFLOWS_PI, then restart the run.",
+        "Install pi or set PI_WORKFLOWS_PI for the server, then restart the run.",
+        ("restart",),
     ),
-    "agentUnproductive": (
+    "agentUnproductive": Advice(
         "The agent step's model ended its turns without submitting an output.",
         "Check the step's prompt and model, then restart the run.",
+        ("show", "restart"),
     ),
-    "nodeFailed": (
-        "A node failed.",
-        "Read the failed attempt's error and traceback, fix the workflow, then restart.",
-    ),
-    "nodeTimedOut": (
+    "nodeTimedOut": Advice(
         "A node ran past its timeout.",
         "Raise the node's timeout or make it faster, then restart the run.",
-    ),
-    "claimLost": ("The run's claim was lost to another owner.", "Nothing; the server retries."),
-    "workerTimedOut": (
-        "The runner did not answer in time.",
-        "Read the server log, then restart the run.",
-    ),
-    "hostUnavailable": (
-        "The server was unavailable to the runner.",
-        "Check the server, then restart the run.",
-    ),
-    "sourceChanged": (
-        "The workflow source changed since the run started.",
-        "Start a new run from the current source.",
-    ),
-    "protocolRejected": (
-        "The runner sent a message the server refused.",
-        "Read the server log and report it; restart the run.",
+        ("show", "restart"),
     ),
 }
+"""Every reason code a run view can show, in words and advice (tests/server/test_advice.py
+drives a real server into each one and runs every command its renderers advise)."""
 
 
 def reason_words(code: str) -> tuple[str, str | None]:
     """A stored reason code in words, and what to do about it (None: unknown code)."""
-    words = _REASONS.get(code)
-    if words is None:
+    advice = ADVICE.get(code)
+    if advice is None:
         return f"Stopped ({code}).", None
-    return words
+    return advice.words, advice.action
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +248,9 @@ class _Facts:
     runner: RunnerEpochRow | None
     turn: OpenTurn | None = None
     """The run's open origin-session model turn, if any."""
+    asked: Any = None
+    """What the pending checkpoint or decision asks: its stored request (a checkpoint's
+    `{"summary"}`, a decision's presentation with its choices); None when none waits."""
 
 
 def build_run_view(db: Database, run_id: str) -> dict[str, Any] | None:
@@ -207,6 +268,10 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         return None
     summary = get_run_summary(db, run_id)
     decision = pending_decision(db, run_id)
+    asked = None
+    if decision is not None and decision.request_hash is not None:
+        with contextlib.suppress(ContentUnavailableError):
+            asked = read_json_blob(db, decision.request_hash)
     return _Facts(
         run=run,
         queue=get_queue_row(db, run_id),
@@ -219,6 +284,7 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         and decision_audience(db, run_id) not in (None, CHECKPOINT_AUDIENCE),
         runner=active_runner(db, run_id),
         turn=latest_open_turn(db, run_id),
+        asked=asked,
     )
 
 
@@ -276,11 +342,16 @@ def _display(db: Reader, facts: _Facts) -> dict[str, Any]:
     """The six rules of § Live run view, in order."""
     run = facts.run
     status = _status(facts)
+    controls = _controls(facts, status)
     display: dict[str, Any] = {
         "status": status,
         "activity": _activity(facts.runner, facts.turn),
-        "controls": _controls(facts, status),
+        "controls": controls,
     }
+    if _parked(facts, status):
+        # Rule 6's parked work: held at a durable boundary until an operator acts, not
+        # admitted work about to start. Still `queued` (the closed set); this says which.
+        display["parked"] = True
     current = facts.current
     if current is not None:
         # The unfinished attempt is the one durable source of the current node.
@@ -290,6 +361,8 @@ def _display(db: Reader, facts: _Facts) -> dict[str, Any]:
         display["waitingOn"] = facts.checkpoint_node  # the completed checkpoint node
     if facts.pending:
         display["request"] = {"kind": facts.pending[0].kind, "node": facts.pending[0].node_path}
+    if status in ("waiting", "paused"):
+        display.update(_question(facts.asked))
     code = _reason_code(facts, status)
     if code is not None:
         words, action = reason_words(code)
@@ -306,7 +379,45 @@ def _display(db: Reader, facts: _Facts) -> dict[str, Any]:
         display["reasonText"] = words
         if action is not None:
             display["action"] = action
+            display["next"] = _advised(code, controls)
     return display
+
+
+def _advised(code: str, controls: list[str]) -> list[str]:
+    """The reason's advised steps that can be taken now, in order: an inspection, or a
+    control the handlers allow now (a recovery waits until its run is parked)."""
+    return [step for step in ADVICE[code].next if step in INSPECTIONS or step in controls]
+
+
+def _parked(facts: _Facts, status: str) -> bool:
+    return status == "queued" and facts.queue is not None and facts.queue.state == "parked"
+
+
+def _question(asked: Any) -> dict[str, Any]:
+    """What the waiting checkpoint or decision asks (`question`, bounded), and a
+    decision's `choices` (their IDs, labels and text inputs), for the renderers to show
+    with the command that answers it."""
+    if not isinstance(asked, Mapping):
+        return {}
+    shown: dict[str, Any] = {}
+    summary = asked.get("summary")
+    if isinstance(summary, str) and summary.strip():
+        text = summary.strip()
+        shown["question"] = (
+            text if len(text) <= QUESTION_CHARS else text[: QUESTION_CHARS - 1] + "…"
+        )
+    choices = asked.get("choices")
+    if isinstance(choices, list) and choices:
+        shown["choices"] = [_choice(choice) for choice in choices if isinstance(choice, Mapping)]
+    return shown
+
+
+def _choice(choice: Mapping[str, Any]) -> dict[str, Any]:
+    item: dict[str, Any] = {"id": str(choice.get("id", "")), "label": str(choice.get("label", ""))}
+    asked = choice.get("input")
+    if isinstance(asked, Mapping) and isinstance(asked.get("name"), str):
+        item["input"] = asked["name"]
+    return item
 
 
 def _status(facts: _Facts) -> str:
@@ -324,6 +435,8 @@ def _status(facts: _Facts) -> str:
 
 
 def _reason_code(facts: _Facts, status: str) -> str | None:
+    """The reason a run needs someone, or why it ended; none while it runs (a waiting
+    step whose model turn is open is `running`, with no stopped reason beside it)."""
     run = facts.run
     if status in TERMINAL:
         if status in ("completed", "cancelled"):
@@ -339,7 +452,7 @@ def _reason_code(facts: _Facts, status: str) -> str | None:
         if facts.protected and park in (None, "checkpoint"):
             return "humanDecision"
         return park or "checkpoint"
-    if facts.queue is not None and facts.queue.state == "parked":
+    if _parked(facts, status):
         return park
     return None
 
@@ -351,7 +464,7 @@ def _node_code(reason: str | None) -> str | None:
     if not reason:
         return None
     parts = reason.split(": ", 3)
-    return parts[2] if len(parts) >= 3 and parts[2] in _REASONS else None
+    return parts[2] if len(parts) >= 3 and parts[2] in ADVICE else None
 
 
 def _activity(runner: RunnerEpochRow | None, turn: OpenTurn | None) -> dict[str, Any] | None:
@@ -377,14 +490,16 @@ def _controls(facts: _Facts, status: str) -> list[str]:
     if status == "ambiguous":
         if facts.queue is None or facts.queue.state != "parked":
             return ["cancel"]  # its runner is still parking it: recovery waits for that
+        if all(str(e["effectType"]).startswith(CHANNEL_EFFECT) for e in facts.ambiguous):
+            # A Telegram delivery or edit of a waiting decision: `channel.recover`.
+            return ["channelRecoverConfirm", "channelRecoverRetry", "cancel"]
         return ["recoverConfirm", "recoverRetry", "cancel"]
     if status == "paused":
         return ["resume", "cancel"]
     controls: list[str] = []
     if status == "waiting":
         controls += _request_actions(facts)
-    parked = facts.queue is not None and facts.queue.state == "parked" and status == "queued"
-    if parked:
+    if _parked(facts, status):
         controls.append("resume")
     return [*controls, "pause", "cancel"]
 
@@ -489,7 +604,7 @@ def _graph(db: Database, run: RunRow) -> dict[str, Any]:
     graph["nodes"] = {
         "count": len(nodes),
         "items": [
-            {"id": path, "kind": str(node.get("kind", "")) if isinstance(node, dict) else ""}
+            {"id": path, "kind": _node_kind(node)}
             for path, node in list(sorted(nodes.items()))[:GRAPH_ITEMS]
         ],
     }
@@ -504,3 +619,13 @@ def _graph(db: Database, run: RunRow) -> dict[str, Any]:
         shown.append(edge)
     graph["edges"] = {"count": len(edges), "items": shown}
     return graph
+
+
+def _node_kind(node: Any) -> str:
+    """A snapshot node's kind as people name it: a protected checkpoint is the
+    `human_decision` it was written as (its attempts run as a checkpoint)."""
+    if not isinstance(node, dict):
+        return ""
+    if node.get("protected") is True:
+        return "human_decision"
+    return str(node.get("kind", ""))

@@ -44,6 +44,8 @@ from pi_workflows.domain._operations import (
     StartRequest,
     handle_operation,
     prior_answer,
+    restart_lookup,
+    restart_run,
     start_run,
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
@@ -97,6 +99,7 @@ __all__ = [
     "HandBackRun",
     "InterruptAdapter",
     "ListDecisions",
+    "LookUpRestart",
     "NextDeadline",
     "Perform",
     "PriorAnswer",
@@ -113,6 +116,7 @@ __all__ = [
     "ReportTurn",
     "ReserveChannelWork",
     "ResumeHeadless",
+    "RestartRun",
     "RetakeServerClaims",
     "RunViewRevision",
     "SelectAndBackUp",
@@ -326,6 +330,24 @@ class StartRun:
     ctx: OperationContext
     start: StartRequest
     resolved: Mapping[str, Any]
+
+
+@_runs(restart_lookup)
+@dataclass(frozen=True, slots=True)
+class LookUpRestart:
+    """`run.restart`'s stored answer, or the finished run's source to resolve again."""
+
+    label: ClassVar[str] = "run.restart.lookup"
+    request: RequestMessage
+
+
+@_runs(restart_run)
+@dataclass(frozen=True, slots=True)
+class RestartRun:
+    label: ClassVar[str] = "run.restart"
+    request: RequestMessage
+    ctx: OperationContext
+    resolved: Mapping[str, Any] | None
 
 
 @_runs(run_view_revision)

@@ -57,6 +57,7 @@ from pi_workflows.domain import (
     ClientOperation,
     CoordinatorGrant,
     ListDecisions,
+    LookUpRestart,
     OperationContext,
     OperationError,
     PriorAnswer,
@@ -64,6 +65,8 @@ from pi_workflows.domain import (
     ReportBranch,
     ReportTurn,
     ResumeHeadless,
+    RestartLookup,
+    RestartRun,
     RunViewRevision,
     SessionAuthority,
     StartRequest,
@@ -182,6 +185,13 @@ class _ReceiptLooked:
 
 
 @dataclass(frozen=True, slots=True)
+class _RestartLooked:
+    """`run.restart`'s lookup: answer from it, or resolve the current source."""
+
+    pending: Pending
+
+
+@dataclass(frozen=True, slots=True)
 class _RunFound:
     """`view.subscribe` of a run: whether the run exists."""
 
@@ -242,6 +252,7 @@ class Router:
         for operation in (*READS, *COMMANDS):
             table.setdefault(operation, self._database_operation)
         table["run.answer"] = self._answer_checkpoint
+        table["run.restart"] = self._restart_run
         for operation in RUNNER_COMMANDS:
             table[operation] = self._runner_command
         for operation in SNAPSHOT_READS:
@@ -311,6 +322,8 @@ class Router:
                     _tell(self._ports.channels, ScanChannels())
             case _ReceiptLooked(pending=pending, start=start):
                 self._after_receipt_lookup(pending, start, reply)
+            case _RestartLooked(pending=pending):
+                self._after_restart_lookup(pending, reply)
             case _RunFound(pending=pending, spec=spec, revision=revision):
                 self._after_run_found(pending, spec, revision, reply)
             case _Granted(pending=pending, spec=spec):
@@ -490,8 +503,13 @@ class Router:
             )
 
     def _resolve_and_commit(self, pending: Pending, start: StartRequest) -> None:
-        """On a resolver thread: the cached answer, or the resolver child's; then the commit
-        (whose answer comes back to the loop).
+        """On a resolver thread: resolve, then the commit (whose answer comes back to the
+        loop)."""
+        unit = StartRun(pending.request, self._ports.context, start, self._resolve(start))
+        self._commit_resolved(pending, unit)
+
+    def _resolve(self, start: StartRequest) -> dict[str, Any]:
+        """On a resolver thread: the cached answer, or the resolver child's.
 
         The cache checks every file the definition depends on by its hash, so a hit is
         the answer the resolver would give (it runs no workflow code).
@@ -512,11 +530,44 @@ class Router:
                 "code": "definitionInvalid",
                 "message": "the workflow could not be loaded",
             }
-        unit = StartRun(pending.request, ports.context, start, resolved)
+        return resolved
+
+    def _commit_resolved(self, pending: Pending, unit: StartRun | RestartRun) -> None:
         try:
             self._write(unit, _Answer(pending, True))
         except pykka.ActorDeadError:  # the server is stopping
             self._address.tell(Done(_Answer(pending, False), Reply(error=_stopping())))
+
+    def _restart_run(self, pending: Pending) -> None:
+        """`run.restart`: look up the receipt and the finished run on the reader, resolve
+        the workflow's current source in a child (off every actor), then commit.
+
+        A restart runs the source as it is now, resolved the way `run.start` resolves
+        it; the server never imports workflow code.
+        """
+        self._read(LookUpRestart(pending.request), _RestartLooked(pending))
+
+    def _after_restart_lookup(self, pending: Pending, found: Reply) -> None:
+        if found.error is not None:
+            pending.respond(failure_response(pending.request, found.error))
+            return
+        lookup = found.value
+        assert isinstance(lookup, RestartLookup)
+        if lookup.answer is not None:
+            pending.respond(lookup.answer)
+            return
+        try:
+            self._ports.resolvers.submit(self._resolve_and_restart, pending, lookup.source)
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            pending.respond(
+                rejected(pending.request, "unavailable", "serverStopping", "the server is stopping")
+            )
+
+    def _resolve_and_restart(self, pending: Pending, source: StartRequest | None) -> None:
+        """On a resolver thread: the current source (none to resolve when the run is
+        missing or unfinished: the commit refuses it), then the commit."""
+        resolved = None if source is None else self._resolve(source)
+        self._commit_resolved(pending, RestartRun(pending.request, self._ports.context, resolved))
 
     def _subscribe(self, pending: Pending) -> None:
         """`view.subscribe`: parse the view, check a run exists, then install it."""

@@ -105,6 +105,9 @@ class PendingDecision:
     run_id: str
     attempt_id: str | None
     node_path: str
+    request_hash: str | None = None
+    """The blob of what is asked: `{"summary"}` for a checkpoint, the operator
+    presentation (summary and choices) for a protected decision."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,12 +291,23 @@ _continued_by = (
     "(SELECT c.run_id FROM runs AS c WHERE c.continuation_of = r.run_id"
     " ORDER BY c.created_at DESC, c.run_id DESC LIMIT 1)"
 )
+# The node a run stopped or runs at: its unfinished attempt (node_attempts_one_unfinished),
+# else its pending checkpoint's node (human_decisions_by_run); one indexed row each.
+_current_node = (
+    "(SELECT a.node_path FROM node_attempts AS a"
+    " WHERE a.run_id = r.run_id AND a.status IN ('running', 'waiting'))"
+)
+_decision_node = (
+    "(SELECT d.node_path FROM human_decisions AS d"
+    " WHERE d.run_id = r.run_id AND d.status = 'pending')"
+)
 _summary_columns = f"""
 SELECT r.run_id, r.workflow_name, r.title, r.status, r.paused,
        r.revision + r.view_changes AS revision, q.state AS queue_state, q.park_reason,
        r.created_at, r.updated_at, r.finished_at, r.failure_class, b.execution_mode,
        {_ambiguous_effect} AS ambiguous_effect, {_runner_active} AS runner_active,
-       {_turn_open} AS turn_open, r.continuation_of, {_continued_by} AS continued_by
+       {_turn_open} AS turn_open, r.continuation_of, {_continued_by} AS continued_by,
+       {_current_node} AS current_node, {_decision_node} AS decision_node
 FROM runs AS r LEFT JOIN run_queue AS q ON q.run_id = r.run_id
 LEFT JOIN run_bindings AS b ON b.run_id = r.run_id"""
 # The run list, newest first, keyset-paged by (created_at, run_id).
@@ -1300,7 +1311,7 @@ INSERT INTO human_decisions (
 """
 # The pending decision of one run.
 SELECT_PENDING_DECISION = """
-SELECT decision_id, run_id, attempt_id, node_path FROM human_decisions
+SELECT decision_id, run_id, attempt_id, node_path, request_hash FROM human_decisions
 WHERE run_id = :run_id AND status = 'pending'
 """
 # The one resolution of an answered decision.

@@ -76,6 +76,10 @@ class RunSummary:
     """The run this one continues (its checkpoint was answered), if any."""
     continued_by: str | None = None
     """The run that continues this one after its checkpoint, if any (the newest)."""
+    current_node: str | None = None
+    """The node of the run's unfinished attempt, if any."""
+    decision_node: str | None = None
+    """The node of the run's pending checkpoint or decision, if any."""
 
 
 @dataclass(frozen=True, slots=True)

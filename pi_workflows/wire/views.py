@@ -27,6 +27,7 @@ __all__ = [
     "ContentRef",
     "Control",
     "Counted",
+    "DecisionChoice",
     "Display",
     "DisplayStatus",
     "Graph",
@@ -43,6 +44,7 @@ __all__ = [
     "RunView",
     "SessionMessages",
     "SessionView",
+    "Step",
     "StepCount",
     "Trace",
     "TraceCursors",
@@ -69,9 +71,16 @@ Control: TypeAlias = Literal[
     "update",
     "recoverConfirm",
     "recoverRetry",
+    "channelRecoverConfirm",
+    "channelRecoverRetry",
     "review",
 ]
-"""A command `display.controls` allows now (its handler still checks again)."""
+"""A command `display.controls` allows now (its handler still checks again). A name,
+never shown to a person: each renderer turns it into a command of its own."""
+
+Step: TypeAlias = Control | Literal["show", "logs", "verify"]
+"""One advised step of `display.next`: a control, or an inspection that changes nothing
+(`show` the run's details, `logs` its log, `verify` the state database's check)."""
 
 TraceOutcome: TypeAlias = Literal[
     "running", "waiting", "completed", "failed", "timed_out", "cancelled", "interrupted"
@@ -132,6 +141,15 @@ class PendingRequestItem(TypedDict):
     node: str
 
 
+class DecisionChoice(TypedDict):
+    """One choice of a waiting decision: `{"choice": id}` answers with it."""
+
+    id: str
+    label: str
+    input: NotRequired[str]
+    """The name of the text the answer gives with this choice."""
+
+
 class Display(TypedDict):
     """The one server-computed display object (§ Live run view); render it directly."""
 
@@ -151,7 +169,15 @@ class Display(TypedDict):
     reasonContent: NotRequired[ContentRef]
     """The complete reason (`text/plain; charset=utf-8`) when it is above 16 KiB."""
     action: NotRequired[str]
-    """What to do about the reason, in words."""
+    """What to do about the reason, in words that name no command."""
+    next: NotRequired[list[Step]]
+    """The reason's advised steps, in order (with `action`)."""
+    parked: NotRequired[Literal[True]]
+    """A `queued` run held at a durable boundary until an operator resumes it."""
+    question: NotRequired[str]
+    """What the waiting checkpoint or decision asks."""
+    choices: NotRequired[list[DecisionChoice]]
+    """A waiting decision's choices."""
 
 
 class Lineage(TypedDict):
@@ -295,6 +321,12 @@ class RunListDisplay(TypedDict):
     status: DisplayStatus
     reason: NotRequired[str]
     failureClass: NotRequired[str]
+    parked: NotRequired[Literal[True]]
+    """As the run view's: a `queued` run held until an operator resumes it."""
+    currentNode: NotRequired[str]
+    """As the run view's: the node a running run executes."""
+    waitingOn: NotRequired[str]
+    """As the run view's: the node a waiting, paused or parked run stopped at."""
 
 
 class RunListItem(TypedDict):

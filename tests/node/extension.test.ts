@@ -16,7 +16,7 @@ import { entryMessageId, MESSAGE_TYPE, messageText, stopReasonOf } from "../../p
 import { callIdentity, presentedStep } from "../../pi_workflows/pi/extension/tool.ts";
 import { socketPathFor, stateDir } from "../../pi_workflows/pi/extension/locate.ts";
 import { applyPatch, PatchError } from "../../pi_workflows/pi/extension/patch.ts";
-import { listReport, REASON_LINES, statusReport, statusText, widgetText } from "../../pi_workflows/pi/extension/render.ts";
+import { displayOf, listReport, PI_COMMANDS, REASON_LINES, statusReport, statusText, widgetText } from "../../pi_workflows/pi/extension/render.ts";
 
 test("start takes a name and optional JSON input", () => {
   assert.deepEqual(parseWorkflowArgs("start hello"), { kind: "start", workflow: "hello", input: {} });
@@ -67,15 +67,30 @@ const view = {
   workflow: "review",
   revision: 12,
   status: "running", // the stored status is NOT what is shown; display is
-  display: { status: "waiting", activity: null, controls: ["pause", "cancel", "answer"], waitingOn: "review/approve", reasonText: "needs a human\nmore" },
+  display: {
+    status: "waiting",
+    activity: null,
+    controls: ["answer", "pause", "cancel"],
+    waitingOn: "review/approve",
+    question: "Ship it?",
+    reasonText: "needs a human\nmore",
+    action: "Answer the checkpoint, or cancel the run.",
+    next: ["answer", "cancel"],
+  },
 };
 
-test("the widget and status line copy the server's display", () => {
-  // Status, place, controls first (the first scroll window), then the whole reason.
+test("the widget and status line copy the server's display, its advice as /workflow commands", () => {
+  // Status, place, what to do and its commands first (the first scroll window), then the reason.
   assert.deepEqual(widgetText(view), [
     "workflow review run-1: waiting",
     "waiting on: review/approve",
-    "controls: pause, cancel, answer",
+    "question: Ship it?",
+    "what to do: Answer the checkpoint, or cancel the run.",
+    "  /workflow answer run-1 JSON",
+    "  /workflow cancel run-1",
+    "  (JSON: the answer, as the checkpoint asks)",
+    "allowed now:",
+    "  /workflow pause run-1",
     "reason: needs a human",
     "  more",
   ]);
@@ -83,19 +98,62 @@ test("the widget and status line copy the server's display", () => {
   assert.equal(widgetText({ runId: "run-1" }), undefined, "no display, no widget");
   assert.equal(widgetText(null), undefined, "a session view with no run shows nothing");
   assert.match(statusReport(view), /^run-1 {2}waiting {2}review\n/);
+  assert.match(statusReport(view), /\n {2}\/workflow answer run-1 JSON\n/);
   assert.match(statusReport(view), /revision 12$/);
   assert.equal(listReport([view], true), "run-1  waiting  review  at review/approve\n… older runs: pi-workflows run list");
   assert.match(listReport([], false), /No workflow runs yet/);
 });
 
 test("the widget's reason is bounded, and a display without one shows no reason line", () => {
-  const long = { ...view, display: { status: "failed", controls: [], action: "see the log", reasonText: Array.from({ length: 60 }, (_, i) => `line ${i}`).join("\n") } };
+  const long = { ...view, display: { status: "failed", controls: ["restart"], action: "see the log", next: ["show", "restart"], reasonText: Array.from({ length: 60 }, (_, i) => `line ${i}`).join("\n") } };
   const lines = widgetText(long)!;
-  assert.deepEqual(lines.slice(0, 4), ["workflow review run-1: failed", "controls: none", "action: see the log", "reason: line 0"]);
-  assert.equal(lines.length, 3 + REASON_LINES + 1);
+  assert.deepEqual(lines.slice(0, 5), ["workflow review run-1: failed", "what to do: see the log", "  /workflow status run-1", "  /workflow restart run-1", "reason: line 0"]);
+  assert.equal(lines.length, 4 + REASON_LINES + 1);
   assert.equal(lines.at(-1), `  … ${60 - REASON_LINES} more lines: /workflow status`);
   const running = { runId: "run-2", workflow: "ask", display: { status: "running", controls: ["pause", "cancel"], currentNode: "ask" } };
-  assert.deepEqual(widgetText(running), ["workflow ask run-2: running", "at node: ask", "controls: pause, cancel"]);
+  assert.deepEqual(widgetText(running), ["workflow ask run-2: running", "at node: ask", "allowed now:", "  /workflow pause run-2", "  /workflow cancel run-2"]);
+});
+
+test("advice names only /workflow commands; what Pi cannot do, and internal names, are not shown", () => {
+  const ambiguous = {
+    runId: "run-3",
+    workflow: "pay",
+    display: {
+      status: "ambiguous",
+      controls: ["recoverConfirm", "recoverRetry", "cancel"],
+      action: "Check the external system, then confirm that the effect happened or retry it, or cancel the run.",
+      next: ["recoverConfirm", "recoverRetry", "cancel"],
+      reasonText: "An external effect may have been applied without a receipt.",
+    },
+  };
+  const shown = widgetText(ambiguous)!.join("\n");
+  assert.match(shown, /\/workflow cancel run-3/);
+  assert.doesNotMatch(shown, /recover|Confirm|Retry|pi-workflows/, "no recovery in Pi, no internal name");
+  const parked = { runId: "run-4", workflow: "w", display: { status: "queued", parked: true, controls: ["resume", "pause", "cancel"], next: ["logs", "resume", "cancel"], action: "Read the run's log.", waitingOn: "b" } };
+  assert.deepEqual(widgetText(parked)!.slice(0, 5), ["workflow w run-4: queued (parked)", "waiting on: b", "what to do: Read the run's log.", "  /workflow resume run-4", "  /workflow cancel run-4"]);
+  const decision = { runId: "run-5", workflow: "d", display: { status: "waiting", controls: ["human-answer", "pause", "cancel"], next: ["human-answer", "cancel"], action: "A person answers.", choices: [{ id: "approve", label: "Approve" }] } };
+  assert.ok(widgetText(decision)!.includes('  /workflow answer run-5 {"choice":"approve"}'));
+  for (const step of Object.keys(PI_COMMANDS)) {
+    const command = PI_COMMANDS[step]!("run-6", displayOf({ display: { status: "waiting", controls: [] } })!);
+    assert.equal(parseWorkflowArgs(command.replace(/^\/workflow /, "").replace(" JSON", " {}")).kind === "error", false, command);
+  }
+});
+
+test("a failed run's /workflow status shows the failed attempt's error and traceback", () => {
+  const failed = {
+    runId: "run-7",
+    workflow: "boom",
+    display: { status: "failed", controls: ["restart"], next: ["show", "restart"], action: "Fix it.", reasonText: "nodeFailed: b: RuntimeError: no" },
+    trace: { items: [{ node: "b", visit: 1, attempt: 1, outcome: "failed", error: "RuntimeError: no", traceback: { text: "Traceback (most recent call last):\n  File x\nRuntimeError: no\n" } }] },
+  };
+  const report = statusReport(failed);
+  assert.match(report, /failed attempt: b \(visit 1, attempt 1\)\nerror: RuntimeError: no\ntraceback:\n {2}Traceback/);
+});
+
+test("restart takes an optional run ID", () => {
+  assert.deepEqual(parseWorkflowArgs("restart"), { kind: "restart", runId: null });
+  assert.deepEqual(parseWorkflowArgs("restart run-ab12"), { kind: "restart", runId: "run-ab12" });
+  assert.equal(parseWorkflowArgs("restart nope").kind, "error");
 });
 
 test("the state folder: PI_WORKFLOWS_STATE_DIR, else <agent dir>/workflows", () => {

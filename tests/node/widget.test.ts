@@ -40,6 +40,19 @@ test("a longer text shows one window and says where it is", () => {
   assert.deepEqual(windowOf(text(3), 1, 2).lines, ["l1", "l2", "lines 2-3 of 3 (Shift+Up/Shift+Down to scroll)"]);
 });
 
+test("pinned lines stay on top while the rest scrolls under them", () => {
+  const shown = windowOf(text(12), 3, WINDOW_LINES, 1);
+  assert.deepEqual(shown.lines.slice(0, WINDOW_LINES), ["l0", ...text(12).slice(4, 11)]);
+  assert.equal(shown.lines.at(-1), "lines 5-11 of 12 (Shift+Up/Shift+Down to scroll)");
+  assert.deepEqual(windowOf(text(12), 99, WINDOW_LINES, 1).lines.slice(0, 2), ["l0", "l5"], "clamped");
+  assert.deepEqual(windowOf(text(3), 5, WINDOW_LINES, 1), { lines: ["l0", "l1", "l2"], offset: 0 });
+  const scroll = new WidgetScroll(WINDOW_LINES, 1);
+  scroll.set("run-1", text(12));
+  scroll.scroll(2);
+  assert.equal(scroll.window().lines[0], "l0", "the run's line stays");
+  assert.equal(scroll.window().lines[1], "l3");
+});
+
 test("scrolling moves one line at a time within the text, and a new run starts at the top", () => {
   const scroll = new WidgetScroll();
   assert.deepEqual(scroll.window().lines, [], "no text yet");

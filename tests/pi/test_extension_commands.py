@@ -166,9 +166,20 @@ def _settle(state_dir: Path, run_id: str, wanted: set[str]) -> dict[str, Any]:
         return wait_for(client, run_id, wanted)
 
 
-def _controls_line(display: dict[str, Any]) -> str:
-    controls = display.get("controls") or []
-    return f"controls: {', '.join(controls)}" if controls else "controls: none"
+PI_VERBS = ("pause", "resume", "cancel", "restart")
+"""The controls these tests' runs allow, and their one `/workflow` form each."""
+
+
+def _command_lines(run_id: str, display: dict[str, Any]) -> list[str]:
+    """What the widget shows of the display's advice and controls: the server's words,
+    then each advised and each other allowed control as the /workflow command."""
+    advised = [step for step in display.get("next") or [] if step in PI_VERBS]
+    lines = [f"what to do: {display['action']}"] if display.get("action") else []
+    lines += [f"  /workflow {step} {run_id}" for step in advised]
+    rest = [c for c in display.get("controls") or [] if c in PI_VERBS and c not in advised]
+    if rest:
+        lines += ["allowed now:", *(f"  /workflow {control} {run_id}" for control in rest)]
+    return lines
 
 
 # --- start, the widget and the status line ----------------------------------------------
@@ -185,7 +196,10 @@ def test_workflow_start_starts_a_run_in_pis_project_and_the_widget_shows_the_ser
     assert view["workflow"] == "hello"
     assert view["result"] is not None
     lines = origin.widget_with(f"{run_id}: completed")
-    assert lines == [f"workflow hello {run_id}: completed", _controls_line(view["display"])]
+    assert lines == [
+        f"workflow hello {run_id}: completed",
+        *_command_lines(run_id, view["display"]),
+    ]
     status = origin.wait_ui("setStatus", lambda e: "completed" in str(e.get("statusText")))
     assert status["statusText"] == "workflow hello: completed"
     assert status["statusKey"] == "pi-workflows"
@@ -203,7 +217,7 @@ def test_list_and_status_show_the_servers_runs(rig: Rig, server: WorkflowServer)
     status = origin.notice("/workflow status", level="info").splitlines()
     view = _view(rig.state_dir, run_id)
     assert status[0] == f"{run_id}  completed  hello", status
-    assert _controls_line(view["display"]) in status
+    assert all(line in status for line in _command_lines(run_id, view["display"])), status
     # The run's revision may still move after it completed (its runner's exit is
     # recorded): the report names the revision it read, never a later one.
     (reported,) = [int(line.split()[1]) for line in status if line.startswith("revision ")]
@@ -228,7 +242,8 @@ def test_pause_resume_and_answer_a_checkpoint_from_pi(rig: Rig, server: Workflow
     assert origin.notice("/workflow pause", level="info") == f"pause: {run_id}"
     assert _view(rig.state_dir, run_id)["display"]["status"] == "paused"
     paused = origin.widget_with(f"{run_id}: paused")
-    assert _controls_line(_view(rig.state_dir, run_id)["display"]) in paused
+    shown = _command_lines(run_id, _view(rig.state_dir, run_id)["display"])
+    assert shown and all(line in paused for line in shown), paused
 
     assert origin.notice("/workflow resume", level="info") == f"resume: {run_id}"
     assert _settle(rig.state_dir, run_id, {"waiting"})["display"]["status"] == "waiting"

@@ -298,11 +298,10 @@ def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_contr
         assert (shown.get("currentNode"), shown.get("waitingOn")) == (
             ("ask", None) if status == "running" else (None, "ask")
         )
-        controls = ", ".join(shown["controls"]) if shown["controls"] else "none"
+        # Each allowed control as the /workflow command that performs it.
+        controls = [f"  /workflow {control} {run_id}" for control in shown["controls"]]
         node = "at node: ask" if status == "running" else "waiting on: ask"
-        at = _widget_index(
-            origin, [f"workflow ask {run_id}: {status}", node, f"controls: {controls}"]
-        )
+        at = _widget_index(origin, [f"workflow ask {run_id}: {status}", node, *controls])
         assert origin.events[at]["widgetLines"][0] == f"workflow ask {run_id}: {status}"
         status_line = origin.wait_event(
             functools.partial(_status_is, f"workflow ask: {status} (ask)"),

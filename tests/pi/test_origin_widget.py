@@ -80,8 +80,9 @@ def test_a_finished_run_is_shown_in_a_scroll_window_while_retained_and_cleared_w
     lines = list(shown["widgetLines"])
     assert len(lines) == WINDOW_LINES + 1, lines
     assert lines[0] == f"workflow broken {run_id}: failed"
-    controls = ", ".join(display["controls"]) if display["controls"] else "none"
-    assert f"controls: {controls}" in lines[:WINDOW_LINES]
+    # Each allowed control as the /workflow command that performs it, in the first window.
+    for control in display["controls"]:
+        assert f"  /workflow {control} {run_id}" in lines[:WINDOW_LINES], lines
     hint = HINT.match(lines[-1])
     assert hint is not None and int(hint.group(1)) > WINDOW_LINES, lines[-1]
     assert any("detail" in line for line in lines), "the stored reason, copied"

@@ -276,4 +276,7 @@ def test_the_run_view_offers_a_persons_answer_and_says_how(
     assert display["waitingOn"] == "ask"
     assert display["controls"] == ["human-answer", "pause", "cancel"], "not the model's answer"
     assert display["reasonCode"] == "humanDecision"
-    assert "decision answer RUN_ID" in display["action"]
+    # Says how in words (no command: each renderer names its own) and which step first.
+    assert "person answers the decision" in display["action"]
+    assert display["next"] == ["human-answer", "cancel"]
+    assert display["question"] and display["choices"], "what is asked, with the choices"

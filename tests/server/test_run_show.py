@@ -240,7 +240,11 @@ def test_a_checkpoint_wait_and_its_continuation_through_run_show(
     shown = processes.cli(state_dir, "run", "show", run_id)
     assert "waiting on:  ask" in shown.stdout
     assert "reason:      Waiting for an answer at a checkpoint." in shown.stdout
-    assert "allowed now: answer, pause, cancel" in shown.stdout
+    # Each allowed control is the command that performs it, never its internal name.
+    assert "what to do:  Answer the checkpoint, or cancel the run." in shown.stdout
+    assert f"             pi-workflows run answer {run_id} --input-json JSON\n" in shown.stdout
+    assert f"             pi-workflows run cancel {run_id}\n" in shown.stdout
+    assert f"allowed now: pi-workflows run pause {run_id}\n" in shown.stdout, shown.stdout
 
     answered = processes.cli(
         state_dir, "run", "answer", run_id, "--input-json", '{"approved": true}'

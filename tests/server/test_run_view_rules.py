@@ -92,7 +92,10 @@ def test_rule_2_an_ambiguous_effect_on_a_nonterminal_run_is_ambiguous(db: Databa
     assert display["controls"] == ["recoverConfirm", "recoverRetry", "cancel"]
     assert display["reasonCode"] == "effectAmbiguous"
     assert "without a receipt" in display["reasonText"]
-    assert "--confirm" in display["action"]
+    # Words without any command (the renderers name theirs), and the advised steps.
+    assert "confirm that the effect happened or retry it" in display["action"]
+    assert "--" not in display["action"]
+    assert display["next"] == ["recoverConfirm", "recoverRetry", "cancel"]
     assert [e["effectType"] for e in shown["ambiguousEffects"]] == ["payment.charge"]
 
 

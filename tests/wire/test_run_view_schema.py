@@ -38,6 +38,7 @@ VIEW: dict[str, Any] = {
         "reasonCode": "nodeFailed",
         "reasonText": "nodeFailed: explode: RuntimeError: boom",
         "action": "Read the failed attempt's error and traceback, fix the workflow, then restart.",
+        "next": ["show", "restart"],
     },
     "lineage": {"rootRunId": "run-0", "restartOf": "run-0", "restartedBy": ["run-2"]},
     "queue": {"state": "failed", "kind": "workflow", "priority": 0, "enqueuedAt": 1},
@@ -116,6 +117,37 @@ def test_a_complete_view_is_valid() -> None:
     protocol.validate("run-view.v1", VIEW)
 
 
+def test_a_parked_run_and_a_waiting_decision_are_valid() -> None:
+    """`parked` qualifies `queued`; a waiting decision carries its question and choices."""
+
+    def parked(view: dict[str, Any]) -> None:
+        view["display"] = {
+            "status": "queued",
+            "activity": None,
+            "controls": ["resume", "pause", "cancel"],
+            "parked": True,
+            "reason": "workflowSourceChanged",
+            "next": ["resume", "cancel"],
+        }
+
+    def decision(view: dict[str, Any]) -> None:
+        view["display"] = {
+            "status": "waiting",
+            "activity": None,
+            "controls": ["human-answer", "pause", "cancel"],
+            "waitingOn": "ask",
+            "question": "Ship it?",
+            "choices": [
+                {"id": "approve", "label": "Approve"},
+                {"id": "no", "label": "No", "input": "why"},
+            ],
+            "next": ["human-answer", "cancel"],
+        }
+
+    protocol.validate("run-view.v1", _changed(parked))
+    protocol.validate("run-view.v1", _changed(decision))
+
+
 @pytest.mark.parametrize(
     ("label", "change"),
     [
@@ -124,6 +156,9 @@ def test_a_complete_view_is_valid() -> None:
         ("an unknown control", lambda v: v["display"].update(controls=["delete"])),
         ("a repeated control", lambda v: v["display"].update(controls=["pause", "pause"])),
         ("an unknown display field", lambda v: v["display"].update(claim="x")),
+        ("an unknown advised step", lambda v: v["display"].update(next=["rm -rf"])),
+        ("parked false", lambda v: v["display"].update(parked=False)),
+        ("a choice without a label", lambda v: v["display"].update(choices=[{"id": "a"}])),
         ("the input in the queue", lambda v: v["queue"].update(input={"n": 41})),
         ("a claim in the lineage", lambda v: v["lineage"].update(claim="x")),
         ("no trace", lambda v: v.pop("trace")),

@@ -12,6 +12,7 @@ export const USAGE = [
   "  /workflow list                   the newest runs",
   "  /workflow status [RUN_ID]        one run (default: the run this session started)",
   "  /workflow pause|resume|cancel [RUN_ID]",
+  "  /workflow restart [RUN_ID]       run a finished run again from the start, with its current source",
   "  /workflow answer [RUN_ID] JSON   answer the checkpoint or decision the run waits at",
   "  /workflow followup [RUN_ID] TEXT  a request for the model once the run has finished",
   "  /workflow clear                  remove the finished run from this session's view",
@@ -23,7 +24,7 @@ export type Parsed =
   | { kind: "start"; workflow: string; input: JsonValue }
   | { kind: "list" }
   | { kind: "clear" }
-  | { kind: "status" | "pause" | "resume" | "cancel"; runId: string | null }
+  | { kind: "status" | "pause" | "resume" | "cancel" | "restart"; runId: string | null }
   | { kind: "answer"; runId: string | null; answer: JsonValue }
   | { kind: "followup"; runId: string | null; text: string }
   | { kind: "adopt"; runId: string }
@@ -59,7 +60,8 @@ export function parseWorkflowArgs(args: string): Parsed {
     case "status":
     case "pause":
     case "resume":
-    case "cancel": {
+    case "cancel":
+    case "restart": {
       if (!rest) return { kind: sub, runId: null };
       if (!RUN_ID.test(rest)) return { kind: "error", message: `/workflow ${sub} takes one run ID (run-…), or none for this session's run.` };
       return { kind: sub, runId: rest };

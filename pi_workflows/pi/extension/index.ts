@@ -42,7 +42,7 @@ import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolPa
 import { socketPathFor, stateDir } from "./locate.ts";
 import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
 import { carryEntries, reopenHint, savedMarker, sessionState } from "./saved-session.ts";
-import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll } from "./widget.ts";
+import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll, WINDOW_LINES } from "./widget.ts";
 
 type Ui = ExtensionContext["ui"];
 
@@ -92,7 +92,8 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   const notify = (text: string, level: "info" | "warning" | "error" = "info"): void => ui?.notify(text, level);
 
   // --- the widget and status line: a projection of the coordinator's session view ---
-  const scroll = new WidgetScroll();
+  // The first line (workflow, run ID and status) stays on screen while the rest scrolls.
+  const scroll = new WidgetScroll(WINDOW_LINES, 1);
   let shownRun: JsonValue | null = null; // the session view's `activeRun` (with a display)
   let lost = false;
   let painted = { widget: "null", status: "null" }; // what the UI shows (nothing yet)
@@ -290,6 +291,17 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
         notify(`${parsed.kind}: ${id}${response.outcome === "adopted" ? " (already done)" : ""}`);
         return;
       }
+      case "restart": {
+        const id = targetRun(parsed.runId, "restart");
+        // A new run from the start, of the workflow's source as it is now; it runs where
+        // the run ran (an interactive run in its origin session).
+        const { receipt, response } = await client.call("run.restart", {}, { runId: id });
+        const restarted = String(receipt.runId);
+        if (id === runId) adopt(restarted);
+        const again = response.outcome === "adopted" ? " (already done)" : "";
+        notify(`Restarted ${id} as ${restarted}${again}`);
+        return;
+      }
       case "followup": {
         const id = targetRun(parsed.runId, "followup");
         await client.call("followUp.add", { text: parsed.text }, { runId: id });
@@ -384,7 +396,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   });
 
   pi.registerCommand("workflow", {
-    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, answer, followup, clear, adopt",
+    description: "Start and control pi-workflows runs: /workflow start NAME [JSON], list, status, pause, resume, cancel, restart, answer, followup, clear, adopt",
     handler: async (args, ctx) => {
       ui = ctx.ui;
       context = ctx;

@@ -25,14 +25,23 @@ function lastOffset(count: number, size: number): number {
   return Math.max(0, count - size);
 }
 
-/** The window over `text` from `offset` (clamped), `size` lines tall. */
-export function windowOf(text: readonly string[], offset: number, size: number = WINDOW_LINES): WidgetWindow {
+/**
+ * The window over `text` from `offset` (clamped), `size` lines tall. The first `pinned`
+ * lines stay on top whatever the offset (the run's status line with its run ID): the
+ * window scrolls over the lines after them.
+ */
+export function windowOf(text: readonly string[], offset: number, size: number = WINDOW_LINES, pinned = 0): WidgetWindow {
   const height = Math.max(1, Math.floor(size));
-  const from = Math.min(Math.max(0, Math.floor(offset)), lastOffset(text.length, height));
-  const lines = text.slice(from, from + height);
+  const kept = Math.min(Math.max(0, Math.floor(pinned)), height - 1, text.length);
+  const body = text.slice(kept);
+  const room = height - kept;
+  const from = Math.min(Math.max(0, Math.floor(offset)), lastOffset(body.length, room));
+  const lines = [...text.slice(0, kept), ...body.slice(from, from + room)];
   if (text.length > height) {
-    const to = from + lines.length;
-    lines.push(`lines ${from + 1}-${to} of ${text.length} (Shift+Up/Shift+Down to scroll)`);
+    const to = kept + from + (lines.length - kept);
+    // At the top every line up to `to` shows; scrolled, the pinned ones go unsaid.
+    const first = from === 0 ? 1 : kept + from + 1;
+    lines.push(`lines ${first}-${to} of ${text.length} (Shift+Up/Shift+Down to scroll)`);
   }
   return { lines, offset: from };
 }
@@ -46,25 +55,29 @@ export class WidgetScroll {
   private key: string | null = null;
   private offset = 0;
 
-  constructor(readonly size: number = WINDOW_LINES) {}
+  /** `pinned`: lines at the top that never scroll away (the run ID's line). */
+  constructor(
+    readonly size: number = WINDOW_LINES,
+    readonly pinned = 0,
+  ) {}
 
   /** Replace the text; `key` names what it shows (the run ID). */
   set(key: string | null, text: readonly string[]): void {
     if (key !== this.key) this.offset = 0;
     this.key = key;
     this.text = text;
-    this.offset = windowOf(text, this.offset, this.size).offset;
+    this.offset = windowOf(text, this.offset, this.size, this.pinned).offset;
   }
 
   /** Move the window by `delta` lines (negative: up); true when it moved. */
   scroll(delta: number): boolean {
     const before = this.offset;
-    this.offset = windowOf(this.text, this.offset + delta, this.size).offset;
+    this.offset = windowOf(this.text, this.offset + delta, this.size, this.pinned).offset;
     return this.offset !== before;
   }
 
   /** The visible window (no lines when there is no text). */
   window(): WidgetWindow {
-    return windowOf(this.text, this.offset, this.size);
+    return windowOf(this.text, this.offset, this.size, this.pinned);
   }
 }
