@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pi_workflows.cli._advice import advice
 from pi_workflows.wire.client import RequestFailedError
 
 __all__ = [
@@ -102,8 +103,11 @@ def value_text(
     return f"<{size} bytes; {full}; it begins: {shown.get('preview', '')}>"
 
 
-def chain_rows(chain: Chain | None, chars: int | None = VALUE_CHARS) -> list[tuple[str, str]]:
-    """(label, text) rows that say where the chain is now and what it returned."""
+def chain_rows(
+    chain: Chain | None, chars: int | None = VALUE_CHARS, prefix: str = "pi-workflows"
+) -> list[tuple[str, str]]:
+    """(label, text) rows that say where the chain is now and what it returned; the
+    action's text holds the leaf's advised commands, one a line."""
     if chain is None:
         return []
     if chain.missing:
@@ -118,9 +122,11 @@ def chain_rows(chain: Chain | None, chars: int | None = VALUE_CHARS) -> list[tup
     rows = [("chain", now)]
     if display.get("reasonText"):
         rows.append(("chain reason", str(display["reasonText"])))
-    if display.get("action"):
-        # The advice is about the last run: name it where the words say RUN_ID.
-        rows.append(("chain action", str(display["action"]).replace("RUN_ID", leaf["runId"])))
+    shown = advice(leaf, prefix)  # about the last run: its commands name it
+    if shown.action or shown.commands:
+        words = [shown.action] if shown.action else []
+        notes = [f"({note})" for note in shown.notes]
+        rows.append(("chain action", "\n".join([*words, *shown.commands, *notes])))
     if "result" in leaf:
         output = leaf["result"].get("output")
         rows.append(("chain output", value_text(output, str(leaf["runId"]), chars)))

@@ -837,9 +837,19 @@ def run_status(ctx: click.Context, run_id: str, as_json: bool) -> None:
         chain = follow_chain(receipt, lambda hop: client.call("run.get", run_id=hop)["receipt"])
     lines = status_lines(receipt, command_prefix(ctx))
     # An answered checkpoint's continuations: where the chain is now, before the revision.
-    chained = [f"{label}: {text}" for label, text in chain_rows(chain)]
+    chained = [
+        line
+        for label, text in chain_rows(chain, prefix=command_prefix(ctx))
+        for line in _labelled(label, text)
+    ]
     for line in lines[:-1] + chained + lines[-1:]:
         click.echo(line)
+
+
+def _labelled(label: str, text: str) -> list[str]:
+    """`label: first line`, then the text's other lines indented (advised commands)."""
+    first, *more = text.split("\n")
+    return [f"{label}: {first}", *(f"  {line}" for line in more)]
 
 
 def command_prefix(ctx: click.Context) -> str:
@@ -943,12 +953,17 @@ def _control_command(operation: str, verb: str) -> None:
         if as_json:
             _print_json(answer["receipt"])
             return
-        affected = str(answer["receipt"].get("runId", run_id))
-        suffix = " (already done)" if answer["outcome"] == "adopted" else ""
-        done = CONTROL_DONE[verb]
-        said = f"{done} {run_id} as {affected}" if affected != run_id else f"{done} {run_id}"
-        click.echo(said + suffix, err=True)
-        click.echo(affected)
+        _echo_control(verb, run_id, answer)
+
+
+def _echo_control(verb: str, run_id: str, answer: dict[str, Any]) -> None:
+    """What happened on stderr; the affected run's ID alone on stdout."""
+    affected = str(answer["receipt"].get("runId", run_id))
+    suffix = " (already done)" if answer["outcome"] == "adopted" else ""
+    done = CONTROL_DONE[verb]
+    said = f"{done} {run_id} as {affected}" if affected != run_id else f"{done} {run_id}"
+    click.echo(said + suffix, err=True)
+    click.echo(affected)
 
 
 for _operation, _verb in (
@@ -970,9 +985,10 @@ for _operation, _verb in (
 @click.pass_context
 @_client_errors
 def run_resume(ctx: click.Context, run_id: str, headless: bool, as_json: bool) -> None:
-    """Resume a run.
+    """Resume a paused or parked run; print its run ID (--json: the receipt).
 
-    A paused run goes on from its last durable boundary. With --headless, an interactive
+    What happened goes to stderr, so R=$(pi-workflows run resume RUN_ID) holds the run
+    ID alone. A paused run goes on from its last durable boundary. With --headless, an interactive
     run whose Pi session cannot come back (Pi was closed before it saved the session)
     goes on without it: the server releases the session, and the step the run waits at
     runs in a headless pi child. Refused while a runner executes the run (pause it
@@ -986,8 +1002,7 @@ def run_resume(ctx: click.Context, run_id: str, headless: bool, as_json: bool) -
     if as_json:
         _print_json(answer["receipt"])
     else:
-        suffix = " (already done)" if answer["outcome"] == "adopted" else ""
-        click.echo(f"resume: {answer['receipt'].get('runId', run_id)}{suffix}")
+        _echo_control("resume", run_id, answer)
 
 
 # --- state ----------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pi_workflows.cli._chain import Chain, chain_rows, follow_chain
 from pi_workflows.cli._advice import advice, kind_words, node_kinds, status_words
+from pi_workflows.cli._chain import Chain, chain_rows, follow_chain
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     _client,
@@ -190,7 +190,7 @@ def _summary(
     lineage = _lineage(view)
     if lineage:
         rows.append(("lineage", "; ".join(lineage)))
-    rows += chain_rows(chain, None if full else HEAD_CHARS)
+    rows += chain_rows(chain, None if full else HEAD_CHARS, prefix)
     rows.append(("input", _value(view.get("state", {}).get("input"), full)))
     if "result" in view:
         rows.append(("output", _value(view["result"].get("output"), full)))

@@ -27,8 +27,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pi_workflows.cli._chain import chain_path, next_run, value_text
 from pi_workflows.cli._advice import advice, status_words
+from pi_workflows.cli._chain import chain_path, next_run, value_text
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     EXIT_TIMEOUT,

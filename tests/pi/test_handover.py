@@ -142,8 +142,10 @@ def test_another_pi_adopts_the_run_after_a_confirmation_and_its_step_completes_t
     assert origin_rig.origin_session(run_id) == header["id"]
     wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
     messages = wait_until(
-        lambda: [m for m in origin_rig.messages(run_id) if m[1] == "terminal" and m[3] == "sent"]
-        and origin_rig.messages(run_id),
+        lambda: (
+            [m for m in origin_rig.messages(run_id) if m[1] == "terminal" and m[3] == "sent"]
+            and origin_rig.messages(run_id)
+        ),
         "the terminal message in B",
     )
     assert [(kind, state) for _, kind, _, state, _ in messages] == [
@@ -231,7 +233,7 @@ def test_run_resume_headless_runs_the_stranded_step_in_a_headless_pi_child(
 
         resumed = processes.cli(state_dir, "run", "resume", run_id, "--headless")
         assert resumed.returncode == 0, resumed.stderr
-        assert resumed.stdout == f"resume: {run_id}\n"
+        assert resumed.stdout == f"{run_id}\n", "the run ID alone, for the next command"
         done = wait_for(client, run_id, TERMINAL | {"ambiguous"})
         assert done["display"]["status"] == "completed", done
 

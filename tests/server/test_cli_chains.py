@@ -137,8 +137,12 @@ def test_status_show_and_list_of_a_continued_run_show_the_chain_and_its_result(
         status.stdout
     )
     assert "chain reason: Waiting for an answer at a checkpoint." in status.stdout
-    action = next(line for line in status.stdout.splitlines() if line.startswith("chain action:"))
-    assert second in action, "the advice names the run it is about"
+    lines = status.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("chain action:"))
+    advised = [line.strip() for line in lines[at + 1 :] if line.startswith("  pi-workflows")]
+    assert any(f"run answer {second} " in line for line in advised), (
+        "the advice is a command about the run that waits"
+    )
 
     third = _answer(processes, state_dir, second, 3)
     with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
