@@ -219,7 +219,7 @@ ADVICE: Final[Mapping[str, Advice]] = {
         ("show", "restart"),
     ),
 }
-"""Every reason code a run view can show, in words and advice (tests/server/test_advice.py
+"""Every reason code a run view can show, in words and advice (tests/pi/test_advice.py
 drives a real server into each one and runs every command its renderers advise)."""
 
 

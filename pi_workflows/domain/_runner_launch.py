@@ -142,6 +142,7 @@ def launch_state(reader: Tx, run_id: str) -> tuple[RunState, str | None]:
                 visit=a.visit,
                 status=a.status,
                 next_node_path=a.next_node_path,
+                error=a.error,
             )
             for a in state.finished
         )

@@ -22,7 +22,7 @@ from pi_workflows.engine._failures import node_error, run_failure, short_text
 from pi_workflows.engine._limits import Limits, NodeGuard, NodeWatch
 from pi_workflows.engine._nodes import run_node_kind
 from pi_workflows.engine._routing import next_node
-from pi_workflows.engine._values import checked_output
+from pi_workflows.engine._values import MAX_ERROR_TEXT, checked_output
 from pi_workflows.wire.runner import (
     UNSET,
     NodeFailed,
@@ -75,6 +75,7 @@ class Execution:
         # the committed attempts in order (outputs are the latest completed per path).
         self.scopes = ScopedState(compiled, state.input)
         self.visits: dict[str, int] = dict(state.visits)
+        self.state_finished = state.finished
         self.steps = 0
         self.current: str | None = compiled.start_at
         self.last_output: Any = None
@@ -150,7 +151,7 @@ class Execution:
             return
         if self.current is None and self.ended is not None:
             code = "nodeTimedOut" if self.ended == "timed_out" else "nodeFailed"
-            error = RunnerError(code=code, message="the last node did not complete")
+            error = RunnerError(code=code, message=self._ended_reason())
             self._finish(self.ended, error=error)
             return
         while self.current is not None:
@@ -167,6 +168,14 @@ class Execution:
             if not self._step(node):
                 return
         self._finish("completed", output=self.last_output)
+
+    def _ended_reason(self) -> str:
+        """Why the run ends at a failed attempt the server ended (a deadline, an agent
+        step's unproductive turns): `path: its error`, so the view names its code."""
+        last = self.state_finished[-1] if self.state_finished else None
+        if last is None or not last.error:
+            return "the last node did not complete"
+        return f"{last.node_path}: {last.error}"[:MAX_ERROR_TEXT]
 
     def _step(self, node: CompiledNode) -> bool:
         """Run one node; False when the run stopped here (parked or finished)."""

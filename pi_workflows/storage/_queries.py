@@ -682,7 +682,8 @@ WHERE attempt_id = :attempt_id AND status IN ('running', 'waiting')
 # What a runner resumes from: every attempt of a run in execution order (one node runs
 # at a time, so insertion order is execution order, even if the wall clock stepped back).
 SELECT_RESUME_ATTEMPTS = """
-SELECT attempt_id, node_path, node_type, visit, status, output_hash, next_node_path
+SELECT attempt_id, node_path, node_type, visit, status, output_hash, next_node_path,
+       CASE WHEN status = 'completed' THEN NULL ELSE error END AS error
 FROM node_attempts WHERE run_id = :run_id ORDER BY rowid
 """
 # The run facts a resuming runner needs: its input and the revision it continues from.

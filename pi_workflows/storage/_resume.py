@@ -23,6 +23,8 @@ __all__ = ["FinishedAttempt", "ResumeState", "UnfinishedAttempt", "read_resume_s
 # Attempt statuses that count as a finished visit (as `start_node_attempt` counts them).
 _FINISHED = frozenset({"completed", "failed", "timed_out"})
 _UNFINISHED = frozenset({"running", "waiting"})
+ERROR_TEXT = 4000
+"""The most characters of a finished attempt's error a resume state carries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,10 @@ class FinishedAttempt:
     """`completed`, `failed` or `timed_out`."""
     next_node_path: str | None
     """The route the runner recorded when it finished (None: none, or the end)."""
+    error: str | None = None
+    """A failed or timed-out attempt's error, bounded (`ERROR_TEXT`): when the server
+    ended it (an agent step's unproductive turns, a deadline), the runner that routes
+    the failure names it in the run's reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +125,7 @@ class ResumeState:
                     "visit": a.visit,
                     "status": a.status,
                     "nextNodePath": a.next_node_path,
+                    **({} if a.error is None else {"error": a.error}),
                 }
                 for a in self.finished
             ],
@@ -151,6 +158,7 @@ class _AttemptRow:
     status: str
     output_hash: str | None
     next_node_path: str | None
+    error: str | None
 
 
 def read_resume_state(reader: Reader, run_id: str) -> ResumeState:
@@ -177,7 +185,12 @@ def read_resume_state(reader: Reader, run_id: str) -> ResumeState:
             visits[row.node_path] = visits.get(row.node_path, 0) + 1
             finished.append(
                 FinishedAttempt(
-                    row.attempt_id, row.node_path, row.visit, row.status, row.next_node_path
+                    row.attempt_id,
+                    row.node_path,
+                    row.visit,
+                    row.status,
+                    row.next_node_path,
+                    None if row.error is None else row.error[:ERROR_TEXT],
                 )
             )
             if row.status == "completed":

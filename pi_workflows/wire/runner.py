@@ -258,6 +258,9 @@ class FinishedStep(Struct, frozen=True, kw_only=True, rename="camel"):
     status: str
     """`completed`, `failed` or `timed_out`."""
     next_node_path: str | None = None
+    error: str | None = None
+    """A failed or timed-out attempt's error, bounded: the run's reason names it when
+    the server ended the attempt and no route follows."""
 
 
 class UnfinishedStep(Struct, frozen=True, kw_only=True, rename="camel"):
