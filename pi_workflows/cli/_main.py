@@ -60,6 +60,7 @@ from pi_workflows.wire.client import (
     WorkflowClient,
 )
 from pi_workflows.wire.live import DEFAULT_RECONNECT_TIMEOUT_S
+from pi_workflows.wire.protocol import ResponseMessage
 from pi_workflows.wire.runner import MAX_VALUE_ENV
 
 EXIT_FAILED = 1
@@ -956,7 +957,7 @@ def _control_command(operation: str, verb: str) -> None:
         _echo_control(verb, run_id, answer)
 
 
-def _echo_control(verb: str, run_id: str, answer: dict[str, Any]) -> None:
+def _echo_control(verb: str, run_id: str, answer: ResponseMessage) -> None:
     """What happened on stderr; the affected run's ID alone on stdout."""
     affected = str(answer["receipt"].get("runId", run_id))
     suffix = " (already done)" if answer["outcome"] == "adopted" else ""
