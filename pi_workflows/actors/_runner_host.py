@@ -571,7 +571,7 @@ class RunnerHostActor(ServerActor):
 
     def _command_done(self, done: _CommandDone, reply: Reply) -> None:
         request, responder = done.request, done.responder
-        if self._await_launch(done, reply):
+        if self._await_launch(done, reply) or self._retry_released(done, reply):
             return
         if reply.error is not None:
             responder.respond(failure_response(request, reply.error))
@@ -595,6 +595,18 @@ class RunnerHostActor(ServerActor):
         until = self._config.clock.now_ms() + LAUNCH_WAIT_MS
         held = _AwaitingLaunch(done.request, done.context, done.responder, until)
         self._awaiting_launch.setdefault(run_id, []).append(held)
+        return True
+
+    def _retry_released(self, done: _CommandDone, reply: Reply) -> bool:
+        """Send once more, as it is, a command whose presented claim its runner had
+        released in the meantime (it parked, waited or finished, committed before the
+        command): the refusal stored nothing, and the runner is settled here by now
+        (the database actor answers in order), so the retry goes without a claim."""
+        if done.retried or not done.presented_claim or reply.error is not None:
+            return False
+        if reply.value.get("outcome") != "claimLost":
+            return False
+        self._command(done.request, done.context, done.responder, retried=True)
         return True
 
     def _retry_awaiting(self, now: int, *, everything: bool = False) -> None:
