@@ -271,7 +271,8 @@ def _summary_item(summary: RunSummary) -> dict[str, Any]:
         item["title"] = summary.title
     if summary.finished_at is not None:
         item["finishedAt"] = summary.finished_at
-    if summary.park_reason is not None:
+    if summary.park_reason is not None and item["display"]["status"] != "running":
+        # As the view: no stopped reason beside `running` (a parking runner not yet gone).
         item["display"]["reason"] = summary.park_reason
     if summary.failure_class is not None:
         item["display"]["failureClass"] = summary.failure_class
