@@ -531,6 +531,7 @@ class RecordPrune:
     request: RequestMessage
     query: PruneQuery
     progress: PruneProgress
+    blob_grace_ms: int
 
 
 # --- channel adapters --------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """State retention (workflow-server.md § State retention, manual `state prune`): select
 expired root-run trees free of protected state, delete one tree (every run table, its
-view content and command receipts), collect the blobs no remaining row names, and write
-a verified backup first. Internal; `pi_workflows.storage` exports the names.
+view content and command receipts), collect the blobs no remaining row names (the
+tree's, and any other left behind), and write a verified backup first. Internal;
+`pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "DAY_MS",
     "BackupFailedError",
     "PruneTree",
+    "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
     "delete_tree",
     "prunable_trees",
@@ -153,6 +155,25 @@ UNION SELECT m.reply_hash FROM runner_messages AS m
     JOIN runner_epochs AS x ON x.runner_epoch = m.runner_epoch WHERE x.run_id IN {_TREE}
 UNION SELECT content_hash FROM follow_ups WHERE run_id IN {_TREE}
 """
+# Every column whose value may be a blob's digest: the referencing columns above, and
+# those that name a blob without a foreign key (a run's definition snapshot, a workflow
+# message's content) or carry a digest of the same bytes (kept conservatively: a blob
+# any row's digest names is never collected).
+_NAMING_COLUMNS: tuple[tuple[str, str], ...] = (
+    *_DIGEST_COLUMNS,
+    ("runs", "definition_digest"),
+    ("runs", "input_hash"),
+    ("workflow_messages", "content_digest"),
+    ("human_decisions", "request_digest"),
+    ("human_decision_resolutions", "answer_digest"),
+    ("human_decision_answers", "answer_digest"),
+    ("runner_epochs", "launch_envelope_hash"),
+)
+# Blobs written before :before that no naming column holds (one pass over each column:
+# a manual maintenance read; every table but two has an index on the column anyway).
+_SELECT_UNNAMED_BLOBS = "SELECT digest FROM blobs WHERE created_at < :before" + "".join(
+    f" EXCEPT SELECT {column} FROM {table}" for table, column in _NAMING_COLUMNS
+)
 _TREE_EVENT_PAYLOADS = f"SELECT payload FROM events WHERE run_id IN {_TREE}"
 _EVENT_PAYLOADS_WITH_DIGESTS = "SELECT payload FROM events WHERE instr(payload, 'sha256:') > 0"
 _BLOCKER_CHECKS = tuple((name, f"SELECT EXISTS ({check})") for name, check in _BLOCKERS)
@@ -275,6 +296,37 @@ def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
     for digest in wanted:
         tx.execute(_DELETE_BLOB, {"digest": digest})
     return len(wanted)
+
+
+def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
+    """Delete every blob written before `written_before` that no row names; return how
+    many. Whatever left it behind (a refusal before this release, a crash, an upload
+    whose value never came), it is collected here.
+
+    **Concurrent writers:** a blob is normally stored in the transaction that commits
+    the row naming it, so this sweep (one transaction of the same single writer) never
+    sees it unnamed. Two kinds are not: a runner's `content.write` parts, committed one
+    by one before the `uploadRef` that names them, and a reply's or command's content
+    reference, stored for the runner to read back and named by no row at all. They are
+    protected by the grace period the caller subtracts from now, not by a transaction:
+    `put_blob` refreshes `created_at` of a blob it finds older than
+    `BLOB_REFRESH_MS`, so a blob an in-flight request or upload has just written, or
+    written again, is at most that much older than its write.
+    """
+    candidates = {
+        str(digest)
+        for (digest,) in tx.connection.execute(_SELECT_UNNAMED_BLOBS, {"before": written_before})
+    }
+    if not candidates:
+        return 0
+    # One streamed pass over the payloads that name any digest (an `outputRef`).
+    for (payload,) in tx.connection.execute(_EVENT_PAYLOADS_WITH_DIGESTS):
+        candidates.difference_update(_DIGEST_IN_TEXT.findall(payload))
+        if not candidates:
+            return 0
+    for digest in candidates:
+        tx.execute(_DELETE_BLOB, {"digest": digest})
+    return len(candidates)
 
 
 class BackupFailedError(PiWorkflowsError):

@@ -1092,10 +1092,13 @@ INSERT INTO host_commands (
 # --- Content ------------------------------------------------------------------------
 
 # Store a blob once; the same bytes always have the same digest.
+# A blob written again is marked written now (bytes unchanged) once it is older than
+# the refresh interval, so the unnamed-blob sweep's grace period protects it again.
 INSERT_BLOB = """
 INSERT INTO blobs (digest, byte_length, content, created_at)
 VALUES (:digest, :byte_length, :content, :now)
-ON CONFLICT (digest) DO NOTHING
+ON CONFLICT (digest) DO UPDATE SET created_at = excluded.created_at
+WHERE blobs.created_at < :refresh_before
 """
 # Where a blob's bytes are (its rowid, for incremental blob I/O) and how many there are.
 SELECT_BLOB_LOCATION = "SELECT rowid AS row_id, byte_length FROM blobs WHERE digest = :digest"
