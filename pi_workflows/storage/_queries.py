@@ -79,9 +79,12 @@ __all__ = [
     "PRAGMA_JOURNAL_MODE_WAL",
     "PRAGMA_QUERY_ONLY",
     "PRAGMA_SYNCHRONOUS_FULL",
+    "RELEASE_PART",
     "RELEASE_UNIT",
     "ROLLBACK",
+    "ROLLBACK_TO_PART",
     "ROLLBACK_TO_UNIT",
+    "SAVEPOINT_PART",
     "SAVEPOINT_UNIT",
     "SELECT_ACTIVE_RUNNER_EPOCH",
     "SELECT_ACTIVE_RUNNER_EPOCHS",
@@ -214,6 +217,10 @@ SAVEPOINT_UNIT = "SAVEPOINT unit"
 RELEASE_UNIT = "RELEASE unit"
 # Undo only a unit's writes; the group's transaction and its other units stay.
 ROLLBACK_TO_UNIT = "ROLLBACK TO unit"
+# A part of a transaction that a refusal undoes alone (`Tx.undoable`).
+SAVEPOINT_PART = "SAVEPOINT part"
+RELEASE_PART = "RELEASE part"
+ROLLBACK_TO_PART = "ROLLBACK TO part"
 # Enforce foreign keys on this connection (off by default in SQLite).
 PRAGMA_FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
 # Write-ahead logging: readers never block the writer.
