@@ -97,8 +97,11 @@ def _refusal(client: WorkflowClient, project: Path, database: Path) -> None:
         answer = client.request("server.status", {})
         assert answer["outcome"] == "accepted", answer
 
-    def refused(value: object) -> Callable[[], None]:
+    def refused(pad: int) -> Callable[[], None]:
         def call() -> None:
+            # A new output each time (like a race's losers): a server that stored the
+            # payload before refusing wrote new bytes for every one.
+            value = {"n": uuid.uuid4().hex, "pad": "x" * pad}
             payload = {
                 "interactionId": request_id,
                 "submissionId": uuid.uuid4().hex,
@@ -111,9 +114,8 @@ def _refusal(client: WorkflowClient, project: Path, database: Path) -> None:
 
         return call
 
-    small = refused({"n": 1})
-    large_value = {"pad": "x" * (256 * 1024)}
-    large = refused(large_value)
+    small = refused(0)
+    large = refused(256 * 1024)
     for call in (status, small, large):
         _timed(10, call)  # warm
     base50, base99 = _summary("server.status", _timed(SAMPLES * 4, status))

@@ -245,17 +245,16 @@ def record_submission(
         return _refuse("rejected", refusal, request)
     if request.kind != kind:
         return _refuse("rejected", f"the request takes no {kind} submission", request)
-    # Only the digest until every check has passed: a refused submission stores nothing
-    # (a blob written here would be committed with the refusal and named by no row).
-    data = dumps(value)
-    payload_hash = content_digest(data)
+    # Nothing is stored until every check has passed: a blob written here would be
+    # committed with the refusal and named by no row. The output is encoded and hashed
+    # only for a repeated key, or once it is accepted for validation.
     earlier = tx.fetch_one(
         _SELECT_SUBMISSION.format(where="request_id = :r AND idempotency_key = :k"),
         {"r": request_id, "k": idempotency_key},
         SubmissionRow,
     )
     if earlier is not None:
-        if earlier.payload_hash != payload_hash:
+        if earlier.payload_hash != content_digest(dumps(value)):
             return _refuse("conflict", "the idempotency key was used with another output", request)
         return SubmitResult("adopted", earlier, request)
     if request.status != "pending":
@@ -270,7 +269,7 @@ def record_submission(
         return _refuse("rejected", "the run is paused", request)
     if submission_validating(tx, request_id):
         return _refuse("rejected", "another submission is being validated", request)
-    put_blob(tx, data)  # with the row that names it, in this transaction
+    payload_hash = put_blob(tx, dumps(value))  # with the row that names it, in this transaction
     tx.execute(
         "INSERT INTO interactive_submissions (submission_id, request_id, idempotency_key, "
         "request_revision, payload_hash, outcome, submitted_at) VALUES (:s, :r, :k, :rev, "
