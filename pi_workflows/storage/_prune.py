@@ -174,6 +174,15 @@ _NAMING_COLUMNS: tuple[tuple[str, str], ...] = (
 _SELECT_UNNAMED_BLOBS = "SELECT digest FROM blobs WHERE created_at < :before" + "".join(
     f" EXCEPT SELECT {column} FROM {table}" for table, column in _NAMING_COLUMNS
 )
+# Stored replies of live runner epochs that carry a content reference: a retried message
+# gets the same reply, and its reference offered again (`apply_message`), so a digest
+# named in one counts as named while its runner may still ask.
+_LIVE_REPLIES_WITH_REFS = """
+SELECT b.content FROM runner_messages AS m
+JOIN runner_epochs AS e ON e.runner_epoch = m.runner_epoch AND e.status IN ('starting', 'ready')
+JOIN blobs AS b ON b.digest = m.reply_hash
+WHERE instr(b.content, CAST('Ref"' AS BLOB)) > 0
+"""
 _TREE_EVENT_PAYLOADS = f"SELECT payload FROM events WHERE run_id IN {_TREE}"
 _EVENT_PAYLOADS_WITH_DIGESTS = "SELECT payload FROM events WHERE instr(payload, 'sha256:') > 0"
 _BLOCKER_CHECKS = tuple((name, f"SELECT EXISTS ({check})") for name, check in _BLOCKERS)
@@ -188,6 +197,7 @@ _DELETE_TREE_RUNS = "DELETE FROM runs WHERE root_run_id = :root"
 _DELETE_BLOB = "DELETE FROM blobs WHERE digest = :digest"
 _BLOB_EXISTS = "SELECT EXISTS (SELECT 1 FROM blobs WHERE digest = :digest)"
 _DIGEST_IN_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
+_DIGEST_IN_BYTES = re.compile(rb"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +321,8 @@ def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
     protected by the grace period the caller subtracts from now, not by a transaction:
     `put_blob` refreshes `created_at` of a blob it finds older than
     `BLOB_REFRESH_MS`, so a blob an in-flight request or upload has just written, or
-    written again, is at most that much older than its write.
+    written again, is at most that much older than its write. A reference in a stored
+    reply of a live runner epoch stays named (a retried message gets it again).
     """
     candidates = {
         str(digest)
@@ -319,9 +330,15 @@ def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
     }
     if not candidates:
         return 0
-    # One streamed pass over the payloads that name any digest (an `outputRef`).
+    # One streamed pass over the payloads that name any digest (an `outputRef`), and
+    # over the live runners' stored replies that carry a reference (`resultRef`).
     for (payload,) in tx.connection.execute(_EVENT_PAYLOADS_WITH_DIGESTS):
         candidates.difference_update(_DIGEST_IN_TEXT.findall(payload))
+        if not candidates:
+            return 0
+    for (reply,) in tx.connection.execute(_LIVE_REPLIES_WITH_REFS):
+        named = {digest.decode() for digest in _DIGEST_IN_BYTES.findall(reply)}
+        candidates.difference_update(named)
         if not candidates:
             return 0
     for digest in candidates:

@@ -37,6 +37,7 @@ from pi_workflows.storage import (
     put_traceback,
     record_interaction_event,
     record_runner_exit,
+    record_runner_reply,
     run_list_revision,
     start_node_attempt,
     tree_blockers,
@@ -187,7 +188,15 @@ def test_the_sweep_collects_every_unnamed_blob_past_the_grace_whatever_left_it(
         again = put_blob(tx, b"an upload part written again later")
         tx.execute("UPDATE runs SET definition_digest = :d WHERE run_id = 'run-1'", {"d": snapshot})
         record_interaction_event(tx, "run-1", "note", {"outputRef": {"digest": in_event}})
-    named_before = db.fetch_value("SELECT count(*) FROM blobs", {}) - 4
+    clock.advance(DAY_MS)
+    with db.write() as tx:
+        young = put_blob(tx, b"an upload part in flight")
+        assert put_blob(tx, b"an upload part written again later") == again
+    running(db, "run-2")  # a live runner epoch whose stored reply names a reference
+    with db.write() as tx:
+        offered = put_blob(tx, b"a result too large for one frame")
+        reply = {"resultRef": {"digest": offered, "byteCount": 32}}
+        record_runner_reply(tx, "run-2-e1", "m-1", "node.finished", "sha256:fp", reply)
     clock.advance(DAY_MS)
     with db.write() as tx:
         young = put_blob(tx, b"an upload part in flight")
@@ -197,13 +206,16 @@ def test_the_sweep_collects_every_unnamed_blob_past_the_grace_whatever_left_it(
         freed = collect_unnamed_blobs(tx, tx.now - grace)
     assert freed == 1
     assert not _blob_exists(db, old)
-    for digest in (snapshot, in_event, young, again):
+    for digest in (snapshot, in_event, young, again, offered):
         assert _blob_exists(db, digest), digest
-    assert db.fetch_value("SELECT count(*) FROM blobs", {}) == named_before + 4
     assert grace > BLOB_REFRESH_MS, "a refreshed write is protected by the grace"
+    with db.write() as tx:
+        record_runner_exit(tx, "run-2-e1", outcome=RunnerOutcome.EXITED, exit_code=0)
     clock.advance(DAY_MS)
     with db.write() as tx:
-        assert collect_unnamed_blobs(tx, tx.now - grace) == 2, "young and again, now old"
+        freed = collect_unnamed_blobs(tx, tx.now - grace)
+    assert freed == 3, "young and again, now old; the ended runner's reference"
+    assert not _blob_exists(db, offered)
     assert _blob_exists(db, snapshot) and _blob_exists(db, in_event)
     assert verify(db) == []
 
