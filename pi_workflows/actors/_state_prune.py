@@ -165,7 +165,8 @@ class StatePruneActor(ServerActor):
             held.respond(rejected(request, "rejected", exc.code, str(exc)))
             return
         if not query.apply:
-            self._ask(self._reader, Read, PruneDryRun(request, query), _DryRunRead(held))
+            unit = PruneDryRun(request, query, self._blob_grace_ms)
+            self._ask(self._reader, Read, unit, _DryRunRead(held))
             return
         key = (request["clientId"], request["idempotencyKey"])
         running = self._jobs.get(key)

@@ -5,7 +5,8 @@ Payload `{"olderThanDays"?: int (default 30), "apply"?: bool, "backupPath"?: str
 
 - without `apply` (a dry run) the reader actor selects the expired root-run trees and
   the receipt lists what would go: tree and run counts, run IDs (the first
-  `RUN_IDS_SHOWN`), and how many expired trees are kept for protected state;
+  `RUN_IDS_SHOWN`), how many expired trees are kept for protected state, and how many
+  blobs no row names are past the grace period (`unnamedBlobs`);
 - with `apply` and an absolute, new `backupPath`, the reader actor selects the trees
   and writes a backup of the same snapshot there, which is verified before anything is
   deleted; then the database actor deletes one tree per unit of work (each rechecked in
@@ -45,6 +46,7 @@ from pi_workflows.storage import (
     lookup_receipt,
     prunable_trees,
     record_receipt,
+    unnamed_blobs,
     write_backup,
 )
 from pi_workflows.wire.protocol import RequestMessage
@@ -141,11 +143,16 @@ def _cutoff(db: Database, query: PruneQuery) -> int:
     return db.clock.now_ms() - query.older_than_days * DAY_MS
 
 
-def prune_dry_run(db: Database, *, request: RequestMessage, query: PruneQuery) -> Any:
-    """A read: what an applied prune of `query` would delete now (its receipt)."""
+def prune_dry_run(
+    db: Database, *, request: RequestMessage, query: PruneQuery, blob_grace_ms: int
+) -> Any:
+    """A read: what an applied prune of `query` would delete now (its receipt), and how
+    many blobs no row names that it would collect besides (`unnamedBlobs`)."""
     cutoff = _cutoff(db, query)
     trees, kept = prunable_trees(db, cutoff)
-    return response(request, "accepted", receipt=_summary(trees, kept, query, cutoff))
+    receipt = _summary(trees, kept, query, cutoff)
+    receipt["unnamedBlobs"] = len(unnamed_blobs(db, db.clock.now_ms() - blob_grace_ms))
+    return response(request, "accepted", receipt=receipt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,6 +276,7 @@ from pi_workflows.storage._prune import (
     delete_tree,
     prunable_trees,
     tree_blockers,
+    unnamed_blobs,
     write_backup,
 )
 from pi_workflows.storage._reads import (
@@ -704,6 +705,7 @@ __all__ = [
     "transition_window",
     "tree_blockers",
     "unfinished_attempt",
+    "unnamed_blobs",
     "unproductive_turn_ends",
     "validating_submissions",
     "verify",

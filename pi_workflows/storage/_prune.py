@@ -29,6 +29,7 @@ __all__ = [
     "delete_tree",
     "prunable_trees",
     "tree_blockers",
+    "unnamed_blobs",
     "write_backup",
 ]
 
@@ -308,10 +309,34 @@ def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
     return len(wanted)
 
 
+def unnamed_blobs(reader: Reader, written_before: int) -> set[str]:
+    """The blobs written before `written_before` that no row names: no digest column
+    holds them, no event payload names them, and no stored reply of a live runner epoch
+    carries them as a reference (a retried message is offered it again). A read; call
+    it in one transaction (`collect_unnamed_blobs` deletes what it finds)."""
+    conn = reader.connection
+    candidates = {
+        str(digest) for (digest,) in conn.execute(_SELECT_UNNAMED_BLOBS, {"before": written_before})
+    }
+    if not candidates:
+        return candidates
+    # One streamed pass over the payloads that name any digest (an `outputRef`), and
+    # over the live runners' stored replies that carry a reference (`resultRef`).
+    for (payload,) in conn.execute(_EVENT_PAYLOADS_WITH_DIGESTS):
+        candidates.difference_update(_DIGEST_IN_TEXT.findall(payload))
+        if not candidates:
+            return candidates
+    for (reply,) in conn.execute(_LIVE_REPLIES_WITH_REFS):
+        candidates.difference_update(digest.decode() for digest in _DIGEST_IN_BYTES.findall(reply))
+        if not candidates:
+            return candidates
+    return candidates
+
+
 def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
-    """Delete every blob written before `written_before` that no row names; return how
-    many. Whatever left it behind (a refusal before this release, a crash, an upload
-    whose value never came), it is collected here.
+    """Delete every blob written before `written_before` that no row names
+    (`unnamed_blobs`); return how many. Whatever left it behind (a refusal of an older
+    release, a crash, an upload whose value never came), it is collected here.
 
     **Concurrent writers:** a blob is normally stored in the transaction that commits
     the row naming it, so this sweep (one transaction of the same single writer) never
@@ -319,31 +344,14 @@ def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
     by one before the `uploadRef` that names them, and a reply's or command's content
     reference, stored for the runner to read back and named by no row at all. They are
     protected by the grace period the caller subtracts from now, not by a transaction:
-    `put_blob` refreshes `created_at` of a blob it finds older than
-    `BLOB_REFRESH_MS`, so a blob an in-flight request or upload has just written, or
-    written again, is at most that much older than its write. A reference in a stored
-    reply of a live runner epoch stays named (a retried message gets it again).
+    `put_blob` refreshes `created_at` of a blob it finds older than `BLOB_REFRESH_MS`,
+    so a blob an in-flight request or upload has just written, or written again, is at
+    most that much older than its write.
     """
-    candidates = {
-        str(digest)
-        for (digest,) in tx.connection.execute(_SELECT_UNNAMED_BLOBS, {"before": written_before})
-    }
-    if not candidates:
-        return 0
-    # One streamed pass over the payloads that name any digest (an `outputRef`), and
-    # over the live runners' stored replies that carry a reference (`resultRef`).
-    for (payload,) in tx.connection.execute(_EVENT_PAYLOADS_WITH_DIGESTS):
-        candidates.difference_update(_DIGEST_IN_TEXT.findall(payload))
-        if not candidates:
-            return 0
-    for (reply,) in tx.connection.execute(_LIVE_REPLIES_WITH_REFS):
-        named = {digest.decode() for digest in _DIGEST_IN_BYTES.findall(reply)}
-        candidates.difference_update(named)
-        if not candidates:
-            return 0
-    for digest in candidates:
+    found = unnamed_blobs(tx, written_before)
+    for digest in found:
         tx.execute(_DELETE_BLOB, {"digest": digest})
-    return len(candidates)
+    return len(found)
 
 
 class BackupFailedError(PiWorkflowsError):

@@ -169,6 +169,9 @@ def test_refused_submissions_store_nothing_and_prune_collects_every_unnamed_blob
     assert unnamed_blobs(state_dir) == planted
     backup = short_tmp / "backup.sqlite"
     with WorkflowClient(state_dir, autostart=False, timeout=120) as client:
+        listed = client.call("state.prune", {})
+        assert listed["receipt"]["unnamedBlobs"] == PLANTED, "a dry run counts them"
+        assert unnamed_blobs(state_dir) == planted, "and deletes nothing"
         pruned = client.call("state.prune", {"apply": True, "backupPath": str(backup)})
     assert pruned["outcome"] == "accepted", pruned
     assert pruned["receipt"]["treeCount"] == 0, "the run is not old enough to go"

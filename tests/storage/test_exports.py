@@ -39,7 +39,7 @@ PINNED = {
     # retention (state prune)
     "DAY_MS", "BackupFailedError", "PruneTree", "collect_unnamed_blobs",
     "collect_unreferenced_blobs", "delete_tree",
-    "prunable_trees", "tree_blockers", "write_backup",
+    "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
