@@ -23,10 +23,18 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire.canonical import dumps
+from tests.conftest import write_workflow
 from tests.server import origin, test_interaction_submit, test_origin_submit
 from tests.server.origin import SESSION
-from tests.server.runs import wait_fifo
-from tests.server.test_interaction_submit import _started, accepted_rows, stored_value, submit
+from tests.server.runs import start_run, wait_fifo
+from tests.server.test_interaction_submit import (
+    AGENT,
+    _rows,
+    accepted_rows,
+    pending_request,
+    stored_value,
+    submit,
+)
 from tests.server.test_origin_submit import Waiting
 
 pytestmark = pytest.mark.timeout(180)
@@ -132,7 +140,24 @@ def test_refused_submissions_store_nothing_and_prune_collects_every_unnamed_blob
     server: WorkflowServer, short_tmp: Path, gate: Path
 ) -> None:
     state_dir = server.state_dir
-    run_id, request_id = _started(state_dir, short_tmp / "project")
+    project = short_tmp / "project"
+    write_workflow(project, "ask", AGENT)
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        # A 200 KB input (and so a 200 KB `prep` output): with a 900 KB output, the
+        # validation request would not fit one frame.
+        run_id = start_run(client, project, "ask", {"tag": "t" * 200_000})
+    request_id = pending_request(state_dir, run_id)
+    before = blob_totals(state_dir)
+    with WorkflowClient(state_dir, autostart=False, timeout=120) as client:
+        big = {"n": 1, "pad": "x" * 900_000}
+        too_large = submit(client, run_id, request_id, big, "too-large")
+    assert too_large["outcome"] == "rejected", too_large
+    assert (
+        too_large["error"]["message"] == "the output and the run's state are too large to validate"
+    )
+    assert blob_totals(state_dir) == before, "the refusal stored nothing"
+    assert _rows(state_dir, "SELECT count(*) FROM interactive_submissions") == [(0,)]
+
     held: list[dict[str, Any]] = []
 
     def validating() -> None:
