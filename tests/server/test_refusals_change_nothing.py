@@ -41,6 +41,7 @@ pytestmark = pytest.mark.timeout(180)
 
 gate = test_interaction_submit.gate
 running = origin.running
+ask_project = origin.ask_project
 waiting = test_origin_submit.waiting
 
 REFUSED = 100
@@ -245,3 +246,18 @@ def test_a_refused_coordinator_claim_leaves_the_active_coordinator_active(
         answer = waiting.submit({"summary": "the diff adds a test"})
     assert answer["outcome"] == "accepted", answer
     assert waiting.request_row()[0] == "settled"
+
+
+def test_a_refused_start_leaves_no_definition_snapshot(
+    running: WorkflowServer, ask_project: Path
+) -> None:
+    """`run.start` stores the resolved definition's snapshot, then finds the origin
+    session reserved: the refusal's receipt commits, the snapshot does not."""
+    state_dir = running.state_dir
+    with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
+        first = origin.start(client, ask_project, "ask", SESSION)
+        assert first["outcome"] == "accepted", first
+        refused = origin.start(client, ask_project, "echo", SESSION)
+    assert refused["outcome"] == "rejected", refused
+    assert refused["error"]["code"] == "sessionReserved"
+    assert unnamed_blobs(state_dir) == set(), "the refused start's snapshot is undone"
