@@ -4,8 +4,8 @@ Refused submissions store no blob: 100 submissions of 900 KB refused while anoth
 validates, and the losers of a 200-submit race, leave nothing behind, and an applied
 `state.prune` collects every blob no row names, whatever left it behind (here blobs a
 crash of an older release would have left), while the accepted submission stays intact.
-A refused coordinator claim, for each refusal reason, leaves the active coordinator
-active: its next submit is accepted.
+A refused `run.start` leaves no definition snapshot. A refused coordinator claim, for
+each refusal reason, leaves the active coordinator active: its next submit is accepted.
 """
 
 from __future__ import annotations
