@@ -32,6 +32,7 @@ from pi_workflows.actors._scheduler import SchedulerActor, Wake
 from pi_workflows.actors._state_prune import Prune, StatePruneActor
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
+    ReserveSubscription,
     Subscribe,
     SubscriptionActor,
     Unsubscribe,
@@ -75,6 +76,7 @@ __all__ = [
     "ReaderActor",
     "ReleaseConnection",
     "Reply",
+    "ReserveSubscription",
     "ResumeValidations",
     "RunCommand",
     "RunnerHostActor",

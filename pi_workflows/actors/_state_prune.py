@@ -124,10 +124,13 @@ class StatePruneActor(ServerActor):
         *,
         database: pykka.ActorRef[Any],
         reader: pykka.ActorRef[Any],
+        blob_grace_ms: int = 24 * 60 * 60 * 1000,
     ) -> None:
         super().__init__(on_actor_failure)
         self._database = database
         self._reader = reader
+        self._blob_grace_ms = blob_grace_ms
+        """Unnamed blobs younger than this are kept (an upload in flight may name them)."""
         self._jobs: dict[_Key, _Job] = {}
 
     def on_receive(self, message: Any) -> Any:
@@ -162,7 +165,8 @@ class StatePruneActor(ServerActor):
             held.respond(rejected(request, "rejected", exc.code, str(exc)))
             return
         if not query.apply:
-            self._ask(self._reader, Read, PruneDryRun(request, query), _DryRunRead(held))
+            unit = PruneDryRun(request, query, self._blob_grace_ms)
+            self._ask(self._reader, Read, unit, _DryRunRead(held))
             return
         key = (request["clientId"], request["idempotencyKey"])
         running = self._jobs.get(key)
@@ -208,7 +212,7 @@ class StatePruneActor(ServerActor):
         progress = PruneProgress(
             job.selection, tuple(job.deleted), job.skipped, frozenset(job.digests)
         )
-        record = RecordPrune(job.request, job.query, progress)
+        record = RecordPrune(job.request, job.query, progress, self._blob_grace_ms)
         self._ask(self._database, Transact, record, _Recorded(key))
 
     def _finish(self, key: _Key, answer: Mapping[str, Any]) -> None:

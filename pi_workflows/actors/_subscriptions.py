@@ -48,6 +48,7 @@ __all__ = [
     "MAX_SUBSCRIPTIONS_PER_CONNECTION",
     "RETAINED_REVISIONS",
     "ConnectionClosed",
+    "ReserveSubscription",
     "SnapshotRead",
     "Subscribe",
     "SubscriptionActor",
@@ -88,6 +89,21 @@ class Subscribe:
     reply_to: Address | None = None
     """Told `Done(tag, Reply(True))` when installed, `Reply(False)` when the connection
     holds too many already."""
+    tag: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveSubscription:
+    """Hold one of the connection's subscription places for `subscription_id`, to be
+    filled by its `Subscribe`: a coordinator's session view takes its place before the
+    session's epoch moves, so a connection that may hold no more is refused with nothing
+    changed (the active coordinator stays unfenced)."""
+
+    connection_id: str
+    subscription_id: str
+    reply_to: Address
+    """Told `Done(tag, Reply(True))` when the place is held, `Reply(False)` when the
+    connection holds too many already."""
     tag: Any = None
 
 
@@ -166,8 +182,9 @@ class _View:
 class SubscriptionActor(ServerActor):
     """Owns: every live subscription, grouped by view, and the revision each client holds.
 
-    Receives: `Subscribe`, `Unsubscribe`, `ConnectionClosed`, `Tick`, `Committed` (from
-        the database actor after a group commit that wrote), `Done` (a `SnapshotRead`).
+    Receives: `Subscribe`, `ReserveSubscription`, `Unsubscribe`, `ConnectionClosed`,
+        `Tick`, `Committed` (from the database actor after a group commit that wrote),
+        `Done` (a `SnapshotRead`).
     Sends: `Read` to the reader actor (one per view, never one per subscriber); events
         to connections (non-blocking, one hand-over per delivery).
     Invariants: one read in flight per view; a subscriber is offered an event only when
@@ -195,6 +212,8 @@ class SubscriptionActor(ServerActor):
         self._views: dict[ViewSpec, _View] = {}
         self._where: dict[tuple[str, str], ViewSpec] = {}
         """Each subscription's view, by (connection ID, subscription ID)."""
+        self._reserved: set[tuple[str, str]] = set()
+        """Places held for a subscription still to come (`ReserveSubscription`)."""
         self._idle: OrderedDict[ViewSpec, OrderedDict[int, bytes]] = OrderedDict()
         """Retained revisions of views that lost their last subscriber, for a reconnect."""
         self.snapshots_skipped_undrained = 0
@@ -210,9 +229,17 @@ class SubscriptionActor(ServerActor):
         match message:
             case Subscribe():
                 self._subscribe(message)
+            case ReserveSubscription(connection_id=cid, subscription_id=sid):
+                key = (cid, sid)
+                held = self._held(key) < MAX_SUBSCRIPTIONS_PER_CONNECTION
+                if held:
+                    self._reserved.add(key)
+                answer(message.reply_to, message.tag, Reply(held))
             case Unsubscribe(connection_id=cid, subscription_id=sid):
+                self._reserved.discard((cid, sid))
                 answer(message.reply_to, message.tag, Reply(self._remove((cid, sid))))
             case ConnectionClosed(connection_id=cid):
+                self._reserved = {key for key in self._reserved if key[0] != cid}
                 for key in [key for key in self._where if key[0] == cid]:
                     self._remove(key)
             case Tick() | Committed():
@@ -240,13 +267,20 @@ class SubscriptionActor(ServerActor):
 
     # --- membership --------------------------------------------------------------------
 
+    def _held(self, key: tuple[str, str]) -> int:
+        """Places the connection of `key` holds for other subscriptions (installed or
+        reserved)."""
+        cid = key[0]
+        installed = sum(1 for known in self._where if known[0] == cid and known != key)
+        return installed + sum(1 for known in self._reserved if known[0] == cid and known != key)
+
     def _subscribe(self, message: Subscribe) -> None:
         cid = message.connection.connection_id
         key = (cid, message.subscription_id)
-        held = sum(1 for known in self._where if known[0] == cid and known != key)
-        if held >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
+        if self._held(key) >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
             answer(message.reply_to, message.tag, Reply(False))
             return
+        self._reserved.discard(key)  # its reserved place, if any, is filled now
         self._remove(key)
         spec = message.spec
         view = self._views.get(spec)

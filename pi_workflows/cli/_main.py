@@ -39,6 +39,7 @@ from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.pi import PI_BINARY_ENV
 from pi_workflows.server import (
+    BLOB_GRACE_ENV,
     DEFAULT_DRAIN_S,
     DEFAULT_IDLE_EXIT_S,
     DEFAULT_MAX_WORKERS,
@@ -216,6 +217,8 @@ ENV_WORDS = {
     FIRST_FRAME_ENV: "seconds a new connection has to send its first frame (default 10)",
     PI_BINARY_ENV: "the pi binary for agent steps (default: pi on PATH)",
     VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
+    BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
+    "(default 86400)",
     MEMORY_ENV: "default memory limit of a node's processes, in MiB",
     PROCESSES_ENV: "default process limit of a node",
     MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "

@@ -113,5 +113,9 @@ def _echo(receipt: dict[str, Any]) -> None:
             f"backup verified ({backup['byteCount']} bytes); "
             f"{receipt['blobsDeleted']} unreferenced blobs deleted"
         )
-    elif receipt["treeCount"]:
-        click.echo("nothing deleted; add --apply --backup ABS_PATH to delete them")
+    else:
+        unnamed = receipt.get("unnamedBlobs", 0)
+        if unnamed:
+            click.echo(f"{unnamed} blobs that no row names would be collected")
+        if receipt["treeCount"] or unnamed:
+            click.echo("nothing deleted; add --apply --backup ABS_PATH to delete them")

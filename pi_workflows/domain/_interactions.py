@@ -229,14 +229,29 @@ def submit_interaction(
             return SubmitStep(
                 rejected(request, "notFound", "requestNotFound", "no such interactive request")
             )
-        result = record_submission(
-            tx,
-            request_id=interaction_id,
-            submission_id=submission_id,
-            idempotency_key=request["idempotencyKey"],
-            value=payload["value"],
-            origin_session_id=session,
-        )
+        try:
+            # Undone as a whole when the candidate turns out too large to validate: a
+            # refused submission stores nothing (no row, no payload blob, no event).
+            with tx.undoable():
+                result = record_submission(
+                    tx,
+                    request_id=interaction_id,
+                    submission_id=submission_id,
+                    idempotency_key=request["idempotencyKey"],
+                    value=payload["value"],
+                    origin_session_id=session,
+                )
+                new = result.submission if result.status == "new" else None
+                job = None if new is None else _validation_job(tx, new, agent_dir)
+        except _TooLargeError:
+            return SubmitStep(
+                rejected(
+                    request,
+                    "rejected",
+                    SUBMISSION_REJECTED,
+                    "the output and the run's state are too large to validate",
+                )
+            )
         if result.status == "adopted":
             assert result.submission is not None
             receipt = submission_receipt(tx, result.submission)
@@ -248,24 +263,13 @@ def submit_interaction(
                     wait_for=row.submission_id, adopted=True, job=_job(tx, row, agent_dir)
                 )
             return SubmitStep(held_answer(request, receipt, adopted=True))
-        if result.status != "new":
+        if result.status != "new" or job is None:
             return SubmitStep(_refusal(request, result.status, result.message))
-        assert result.submission is not None
-        job = _job(tx, result.submission, agent_dir)
-        if len(dumps(job.frame)) > MAX_FRAME_BYTES:
-            row = settle_submission(
-                tx,
-                submission_id=submission_id,
-                accepted=False,
-                error={
-                    "code": SUBMISSION_REJECTED,
-                    "message": "the output and the run's state are too large to validate",
-                },
-            )
-            stored = submission_receipt(tx, row)
-            assert stored is not None
-            return SubmitStep(held_answer(request, stored, adopted=False))
     return SubmitStep(wait_for=submission_id, job=job)
+
+
+class _TooLargeError(Exception):
+    """The validation request (the output and the run's state) would not fit one frame."""
 
 
 def _refusal(request: RequestMessage, status: str, message: str) -> dict[str, Any]:
@@ -276,6 +280,18 @@ def _refusal(request: RequestMessage, status: str, message: str) -> dict[str, An
     }
     outcome, code = codes.get(status, ("rejected", "submissionRefused"))
     return rejected(request, outcome, code, message)
+
+
+def _validation_job(tx: Tx, row: SubmissionRow, agent_dir: Path) -> ValidationJob:
+    """A new candidate's job, measured.
+
+    Raises:
+        _TooLargeError: its frame (the output and the run's state) is over the frame cap.
+    """
+    job = _job(tx, row, agent_dir)
+    if len(dumps(job.frame)) > MAX_FRAME_BYTES:
+        raise _TooLargeError
+    return job
 
 
 def _job(tx: Tx, row: SubmissionRow, agent_dir: Path) -> ValidationJob:

@@ -429,7 +429,8 @@ def _run_command(
         if stored is not None:
             return stored
         try:
-            run_id, revision, body = change(tx, command)
+            with tx.undoable():  # a refused change keeps nothing it wrote (a snapshot blob)
+                run_id, revision, body = change(tx, command)
         except OperationError as exc:
             if exc.outcome != "rejected":
                 raise

@@ -5,13 +5,16 @@ Payload `{"olderThanDays"?: int (default 30), "apply"?: bool, "backupPath"?: str
 
 - without `apply` (a dry run) the reader actor selects the expired root-run trees and
   the receipt lists what would go: tree and run counts, run IDs (the first
-  `RUN_IDS_SHOWN`), and how many expired trees are kept for protected state;
+  `RUN_IDS_SHOWN`), how many expired trees are kept for protected state, and how many
+  blobs no row names are past the grace period (`unnamedBlobs`);
 - with `apply` and an absolute, new `backupPath`, the reader actor selects the trees
   and writes a backup of the same snapshot there, which is verified before anything is
   deleted; then the database actor deletes one tree per unit of work (each rechecked in
   its own transaction, so server work interleaves), and a last unit collects the blobs
-  only those trees referenced and stores the receipt under the request's idempotency
-  key. A retry of the same key adopts the stored receipt, or joins the one in flight.
+  only those trees referenced and every older blob that no row names (whatever left
+  it behind; younger ones may belong to an upload in flight), and stores the receipt
+  under the request's idempotency key. A retry of the same key adopts the stored
+  receipt, or joins the one in flight.
 
 The units of work are here; the state-prune actor (`actors/_state_prune.py`) chains them.
 """
@@ -37,11 +40,13 @@ from pi_workflows.storage import (
     Database,
     PruneTree,
     ReceiptOutcome,
+    collect_unnamed_blobs,
     collect_unreferenced_blobs,
     delete_tree,
     lookup_receipt,
     prunable_trees,
     record_receipt,
+    unnamed_blobs,
     write_backup,
 )
 from pi_workflows.wire.protocol import RequestMessage
@@ -138,11 +143,16 @@ def _cutoff(db: Database, query: PruneQuery) -> int:
     return db.clock.now_ms() - query.older_than_days * DAY_MS
 
 
-def prune_dry_run(db: Database, *, request: RequestMessage, query: PruneQuery) -> Any:
-    """A read: what an applied prune of `query` would delete now (its receipt)."""
+def prune_dry_run(
+    db: Database, *, request: RequestMessage, query: PruneQuery, blob_grace_ms: int
+) -> Any:
+    """A read: what an applied prune of `query` would delete now (its receipt), and how
+    many blobs no row names that it would collect besides (`unnamedBlobs`)."""
     cutoff = _cutoff(db, query)
     trees, kept = prunable_trees(db, cutoff)
-    return response(request, "accepted", receipt=_summary(trees, kept, query, cutoff))
+    receipt = _summary(trees, kept, query, cutoff)
+    receipt["unnamedBlobs"] = len(unnamed_blobs(db, db.clock.now_ms() - blob_grace_ms))
+    return response(request, "accepted", receipt=receipt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +205,17 @@ class PruneProgress:
 
 
 def record_prune(
-    db: Database, *, request: RequestMessage, query: PruneQuery, progress: PruneProgress
+    db: Database,
+    *,
+    request: RequestMessage,
+    query: PruneQuery,
+    progress: PruneProgress,
+    blob_grace_ms: int,
 ) -> Any:
-    """A write: collect the blobs only the deleted trees named, and store the receipt
-    under the request's idempotency key (a receipt stored meanwhile is the answer)."""
+    """A write: collect the blobs only the deleted trees named, and every other blob no
+    row names that is older than `blob_grace_ms` (whatever left it behind), and store
+    the receipt under the request's idempotency key (a receipt stored meanwhile is the
+    answer)."""
     command = _command(request)
     selection = progress.selection
     with db.write() as tx:
@@ -208,7 +225,9 @@ def record_prune(
         receipt = _summary(list(progress.deleted), selection.kept, query, selection.cutoff)
         receipt["skipped"] = progress.skipped
         receipt["backup"] = {"verified": True, "byteCount": selection.backup_bytes}
-        receipt["blobsDeleted"] = collect_unreferenced_blobs(tx, set(progress.digests))
+        freed = collect_unreferenced_blobs(tx, set(progress.digests))
+        freed += collect_unnamed_blobs(tx, tx.now - blob_grace_ms)
+        receipt["blobsDeleted"] = freed
         record_receipt(tx, command, outcome=ReceiptOutcome.ACCEPTED, receipt=receipt)
     log.info(
         "state pruned",

@@ -506,6 +506,7 @@ class PruneDryRun:
     label: ClassVar[str] = "state.prune"
     request: RequestMessage
     query: PruneQuery
+    blob_grace_ms: int
 
 
 @_runs(select_and_back_up)
@@ -531,6 +532,7 @@ class RecordPrune:
     request: RequestMessage
     query: PruneQuery
     progress: PruneProgress
+    blob_grace_ms: int
 
 
 # --- channel adapters --------------------------------------------------------------------

@@ -8,6 +8,7 @@ starts and stops the actors (`pi_workflows.actors`), which run the units of work
 from pi_workflows.server._logging import redirect_output
 from pi_workflows.server._router import DEFAULT_DRAIN_S
 from pi_workflows.server._server import (
+    BLOB_GRACE_ENV,
     DEFAULT_IDLE_EXIT_S,
     DEFAULT_MAX_WORKERS,
     IDLE_EXIT_ENV,
@@ -18,6 +19,7 @@ from pi_workflows.server._server import (
 )
 
 __all__ = [
+    "BLOB_GRACE_ENV",
     "DEFAULT_DRAIN_S",
     "DEFAULT_IDLE_EXIT_S",
     "DEFAULT_MAX_WORKERS",

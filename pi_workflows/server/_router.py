@@ -35,6 +35,7 @@ from pi_workflows.actors import (
     Read,
     ReleaseConnection,
     Reply,
+    ReserveSubscription,
     RunCommand,
     ScanChannels,
     Submit,
@@ -201,11 +202,21 @@ class _RunFound:
 
 
 @dataclass(frozen=True, slots=True)
+class _Reserved:
+    """A coordinator's `view.subscribe`: whether its subscription place is held."""
+
+    pending: Pending
+    spec: ViewSpec
+    subscription_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class _Granted:
     """A coordinator's `view.subscribe`: the session's epoch it was granted."""
 
     pending: Pending
     spec: ViewSpec
+    subscription_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,8 +337,10 @@ class Router:
                 self._after_restart_lookup(pending, reply)
             case _RunFound(pending=pending, spec=spec, revision=revision):
                 self._after_run_found(pending, spec, revision, reply)
-            case _Granted(pending=pending, spec=spec):
-                self._after_grant(pending, spec, reply)
+            case _Reserved():
+                self._after_reserve(tag, reply)
+            case _Granted():
+                self._after_grant(tag, reply)
             case _Installed():
                 self._after_install(tag, reply)
             case _Unsubscribed(pending=pending, subscription_id=subscription_id):
@@ -597,17 +610,41 @@ class Router:
             self._install(pending, spec, revision)
 
     def _claim_coordinator(self, pending: Pending, spec: ViewSpec) -> None:
-        """A coordinator's session view: take the session's active epoch (fencing any
-        other connection's), then install a view of its own that names the next message
-        while that epoch stays active."""
-        assert spec.session_id is not None
-        claim = ClaimCoordinator(
-            spec.session_id, pending.connection_id, self._address, _Granted(pending, spec)
+        """A coordinator's session view: hold a subscription place first, then take the
+        session's active epoch (fencing any other connection's), then install a view of
+        its own in that place that names the next message while that epoch stays active.
+
+        Every refusal comes before the epoch moves: a malformed view (`view_spec`) and a
+        connection with too many subscriptions (the place) change nothing, so the active
+        coordinator stays active. Once the place is held the install cannot be refused.
+        """
+        subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
+        tag = _Reserved(pending, spec, subscription_id)
+        self._ports.subscriptions.tell(
+            ReserveSubscription(pending.connection_id, subscription_id, self._address, tag)
         )
+
+    def _after_reserve(self, tag: _Reserved, reserved: Reply) -> None:
+        pending, spec = tag.pending, tag.spec
+        if reserved.error is not None:
+            pending.respond(internal_error(pending.request))
+            return
+        if not reserved.value:
+            pending.respond(_too_many_subscriptions(pending.request))
+            return
+        assert spec.session_id is not None
+        granted = _Granted(pending, spec, tag.subscription_id)
+        claim = ClaimCoordinator(spec.session_id, pending.connection_id, self._address, granted)
         self._ports.coordinators.tell(claim)
 
-    def _after_grant(self, pending: Pending, spec: ViewSpec, reply: Reply) -> None:
+    def _after_grant(self, tag: _Granted, reply: Reply) -> None:
+        pending, spec = tag.pending, tag.spec
         if reply.error is not None or not isinstance(reply.value, CoordinatorGrant):
+            # Give the held place back (no answer wanted).
+            _tell(
+                self._ports.subscriptions,
+                Unsubscribe(pending.connection_id, tag.subscription_id),
+            )
             pending.respond(internal_error(pending.request))
             return
         held = ViewSpec(
@@ -616,12 +653,22 @@ class Router:
             connection_id=pending.connection_id,
             epoch=reply.value.epoch,
         )
-        self._install(pending, held, None, epoch=reply.value.epoch)
+        self._install(
+            pending, held, None, epoch=reply.value.epoch, subscription_id=tag.subscription_id
+        )
 
     def _install(
-        self, pending: Pending, spec: ViewSpec, revision: int | None, *, epoch: int | None = None
+        self,
+        pending: Pending,
+        spec: ViewSpec,
+        revision: int | None,
+        *,
+        epoch: int | None = None,
+        subscription_id: str | None = None,
     ) -> None:
-        subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
+        """Install a subscription (in its reserved place when `subscription_id` names one)."""
+        if subscription_id is None:
+            subscription_id = f"sub-{uuid.uuid4().hex[:12]}"
         tag = _Installed(pending, subscription_id, spec.kind, epoch)
         # A stopped actor raises here, and the request is answered `internal` (never left
         # unanswered: a graceful stop waits for every answer).
@@ -637,14 +684,7 @@ class Router:
                 receipt["coordinatorEpoch"] = tag.epoch
             tag.pending.respond(response(request, "accepted", receipt=receipt))
         else:
-            tag.pending.respond(
-                rejected(
-                    request,
-                    "rejected",
-                    "tooManySubscriptions",
-                    "this connection holds the most subscriptions allowed; unsubscribe one",
-                )
-            )
+            tag.pending.respond(_too_many_subscriptions(request))
 
     def _unsubscribe(self, pending: Pending) -> None:
         """`view.unsubscribe`: removes a subscription of any kind by its ID."""
@@ -682,6 +722,15 @@ _ORIGIN_REPORTS: Mapping[str, Callable[[RequestMessage, str, ActiveEpochs], _Ori
     "sessionView.clearTerminal": ClearTerminalView,
 }
 """The unit of each origin-session operation (request, connection ID, epochs)."""
+
+
+def _too_many_subscriptions(request: RequestMessage) -> dict[str, Any]:
+    return rejected(
+        request,
+        "rejected",
+        "tooManySubscriptions",
+        "this connection holds the most subscriptions allowed; unsubscribe one",
+    )
 
 
 def _stopping() -> Exception:

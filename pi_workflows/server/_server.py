@@ -88,6 +88,7 @@ from pi_workflows.wire import ClientListener, ConnectionLimits, raise_descriptor
 from pi_workflows.wire.runner import max_value_bytes
 
 __all__ = [
+    "BLOB_GRACE_ENV",
     "DEFAULT_IDLE_EXIT_S",
     "DEFAULT_MAX_WORKERS",
     "IDLE_EXIT_ENV",
@@ -106,6 +107,9 @@ DEFAULT_IDLE_EXIT_S = 600.0
 IDLE_EXIT_ENV = "PI_WORKFLOWS_IDLE_EXIT_SECONDS"
 SERVER_LEASE_TTL_MS = 15_000
 SERVER_LEASE_ENV = "PI_WORKFLOWS_SERVER_LEASE_MS"
+BLOB_GRACE_ENV = "PI_WORKFLOWS_BLOB_GRACE_SECONDS"
+"""How old an unnamed blob must be before `state prune` collects it (default a day)."""
+DEFAULT_BLOB_GRACE_S = 24 * 60 * 60
 """A test knob: the server lease lifetime in ms (default 15,000), so a stall test need
 not stop a server for 15 s. Renewal runs five times per lifetime, at most every 2 s."""
 RENEW_EVERY_S = 2.0
@@ -138,6 +142,25 @@ def lease_ttl_from_env(environ: dict[str, str] | None = None) -> int:
     if value < 500:
         raise ServerStartError(f"{SERVER_LEASE_ENV} must be an integer of at least 500")
     return value
+
+
+def blob_grace_from_env(environ: dict[str, str] | None = None) -> int:
+    """`PI_WORKFLOWS_BLOB_GRACE_SECONDS` in milliseconds (0 or more), or a day.
+
+    The grace period protects blobs an in-flight upload or content reference wrote
+    before any row names them (`collect_unnamed_blobs`); it must stay well above the
+    blob refresh interval for that, so only a test sets it lower.
+    """
+    raw = (environ if environ is not None else dict(os.environ)).get(BLOB_GRACE_ENV, "")
+    if not raw.strip():
+        return DEFAULT_BLOB_GRACE_S * 1000
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ServerStartError(f"{BLOB_GRACE_ENV} must be a whole number of seconds, 0 or more")
+    return value * 1000
 
 
 def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
@@ -216,6 +239,7 @@ class WorkflowServer:
         self.descriptor_limit = 0
         """The soft RLIMIT_NOFILE in force, after `start` raised it to the hard limit."""
         self.lease_ttl_ms = lease_ttl_ms if lease_ttl_ms is not None else lease_ttl_from_env()
+        self.blob_grace_ms = blob_grace_from_env()
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -414,7 +438,9 @@ class WorkflowServer:
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         self._channels = channels
-        state_prune = StatePruneActor.start(fail, database=database, reader=reader)
+        state_prune = StatePruneActor.start(
+            fail, database=database, reader=reader, blob_grace_ms=self.blob_grace_ms
+        )
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
         self._refs = [

@@ -55,6 +55,7 @@ from pi_workflows.storage._claims import (
 )
 from pi_workflows.storage._clock import Clock, ManualClock, SystemClock
 from pi_workflows.storage._content import (
+    BLOB_REFRESH_MS,
     CONTENT_PART_BYTES,
     ContentRef,
     blob_length,
@@ -270,10 +271,12 @@ from pi_workflows.storage._prune import (
     DAY_MS,
     BackupFailedError,
     PruneTree,
+    collect_unnamed_blobs,
     collect_unreferenced_blobs,
     delete_tree,
     prunable_trees,
     tree_blockers,
+    unnamed_blobs,
     write_backup,
 )
 from pi_workflows.storage._reads import (
@@ -381,6 +384,7 @@ from pi_workflows.storage._view_reads import (
 
 __all__ = [
     "AGENT_DIR_ENV",
+    "BLOB_REFRESH_MS",
     "CHECKPOINT_AUDIENCE",
     "CONTENT_PART_BYTES",
     "DAY_MS",
@@ -524,6 +528,7 @@ __all__ = [
     "clear_terminal_retention",
     "close_attempt",
     "close_stale_runner_epoch",
+    "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
     "command_fingerprint",
     "complete_run",
@@ -700,6 +705,7 @@ __all__ = [
     "transition_window",
     "tree_blockers",
     "unfinished_attempt",
+    "unnamed_blobs",
     "unproductive_turn_ends",
     "validating_submissions",
     "verify",

@@ -18,6 +18,7 @@ from pi_workflows.storage._errors import ContentUnavailableError
 from pi_workflows.wire.canonical import InvalidJSONError, NonCanonicalError, dumps, loads
 
 __all__ = [
+    "BLOB_REFRESH_MS",
     "CONTENT_PART_BYTES",
     "SELECT_CONTENT_PART",
     "ContentRef",
@@ -122,12 +123,24 @@ def _verified_parts(digest: str, total: int, read: Callable[[int], bytes]) -> It
 # --- Blobs --------------------------------------------------------------------------
 
 
+BLOB_REFRESH_MS = 10 * 60 * 1000
+"""A blob stored again finds its `created_at` moved to now when it is older than this:
+the unnamed-blob sweep's grace period counts from the latest write, to within this much
+(`collect_unnamed_blobs`), at the cost of one row rewrite per blob per interval."""
+
+
 def put_blob(tx: Tx, data: bytes) -> str:
     """Store `data` once under its digest and return the digest (idempotent)."""
     digest = content_digest(data)
     tx.execute(
         q.INSERT_BLOB,
-        {"digest": digest, "byte_length": len(data), "content": data, "now": tx.now},
+        {
+            "digest": digest,
+            "byte_length": len(data),
+            "content": data,
+            "now": tx.now,
+            "refresh_before": tx.now - BLOB_REFRESH_MS,
+        },
     )
     return digest
 

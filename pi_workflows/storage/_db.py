@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -159,6 +159,23 @@ class Tx(_ReadMixin):
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run one statement and return the number of rows it changed."""
         return self._run(sql, params).rowcount
+
+    @contextlib.contextmanager
+    def undoable(self) -> Iterator[None]:
+        """A part of this transaction that an exception leaving it undoes alone (a
+        savepoint): a refused command's change writes nothing (no blob, no row), while
+        the transaction goes on to store the refusal's receipt."""
+        mark = len(self.lifecycle)
+        self._run(q.SAVEPOINT_PART, ())
+        try:
+            yield
+        except BaseException:
+            if self._conn.in_transaction:
+                self._run(q.ROLLBACK_TO_PART, ())
+                self._run(q.RELEASE_PART, ())
+            del self.lifecycle[mark:]
+            raise
+        self._run(q.RELEASE_PART, ())
 
 
 class _Write:

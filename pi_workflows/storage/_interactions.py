@@ -13,7 +13,7 @@ from typing import Any
 
 from pi_workflows.storage import _queries as q
 from pi_workflows.storage._claims import Claim, WriteResult, append_event, protected_write
-from pi_workflows.storage._content import put_json_blob, read_json_blob
+from pi_workflows.storage._content import content_digest, put_blob, put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import InvalidTransitionError
 from pi_workflows.storage._lifecycle import requeue_run
@@ -232,6 +232,8 @@ def record_submission(
 ) -> SubmitResult:
     """Resolve the request, check binding and kind, then adopt or record a candidate.
 
+    Every check comes before the payload is stored: a refusal writes no blob.
+
     `origin_session_id`: the origin session whose active coordinator sends this
     submission (the caller checked its epoch); None for a headless run's bridge.
     """
@@ -243,14 +245,16 @@ def record_submission(
         return _refuse("rejected", refusal, request)
     if request.kind != kind:
         return _refuse("rejected", f"the request takes no {kind} submission", request)
-    payload_hash = put_json_blob(tx, value)
+    # Nothing is stored until every check has passed: a blob written here would be
+    # committed with the refusal and named by no row. The output is encoded and hashed
+    # only for a repeated key, or once it is accepted for validation.
     earlier = tx.fetch_one(
         _SELECT_SUBMISSION.format(where="request_id = :r AND idempotency_key = :k"),
         {"r": request_id, "k": idempotency_key},
         SubmissionRow,
     )
     if earlier is not None:
-        if earlier.payload_hash != payload_hash:
+        if earlier.payload_hash != content_digest(dumps(value)):
             return _refuse("conflict", "the idempotency key was used with another output", request)
         return SubmitResult("adopted", earlier, request)
     if request.status != "pending":
@@ -265,6 +269,7 @@ def record_submission(
         return _refuse("rejected", "the run is paused", request)
     if submission_validating(tx, request_id):
         return _refuse("rejected", "another submission is being validated", request)
+    payload_hash = put_blob(tx, dumps(value))  # with the row that names it, in this transaction
     tx.execute(
         "INSERT INTO interactive_submissions (submission_id, request_id, idempotency_key, "
         "request_revision, payload_hash, outcome, submitted_at) VALUES (:s, :r, :k, :rev, "

@@ -1,7 +1,8 @@
 """State retention (workflow-server.md § State retention, manual `state prune`): select
 expired root-run trees free of protected state, delete one tree (every run table, its
-view content and command receipts), collect the blobs no remaining row names, and write
-a verified backup first. Internal; `pi_workflows.storage` exports the names.
+view content and command receipts), collect the blobs no remaining row names (the
+tree's, and any other left behind), and write a verified backup first. Internal;
+`pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ __all__ = [
     "DAY_MS",
     "BackupFailedError",
     "PruneTree",
+    "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
     "delete_tree",
     "prunable_trees",
     "tree_blockers",
+    "unnamed_blobs",
     "write_backup",
 ]
 
@@ -153,6 +156,34 @@ UNION SELECT m.reply_hash FROM runner_messages AS m
     JOIN runner_epochs AS x ON x.runner_epoch = m.runner_epoch WHERE x.run_id IN {_TREE}
 UNION SELECT content_hash FROM follow_ups WHERE run_id IN {_TREE}
 """
+# Every column whose value may be a blob's digest: the referencing columns above, and
+# those that name a blob without a foreign key (a run's definition snapshot, a workflow
+# message's content) or carry a digest of the same bytes (kept conservatively: a blob
+# any row's digest names is never collected).
+_NAMING_COLUMNS: tuple[tuple[str, str], ...] = (
+    *_DIGEST_COLUMNS,
+    ("runs", "definition_digest"),
+    ("runs", "input_hash"),
+    ("workflow_messages", "content_digest"),
+    ("human_decisions", "request_digest"),
+    ("human_decision_resolutions", "answer_digest"),
+    ("human_decision_answers", "answer_digest"),
+    ("runner_epochs", "launch_envelope_hash"),
+)
+# Blobs written before :before that no naming column holds (one pass over each column:
+# a manual maintenance read; every table but two has an index on the column anyway).
+_SELECT_UNNAMED_BLOBS = "SELECT digest FROM blobs WHERE created_at < :before" + "".join(
+    f" EXCEPT SELECT {column} FROM {table}" for table, column in _NAMING_COLUMNS
+)
+# Stored replies of live runner epochs that carry a content reference: a retried message
+# gets the same reply, and its reference offered again (`apply_message`), so a digest
+# named in one counts as named while its runner may still ask.
+_LIVE_REPLIES_WITH_REFS = """
+SELECT b.content FROM runner_messages AS m
+JOIN runner_epochs AS e ON e.runner_epoch = m.runner_epoch AND e.status IN ('starting', 'ready')
+JOIN blobs AS b ON b.digest = m.reply_hash
+WHERE instr(b.content, CAST('Ref"' AS BLOB)) > 0
+"""
 _TREE_EVENT_PAYLOADS = f"SELECT payload FROM events WHERE run_id IN {_TREE}"
 _EVENT_PAYLOADS_WITH_DIGESTS = "SELECT payload FROM events WHERE instr(payload, 'sha256:') > 0"
 _BLOCKER_CHECKS = tuple((name, f"SELECT EXISTS ({check})") for name, check in _BLOCKERS)
@@ -167,6 +198,7 @@ _DELETE_TREE_RUNS = "DELETE FROM runs WHERE root_run_id = :root"
 _DELETE_BLOB = "DELETE FROM blobs WHERE digest = :digest"
 _BLOB_EXISTS = "SELECT EXISTS (SELECT 1 FROM blobs WHERE digest = :digest)"
 _DIGEST_IN_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
+_DIGEST_IN_BYTES = re.compile(rb"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +307,51 @@ def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
     for digest in wanted:
         tx.execute(_DELETE_BLOB, {"digest": digest})
     return len(wanted)
+
+
+def unnamed_blobs(reader: Reader, written_before: int) -> set[str]:
+    """The blobs written before `written_before` that no row names: no digest column
+    holds them, no event payload names them, and no stored reply of a live runner epoch
+    carries them as a reference (a retried message is offered it again). A read; call
+    it in one transaction (`collect_unnamed_blobs` deletes what it finds)."""
+    conn = reader.connection
+    candidates = {
+        str(digest) for (digest,) in conn.execute(_SELECT_UNNAMED_BLOBS, {"before": written_before})
+    }
+    if not candidates:
+        return candidates
+    # One streamed pass over the payloads that name any digest (an `outputRef`), and
+    # over the live runners' stored replies that carry a reference (`resultRef`).
+    for (payload,) in conn.execute(_EVENT_PAYLOADS_WITH_DIGESTS):
+        candidates.difference_update(_DIGEST_IN_TEXT.findall(payload))
+        if not candidates:
+            return candidates
+    for (reply,) in conn.execute(_LIVE_REPLIES_WITH_REFS):
+        candidates.difference_update(digest.decode() for digest in _DIGEST_IN_BYTES.findall(reply))
+        if not candidates:
+            return candidates
+    return candidates
+
+
+def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
+    """Delete every blob written before `written_before` that no row names
+    (`unnamed_blobs`); return how many. Whatever left it behind (a refusal of an older
+    release, a crash, an upload whose value never came), it is collected here.
+
+    **Concurrent writers:** a blob is normally stored in the transaction that commits
+    the row naming it, so this sweep (one transaction of the same single writer) never
+    sees it unnamed. Two kinds are not: a runner's `content.write` parts, committed one
+    by one before the `uploadRef` that names them, and a reply's or command's content
+    reference, stored for the runner to read back and named by no row at all. They are
+    protected by the grace period the caller subtracts from now, not by a transaction:
+    `put_blob` refreshes `created_at` of a blob it finds older than `BLOB_REFRESH_MS`,
+    so a blob an in-flight request or upload has just written, or written again, is at
+    most that much older than its write.
+    """
+    found = unnamed_blobs(tx, written_before)
+    for digest in found:
+        tx.execute(_DELETE_BLOB, {"digest": digest})
+    return len(found)
 
 
 class BackupFailedError(PiWorkflowsError):

@@ -79,9 +79,12 @@ __all__ = [
     "PRAGMA_JOURNAL_MODE_WAL",
     "PRAGMA_QUERY_ONLY",
     "PRAGMA_SYNCHRONOUS_FULL",
+    "RELEASE_PART",
     "RELEASE_UNIT",
     "ROLLBACK",
+    "ROLLBACK_TO_PART",
     "ROLLBACK_TO_UNIT",
+    "SAVEPOINT_PART",
     "SAVEPOINT_UNIT",
     "SELECT_ACTIVE_RUNNER_EPOCH",
     "SELECT_ACTIVE_RUNNER_EPOCHS",
@@ -214,6 +217,10 @@ SAVEPOINT_UNIT = "SAVEPOINT unit"
 RELEASE_UNIT = "RELEASE unit"
 # Undo only a unit's writes; the group's transaction and its other units stay.
 ROLLBACK_TO_UNIT = "ROLLBACK TO unit"
+# A part of a transaction that a refusal undoes alone (`Tx.undoable`).
+SAVEPOINT_PART = "SAVEPOINT part"
+RELEASE_PART = "RELEASE part"
+ROLLBACK_TO_PART = "ROLLBACK TO part"
 # Enforce foreign keys on this connection (off by default in SQLite).
 PRAGMA_FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
 # Write-ahead logging: readers never block the writer.
@@ -1092,10 +1099,13 @@ INSERT INTO host_commands (
 # --- Content ------------------------------------------------------------------------
 
 # Store a blob once; the same bytes always have the same digest.
+# A blob written again is marked written now (bytes unchanged) once it is older than
+# the refresh interval, so the unnamed-blob sweep's grace period protects it again.
 INSERT_BLOB = """
 INSERT INTO blobs (digest, byte_length, content, created_at)
 VALUES (:digest, :byte_length, :content, :now)
-ON CONFLICT (digest) DO NOTHING
+ON CONFLICT (digest) DO UPDATE SET created_at = excluded.created_at
+WHERE blobs.created_at < :refresh_before
 """
 # Where a blob's bytes are (its rowid, for incremental blob I/O) and how many there are.
 SELECT_BLOB_LOCATION = "SELECT rowid AS row_id, byte_length FROM blobs WHERE digest = :digest"

@@ -37,8 +37,9 @@ PINNED = {
     "get_run", "get_run_summary", "run_list_revision", "run_view_revision", "get_queue_row",
     "get_phase", "get_attempt", "run_paused", "run_unfinished_unpaused",
     # retention (state prune)
-    "DAY_MS", "BackupFailedError", "PruneTree", "collect_unreferenced_blobs", "delete_tree",
-    "prunable_trees", "tree_blockers", "write_backup",
+    "DAY_MS", "BackupFailedError", "PruneTree", "collect_unnamed_blobs",
+    "collect_unreferenced_blobs", "delete_tree",
+    "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
@@ -50,7 +51,8 @@ PINNED = {
     "CommandRequest", "LookupOutcome", "ReceiptLookup", "ReceiptOutcome", "StoredReceipt",
     "command_fingerprint", "lookup_receipt", "record_receipt",
     # content
-    "CONTENT_PART_BYTES", "ContentRef", "content_digest", "put_blob", "put_json_blob",
+    "BLOB_REFRESH_MS", "CONTENT_PART_BYTES", "ContentRef", "content_digest", "put_blob",
+    "put_json_blob",
     "blob_length", "read_blob_part", "iter_blob_parts", "read_blob", "read_json_blob",
     "put_view_content", "view_content_length", "read_view_content_part",
     "iter_view_content_parts", "read_view_content",

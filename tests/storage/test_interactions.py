@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from pi_workflows.storage import Claim, ClaimLostError, Database, start_node_attempt
+from pi_workflows.storage import Claim, ClaimLostError, Database, put_blob, start_node_attempt
 from pi_workflows.storage._interactions import (
     read_request,
     record_submission,
@@ -156,3 +156,50 @@ def test_a_stale_attempt_or_a_pause_accepts_nothing(db: Database) -> None:
 class _Event:
     event_type: str
     payload: str
+
+
+def _blob_count(db: Database) -> int:
+    return int(db.fetch_value("SELECT count(*) FROM blobs", {}))
+
+
+def test_a_refused_submission_stores_no_blob_whatever_the_reason(db: Database) -> None:
+    """Busy, conflict, paused, stale attempt, settled: each refusal is decided before
+    the payload is stored (issue 25, item 4); only a recorded candidate stores it."""
+    claim = running(db)
+    _agent_request(db, claim)
+    assert _submit(db, "k1", {"x": 1}, "s1") == "new"
+    base = _blob_count(db)
+    assert _submit(db, "k2", {"refused": "busy"}, "s2") == "rejected"
+    assert _submit(db, "k1", {"refused": "conflict"}, "s3") == "conflict"
+    with db.write() as tx:
+        settle_submission(
+            tx, submission_id="s1", accepted=False, error={"code": "c", "message": "m"}
+        )
+    after_settle = _blob_count(db)  # the rejection's receipt
+    raw_edit(db, "UPDATE runs SET paused = 1")
+    assert _submit(db, "k4", {"refused": "paused"}, "s4") == "rejected"
+    raw_edit(db, "UPDATE runs SET paused = 0")
+    assert _submit(db, "k5", {"x": 5}, "s5") == "new"
+    with db.write() as tx:
+        settle_submission(tx, submission_id="s5", accepted=True)
+    accepted = _blob_count(db)
+    assert _submit(db, "k6", {"refused": "settled"}, "s6") == "claimLost"
+    assert _submit(db, "k5", {"x": 5}, "s5b") == "adopted"
+    assert _blob_count(db) == accepted
+    assert after_settle == base + 1
+    assert accepted == after_settle + 2, "the accepted candidate's payload and its receipt"
+    [(count,)] = db.connection.execute(
+        "SELECT count(*) FROM blobs WHERE content LIKE '%refused%'"
+    ).fetchall()
+    assert count == 0
+
+
+def test_an_undoable_part_leaves_nothing_when_it_raises(db: Database) -> None:
+    """A refused command's change is undone alone; the transaction goes on and commits."""
+    with db.write() as tx:
+        with pytest.raises(ValueError), tx.undoable():
+            put_blob(tx, b"a definition snapshot of a refused start")
+            raise ValueError("refused")
+        kept = put_blob(tx, b"the refusal's receipt")
+    assert _blob_count(db) == 1
+    assert db.fetch_value("SELECT digest FROM blobs", {}) == kept

@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 
 from pi_workflows.storage import (
+    BLOB_REFRESH_MS,
     DAY_MS,
     BackupFailedError,
     Database,
     ManualClock,
     RunnerOutcome,
     cancel_run,
+    collect_unnamed_blobs,
     collect_unreferenced_blobs,
     complete_run,
     delete_tree,
@@ -31,8 +33,11 @@ from pi_workflows.storage import (
     finish_node_attempt,
     open_database,
     prunable_trees,
+    put_blob,
     put_traceback,
+    record_interaction_event,
     record_runner_exit,
+    record_runner_reply,
     run_list_revision,
     start_node_attempt,
     tree_blockers,
@@ -161,6 +166,57 @@ def test_deleting_a_tree_removes_every_run_table_and_only_its_own_blobs(
     assert db.fetch_value("SELECT count(*) FROM blobs", {}) == blobs_before - 1
     assert db.fetch_value("SELECT count(*) FROM blobs WHERE digest = :d", {"d": own_blob}) == 0
     assert run_list_revision(db) > list_before, "deleting runs moves the list revision on"
+    assert verify(db) == []
+
+
+def _blob_exists(db: Database, digest: str) -> bool:
+    return bool(db.fetch_value("SELECT count(*) FROM blobs WHERE digest = :d", {"d": digest}))
+
+
+def test_the_sweep_collects_every_unnamed_blob_past_the_grace_whatever_left_it(
+    db: Database, clock: ManualClock
+) -> None:
+    """Blobs no row names (a refusal of an older release, a crash, an upload whose value
+    never came) are collected once older than the grace period; a blob any row names,
+    by a referencing column, a digest column without a foreign key or an event payload,
+    stays; so does a young one, and an old one written again (its write is refreshed)."""
+    _finished_run(db, "run-1", {"kept": "output"}, failing=False)
+    with db.write() as tx:
+        old = put_blob(tx, b"left behind by a refusal")
+        snapshot = put_blob(tx, b'{"nodes":{}}')
+        in_event = put_blob(tx, b"an outputRef's value")
+        again = put_blob(tx, b"an upload part written again later")
+        tx.execute("UPDATE runs SET definition_digest = :d WHERE run_id = 'run-1'", {"d": snapshot})
+        record_interaction_event(tx, "run-1", "note", {"outputRef": {"digest": in_event}})
+    clock.advance(DAY_MS)
+    with db.write() as tx:
+        young = put_blob(tx, b"an upload part in flight")
+        assert put_blob(tx, b"an upload part written again later") == again
+    running(db, "run-2")  # a live runner epoch whose stored reply names a reference
+    with db.write() as tx:
+        offered = put_blob(tx, b"a result too large for one frame")
+        reply = {"resultRef": {"digest": offered, "byteCount": 32}}
+        record_runner_reply(tx, "run-2-e1", "m-1", "node.finished", "sha256:fp", reply)
+    clock.advance(DAY_MS)
+    with db.write() as tx:
+        young = put_blob(tx, b"an upload part in flight")
+        assert put_blob(tx, b"an upload part written again later") == again
+    grace = DAY_MS // 2
+    with db.write() as tx:
+        freed = collect_unnamed_blobs(tx, tx.now - grace)
+    assert freed == 1
+    assert not _blob_exists(db, old)
+    for digest in (snapshot, in_event, young, again, offered):
+        assert _blob_exists(db, digest), digest
+    assert grace > BLOB_REFRESH_MS, "a refreshed write is protected by the grace"
+    with db.write() as tx:
+        record_runner_exit(tx, "run-2-e1", outcome=RunnerOutcome.EXITED, exit_code=0)
+    clock.advance(DAY_MS)
+    with db.write() as tx:
+        freed = collect_unnamed_blobs(tx, tx.now - grace)
+    assert freed == 3, "young and again, now old; the ended runner's reference"
+    assert not _blob_exists(db, offered)
+    assert _blob_exists(db, snapshot) and _blob_exists(db, in_event)
     assert verify(db) == []
 
 
