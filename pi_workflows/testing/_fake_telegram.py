@@ -9,9 +9,12 @@ real API answers. It serves `getMe`, `sendMessage` (with `reply_markup`),
 `timeout`, `limit`, `allowed_updates`) with `message` and `callback_query` updates.
 
 Tests script it: `press_button` and `reply` queue updates from a given user, and
-`fail_next`, `hang_next`, `hold_answer_next` and `drop_next` make the next call of a
-method answer an HTTP error, block until released, apply at once but answer only when
-released, or lose its connection without an answer. Every call is recorded (method,
+`fail_next`, `rate_limit_next`, `hang_next`, `hold_answer_next`, `drop_next`,
+`trickle_next` and `huge_next` make the next call of a method answer an HTTP error (a 429
+with `parameters.retry_after`), block until released, apply at once but answer only when
+released, lose its connection without an answer, write its answer a few bytes a second,
+or answer a body of any size (streamed, never held in memory); `set_latency` makes every
+call take a while, as a real round trip does. Every call is recorded (method,
 parameters, status, result) under one lock, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
 
@@ -41,8 +44,10 @@ __all__ = [
     "DropConnection",
     "FakeTelegram",
     "Hang",
+    "HugeAnswer",
     "RecordedCall",
     "TelegramMessage",
+    "Trickle",
 ]
 
 FAKE_BOT_TOKEN = "7000000001:AAFakeBotTokenForTestsOnly-0123456789"  # noqa: S105 - a fake
@@ -56,6 +61,7 @@ _JSON_PARAMETERS = frozenset(
 )
 _INTEGER_PARAMETERS = frozenset({"message_id", "offset", "limit", "timeout", "cache_time"})
 _MAX_POLL_SECONDS = 50.0  # the real API caps long polling near this
+_CHUNK = 64 * 1024
 
 T = TypeVar("T")
 
@@ -66,6 +72,8 @@ class BotApiError:
 
     status: int = 400
     description: str = "Bad Request: chat not found"
+    retry_after: int | None = None
+    """Sent as `parameters.retry_after` (a 429's wait, in seconds)."""
 
 
 @dataclass(slots=True)
@@ -110,7 +118,22 @@ class DropConnection:
     deliver: bool = False
 
 
-Fault: TypeAlias = BotApiError | Hang | DropConnection
+@dataclass(frozen=True, slots=True)
+class Trickle:
+    """Apply the call, then write its answer `bytes_per_second` bytes a second (headers
+    at once, then the body), until it is written, the client leaves or the fake stops."""
+
+    bytes_per_second: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class HugeAnswer:
+    """Answer 200 with a JSON body of `size` bytes, written in chunks as it is made."""
+
+    size: int
+
+
+Fault: TypeAlias = BotApiError | Hang | DropConnection | Trickle | HugeAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +200,7 @@ class FakeTelegram(LoopbackServer):
         self._message_ids = itertools.count(1)
         self._update_ids = itertools.count(1001)
         self._callback_ids = itertools.count(1)
+        self._latency: dict[str | None, float] = {}
 
     # -- lifecycle (start, stop and the context manager: LoopbackServer) -------------
 
@@ -245,6 +269,26 @@ class FakeTelegram(LoopbackServer):
     ) -> None:
         """The next call of `method` answers `status` with `description`."""
         self._add_fault(method, BotApiError(status, description))
+
+    def rate_limit_next(self, method: str, retry_after: int) -> None:
+        """The next call of `method` answers 429 with `parameters.retry_after`."""
+        description = f"Too Many Requests: retry after {retry_after}"
+        self._add_fault(method, BotApiError(429, description, retry_after))
+
+    def trickle_next(self, method: str, bytes_per_second: float = 1.0) -> None:
+        """The next call of `method` is applied, then its answer trickles out."""
+        self._add_fault(method, Trickle(bytes_per_second))
+
+    def huge_next(self, method: str, size: int) -> None:
+        """The next call of `method` answers a `size`-byte body (streamed)."""
+        self._add_fault(method, HugeAnswer(size))
+
+    def set_latency(self, seconds: float, *methods: str) -> None:
+        """Every later call of `methods` (of every method but `getUpdates` when none is
+        named) waits `seconds` before it is served, like a real round trip."""
+        with self._lock:
+            for method in methods or (None,):
+                self._latency[None if method is None else method.lower()] = seconds
 
     def hang_next(self, method: str, *, deliver: bool = True) -> Hang:
         """The next call of `method` is held until the returned handle is released."""
@@ -328,6 +372,22 @@ class FakeTelegram(LoopbackServer):
             self._faults.setdefault(method.lower(), deque()).append(fault)
             if isinstance(fault, Hang):
                 self._hangs.append(fault)
+
+    def _delay(self, method: str) -> None:
+        """Wait the method's scripted latency (woken early when the fake stops)."""
+        name = method.lower()
+        with self._lock:
+            if name in self._latency:
+                seconds = self._latency[name]
+            else:
+                seconds = 0.0 if name == "getupdates" else self._latency.get(None, 0.0)
+            deadline = time.monotonic() + seconds
+            while not self._stopping and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
+
+    def _stopped(self) -> bool:
+        with self._lock:
+            return self._stopping
 
     def _take_fault(self, method: str) -> Fault | None:
         with self._lock:
@@ -468,6 +528,22 @@ _METHODS: dict[str, _Method] = {
 _DELIVERING = frozenset({"sendmessage", "editmessagetext"})
 
 
+def _body(status: int, result: Any) -> dict[str, Any]:
+    """The Bot API's answer object; a `(description, retry_after)` error adds its
+    `parameters`."""
+    if status == 200:
+        return {"ok": True, "result": result}
+    if isinstance(result, tuple):
+        description, retry_after = result
+        return {
+            "ok": False,
+            "error_code": status,
+            "description": description,
+            "parameters": {"retry_after": retry_after},
+        }
+    return {"ok": False, "error_code": status, "description": result}
+
+
 def _wanted(update: Mapping[str, Any], allowed: object) -> bool:
     if not isinstance(allowed, list) or not allowed:
         return True
@@ -539,19 +615,31 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self._answer(400, "Bad Request: can't parse request parameters")
                 return
+            fake._delay(method)
+            fault = fake._take_fault(method)
+            if isinstance(fault, HugeAnswer):
+                fake._record(method, params, 200)
+                self._stream_huge(fault.size)
+                return
             try:
-                status, result = self._call(method, params)
+                status, result = self._call(method, params, fault)
             except _Dropped:
                 self.close_connection = True
                 return
             fake._record(method, params, status, result)
-            written = self._answer(status, result)
+            if isinstance(fault, Trickle):
+                written = self._trickle(status, result, fault.bytes_per_second)
+            else:
+                written = self._answer(status, result)
             if written and status == 200 and method.lower() == "getupdates":
                 fake._handed_out(result)
 
-        def _call(self, method: str, params: Mapping[str, Any]) -> tuple[int, Any]:
-            fault = fake._take_fault(method)
+        def _call(
+            self, method: str, params: Mapping[str, Any], fault: Fault | None
+        ) -> tuple[int, Any]:
             if isinstance(fault, BotApiError):
+                if fault.retry_after is not None:
+                    return fault.status, (fault.description, fault.retry_after)
                 return fault.status, fault.description
             if isinstance(fault, Hang) and fault.applied_first:
                 answer = fake._dispatch(method, params)
@@ -571,10 +659,44 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             return fake._dispatch(method, params)
 
         def _answer(self, status: int, result: Any) -> bool:
-            if status == 200:
-                body: dict[str, Any] = {"ok": True, "result": result}
-            else:
-                body = {"ok": False, "error_code": status, "description": result}
-            return self.send_json(status, body)  # False: the client went away meanwhile
+            return self.send_json(status, _body(status, result))  # False: the client left
+
+        def _trickle(self, status: int, result: Any, rate: float) -> bool:
+            data = json.dumps(_body(status, result)).encode()
+            pause = 1.0 / rate
+            try:
+                self._headers(status, len(data))
+                for index in range(len(data)):
+                    if fake._stopped():
+                        break
+                    self.wfile.write(data[index : index + 1])
+                    self.wfile.flush()
+                    if index + 1 < len(data):
+                        time.sleep(pause)  # the scripted rate, not a wait for a condition
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+                return False
+            return True
+
+        def _stream_huge(self, size: int) -> None:
+            head, tail = b'{"ok": true, "result": [], "padding": "', b'"}'
+            chunk = b"x" * _CHUNK
+            try:
+                self._headers(200, max(size, len(head) + len(tail)))
+                self.wfile.write(head)
+                left = size - len(head) - len(tail)
+                while left > 0 and not fake._stopped():
+                    self.wfile.write(chunk[: min(left, _CHUNK)])
+                    left -= _CHUNK
+                self.wfile.write(tail)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+
+        def _headers(self, status: int, length: int) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
 
     return Handler
