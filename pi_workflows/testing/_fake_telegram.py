@@ -128,9 +128,12 @@ class Trickle:
 
 @dataclass(frozen=True, slots=True)
 class HugeAnswer:
-    """Answer 200 with a JSON body of `size` bytes, written in chunks as it is made."""
+    """Answer 200 with a JSON body of `size` bytes, written in chunks as it is made;
+    without `declare_length` the answer has no `Content-Length` (it ends when the
+    connection closes), so only reading it tells its size."""
 
     size: int
+    declare_length: bool = True
 
 
 Fault: TypeAlias = BotApiError | Hang | DropConnection | Trickle | HugeAnswer
@@ -146,6 +149,9 @@ class RecordedCall:
     """The HTTP status answered; None if the connection was dropped."""
     result: Any = None
     """The `result` of a 200 answer (a `getUpdates` call's updates), else None."""
+    at: float = 0.0
+    """`time.monotonic()` when it was recorded (after it was applied, before its answer
+    was written)."""
 
 
 @dataclass(slots=True)
@@ -279,9 +285,9 @@ class FakeTelegram(LoopbackServer):
         """The next call of `method` is applied, then its answer trickles out."""
         self._add_fault(method, Trickle(bytes_per_second))
 
-    def huge_next(self, method: str, size: int) -> None:
+    def huge_next(self, method: str, size: int, *, declare_length: bool = True) -> None:
         """The next call of `method` answers a `size`-byte body (streamed)."""
-        self._add_fault(method, HugeAnswer(size))
+        self._add_fault(method, HugeAnswer(size, declare_length))
 
     def set_latency(self, seconds: float, *methods: str) -> None:
         """Every later call of `methods` (of every method but `getUpdates` when none is
@@ -399,7 +405,13 @@ class FakeTelegram(LoopbackServer):
     ) -> None:
         with self._lock:
             self._calls.append(
-                RecordedCall(method, dict(params), status, result if status == 200 else None)
+                RecordedCall(
+                    method,
+                    dict(params),
+                    status,
+                    result if status == 200 else None,
+                    time.monotonic(),
+                )
             )
             self._lock.notify_all()
 
@@ -619,7 +631,7 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             fault = fake._take_fault(method)
             if isinstance(fault, HugeAnswer):
                 fake._record(method, params, 200)
-                self._stream_huge(fault.size)
+                self._stream_huge(fault)
                 return
             try:
                 status, result = self._call(method, params, fault)
@@ -678,11 +690,18 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
                 return False
             return True
 
-        def _stream_huge(self, size: int) -> None:
+        def _stream_huge(self, fault: HugeAnswer) -> None:
             head, tail = b'{"ok": true, "result": [], "padding": "', b'"}'
             chunk = b"x" * _CHUNK
+            size = max(fault.size, len(head) + len(tail))
             try:
-                self._headers(200, max(size, len(head) + len(tail)))
+                if fault.declare_length:
+                    self._headers(200, size)
+                else:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
                 self.wfile.write(head)
                 left = size - len(head) - len(tail)
                 while left > 0 and not fake._stopped():

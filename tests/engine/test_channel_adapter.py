@@ -486,3 +486,27 @@ def test_a_missing_variable_is_named_without_any_value(fake: FakeTelegram, tmp_p
         assert_private(adapter)
     finally:
         adapter.cleanup()
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["with-length", "until-close"])
+def test_a_200_mib_answer_leaves_the_adapter_under_100_mb(
+    ready: AdapterRig, declared: bool
+) -> None:
+    """Issue 25: the body is read up to the cap and the rest is never held."""
+    assert ready.child is not None
+    polls = len(ready.fake.calls_of("getUpdates"))
+    ready.fake.huge_next("getUpdates", 200 * 1024 * 1024, declare_length=declared)
+    # A poll may be in flight already: the huge answer is the next one at the latest,
+    # and a poll after it means the child went on (it was dealt with).
+    ready.fake.wait_for_calls("getUpdates", polls + 3, WAIT)
+    peak_kib = _peak_rss_kib(ready.child.pid)
+    assert peak_kib < 100 * 1024, f"adapter peak RSS {peak_kib // 1024} MiB"
+    message = presented(ready)  # and it still works
+    assert message.text == "Deploy run-1 to production?"
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc")
