@@ -64,6 +64,7 @@ from pi_workflows.supervision import (
     ChildSpec,
     ChildStarted,
     FrameSink,
+    crash_point,
 )
 from pi_workflows.wire.channel import ChannelSequenceCheck, ChannelStamp, check_message
 from pi_workflows.wire.framing import FrameError
@@ -567,6 +568,7 @@ class ChannelAdapterActor(ServerActor):
         attempt: ChannelAttempt | None = reply.value
         if attempt is None:
             return
+        crash_point("server.channel.after_reserve")
         child = next((c for c in self._children.values() if c.epoch == epoch), None)
         if child is None or child.channel is None or child.closed:
             return  # it ended: its end makes this attempt ambiguous (same database order)
@@ -585,6 +587,7 @@ class ChannelAdapterActor(ServerActor):
         try:
             check_message(frame, sender="server")
             child.channel.send(frame)
+            crash_point("server.channel.after_send")
         except (ProtocolViolation, FrameError):
             # Reserved but never sent: the child's end (we close it) makes it ambiguous;
             # the operator decides. Never expected: the presentation is bounded.
@@ -664,6 +667,7 @@ class ChannelAdapterActor(ServerActor):
                 extra={"action": "channel.stale", "profile": profile},
             )
             return
+        crash_point("server.channel.after_result")
         log.info(
             "channel attempt settled",
             extra={

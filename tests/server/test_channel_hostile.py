@@ -10,12 +10,16 @@ press by at most the long-poll time plus its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
@@ -170,3 +174,30 @@ def test_a_trickled_poll_delays_a_press_boundedly_and_a_trickled_send_ends_at_it
     status = json.loads(processes.cli(state_dir, "channel", "status", "--json").stdout)
     assert status["profiles"][0]["ambiguous"] == 1
     _verify(state_dir)
+
+
+def test_sigkill_of_the_adapter_during_a_429_wait_sends_it_once_after_retry_after(
+    served: WorkflowServer, telegram: FakeTelegram, short_tmp: Path
+) -> None:
+    state_dir = served.state_dir
+    telegram.rate_limit_next("sendMessage", 3)
+    with _client(state_dir) as client:
+        waiting_run(client, short_tmp / "project")
+    eventually(lambda: attempts(state_dir) == [(1, "cancelled", None)], "the 429 recorded")
+    (pid,) = _adapter_pids()
+    os.kill(pid, signal.SIGKILL)
+    limited, sent = telegram.wait_for_calls("sendMessage", 2, 60)
+    assert sent.at - limited.at >= 3.0, "a new adapter sent before the 429's retry_after"
+    eventually(lambda: _delivery_states(state_dir) == ["presented"], "the delivery presented")
+    assert len(telegram.bot_messages()) == 1
+    assert attempts(state_dir) == [(1, "cancelled", None), (2, "applied", None)]
+    _verify(state_dir)
+
+
+def _adapter_pids() -> list[int]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "pi_workflows.engine.channel_adapter" in " ".join(child.cmdline()):
+                found.append(child.pid)
+    return found
