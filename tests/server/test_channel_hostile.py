@@ -5,7 +5,8 @@ Issue 25, "How it must behave": a 429's retry_after is waited before the next se
 and the decision is presented once; a flood of presses (strangers' and an allowed
 person's) at 0.3 s a call makes no other run's delivery doubtful; a trickled send ends
 at its deadline, ambiguous with a recover path, and a trickled `getUpdates` delays a
-press by at most the long-poll time plus its deadline.
+press by at most the long-poll time plus its deadline; SIGKILL of the adapter during a
+429's wait sends the decision once, no earlier than the 429's retry_after.
 """
 
 from __future__ import annotations
