@@ -13,7 +13,8 @@ Tests script it: `press_button` and `reply` queue updates from a given user, and
 `trickle_next` and `huge_next` make the next call of a method answer an HTTP error (a 429
 with `parameters.retry_after`), block until released, apply at once but answer only when
 released, lose its connection without an answer, write its answer a few bytes a second,
-or answer a body of any size (streamed, never held in memory); `set_latency` makes every
+or answer a body of any size (streamed, never held in memory); `fail_every` makes every
+call of a method answer an error until told otherwise; `set_latency` makes every
 call take a while, as a real round trip does. Every call is recorded (method,
 parameters, status, result) under one lock, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
@@ -207,6 +208,7 @@ class FakeTelegram(LoopbackServer):
         self._update_ids = itertools.count(1001)
         self._callback_ids = itertools.count(1)
         self._latency: dict[str | None, float] = {}
+        self._failing: dict[str, BotApiError] = {}
 
     # -- lifecycle (start, stop and the context manager: LoopbackServer) -------------
 
@@ -288,6 +290,15 @@ class FakeTelegram(LoopbackServer):
     def huge_next(self, method: str, size: int, *, declare_length: bool = True) -> None:
         """The next call of `method` answers a `size`-byte body (streamed)."""
         self._add_fault(method, HugeAnswer(size, declare_length))
+
+    def fail_every(self, method: str, status: int | None, description: str = "Bad Gateway") -> None:
+        """Every later call of `method` answers `status` (after the scripted faults
+        queued for it), until called again with `status` None."""
+        with self._lock:
+            if status is None:
+                self._failing.pop(method.lower(), None)
+            else:
+                self._failing[method.lower()] = BotApiError(status, description)
 
     def set_latency(self, seconds: float, *methods: str) -> None:
         """Every later call of `methods` (of every method but `getUpdates` when none is
@@ -398,7 +409,7 @@ class FakeTelegram(LoopbackServer):
     def _take_fault(self, method: str) -> Fault | None:
         with self._lock:
             faults = self._faults.get(method.lower())
-            return faults.popleft() if faults else None
+            return faults.popleft() if faults else self._failing.get(method.lower())
 
     def _record(
         self, method: str, params: Mapping[str, Any], status: int | None, result: Any = None

@@ -202,3 +202,40 @@ def _adapter_pids() -> list[int]:
             if "pi_workflows.engine.channel_adapter" in " ".join(child.cmdline()):
                 found.append(child.pid)
     return found
+
+
+def test_a_delivery_not_sent_within_the_bound_is_failed_shown_and_sent_again_on_retry(
+    state_dir: Path,
+    telegram: FakeTelegram,
+    short_tmp: Path,
+    processes: Processes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PI_WORKFLOWS_CHANNEL_RETRY_BOUND_S", "2")
+    telegram.fail_every("sendMessage", 502)
+    served = WorkflowServer(state_dir, idle_exit_s=None, tick_s=0.05, execute_runs=True)
+    monkeypatch.setenv("PI_WORKFLOWS_TELEGRAM_POLL_SECONDS", str(POLL_SECONDS))
+    write_profiles(state_dir, telegram.api_base)
+    served.start()
+    try:
+        with _client(state_dir) as client:
+            run_id = waiting_run(client, short_tmp / "project")
+        eventually(lambda: _delivery_states(state_dir) == ["failed"], "the delivery failed", 60)
+        tries = len(telegram.calls_of("sendMessage"))
+        assert tries >= 2, "backed off and tried again before failing"
+        first, last = telegram.calls_of("sendMessage")[0], telegram.calls_of("sendMessage")[-1]
+        assert last.at - first.at >= 2.0, "the bound counts from the first not-sent attempt"
+        status = json.loads(processes.cli(state_dir, "channel", "status", "--json").stdout)
+        assert status["profiles"][0]["failed"] == 1
+        shown = processes.cli(state_dir, "run", "show", run_id).stdout
+        assert f"pi-workflows channel recover {run_id} retry" in shown, shown
+        assert "failed (serverError)" in shown, shown
+        assert len(telegram.calls_of("sendMessage")) == tries, "never sent again on its own"
+        telegram.fail_every("sendMessage", None)
+        recovered = processes.cli(state_dir, "channel", "recover", run_id, "retry")
+        assert recovered.returncode == 0, recovered.stderr
+        eventually(lambda: _delivery_states(state_dir) == ["presented"], "sent again", 60)
+        assert len(telegram.bot_messages()) == 1
+        _verify(state_dir)
+    finally:
+        served.stop("test teardown")
