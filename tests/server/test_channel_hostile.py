@@ -132,6 +132,8 @@ def test_a_flood_of_presses_at_a_slow_api_makes_no_other_delivery_doubtful(
     states = _delivery_states(state_dir)
     assert set(states) <= {"presented"}, states
     assert "ambiguous" not in {s for (s,) in rows(state_dir, "SELECT state FROM effects")}
+    # Not even delayed into a retry: each delivery went through at its first attempt.
+    assert attempts(state_dir) == [(1, "applied", None)] * 3
     assert _resolutions(state_dir) == 1, "the decision is resolved once"
     assert done["display"]["status"] in ("waiting", "completed")
     # Strangers cost no call: at most one answerCallbackQuery per allowed press.
