@@ -600,6 +600,8 @@ class _Adapter:
                 return EXIT_TRANSPORT
             except TelegramError as exc:
                 pause = POLL_BACKOFF_SECONDS[min(failures, len(POLL_BACKOFF_SECONDS) - 1)]
+                if isinstance(exc, RetryAfter):  # a 429 says how long to wait
+                    pause = max(pause, _retry_after_ms(exc) / 1000)
                 failures += 1
                 _log.warning("getUpdates failed (%s); again in %.0f s", type(exc).__name__, pause)
                 await asyncio.sleep(pause)

@@ -510,3 +510,18 @@ def _peak_rss_kib(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise AssertionError("no VmHWM in /proc")
+
+
+def test_a_429_to_get_updates_waits_its_retry_after(ready: AdapterRig) -> None:
+    polls = len(ready.fake.calls_of("getUpdates"))
+    ready.fake.rate_limit_next("getUpdates", 2)
+
+    def polled_after_the_429(fake: FakeTelegram) -> tuple[float, float] | None:
+        calls = fake.calls_of("getUpdates")[polls:]
+        limited = [i for i, c in enumerate(calls) if c.status == 429]
+        if not limited or limited[0] + 1 >= len(calls):
+            return None
+        return calls[limited[0]].at, calls[limited[0] + 1].at
+
+    limited_at, next_at = ready.fake.wait_for(polled_after_the_429, WAIT)
+    assert next_at - limited_at >= 2.0
