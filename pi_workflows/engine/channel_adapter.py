@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
@@ -334,7 +335,9 @@ def _make_bots(config: AdapterConfig) -> tuple[Bot, Bot]:
 
 
 def _retry_after_ms(exc: RetryAfter) -> int:
-    wait = exc.retry_after
+    with warnings.catch_warnings():  # an int today, a timedelta in a later major version
+        warnings.simplefilter("ignore")
+        wait = exc.retry_after
     seconds = wait.total_seconds() if isinstance(wait, datetime.timedelta) else float(wait)
     return max(0, round(seconds * 1000))
 
