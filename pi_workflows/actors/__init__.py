@@ -3,6 +3,7 @@
 from pi_workflows.actors._base import Address, Done, Reply, wait_reply
 from pi_workflows.actors._channel_adapter import (
     POLL_SECONDS_ENV,
+    RETRY_BOUND_ENV,
     ChannelAdapterActor,
     ChannelRequest,
     ChannelsConfig,
@@ -51,6 +52,7 @@ from pi_workflows.actors._validations import (
 
 __all__ = [
     "POLL_SECONDS_ENV",
+    "RETRY_BOUND_ENV",
     "RUNNER_MODULE",
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",

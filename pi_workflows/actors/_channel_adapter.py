@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ from pi_workflows.supervision import (
     ChildSpec,
     ChildStarted,
     FrameSink,
+    crash_point,
 )
 from pi_workflows.wire.channel import ChannelSequenceCheck, ChannelStamp, check_message
 from pi_workflows.wire.framing import FrameError
@@ -71,6 +73,7 @@ from pi_workflows.wire.protocol import ProtocolViolation
 __all__ = [
     "ADAPTER_MODULE",
     "POLL_SECONDS_ENV",
+    "RETRY_BOUND_ENV",
     "ChannelAdapterActor",
     "ChannelRequest",
     "ChannelsConfig",
@@ -84,6 +87,9 @@ ADAPTER_MODULE: Final = "pi_workflows.engine.channel_adapter"
 CHANNEL_FD_ENV: Final = "PI_WORKFLOWS_CHANNEL_FD"
 """The variable naming the child's end of its channel (`engine/channel_adapter.py`)."""
 POLL_SECONDS_ENV: Final = "PI_WORKFLOWS_TELEGRAM_POLL_SECONDS"
+RETRY_BOUND_ENV: Final = "PI_WORKFLOWS_CHANNEL_RETRY_BOUND_S"
+"""Seconds a delivery's not-sent attempts go on before it is `failed` (default 600)."""
+DEFAULT_RETRY_BOUND_S: Final = 600.0
 SCAN_EVERY_S: Final = 2.0
 """A scan for work at least this often, besides the one after each commit."""
 RESTART_BASE_S: Final = 1.0
@@ -102,6 +108,17 @@ class ChannelsConfig:
     tick_s: float
     poll_seconds: str | None = None
     """`PI_WORKFLOWS_TELEGRAM_POLL_SECONDS` for the children (tests use 1)."""
+    retry_bound_s: float = DEFAULT_RETRY_BOUND_S
+    """How long not-sent attempts of one delivery go on (`RETRY_BOUND_ENV`)."""
+
+    @staticmethod
+    def retry_bound_from(value: str | None) -> float:
+        """`RETRY_BOUND_ENV`'s value in seconds (the default when unset or unusable)."""
+        try:
+            seconds = float(value) if value else DEFAULT_RETRY_BOUND_S
+        except ValueError:
+            return DEFAULT_RETRY_BOUND_S
+        return seconds if seconds >= 0 else DEFAULT_RETRY_BOUND_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +258,8 @@ class ChannelAdapterActor(ServerActor):
         self._stopping = False
         self._stopped_reply_to: Address | None = None
         self._scan_every = max(1, round(SCAN_EVERY_S / config.tick_s))
+        self._retry_tick: int | None = None
+        """The tick at which the earliest not-sent attempt known here may go again."""
         self._processes: ChildChannels | None = None
         """The children's processes and channels, keyed by adapter epoch (`on_start`)."""
 
@@ -504,6 +523,8 @@ class ChannelAdapterActor(ServerActor):
                     self._start(profile)
         if self._ticks % self._scan_every == 0:
             self._dirty = True
+        if self._retry_tick is not None and self._ticks >= self._retry_tick:
+            self._retry_tick, self._dirty = None, True
         self._scan()
 
     def _mark_dirty(self) -> None:
@@ -547,6 +568,7 @@ class ChannelAdapterActor(ServerActor):
         attempt: ChannelAttempt | None = reply.value
         if attempt is None:
             return
+        crash_point("server.channel.after_reserve")
         child = next((c for c in self._children.values() if c.epoch == epoch), None)
         if child is None or child.channel is None or child.closed:
             return  # it ended: its end makes this attempt ambiguous (same database order)
@@ -565,6 +587,7 @@ class ChannelAdapterActor(ServerActor):
         try:
             check_message(frame, sender="server")
             child.channel.send(frame)
+            crash_point("server.channel.after_send")
         except (ProtocolViolation, FrameError):
             # Reserved but never sent: the child's end (we close it) makes it ambiguous;
             # the operator decides. Never expected: the presentation is bounded.
@@ -620,6 +643,7 @@ class ChannelAdapterActor(ServerActor):
             message_ids=tuple(raw.get("messageIds", ())),
             http_status=raw.get("httpStatus"),
             reason=raw.get("reason"),
+            retry_after_ms=raw.get("retryAfterMs"),
         )
         unit = RecordChannelResult(
             child.profile.channel,
@@ -627,6 +651,7 @@ class ChannelAdapterActor(ServerActor):
             frame["attemptId"],
             frame["channelRevision"],
             result,
+            round(self._config.retry_bound_s * 1000),
         )
         tag = _Recorded(child.profile.name)
         self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
@@ -642,6 +667,7 @@ class ChannelAdapterActor(ServerActor):
                 extra={"action": "channel.stale", "profile": profile},
             )
             return
+        crash_point("server.channel.after_result")
         log.info(
             "channel attempt settled",
             extra={
@@ -652,8 +678,18 @@ class ChannelAdapterActor(ServerActor):
                 "run_id": settled.run_id,
             },
         )
+        if settled.retry_at is not None:
+            self._wake_for_retry(settled.retry_at)
         self._dirty = True
         self._scan()
+
+    def _wake_for_retry(self, retry_at: int) -> None:
+        """Scan again when a not-sent attempt may go again (the stored `retry_at` is
+        what holds it back; this only saves waiting for the next regular scan)."""
+        delay_s = max(0.0, retry_at / 1000 - time.time())
+        due = self._ticks + max(1, int(delay_s / self._config.tick_s) + 1)
+        if self._retry_tick is None or due < self._retry_tick:
+            self._retry_tick = due
 
     def _answer(self, child: _Child, frame: dict[str, Any]) -> None:
         name = child.profile.name
@@ -708,7 +744,9 @@ class ChannelAdapterActor(ServerActor):
                 "profile": name,
                 "state": status.state,
                 "pending": count.pending if count is not None else 0,
+                "retrying": count.retrying if count is not None else 0,
                 "ambiguous": count.ambiguous if count is not None else 0,
+                "failed": count.failed if count is not None else 0,
                 "workflows": sorted(profile.workflows),
                 "decisions": sorted(profile.decisions),
             }

@@ -37,14 +37,22 @@ def _echo_status(receipt: dict[str, Any]) -> None:
         click.echo(f"channel profiles refused: {receipt.get('error', 'unusable file')}")
     for item in receipt["profiles"]:
         reason = f" ({item['reason']})" if item.get("reason") else ""
+        retrying = item.get("retrying", 0)
+        failed = item.get("failed", 0)
         click.echo(
             f"{item['profile']:<16} {item['state']}{reason}  "
-            f"pending {item['pending']}, ambiguous {item['ambiguous']}"
+            f"pending {item['pending']} (not sent yet, tried again: {retrying}), "
+            f"ambiguous {item['ambiguous']}, failed {failed}"
         )
         if item["ambiguous"]:
             click.echo(
                 "  an ambiguous delivery may have reached Telegram: check the chat, then "
                 "`pi-workflows channel recover RUN_ID confirm` or `... retry`"
+            )
+        if failed:
+            click.echo(
+                "  a failed delivery was not sent (refused, or not sent within the retry "
+                "bound): `pi-workflows channel recover RUN_ID retry` sends it again"
             )
 
 
@@ -54,7 +62,8 @@ def _echo_status(receipt: dict[str, Any]) -> None:
 @_client_errors
 def channel_status(ctx: click.Context, as_json: bool) -> None:
     """Each profile: its adapter's state (starting, ready, exited and why) and how many
-    deliveries are pending or ambiguous. Never shows a token or a chat.
+    deliveries are pending (and of those, not sent yet and waiting to be tried again),
+    ambiguous or failed. Never shows a token or a chat.
 
     Example: pi-workflows channel status --json
     """

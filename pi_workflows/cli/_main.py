@@ -916,13 +916,24 @@ def advice_lines(shown: Advice, indent: str) -> list[str]:
 def ambiguous_effect_lines(view: dict[str, Any]) -> list[str]:
     """Name each ambiguous effect: its type, node, visit and effect attempt (an
     effect's attempts are numbered apart from its node's); the advice names the
-    commands."""
+    commands. Then each Telegram delivery not sent yet or failed."""
     return [
         f"ambiguous effect: {effect['effectType']} at node {effect['nodePath']} "
         f"(visit {effect['visit']}, effect attempt {effect['attemptNumber']}, "
         f"effect {effect['effectId']}) may have applied; nothing proves whether it did"
         for effect in view.get("ambiguousEffects") or []
-    ]
+    ] + [_delivery_line(view["runId"], item) for item in view.get("channelDeliveries") or []]
+
+
+def _delivery_line(run_id: str, item: dict[str, Any]) -> str:
+    what = "message" if item["operation"] == "deliver" else "edit"
+    why = f" ({item['reason']})" if item.get("reason") else ""
+    if item["state"] == "failed":
+        return (
+            f"{item['channel']}: the decision's {what} failed{why}: nothing was sent; "
+            f"`pi-workflows channel recover {run_id} retry` sends it again"
+        )
+    return f"{item['channel']}: the decision's {what} is not sent yet{why}; the server tries again"
 
 
 CONTROL_HELP = {

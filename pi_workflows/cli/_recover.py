@@ -202,11 +202,13 @@ def channel_recover(
     effect_id: str | None,
     as_json: bool,
 ) -> None:
-    """Recover an ambiguous Telegram delivery or edit, after checking the chat.
+    """Recover an ambiguous or failed Telegram delivery or edit, after checking the chat.
 
     `confirm` records that the message was sent (or edited). `retry` sends it once more
-    as a new numbered attempt; a duplicate is possible. The same mechanism as `run
-    recover`: recorded in the run's history with this client's identity.
+    as a new numbered attempt under the same effect key; a duplicate is possible. A
+    failed delivery (refused, or not sent within the retry bound) was not sent: only
+    `retry` applies to it. The same mechanism as `run recover`: recorded in the run's
+    history with this client's identity.
 
     Example: pi-workflows channel recover run-0123abcd confirm --message-id 77
     """

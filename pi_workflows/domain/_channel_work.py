@@ -21,6 +21,7 @@ import orjson
 
 from pi_workflows.storage import (
     DELIVER,
+    RETRY_BOUND_MS,
     SETTLE,
     ChannelAttempt,
     ChannelCounts,
@@ -32,6 +33,7 @@ from pi_workflows.storage import (
     answer_protected_decision,
     channel_counts,
     channel_message_ids,
+    chat_hold,
     decision_outcome,
     delivered_decisions,
     interrupt_channel_attempts,
@@ -170,28 +172,41 @@ def find_work(db: Database, *, scopes: Sequence[ProfileScope]) -> list[WorkItem]
 
     A pending protected decision a profile serves and has not delivered (or whose
     delivery was reopened) is a delivery; a settled decision whose delivered message
-    is not edited yet is a settlement. Reservation re-checks all of it.
+    is not edited yet is a settlement. Reservation re-checks all of it. A row whose
+    last attempt was not sent waits for its `retry_at`, and a chat under a 429 waits
+    as a whole (the actor scans again at least every `SCAN_EVERY_S`).
     """
     items: list[WorkItem] = []
     pending = _pending_decisions(db)
+    now = db.clock.now_ms()
     for scope in scopes:
+        if chat_hold(db, scope.channel, now) is not None:
+            continue
         rows = {row.decision_id: row for row in delivered_decisions(db, scope.channel)}
         for view in pending:
             if not scope.serves(view.workflow_name, view.node_path):
                 continue
             row = rows.get(view.decision_id)
-            if row is None or row.delivery_state == "pending":
+            if row is None or (row.delivery_state == "pending" and _due(row.retry_at, now)):
                 items.append(WorkItem(DELIVER, scope.channel, view.decision_id))
         for row in rows.values():
             settled = row.status != "pending" and row.delivery_state == "presented"
-            if settled and row.settlement_state in ("none", "pending"):
+            open_settlement = row.settlement_state == "none" or (
+                row.settlement_state == "pending" and _due(row.retry_at, now)
+            )
+            if settled and open_settlement:
                 items.append(WorkItem(SETTLE, scope.channel, row.decision_id))
     return items
 
 
+def _due(retry_at: int | None, now: int) -> bool:
+    return retry_at is None or retry_at <= now
+
+
 def counts_by_channel(db: Database, *, channels: Sequence[str]) -> dict[str, ChannelCounts]:
-    """Pending and ambiguous deliveries per channel, for `channel.status`."""
-    return {channel: channel_counts(db, channel) for channel in channels}
+    """Pending, retrying, ambiguous and failed deliveries per channel (`channel.status`)."""
+    now = db.clock.now_ms()
+    return {channel: channel_counts(db, channel, now) for channel in channels}
 
 
 # --- Reserving and recording (writes) -------------------------------------------------
@@ -228,6 +243,7 @@ def record_result(
     attempt_id: str,
     channel_revision: int,
     result: ChannelResult,
+    retry_bound_ms: int = RETRY_BOUND_MS,
 ) -> SettledAttempt | None:
     """Record a child's result; None when it was stale (refused, nothing written)."""
     try:
@@ -239,6 +255,7 @@ def record_result(
                 attempt_id=attempt_id,
                 channel_revision=channel_revision,
                 result=result,
+                retry_bound_ms=retry_bound_ms,
             )
     except StaleChannelResultError:
         return None

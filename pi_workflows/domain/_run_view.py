@@ -35,6 +35,7 @@ from pi_workflows.storage import (
     CHECKPOINT_AUDIENCE,
     VIEW_INLINE_BYTES,
     VIEW_JSON_MEDIA_TYPE,
+    ChannelTrouble,
     ContentUnavailableError,
     Database,
     NodeAttemptRow,
@@ -45,6 +46,7 @@ from pi_workflows.storage import (
     RunnerEpochRow,
     RunRow,
     active_runner,
+    channel_trouble,
     count_attempts,
     decision_audience,
     get_queue_row,
@@ -244,6 +246,8 @@ class _Facts:
     checkpoint_node: str | None
     ambiguous: list[dict[str, Any]]
     protected: bool
+    deliveries: list[dict[str, Any]]
+    """Telegram deliveries or edits of this run not sent yet (retrying) or failed."""
     """The pending decision is a protected human decision (`human_decision`)."""
     runner: RunnerEpochRow | None
     turn: OpenTurn | None = None
@@ -280,6 +284,7 @@ def _read_facts(db: Database, run_id: str) -> _Facts | None:
         pending=pending_requests(db, run_id),
         checkpoint_node=decision.node_path if decision is not None else None,
         ambiguous=[effect.to_wire() for effect in list_ambiguous_effects(db, run_id)],
+        deliveries=[_delivery(item) for item in channel_trouble(db, run_id)],
         protected=decision is not None
         and decision_audience(db, run_id) not in (None, CHECKPOINT_AUDIENCE),
         runner=active_runner(db, run_id),
@@ -332,7 +337,23 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
         view["result"] = result
     if facts.ambiguous:
         view["ambiguousEffects"] = facts.ambiguous
+    if facts.deliveries:
+        view["channelDeliveries"] = facts.deliveries
     return view
+
+
+def _delivery(item: ChannelTrouble) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "channel": item.channel,
+        "decisionId": item.decision_id,
+        "operation": item.operation,
+        "state": item.state,
+    }
+    if item.retry_reason is not None:
+        found["reason"] = item.retry_reason
+    if item.state == "retrying" and item.retry_at is not None:
+        found["retryAt"] = item.retry_at
+    return found
 
 
 # --- display -----------------------------------------------------------------------

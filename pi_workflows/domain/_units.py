@@ -68,6 +68,7 @@ from pi_workflows.domain._state_prune import (
 from pi_workflows.domain._view_subscriptions import read_view
 from pi_workflows.domain._view_types import ViewSpec
 from pi_workflows.storage import (
+    RETRY_BOUND_MS,
     ChannelResult,
     Claim,
     Database,
@@ -562,6 +563,7 @@ class RecordChannelResult:
     attempt_id: str
     channel_revision: int
     result: ChannelResult
+    retry_bound_ms: int = RETRY_BOUND_MS
 
 
 @_runs(answer_from_channel)

@@ -10,19 +10,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import logging
 import os
 import re
 import signal
 import socket
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
+import httpx
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, Update
-from telegram.error import ChatMigrated, InvalidToken, TelegramError, TimedOut
-from telegram.request import HTTPXRequest, RequestData
+from telegram.error import (
+    ChatMigrated,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+    TimedOut,
+)
+from telegram.request import BaseRequest, RequestData
 
 from pi_workflows.wire import channel
 from pi_workflows.wire.framing import AsyncFrameReader, FrameError, encode_frame
@@ -56,7 +66,22 @@ ENV_POLL: Final = "PI_WORKFLOWS_TELEGRAM_POLL_SECONDS"
 DEFAULT_API_BASE: Final = "https://api.telegram.org"
 DEFAULT_POLL_SECONDS: Final = 20
 SEND_TIMEOUT_SECONDS: Final = 30.0
-"""Read/write timeout of a send or edit; past it the attempt is `failed` (unknown)."""
+"""The overall deadline of a send or edit (waiting for a connection, connecting,
+writing, reading the whole answer): past it the attempt is `failed` (unknown) if its
+request began to be written, `notSent` if it never did."""
+POLL_GRACE_SECONDS: Final = 10.0
+"""`getUpdates`' overall deadline is its long-poll time plus this."""
+ANSWER_QUERY_SECONDS: Final = 10.0
+"""The overall deadline of an `answerCallbackQuery` (best effort)."""
+MAX_ANSWER_BYTES: Final = 1024 * 1024
+"""An answer body is read up to this; a longer one is a protocol error, never held."""
+DELIVERY_CONNECTIONS: Final = 4
+"""Connections for sends, edits and `getMe`: press handling never uses them."""
+ANSWER_CONNECTIONS: Final = 2
+"""Connections for `answerCallbackQuery`, apart from the delivery path's."""
+MAX_PENDING_QUERY_ANSWERS: Final = 64
+"""`answerCallbackQuery` calls in flight at most; a press beyond them gets none (it only
+stops a spinner)."""
 POLL_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0)
 """Pauses between failed long polls (a retry delay, not a wait for a condition)."""
 MAX_DESCRIPTION_CHARS: Final = 1024
@@ -183,9 +208,54 @@ def _description(exc: TelegramError, redactor: _Redactor) -> str:
 # -- the Bot API --------------------------------------------------------------------
 
 
-class _StatusNotingRequest(HTTPXRequest):
-    """HTTPXRequest that notes each answer's HTTP status for the calling task: the
-    library raises one `NetworkError` for a 5xx and for a lost connection alike."""
+class NotSentError(NetworkError):
+    """The request certainly never reached the Bot API (no byte of it was written):
+    `reason` says why (`deadline`, `connectFailed`, `networkError`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"not sent: {reason}")
+        self.reason = reason
+
+
+class AnswerTooLargeError(NetworkError):
+    """The answer body was longer than `MAX_ANSWER_BYTES` (a protocol error)."""
+
+    def __init__(self) -> None:
+        super().__init__("the Bot API answer is larger than the cap")
+
+
+class _BotTransport(BaseRequest):
+    """python-telegram-bot's HTTP layer over its own httpx pool, with an overall deadline
+    per call and a capped answer body.
+
+    httpx's timeouts are per operation (a trickled answer never trips a read timeout),
+    so the whole call runs under one `asyncio.timeout`. The body is streamed and read
+    up to `MAX_ANSWER_BYTES`: a longer answer is dropped as it comes, costing no memory.
+    An httpcore trace notes when the request's headers begin to be written: a failure
+    before that point (a wait for a connection, a refused connect, the deadline) is
+    `NotSentError`, one after it may have reached the API. Each call notes its HTTP
+    status for the calling task (`_last_status`): the library raises one `NetworkError`
+    for a 5xx and for a lost connection alike.
+    """
+
+    def __init__(self, *, connections: int, deadline: float) -> None:
+        self._deadline = deadline
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None),  # the overall deadline bounds every phase
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            http1=True,
+            http2=False,
+        )
+
+    @property
+    def read_timeout(self) -> float | None:
+        return self._deadline
+
+    async def initialize(self) -> None:
+        """Nothing to do: the client is made in `__init__`."""
+
+    async def shutdown(self) -> None:
+        await self._client.aclose()
 
     async def do_request(  # noqa: PLR0917 - the library's signature
         self,
@@ -198,34 +268,92 @@ class _StatusNotingRequest(HTTPXRequest):
         pool_timeout: Any = None,
     ) -> tuple[int, bytes]:
         _last_status.set(None)
-        code, payload = await super().do_request(
-            url,
-            method,
-            request_data,
-            read_timeout=read_timeout,
-            write_timeout=write_timeout,
-            connect_timeout=connect_timeout,
-            pool_timeout=pool_timeout,
-        )
+        written = asyncio.Event()
+
+        async def trace(event: str, info: Mapping[str, Any]) -> None:
+            if event.endswith("send_request_headers.started"):
+                written.set()
+
+        try:
+            async with asyncio.timeout(self._deadline):
+                code, body = await self._exchange(url, method, request_data, trace)
+        except TimeoutError:
+            if not written.is_set():
+                raise NotSentError("deadline") from None
+            raise TimedOut("the overall deadline passed") from None
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
+            raise NotSentError("connectFailed") from None
+        except httpx.HTTPError as exc:
+            if not written.is_set():
+                raise NotSentError("networkError") from None
+            raise NetworkError(f"httpx.{type(exc).__name__}") from None
         _last_status.set(code)
-        return code, payload
+        return code, body
+
+    async def _exchange(
+        self, url: str, method: str, request_data: RequestData | None, trace: Any
+    ) -> tuple[int, bytes]:
+        async with self._client.stream(
+            method,
+            url,
+            headers={"User-Agent": self.USER_AGENT},
+            data=request_data.json_parameters if request_data else None,
+            files=request_data.multipart_data if request_data else None,
+            extensions={"trace": trace},
+        ) as response:
+            length = response.headers.get("content-length", "")
+            if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+                raise AnswerTooLargeError
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise AnswerTooLargeError
+            return response.status_code, bytes(body)
 
 
-def _make_bot(config: AdapterConfig) -> Bot:
-    timeout = SEND_TIMEOUT_SECONDS
+def _bot(config: AdapterConfig, request: BaseRequest, updates: BaseRequest) -> Bot:
     return Bot(
         config.token,
         base_url=f"{config.api_base}/bot",
-        request=_StatusNotingRequest(
-            connection_pool_size=8, read_timeout=timeout, write_timeout=timeout
-        ),
-        # getUpdates adds its long-poll timeout to this read timeout.
-        get_updates_request=_StatusNotingRequest(connection_pool_size=1, read_timeout=10.0),
+        request=request,
+        get_updates_request=updates,
     )
 
 
+def _make_bots(config: AdapterConfig) -> tuple[Bot, Bot]:
+    """(the delivery bot: sends, edits, `getMe`, `getUpdates`; the bot that answers
+    callback queries, on connections of its own so presses never starve a send)."""
+    poll_deadline = config.poll_seconds + POLL_GRACE_SECONDS
+    delivery = _bot(
+        config,
+        _BotTransport(connections=DELIVERY_CONNECTIONS, deadline=SEND_TIMEOUT_SECONDS),
+        _BotTransport(connections=1, deadline=poll_deadline),
+    )
+    answers = _BotTransport(connections=ANSWER_CONNECTIONS, deadline=ANSWER_QUERY_SECONDS)
+    return delivery, _bot(config, answers, answers)
+
+
+def _retry_after_ms(exc: RetryAfter) -> int:
+    with warnings.catch_warnings():  # an int today, a timedelta in a later major version
+        warnings.simplefilter("ignore")
+        wait = exc.retry_after
+    seconds = wait.total_seconds() if isinstance(wait, datetime.timedelta) else float(wait)
+    return max(0, round(seconds * 1000))
+
+
 def _failure(exc: TelegramError, redactor: _Redactor) -> channel.AttemptResult:
-    """Map a Bot API exception to `rejected` (a 4xx answer) or `failed` (unknown)."""
+    """Map a Bot API exception to a result.
+
+    `notSent`: the request never reached the API (`NotSentError`), or the API said it
+    did nothing: a 429 (with its `retryAfterMs`) or a 5xx. `rejected`: a 4xx answer.
+    `failed`: the outcome is unknown (the request was written, then a timeout, a lost
+    connection or an answer too large).
+    """
+    if isinstance(exc, NotSentError):
+        return {"status": "notSent", "reason": exc.reason}
+    if isinstance(exc, RetryAfter):
+        return {"status": "notSent", "reason": "rateLimited", "retryAfterMs": _retry_after_ms(exc)}
     status = _last_status.get()
     if status is not None and 400 <= status <= 499:
         return {
@@ -233,8 +361,10 @@ def _failure(exc: TelegramError, redactor: _Redactor) -> channel.AttemptResult:
             "httpStatus": status,
             "description": _description(exc, redactor),
         }
-    if status is not None:
-        return {"status": "failed", "reason": "serverError"}
+    if status is not None and status >= 500:
+        return {"status": "notSent", "reason": "serverError"}
+    if isinstance(exc, AnswerTooLargeError):
+        return {"status": "failed", "reason": "answerTooLarge"}
     return {
         "status": "failed",
         "reason": "timeout" if isinstance(exc, TimedOut) else "networkError",
@@ -278,9 +408,20 @@ class _Adapter:
     that order. Meanwhile the batch is unconfirmed: a crash re-delivers it.
 
     Results. `applied` carries the message IDs; `rejected` means the Bot API answered a
-    4xx error (nothing was sent); `failed` means the outcome is unknown (a timeout, a
-    dropped connection, a 5xx): the server's managed effect records that and never sends
-    the attempt again on its own. A child killed mid-send sends nothing at all.
+    4xx error (nothing was sent); `notSent` means nothing was sent for certain: no byte
+    of the request was written (a wait for a connection, a refused connect, the
+    deadline before the request started), or the API answered 429 (with its
+    `retryAfterMs`) or 5xx; the server tries again itself. `failed` means the outcome is
+    unknown (the request was written, then a timeout, a dropped connection or an answer
+    larger than `MAX_ANSWER_BYTES`): the server's managed effect records that and never
+    sends the attempt again on its own. The child never retries a call itself. A child
+    killed mid-send sends nothing at all.
+
+    Transport (`_BotTransport`). Sends, edits and `getMe` have connections of their own;
+    `answerCallbackQuery` has others (at most `MAX_PENDING_QUERY_ANSWERS` in flight), so
+    a flood of presses never makes a send wait; a stranger's update costs no call at
+    all. Every call has one overall deadline: `SEND_TIMEOUT_SECONDS` for sends and
+    edits, the long-poll time plus `POLL_GRACE_SECONDS` for `getUpdates`.
 
     Exit: SIGTERM -> `channel.exiting {reason: shutdown}`, status 0; the channel closed by
     the server -> status 0; a bad frame from the server (schema, epoch, profile or
@@ -300,7 +441,7 @@ class _Adapter:
     def __init__(self, config: AdapterConfig, redactor: _Redactor) -> None:
         self._config = config
         self._redactor = redactor
-        self._bot = _make_bot(config)
+        self._bot, self._answers = _make_bots(config)
         self._stamp = channel.ChannelStamp(config.adapter_epoch, config.profile)
         self._incoming = channel.ChannelSequenceCheck(config.adapter_epoch, config.profile)
         self._write_lock = asyncio.Lock()
@@ -308,6 +449,7 @@ class _Adapter:
         self._commands: set[asyncio.Task[Any]] = set()
         self._presenting: set[asyncio.Task[Any]] = set()
         """`channel.present` commands whose result is not written yet."""
+        self._query_answers: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
 
     async def run(self) -> int:
@@ -461,6 +603,8 @@ class _Adapter:
                 return EXIT_TRANSPORT
             except TelegramError as exc:
                 pause = POLL_BACKOFF_SECONDS[min(failures, len(POLL_BACKOFF_SECONDS) - 1)]
+                if isinstance(exc, RetryAfter):  # a 429 says how long to wait
+                    pause = max(pause, _retry_after_ms(exc) / 1000)
                 failures += 1
                 _log.warning("getUpdates failed (%s); again in %.0f s", type(exc).__name__, pause)
                 await asyncio.sleep(pause)
@@ -496,9 +640,9 @@ class _Adapter:
                 if chat == self._config.chat_id
                 else "another chat"
             )
+            # No Bot API call for it: a stranger's flood costs this child nothing but
+            # the read (their button just keeps its spinner).
             _log.info("dropped an update from %s", why)
-            if query is not None:
-                self._answer_query(query.id)
             return
         try:
             await self._send(
@@ -514,9 +658,15 @@ class _Adapter:
             self._answer_query(query.id)
 
     def _answer_query(self, query_id: str) -> None:
-        # Best effort: it only stops the button's spinner in the Telegram client.
-        task = asyncio.create_task(self._bot.answer_callback_query(query_id))
+        # Best effort: it only stops the button's spinner in the Telegram client. Its
+        # own connections and a bound on those in flight keep a flood of presses off
+        # the delivery path.
+        if len(self._query_answers) >= MAX_PENDING_QUERY_ANSWERS:
+            return
+        task = asyncio.create_task(self._answers.answer_callback_query(query_id))
         task.add_done_callback(_ignore_result)
+        self._query_answers.add(task)
+        task.add_done_callback(self._query_answers.discard)
         self._commands.add(task)
         task.add_done_callback(self._commands.discard)
 

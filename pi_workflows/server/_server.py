@@ -24,6 +24,7 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors import (
     POLL_SECONDS_ENV,
+    RETRY_BOUND_ENV,
     RUNNER_MODULE,
     VALIDATOR_MODULE,
     ChannelAdapterActor,
@@ -428,6 +429,7 @@ class WorkflowServer:
                 channels_path(agent_dir),
                 self.tick_s,
                 os.environ.get(POLL_SECONDS_ENV),
+                ChannelsConfig.retry_bound_from(os.environ.get(RETRY_BOUND_ENV)),
             ),
             fail,
             database=database,

@@ -15,14 +15,22 @@ records (`channel_messages`, `effects`, `effect_attempts`); the rules are below.
 # - A confirmed result stores the Telegram message IDs in the effect result; the
 #   `channel_messages` row keeps only the delivery and settlement states.
 # - A known rejection (HTTP 4xx) reopens the effect for the next attempt, at most
-#   `MAX_CHANNEL_ATTEMPTS` in all; an unknown outcome (timeout, 5xx, a dropped
-#   connection) and an attempt interrupted by a crash become `ambiguous` and are never
-#   sent again automatically; the operator's `channel recover` decides
-#   (`recover_channel_effect`: the same states, SQL and event as `run recover`).
+#   `MAX_CHANNEL_ATTEMPTS` rejections in all; an unknown outcome (a timeout or a dropped
+#   connection after the request was written) and an attempt interrupted by a crash
+#   become `ambiguous` and are never sent again automatically; the operator's
+#   `channel recover` decides (`recover_channel_effect`: the same states, SQL and event
+#   as `run recover`).
+# - A `notSent` result (nothing reached the Bot API, or it answered 429 or 5xx) closes
+#   the attempt `cancelled` and reopens the effect; the row's `retry_at` holds the next
+#   attempt back (a 429: its retry_after plus jitter, for the whole chat; else an
+#   exponential backoff with jitter), durably, so a restart keeps the wait. Once not-sent
+#   attempts have gone on for the retry bound, the effect is `rejected` and the row
+#   `failed`; `channel recover ... retry` reopens a failed one as an ambiguous one.
 
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -37,16 +45,20 @@ from pi_workflows.storage._phases import EventType
 __all__ = [
     "DELIVER",
     "MAX_CHANNEL_ATTEMPTS",
+    "RETRY_BOUND_MS",
     "SETTLE",
     "ChannelAttempt",
     "ChannelCounts",
     "ChannelRecovery",
     "ChannelResult",
+    "ChannelTrouble",
     "SettledAttempt",
     "StaleChannelResultError",
     "ambiguous_channel_effects",
     "channel_counts",
     "channel_message_ids",
+    "channel_trouble",
+    "chat_hold",
     "delivered_decisions",
     "interrupt_channel_attempts",
     "parse_attempt_id",
@@ -59,7 +71,14 @@ DELIVER: Final = "channel.deliver"
 SETTLE: Final = "channel.settle"
 KINDS: Final = (DELIVER, SETTLE)
 MAX_CHANNEL_ATTEMPTS: Final = 3
-"""Attempts of one delivery or settlement a known rejection may use in all."""
+"""Known rejections (4xx) one delivery or settlement may get in all."""
+RETRY_BOUND_MS: Final = 10 * 60 * 1000
+"""How long not-sent attempts of one delivery go on before it is `failed` (default)."""
+RETRY_BASE_MS: Final = 1000
+RETRY_MAX_MS: Final = 60 * 1000
+"""The exponential backoff after a not-sent attempt: from the base, at most this."""
+RATE_LIMITED: Final = "rateLimited"
+NOT_SENT_IN_TIME: Final = "not sent within the retry bound"
 INTERRUPTED: Final = "interrupted while applying (server or adapter stopped)"
 UNKNOWN_OUTCOME: Final = "the outcome is unknown"
 
@@ -91,11 +110,13 @@ class ChannelAttempt:
 class ChannelResult:
     """A child's report on one attempt (channel.v1 `result`)."""
 
-    status: Literal["applied", "rejected", "failed"]
+    status: Literal["applied", "rejected", "notSent", "failed"]
     message_ids: tuple[int, ...] = ()
     http_status: int | None = None
     reason: str | None = None
     """A short safe description (never echoed from Telegram into status)."""
+    retry_after_ms: int | None = None
+    """A 429's `retry_after` (notSent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +131,17 @@ class SettledAttempt:
     ambiguous."""
     decision_open: bool
     """The decision is still pending (an applied delivery waits for its answer)."""
+    retry_at: int | None = None
+    """notSent: when the next attempt may start (None: none follows)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ChannelCounts:
     pending: int
     ambiguous: int
+    failed: int = 0
+    retrying: int = 0
+    """Pending deliveries or settlements waiting for their `retry_at` (not sent yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +174,9 @@ class _Row:
     settlement_state: str
     delivery_effect_id: str | None
     settlement_effect_id: str | None
+    retry_at: int | None = None
+    retry_since: int | None = None
+    retry_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +197,25 @@ SELECT decision_id, run_id, attempt_id, status FROM human_decisions WHERE decisi
 """
 _SELECT_ROW = """
 SELECT decision_id, channel, channel_revision, adapter_epoch, delivery_state,
-       settlement_state, delivery_effect_id, settlement_effect_id
+       settlement_state, delivery_effect_id, settlement_effect_id, retry_at, retry_since,
+       retry_reason
 FROM channel_messages WHERE decision_id = :d AND channel = :c
 """
 _SELECT_ROW_BY_EFFECT = """
 SELECT decision_id, channel, channel_revision, adapter_epoch, delivery_state,
-       settlement_state, delivery_effect_id, settlement_effect_id
+       settlement_state, delivery_effect_id, settlement_effect_id, retry_at, retry_since,
+       retry_reason
 FROM channel_messages WHERE delivery_effect_id = :e OR settlement_effect_id = :e
+"""
+_COUNT_REJECTIONS = """
+SELECT count(*) FROM effect_attempts WHERE effect_id = :e AND state = 'rejected'
+"""
+# A failed (not sent within the bound, or rejected too often) delivery or settlement
+# the operator retries: the effect is pending again.
+_REOPEN_REJECTED = """
+UPDATE effects SET state = 'pending', result_hash = NULL, error = NULL,
+    updated_at = :now, settled_at = NULL
+WHERE effect_id = :effect_id AND state = 'rejected'
 """
 _SELECT_EFFECT = """
 SELECT e.effect_id, e.run_id, e.effect_type, e.state, e.result_hash, e.request_hash,
@@ -195,6 +236,7 @@ _UPDATE_ROW = """
 UPDATE channel_messages SET channel_revision = :revision, adapter_epoch = :epoch,
     delivery_state = :delivery, settlement_state = :settlement,
     delivery_effect_id = :delivery_effect, settlement_effect_id = :settlement_effect,
+    retry_at = :retry_at, retry_since = :retry_since, retry_reason = :retry_reason,
     updated_at = :now
 WHERE decision_id = :d AND channel = :c
 """
@@ -231,13 +273,37 @@ SELECT
      AND (delivery_state IN ('pending', 'presenting')
           OR settlement_state IN ('pending', 'settling'))) AS pending,
   (SELECT count(*) FROM channel_messages WHERE channel = :c
-     AND (delivery_state = 'ambiguous' OR settlement_state = 'ambiguous')) AS ambiguous
+     AND (delivery_state = 'ambiguous' OR settlement_state = 'ambiguous')) AS ambiguous,
+  (SELECT count(*) FROM channel_messages WHERE channel = :c
+     AND (delivery_state = 'failed' OR settlement_state = 'failed')) AS failed,
+  (SELECT count(*) FROM channel_messages WHERE channel = :c AND retry_at > :now
+     AND (delivery_state = 'pending' OR settlement_state = 'pending')) AS retrying
+"""
+# When the chat's rate limit (the latest 429's retry_after) lets the next call go.
+_CHAT_HOLD = """
+SELECT max(retry_at) FROM channel_messages
+WHERE channel = :c AND retry_reason = 'rateLimited' AND retry_at > :now
+"""
+# A run's deliveries and settlements that are not sent yet or failed (the run view).
+_RUN_TROUBLE = """
+SELECT m.channel, m.decision_id,
+       CASE WHEN m.delivery_state = 'failed' OR m.settlement_state = 'failed'
+            THEN 'failed' ELSE 'retrying' END AS state,
+       CASE WHEN m.settlement_state IN ('pending', 'failed') THEN 'settle' ELSE 'deliver' END
+         AS operation,
+       m.retry_at, m.retry_reason
+FROM channel_messages AS m JOIN human_decisions AS d ON d.decision_id = m.decision_id
+WHERE d.run_id = :run_id
+  AND (m.delivery_state = 'failed' OR m.settlement_state = 'failed'
+       OR (m.retry_at IS NOT NULL
+           AND (m.delivery_state = 'pending' OR m.settlement_state = 'pending')))
+ORDER BY m.created_at
 """
 # Delivered (or delivering) decisions of a channel that still need work: an open
 # decision's callback data, a settled decision whose message is not edited yet.
 _DELIVERED = """
 SELECT m.decision_id, d.run_id, d.status, m.delivery_state, m.settlement_state,
-       m.delivery_effect_id, m.settlement_effect_id
+       m.delivery_effect_id, m.settlement_effect_id, m.retry_at
 FROM channel_messages AS m JOIN human_decisions AS d ON d.decision_id = m.decision_id
 WHERE m.channel = :c AND m.delivery_state IN ('pending', 'presenting', 'presented')
   AND (d.status = 'pending' OR m.settlement_state IN ('none', 'pending'))
@@ -247,12 +313,15 @@ _EFFECT_RUN = "SELECT run_id FROM effects WHERE effect_id = :e"
 _AMBIGUOUS = """
 SELECT e.effect_id, e.effect_type, m.channel, m.decision_id,
        (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id)
-         AS attempt_number
+         AS attempt_number, e.state
 FROM effects AS e
 JOIN channel_messages AS m
   ON m.delivery_effect_id = e.effect_id OR m.settlement_effect_id = e.effect_id
-WHERE e.run_id = :run_id AND e.state = 'ambiguous'
-  AND e.effect_type IN ('channel.deliver', 'channel.settle')
+WHERE e.run_id = :run_id AND e.effect_type IN ('channel.deliver', 'channel.settle')
+  AND (e.state = 'ambiguous'
+       OR (e.state = 'rejected' AND :failed = 1
+           AND ((m.delivery_effect_id = e.effect_id AND m.delivery_state = 'failed')
+                OR (m.settlement_effect_id = e.effect_id AND m.settlement_state = 'failed'))))
 ORDER BY e.rowid
 """
 
@@ -268,6 +337,7 @@ class DeliveredDecision:
     settlement_state: str
     delivery_effect_id: str | None
     settlement_effect_id: str | None
+    retry_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +347,21 @@ class AmbiguousChannelEffect:
     channel: str
     decision_id: str
     attempt_number: int
+    state: str = "ambiguous"
+    """`ambiguous`, or `rejected` for a failed delivery (`recover_channel_effect`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelTrouble:
+    """A run's delivery or settlement that is not sent yet or failed (the run view)."""
+
+    channel: str
+    decision_id: str
+    state: str
+    """`retrying` (not sent yet, another attempt follows at `retry_at`) or `failed`."""
+    operation: str
+    retry_at: int | None
+    retry_reason: str | None
 
 
 def attempt_id_of(effect_id: str, number: int) -> str:
@@ -311,6 +396,9 @@ def _save_row(tx: Tx, row: _Row, **changes: Any) -> _Row:
         "settlement_state": row.settlement_state,
         "delivery_effect_id": row.delivery_effect_id,
         "settlement_effect_id": row.settlement_effect_id,
+        "retry_at": row.retry_at,
+        "retry_since": row.retry_since,
+        "retry_reason": row.retry_reason,
         **changes,
     }
     tx.execute(
@@ -324,6 +412,9 @@ def _save_row(tx: Tx, row: _Row, **changes: Any) -> _Row:
             "settlement": fields["settlement_state"],
             "delivery_effect": fields["delivery_effect_id"],
             "settlement_effect": fields["settlement_effect_id"],
+            "retry_at": fields["retry_at"],
+            "retry_since": fields["retry_since"],
+            "retry_reason": fields["retry_reason"],
             "now": tx.now,
         },
     )
@@ -355,7 +446,9 @@ def reserve_channel_attempt(
     - deliver: the decision is no longer pending (a settled decision gets no new
       delivery), or its delivery is in flight, presented, failed or ambiguous;
     - settle: the decision is still pending, its delivery did not apply (no message to
-      edit), or its settlement is in flight, done, failed or ambiguous.
+      edit), or its settlement is in flight, done, failed or ambiguous;
+    - either: its last attempt was not sent and its `retry_at` has not come, or a 429
+      holds the chat back.
 
     A `pending` effect (after a known rejection, or an operator's retry) gets its next
     numbered attempt; `request` is stored with the first attempt only (the reopened
@@ -377,6 +470,8 @@ def reserve_channel_attempt(
         if decision.status == "pending" or row is None or row.delivery_state != "presented":
             return None
         effect_id = row.settlement_effect_id
+    if _held_back(tx, row, channel):
+        return None
     effect = _effect(tx, effect_id)
     if effect is None:
         new_id = _effect_id(kind, channel, decision_id)
@@ -459,6 +554,14 @@ def reserve_channel_attempt(
     )
 
 
+def _held_back(tx: Tx, row: _Row | None, channel: str) -> bool:
+    """Its last attempt was not sent and its `retry_at` has not come, or the chat's 429
+    holds every call back."""
+    if row is not None and row.retry_at is not None and row.retry_at > tx.now:
+        return True
+    return chat_hold(tx, channel, tx.now) is not None
+
+
 # --- Settle -------------------------------------------------------------------------
 
 
@@ -470,6 +573,7 @@ def settle_channel_attempt(
     attempt_id: str,
     channel_revision: int,
     result: ChannelResult,
+    retry_bound_ms: int = RETRY_BOUND_MS,
 ) -> SettledAttempt:
     """Record a child's result for its in-flight attempt.
 
@@ -478,8 +582,11 @@ def settle_channel_attempt(
     exact attempt is the effect's in-flight attempt run by `adapter_epoch`.
 
     - applied: attempt and effect `applied`, result `{"messageIds": [...]}`;
-    - rejected: with attempts left, the attempt is `rejected` and the effect `pending`
+    - rejected: with rejections left, the attempt is `rejected` and the effect `pending`
       (the next reservation opens the next attempt); else both `rejected`;
+    - notSent (nothing was sent): the attempt is `cancelled` and the effect `pending`,
+      its row's `retry_at` set (`_next_retry_at`); once not-sent attempts have gone on
+      for `retry_bound_ms`, the effect is `rejected` and the row `failed`;
     - failed (unknown outcome): attempt and effect `ambiguous`, never re-sent.
 
     Raises:
@@ -505,6 +612,9 @@ def settle_channel_attempt(
     kind = effect.effect_type
     state_field = "delivery_state" if kind == DELIVER else "settlement_state"
     params: dict[str, Any] = {"e": effect_id, "n": number, "now": tx.now, "result_hash": None}
+    retry: dict[str, Any] = {"retry_at": None, "retry_since": None, "retry_reason": None}
+    if result.status == "notSent":
+        return _not_sent(tx, row, effect, number, result=result, bound_ms=retry_bound_ms)
     if result.status == "applied":
         value = {"messageIds": list(result.message_ids)}
         params.update(state="applied", error=None, result_hash=put_json_blob(tx, value))
@@ -515,7 +625,8 @@ def settle_channel_attempt(
         error = f"rejected (HTTP {result.http_status or 400})"
         params.update(state="rejected", error=error)
         tx.execute(_CLOSE_ATTEMPT, params)
-        if number < MAX_CHANNEL_ATTEMPTS:
+        rejections = int(tx.fetch_value(_COUNT_REJECTIONS, {"e": effect_id}))
+        if rejections < MAX_CHANNEL_ATTEMPTS:
             tx.execute(_REOPEN_APPLYING, {"e": effect_id, "now": tx.now})
             state, row_state = "pending", "pending"
         else:
@@ -526,7 +637,7 @@ def settle_channel_attempt(
         tx.execute(_CLOSE_ATTEMPT, params)
         tx.execute(q.UPDATE_EFFECT_SETTLE, {**_settle(params), "state": "ambiguous"})
         state, row_state = "ambiguous", "ambiguous"
-    _save_row(tx, row, **{state_field: row_state})
+    _save_row(tx, row, **{state_field: row_state}, **retry)
     _event(
         tx,
         effect.run_id,
@@ -548,6 +659,78 @@ def settle_channel_attempt(
         state=state,
         decision_open=decision is not None and decision.status == "pending",
     )
+
+
+def _not_sent(
+    tx: Tx, row: _Row, effect: _Effect, number: int, *, result: ChannelResult, bound_ms: int
+) -> SettledAttempt:
+    """A `notSent` result: the attempt is `cancelled` (proven not applied), and the
+    effect waits for its next attempt at `retry_at`, or is `rejected` past the bound."""
+    kind = effect.effect_type
+    state_field = "delivery_state" if kind == DELIVER else "settlement_state"
+    reason = result.reason or "notSent"
+    since = row.retry_since if row.retry_since is not None else tx.now
+    params: dict[str, Any] = {
+        "e": effect.effect_id,
+        "n": number,
+        "now": tx.now,
+        "result_hash": None,
+        "state": "cancelled",
+        "error": f"not sent ({reason})",
+    }
+    tx.execute(_CLOSE_ATTEMPT, params)
+    retry_at: int | None = _next_retry_at(tx.now, since, result)
+    if tx.now - since >= bound_ms:
+        params.update(error=f"{NOT_SENT_IN_TIME} ({reason})")
+        tx.execute(q.UPDATE_EFFECT_SETTLE, {**_settle(params), "state": "rejected"})
+        state, row_state, retry_at = "rejected", "failed", None
+    else:
+        tx.execute(_REOPEN_APPLYING, {"e": effect.effect_id, "now": tx.now})
+        state, row_state = "pending", "pending"
+    _save_row(
+        tx,
+        row,
+        **{state_field: row_state},
+        retry_at=retry_at,
+        retry_since=since,
+        retry_reason=reason,
+    )
+    payload: dict[str, Any] = {
+        "effectId": effect.effect_id,
+        "effectType": kind,
+        "channel": row.channel,
+        "decisionId": row.decision_id,
+        "attemptNumber": number,
+        "state": state,
+        "notSent": reason,
+    }
+    if retry_at is not None:
+        payload["retryAt"] = retry_at
+    _event(tx, effect.run_id, EventType.EFFECT_SETTLED, payload)
+    decision = tx.fetch_one(_SELECT_DECISION, {"d": row.decision_id}, _Decision)
+    return SettledAttempt(
+        kind=kind,
+        decision_id=row.decision_id,
+        run_id=effect.run_id,
+        state=state,
+        decision_open=decision is not None and decision.status == "pending",
+        retry_at=retry_at,
+    )
+
+
+def _next_retry_at(now: int, since: int, result: ChannelResult) -> int:
+    """When the next attempt may start after a not-sent one.
+
+    A 429: its `retry_after` plus up to a tenth more (at least 100 ms) of jitter. Else
+    an exponential backoff: each wait about as long as the streak so far (so the waits
+    double), from `RETRY_BASE_MS` to `RETRY_MAX_MS`, with up to half of it as jitter
+    (so many deliveries failing together do not come back together).
+    """
+    if result.retry_after_ms is not None:
+        wait = result.retry_after_ms
+        return now + wait + random.randint(0, max(100, wait // 10))  # noqa: S311 - jitter
+    wait = min(max(RETRY_BASE_MS, now - since), RETRY_MAX_MS)
+    return now + wait // 2 + random.randint(0, wait // 2)  # noqa: S311 - jitter
 
 
 def _settle(params: dict[str, Any]) -> dict[str, Any]:
@@ -615,9 +798,25 @@ class _Interrupted:
 # --- Operator recovery --------------------------------------------------------------
 
 
-def ambiguous_channel_effects(reader: Reader, run_id: str) -> list[AmbiguousChannelEffect]:
-    """The ambiguous channel deliveries and settlements of a run, oldest first."""
-    return reader.fetch_all(_AMBIGUOUS, {"run_id": run_id}, AmbiguousChannelEffect)
+def ambiguous_channel_effects(
+    reader: Reader, run_id: str, *, failed: bool = False
+) -> list[AmbiguousChannelEffect]:
+    """The ambiguous channel deliveries and settlements of a run, oldest first (and
+    the failed ones, with `failed`)."""
+    return reader.fetch_all(
+        _AMBIGUOUS, {"run_id": run_id, "failed": int(failed)}, AmbiguousChannelEffect
+    )
+
+
+def channel_trouble(reader: Reader, run_id: str) -> list[ChannelTrouble]:
+    """A run's deliveries and settlements not sent yet (retrying) or failed."""
+    return reader.fetch_all(_RUN_TROUBLE, {"run_id": run_id}, ChannelTrouble)
+
+
+def chat_hold(reader: Reader, channel: str, now: int) -> int | None:
+    """Until when the chat's latest 429 holds every call back (None: it does not)."""
+    value = reader.fetch_value(_CHAT_HOLD, {"c": channel, "now": now})
+    return None if value is None else int(value)
 
 
 def recover_channel_effect(
@@ -629,7 +828,8 @@ def recover_channel_effect(
     effect_id: str | None = None,
     message_ids: tuple[int, ...] = (),
 ) -> ChannelRecovery:
-    """The operator's reviewed recovery of an ambiguous channel delivery or settlement.
+    """The operator's reviewed recovery of an ambiguous or failed channel delivery or
+    settlement.
 
     The same states, SQL and `effect_recovered` event as `recover_ambiguous_effect`:
 
@@ -639,18 +839,21 @@ def recover_channel_effect(
       buttons, but its message cannot be edited afterwards);
     - `retry`: the attempt is marked `retried` and the effect is `pending` again, so
       the channel actor sends exactly one new numbered attempt (a duplicate is
-      possible).
+      possible). A failed one (not sent within the retry bound, or rejected too often:
+      its effect `rejected`) is reopened the same way, under the same effect key, with
+      a fresh retry bound; nothing of it is ambiguous to mark.
 
     The waiting run has no transition to make (it still waits for its answer).
 
     Raises:
         EffectRecoveryError: `noAmbiguousEffect` or `effectRequired`.
     """
-    candidates = ambiguous_channel_effects(tx, run_id)
+    candidates = ambiguous_channel_effects(tx, run_id, failed=action == "retry")
     if effect_id is not None:
         candidates = [c for c in candidates if c.effect_id == effect_id]
     if not candidates:
-        raise EffectRecoveryError(run_id, "noAmbiguousEffect", "no ambiguous channel delivery")
+        what = "ambiguous or failed" if action == "retry" else "ambiguous"
+        raise EffectRecoveryError(run_id, "noAmbiguousEffect", f"no {what} channel delivery")
     if len(candidates) > 1:
         raise EffectRecoveryError(
             run_id, "effectRequired", f"{len(candidates)} channel effects are ambiguous; name one"
@@ -672,9 +875,12 @@ def recover_channel_effect(
         _save_row(tx, row, **{field: done})
         next_number = None
     else:
-        tx.execute(q.UPDATE_EFFECT_ATTEMPT_RETRY, params)
-        tx.execute(q.UPDATE_EFFECT_REOPEN, params)
-        _save_row(tx, row, **{field: "pending"})
+        if chosen.state == "rejected":
+            tx.execute(_REOPEN_REJECTED, params)
+        else:
+            tx.execute(q.UPDATE_EFFECT_ATTEMPT_RETRY, params)
+            tx.execute(q.UPDATE_EFFECT_REOPEN, params)
+        _save_row(tx, row, **{field: "pending"}, retry_at=None, retry_since=None, retry_reason=None)
         next_number = chosen.attempt_number + 1
     payload: dict[str, Any] = {
         "effectId": chosen.effect_id,
@@ -703,9 +909,10 @@ def recover_channel_effect(
 # --- Reads --------------------------------------------------------------------------
 
 
-def channel_counts(reader: Reader, channel: str) -> ChannelCounts:
-    """How many of a channel's deliveries or settlements are pending or ambiguous."""
-    found = reader.fetch_one(_COUNTS, {"c": channel}, ChannelCounts)
+def channel_counts(reader: Reader, channel: str, now: int) -> ChannelCounts:
+    """How many of a channel's deliveries or settlements are pending (of which how many
+    wait to be tried again after a not-sent attempt), ambiguous or failed."""
+    found = reader.fetch_one(_COUNTS, {"c": channel, "now": now}, ChannelCounts)
     return found if found is not None else ChannelCounts(0, 0)
 
 

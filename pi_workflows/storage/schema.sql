@@ -528,6 +528,13 @@ CREATE TABLE channel_messages (
     )),
     delivery_effect_id TEXT REFERENCES effects (effect_id),
     settlement_effect_id TEXT REFERENCES effects (effect_id),
+    -- An attempt the adapter did not send ('notSent': nothing reached the Bot API, or
+    -- it answered 429 or 5xx): the next one waits until retry_at. retry_since is when
+    -- the first not-sent attempt of this streak ended (the retry bound counts from it);
+    -- retry_reason is the last one's reason ('rateLimited' holds the whole chat).
+    retry_at INTEGER,
+    retry_since INTEGER,
+    retry_reason TEXT,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (decision_id, channel)

@@ -206,6 +206,25 @@ _declare(
     "A group commit right after its one COMMIT and before any unit of the batch is "
     "answered (no client response, runner reply or launch has happened yet).",
 )
+# Server: a Telegram delivery (or edit) between its reservation, its send and its result.
+_declare(
+    "server.channel.after_reserve",
+    "server",
+    "A Telegram send or edit after its attempt was reserved (committed) and before the "
+    "command is written to the adapter, so nothing was sent.",
+)
+_declare(
+    "server.channel.after_send",
+    "server",
+    "A Telegram send or edit after its command was written to the adapter and before "
+    "its result is recorded; the adapter may have sent it.",
+)
+_declare(
+    "server.channel.after_result",
+    "server",
+    "A Telegram send or edit after its result was recorded (committed), such as a 429's "
+    "retry time, before the server acts on it.",
+)
 # Server: its own startup recovery.
 _declare(
     "server.recovery.after_epoch",

@@ -9,9 +9,13 @@ real API answers. It serves `getMe`, `sendMessage` (with `reply_markup`),
 `timeout`, `limit`, `allowed_updates`) with `message` and `callback_query` updates.
 
 Tests script it: `press_button` and `reply` queue updates from a given user, and
-`fail_next`, `hang_next`, `hold_answer_next` and `drop_next` make the next call of a
-method answer an HTTP error, block until released, apply at once but answer only when
-released, or lose its connection without an answer. Every call is recorded (method,
+`fail_next`, `rate_limit_next`, `hang_next`, `hold_answer_next`, `drop_next`,
+`trickle_next` and `huge_next` make the next call of a method answer an HTTP error (a 429
+with `parameters.retry_after`), block until released, apply at once but answer only when
+released, lose its connection without an answer, write its answer a few bytes a second,
+or answer a body of any size (streamed, never held in memory); `fail_every` makes every
+call of a method answer an error until told otherwise; `set_latency` makes every
+call take a while, as a real round trip does. Every call is recorded (method,
 parameters, status, result) under one lock, and `wait_for` blocks on a
 condition of that record, so a test waits for what happened instead of sleeping.
 
@@ -41,8 +45,10 @@ __all__ = [
     "DropConnection",
     "FakeTelegram",
     "Hang",
+    "HugeAnswer",
     "RecordedCall",
     "TelegramMessage",
+    "Trickle",
 ]
 
 FAKE_BOT_TOKEN = "7000000001:AAFakeBotTokenForTestsOnly-0123456789"  # noqa: S105 - a fake
@@ -56,6 +62,7 @@ _JSON_PARAMETERS = frozenset(
 )
 _INTEGER_PARAMETERS = frozenset({"message_id", "offset", "limit", "timeout", "cache_time"})
 _MAX_POLL_SECONDS = 50.0  # the real API caps long polling near this
+_CHUNK = 64 * 1024
 
 T = TypeVar("T")
 
@@ -66,6 +73,8 @@ class BotApiError:
 
     status: int = 400
     description: str = "Bad Request: chat not found"
+    retry_after: int | None = None
+    """Sent as `parameters.retry_after` (a 429's wait, in seconds)."""
 
 
 @dataclass(slots=True)
@@ -110,7 +119,25 @@ class DropConnection:
     deliver: bool = False
 
 
-Fault: TypeAlias = BotApiError | Hang | DropConnection
+@dataclass(frozen=True, slots=True)
+class Trickle:
+    """Apply the call, then write its answer `bytes_per_second` bytes a second (headers
+    at once, then the body), until it is written, the client leaves or the fake stops."""
+
+    bytes_per_second: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class HugeAnswer:
+    """Answer 200 with a JSON body of `size` bytes, written in chunks as it is made;
+    without `declare_length` the answer has no `Content-Length` (it ends when the
+    connection closes), so only reading it tells its size."""
+
+    size: int
+    declare_length: bool = True
+
+
+Fault: TypeAlias = BotApiError | Hang | DropConnection | Trickle | HugeAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +150,9 @@ class RecordedCall:
     """The HTTP status answered; None if the connection was dropped."""
     result: Any = None
     """The `result` of a 200 answer (a `getUpdates` call's updates), else None."""
+    at: float = 0.0
+    """`time.monotonic()` when it was recorded (after it was applied, before its answer
+    was written)."""
 
 
 @dataclass(slots=True)
@@ -177,6 +207,8 @@ class FakeTelegram(LoopbackServer):
         self._message_ids = itertools.count(1)
         self._update_ids = itertools.count(1001)
         self._callback_ids = itertools.count(1)
+        self._latency: dict[str | None, float] = {}
+        self._failing: dict[str, BotApiError] = {}
 
     # -- lifecycle (start, stop and the context manager: LoopbackServer) -------------
 
@@ -245,6 +277,35 @@ class FakeTelegram(LoopbackServer):
     ) -> None:
         """The next call of `method` answers `status` with `description`."""
         self._add_fault(method, BotApiError(status, description))
+
+    def rate_limit_next(self, method: str, retry_after: int) -> None:
+        """The next call of `method` answers 429 with `parameters.retry_after`."""
+        description = f"Too Many Requests: retry after {retry_after}"
+        self._add_fault(method, BotApiError(429, description, retry_after))
+
+    def trickle_next(self, method: str, bytes_per_second: float = 1.0) -> None:
+        """The next call of `method` is applied, then its answer trickles out."""
+        self._add_fault(method, Trickle(bytes_per_second))
+
+    def huge_next(self, method: str, size: int, *, declare_length: bool = True) -> None:
+        """The next call of `method` answers a `size`-byte body (streamed)."""
+        self._add_fault(method, HugeAnswer(size, declare_length))
+
+    def fail_every(self, method: str, status: int | None, description: str = "Bad Gateway") -> None:
+        """Every later call of `method` answers `status` (after the scripted faults
+        queued for it), until called again with `status` None."""
+        with self._lock:
+            if status is None:
+                self._failing.pop(method.lower(), None)
+            else:
+                self._failing[method.lower()] = BotApiError(status, description)
+
+    def set_latency(self, seconds: float, *methods: str) -> None:
+        """Every later call of `methods` (of every method but `getUpdates` when none is
+        named) waits `seconds` before it is served, like a real round trip."""
+        with self._lock:
+            for method in methods or (None,):
+                self._latency[None if method is None else method.lower()] = seconds
 
     def hang_next(self, method: str, *, deliver: bool = True) -> Hang:
         """The next call of `method` is held until the returned handle is released."""
@@ -329,17 +390,39 @@ class FakeTelegram(LoopbackServer):
             if isinstance(fault, Hang):
                 self._hangs.append(fault)
 
+    def _delay(self, method: str) -> None:
+        """Wait the method's scripted latency (woken early when the fake stops)."""
+        name = method.lower()
+        with self._lock:
+            if name in self._latency:
+                seconds = self._latency[name]
+            else:
+                seconds = 0.0 if name == "getupdates" else self._latency.get(None, 0.0)
+            deadline = time.monotonic() + seconds
+            while not self._stopping and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
+
+    def _stopped(self) -> bool:
+        with self._lock:
+            return self._stopping
+
     def _take_fault(self, method: str) -> Fault | None:
         with self._lock:
             faults = self._faults.get(method.lower())
-            return faults.popleft() if faults else None
+            return faults.popleft() if faults else self._failing.get(method.lower())
 
     def _record(
         self, method: str, params: Mapping[str, Any], status: int | None, result: Any = None
     ) -> None:
         with self._lock:
             self._calls.append(
-                RecordedCall(method, dict(params), status, result if status == 200 else None)
+                RecordedCall(
+                    method,
+                    dict(params),
+                    status,
+                    result if status == 200 else None,
+                    time.monotonic(),
+                )
             )
             self._lock.notify_all()
 
@@ -468,6 +551,22 @@ _METHODS: dict[str, _Method] = {
 _DELIVERING = frozenset({"sendmessage", "editmessagetext"})
 
 
+def _body(status: int, result: Any) -> dict[str, Any]:
+    """The Bot API's answer object; a `(description, retry_after)` error adds its
+    `parameters`."""
+    if status == 200:
+        return {"ok": True, "result": result}
+    if isinstance(result, tuple):
+        description, retry_after = result
+        return {
+            "ok": False,
+            "error_code": status,
+            "description": description,
+            "parameters": {"retry_after": retry_after},
+        }
+    return {"ok": False, "error_code": status, "description": result}
+
+
 def _wanted(update: Mapping[str, Any], allowed: object) -> bool:
     if not isinstance(allowed, list) or not allowed:
         return True
@@ -539,19 +638,31 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self._answer(400, "Bad Request: can't parse request parameters")
                 return
+            fake._delay(method)
+            fault = fake._take_fault(method)
+            if isinstance(fault, HugeAnswer):
+                fake._record(method, params, 200)
+                self._stream_huge(fault)
+                return
             try:
-                status, result = self._call(method, params)
+                status, result = self._call(method, params, fault)
             except _Dropped:
                 self.close_connection = True
                 return
             fake._record(method, params, status, result)
-            written = self._answer(status, result)
+            if isinstance(fault, Trickle):
+                written = self._trickle(status, result, fault.bytes_per_second)
+            else:
+                written = self._answer(status, result)
             if written and status == 200 and method.lower() == "getupdates":
                 fake._handed_out(result)
 
-        def _call(self, method: str, params: Mapping[str, Any]) -> tuple[int, Any]:
-            fault = fake._take_fault(method)
+        def _call(
+            self, method: str, params: Mapping[str, Any], fault: Fault | None
+        ) -> tuple[int, Any]:
             if isinstance(fault, BotApiError):
+                if fault.retry_after is not None:
+                    return fault.status, (fault.description, fault.retry_after)
                 return fault.status, fault.description
             if isinstance(fault, Hang) and fault.applied_first:
                 answer = fake._dispatch(method, params)
@@ -571,10 +682,51 @@ def _handler_class(fake: FakeTelegram) -> type[BaseHTTPRequestHandler]:
             return fake._dispatch(method, params)
 
         def _answer(self, status: int, result: Any) -> bool:
-            if status == 200:
-                body: dict[str, Any] = {"ok": True, "result": result}
-            else:
-                body = {"ok": False, "error_code": status, "description": result}
-            return self.send_json(status, body)  # False: the client went away meanwhile
+            return self.send_json(status, _body(status, result))  # False: the client left
+
+        def _trickle(self, status: int, result: Any, rate: float) -> bool:
+            data = json.dumps(_body(status, result)).encode()
+            pause = 1.0 / rate
+            try:
+                self._headers(status, len(data))
+                for index in range(len(data)):
+                    if fake._stopped():
+                        break
+                    self.wfile.write(data[index : index + 1])
+                    self.wfile.flush()
+                    if index + 1 < len(data):
+                        time.sleep(pause)  # the scripted rate, not a wait for a condition
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+                return False
+            return True
+
+        def _stream_huge(self, fault: HugeAnswer) -> None:
+            head, tail = b'{"ok": true, "result": [], "padding": "', b'"}'
+            chunk = b"x" * _CHUNK
+            size = max(fault.size, len(head) + len(tail))
+            try:
+                if fault.declare_length:
+                    self._headers(200, size)
+                else:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                self.wfile.write(head)
+                left = size - len(head) - len(tail)
+                while left > 0 and not fake._stopped():
+                    self.wfile.write(chunk[: min(left, _CHUNK)])
+                    left -= _CHUNK
+                self.wfile.write(tail)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+
+        def _headers(self, status: int, length: int) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
 
     return Handler

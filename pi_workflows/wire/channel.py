@@ -49,6 +49,7 @@ __all__ = [
     "ReplyAnswer",
     "ResultApplied",
     "ResultFailed",
+    "ResultNotSent",
     "ResultRejected",
     "ServerMessage",
     "SettleCommand",
@@ -104,14 +105,25 @@ class ResultRejected(TypedDict):
     description: str
 
 
+class ResultNotSent(TypedDict):
+    """Nothing was sent: the request never reached the Bot API (no byte of it written),
+    or the API answered 429 or 5xx. The server tries again itself (after `retryAfterMs`
+    for a 429)."""
+
+    status: Literal["notSent"]
+    reason: str
+    retryAfterMs: NotRequired[int]
+
+
 class ResultFailed(TypedDict):
-    """A transport failure (timeout, dropped connection, 5xx): the outcome is unknown."""
+    """The request may have reached the Bot API (a timeout or a dropped connection after
+    it was written): the outcome is unknown."""
 
     status: Literal["failed"]
     reason: str
 
 
-AttemptResult: TypeAlias = ResultApplied | ResultRejected | ResultFailed
+AttemptResult: TypeAlias = ResultApplied | ResultRejected | ResultNotSent | ResultFailed
 
 
 class ChannelReady(_Envelope):

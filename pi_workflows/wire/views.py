@@ -24,6 +24,7 @@ from pi_workflows.wire.protocol import DisplayStatus
 __all__ = [
     "Activity",
     "AmbiguousEffectItem",
+    "ChannelDeliveryItem",
     "ContentRef",
     "Control",
     "Counted",
@@ -284,6 +285,19 @@ class AmbiguousEffectItem(TypedDict):
     attemptNumber: int | None
 
 
+class ChannelDeliveryItem(TypedDict):
+    """A Telegram delivery (or edit) of the run's decision that is not sent yet or
+    failed: `retrying` goes again at `retryAt` by itself; `failed` waits for
+    `channel recover RUN retry`."""
+
+    channel: str
+    decisionId: str
+    operation: Literal["deliver", "settle"]
+    state: Literal["retrying", "failed"]
+    reason: NotRequired[str]
+    retryAt: NotRequired[int]
+
+
 class RunView(TypedDict):
     """`pi-workflows.run-view.v1`: one run, built by the server from one consistent read."""
 
@@ -310,6 +324,7 @@ class RunView(TypedDict):
     state: NotRequired[RunState]
     result: NotRequired[RunResult]
     ambiguousEffects: NotRequired[list[AmbiguousEffectItem]]
+    channelDeliveries: NotRequired[list[ChannelDeliveryItem]]
     graph: NotRequired[Graph]
     steps: NotRequired[list[dict[str, Any]]]
     """Earlier clients' short attempt list; use `trace`."""

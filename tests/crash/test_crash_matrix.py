@@ -37,7 +37,12 @@ import psutil
 import pytest
 
 from pi_workflows.supervision import CRASH_POINTS
-from pi_workflows.testing import FakeProvider, ScriptedTurn, workflow_submit_turn
+from pi_workflows.testing import (
+    FakeProvider,
+    FakeTelegram,
+    ScriptedTurn,
+    workflow_submit_turn,
+)
 from tests.conftest import Processes, write_workflow
 from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
 from tests.pi.agents import ATTEMPT_IN_PROMPT
@@ -1252,6 +1257,108 @@ def _drain_hand_back(lab: Lab) -> None:
     lab.wait_status(run_id, "completed")
     assert lab.shell_runs(run_id) == 1, "the next server goes on from the step after"
     lab.finish({run_id: "completed"})
+
+
+# --- Telegram deliveries: reservation, send, result -----------------------------------
+
+_TG_TOKEN = "123456789:AAH-crash-token-abcdefghijklmnopqrstu"
+_TG_CHAT = -1001234567890
+
+
+def _telegram_profile(lab: Lab, fake: FakeTelegram) -> None:
+    """`channels.json` with one profile that serves the `ask` workflow."""
+    path = lab.state_dir.parent / "workflows" / "channels.json"
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    profile = {
+        "botToken": _TG_TOKEN,
+        "chatId": _TG_CHAT,
+        "allowedUserIds": [4242],
+        "workflows": ["ask"],
+        "apiBase": fake.api_base,
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"schema": "pi-workflows.channels.v1", "profiles": {"ops": profile}}, handle)
+
+
+def _delivery(lab: Lab, run_id: str) -> tuple[str, list[str]] | None:
+    """(the run's delivery state, its attempts' states in order)."""
+    with lab.database() as db:
+        state = _row(
+            db,
+            "SELECT m.delivery_state FROM channel_messages AS m JOIN human_decisions AS d "
+            "ON d.decision_id = m.decision_id WHERE d.run_id = ?",
+            run_id,
+        )
+        attempts = [
+            str(a)
+            for (a,) in db.execute(
+                "SELECT a.state FROM effect_attempts AS a JOIN effects AS e "
+                "ON e.effect_id = a.effect_id WHERE e.run_id = ? AND e.effect_type = "
+                "'channel.deliver' ORDER BY a.attempt_number",
+                (run_id,),
+            )
+        ]
+    return None if state is None else (str(state), attempts)
+
+
+def _wait_delivery(lab: Lab, run_id: str, want: Callable[[tuple[str, list[str]]], bool]) -> Any:
+    deadline = time.monotonic() + 40
+    pause = threading.Event()
+    while not ((found := _delivery(lab, run_id)) is not None and want(found)):
+        assert time.monotonic() < deadline, f"delivery of {run_id}: {found}"
+        pause.wait(0.05)
+    return found
+
+
+def _crash_around_a_delivery(lab: Lab, point: str) -> None:
+    """SIGKILL of the server at `point`: after the restart the delivery is ambiguous
+    with a recover path; the operator's retry presents it, and nothing else is sent."""
+    with FakeTelegram(token=_TG_TOKEN, chat_id=_TG_CHAT) as fake:
+        _telegram_profile(lab, fake)
+        armed = lab.start_server(point)
+        run_id = lab.start_run("ask").new_run
+        lab.expect_server_crash(armed)
+        sent_before = len(fake.bot_messages())
+        assert sent_before <= 1
+        lab.start_server()
+        _wait_delivery(lab, run_id, lambda found: found[0] == "ambiguous")
+        view = lab.wait_status(run_id, "ambiguous")
+        assert "channelRecoverRetry" in view["display"]["controls"], view["display"]
+        assert len(fake.bot_messages()) == sent_before, "never sent again on its own"
+        lab.call("channel.recover", {"action": "retry"}, run_id=run_id)
+        _wait_delivery(lab, run_id, lambda found: found[0] == "presented")
+        assert len(fake.bot_messages()) == sent_before + 1
+        lab.wait_status(run_id, "waiting")
+        lab.finish({run_id: "waiting"})
+
+
+@scenario("server.channel.after_reserve", "telegram")
+def _channel_after_reserve(lab: Lab) -> None:
+    _crash_around_a_delivery(lab, "server.channel.after_reserve")
+
+
+@scenario("server.channel.after_send", "telegram")
+def _channel_after_send(lab: Lab) -> None:
+    _crash_around_a_delivery(lab, "server.channel.after_send")
+
+
+@scenario("server.channel.after_result", "rate-limited")
+def _channel_after_a_429(lab: Lab) -> None:
+    """Killed in a 429's wait: the stored retry time holds, the next server sends once."""
+    with FakeTelegram(token=_TG_TOKEN, chat_id=_TG_CHAT) as fake:
+        _telegram_profile(lab, fake)
+        fake.rate_limit_next("sendMessage", 2)
+        armed = lab.start_server("server.channel.after_result")
+        run_id = lab.start_run("ask").new_run
+        lab.expect_server_crash(armed)
+        assert _delivery(lab, run_id) == ("pending", ["cancelled"])
+        lab.start_server()
+        limited, sent = fake.wait_for_calls("sendMessage", 2, 40)
+        assert sent.at - limited.at >= 2.0, "sent again before the 429's retry_after"
+        _wait_delivery(lab, run_id, lambda found: found == ("presented", ["cancelled", "applied"]))
+        assert len(fake.bot_messages()) == 1
+        lab.finish({run_id: "waiting"})
 
 
 # --- the matrix -------------------------------------------------------------------------

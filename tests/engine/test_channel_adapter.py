@@ -4,6 +4,7 @@ channel.v1 with the wire module's own codecs; nothing is mocked."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -327,18 +328,80 @@ def test_a_400_is_rejected_with_its_status_and_nothing_is_sent(ready: AdapterRig
     assert ready.fake.bot_messages() == []
 
 
-@pytest.mark.parametrize("fault", ["500", "drop"])
-def test_a_5xx_or_a_dropped_connection_is_failed(ready: AdapterRig, fault: str) -> None:
-    if fault == "500":
-        ready.fake.fail_next("sendMessage", 500, "Internal Server Error")
-    else:
-        ready.fake.drop_next("sendMessage")
+def test_a_dropped_connection_after_the_request_was_written_is_failed(ready: AdapterRig) -> None:
+    ready.fake.drop_next("sendMessage")
     ready.present("attempt-1", 1, "Deploy?", "d:1:approve")
     result = ready.read_kind("channel.present")["result"]
-    assert result == {
-        "status": "failed",
-        "reason": "serverError" if fault == "500" else "networkError",
-    }
+    assert result == {"status": "failed", "reason": "networkError"}
+
+
+def test_a_5xx_or_a_429_is_not_sent_with_its_retry_after(ready: AdapterRig) -> None:
+    ready.fake.fail_next("sendMessage", 502, "Bad Gateway")
+    ready.present("attempt-1", 1, "Deploy?", "d:1:approve")
+    result = ready.read_kind("channel.present")["result"]
+    assert result == {"status": "notSent", "reason": "serverError"}
+    ready.fake.rate_limit_next("sendMessage", 3)
+    ready.present("attempt-2", 2, "Deploy?", "d:1:approve")
+    result = ready.read_kind("channel.present")["result"]
+    assert result == {"status": "notSent", "reason": "rateLimited", "retryAfterMs": 3000}
+    assert len(ready.fake.calls_of("sendMessage")) == 2  # no retry of its own
+    assert ready.fake.bot_messages() == []
+
+
+def test_a_refused_connection_or_a_passed_deadline_is_not_sent(fake: FakeTelegram) -> None:
+    """The transport itself, in this process: no byte written means `NotSentError`."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+
+    async def call(url: str, deadline: float) -> str:
+        transport = channel_adapter._BotTransport(connections=1, deadline=deadline)
+        try:
+            await transport.do_request(url, "POST")
+        except channel_adapter.NotSentError as exc:
+            return exc.reason
+        finally:
+            await transport.shutdown()
+        return "sent"
+
+    assert asyncio.run(call(f"http://127.0.0.1:{closed_port}/bot1:x/getMe", 5.0)) == (
+        "connectFailed"
+    )
+    hang = fake.hang_next("getMe")
+    url = f"{fake.api_base}/bot{fake.token}/getMe"
+
+    async def two_calls() -> tuple[str, str]:
+        # One connection: the first call holds it, the second waits and never starts.
+        transport = channel_adapter._BotTransport(connections=1, deadline=1.0)
+        try:
+            first = asyncio.create_task(transport.do_request(url, "POST"))
+            second = asyncio.create_task(transport.do_request(url, "POST"))
+            results = await asyncio.gather(first, second, return_exceptions=True)
+        finally:
+            await transport.shutdown()
+        return tuple(type(r).__name__ for r in results)  # type: ignore[return-value]
+
+    assert asyncio.run(two_calls()) == ("TimedOut", "NotSentError")
+    hang.release()
+
+
+def test_an_answer_larger_than_the_cap_is_a_protocol_error(ready: AdapterRig) -> None:
+    ready.fake.huge_next("sendMessage", 3 * channel_adapter.MAX_ANSWER_BYTES)
+    ready.present("attempt-1", 1, "Deploy?", "d:1:approve")
+    result = ready.read_kind("channel.present")["result"]
+    assert result == {"status": "failed", "reason": "answerTooLarge"}
+
+
+def test_a_strangers_press_costs_no_bot_api_call(ready: AdapterRig) -> None:
+    message = presented(ready)
+    ready.fake.press_button("d:1:approve", user_id=OTHER_USER, message_id=message.message_id)
+    update = ready.fake.press_button(
+        "d:1:reject", user_id=ALLOWED_USER, message_id=message.message_id
+    )
+    answer = ready.read_kind("channel.answer")
+    assert answer["eventId"] == channel.event_id(update)
+    ready.fake.wait_for_calls("answerCallbackQuery", 1, WAIT)
+    assert len(ready.fake.calls_of("answerCallbackQuery")) == 1
 
 
 def test_a_hung_send_then_sigkill_gives_no_result(ready: AdapterRig) -> None:
@@ -423,3 +486,42 @@ def test_a_missing_variable_is_named_without_any_value(fake: FakeTelegram, tmp_p
         assert_private(adapter)
     finally:
         adapter.cleanup()
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["with-length", "until-close"])
+def test_a_200_mib_answer_leaves_the_adapter_under_100_mb(
+    ready: AdapterRig, declared: bool
+) -> None:
+    """Issue 25: the body is read up to the cap and the rest is never held."""
+    assert ready.child is not None
+    polls = len(ready.fake.calls_of("getUpdates"))
+    ready.fake.huge_next("getUpdates", 200 * 1024 * 1024, declare_length=declared)
+    # A poll may be in flight already: the huge answer is the next one at the latest,
+    # and a poll after it means the child went on (it was dealt with).
+    ready.fake.wait_for_calls("getUpdates", polls + 3, WAIT)
+    peak_kib = _peak_rss_kib(ready.child.pid)
+    assert peak_kib < 100 * 1024, f"adapter peak RSS {peak_kib // 1024} MiB"
+    message = presented(ready)  # and it still works
+    assert message.text == "Deploy run-1 to production?"
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc")
+
+
+def test_a_429_to_get_updates_waits_its_retry_after(ready: AdapterRig) -> None:
+    polls = len(ready.fake.calls_of("getUpdates"))
+    ready.fake.rate_limit_next("getUpdates", 2)
+
+    def polled_after_the_429(fake: FakeTelegram) -> tuple[float, float] | None:
+        calls = fake.calls_of("getUpdates")[polls:]
+        limited = [i for i, c in enumerate(calls) if c.status == 429]
+        if not limited or limited[0] + 1 >= len(calls):
+            return None
+        return calls[limited[0]].at, calls[limited[0] + 1].at
+
+    limited_at, next_at = ready.fake.wait_for(polled_after_the_429, WAIT)
+    assert next_at - limited_at >= 2.0

@@ -214,3 +214,72 @@ def test_confirm_records_the_delivery_and_a_settled_decision_gets_no_new_deliver
     assert _settle(running_server, edit, "a", APPLIED) is not None
     assert channel_row(state_dir)[3] == "settled"  # type: ignore[index]
     _consistent(running_server)
+
+
+def test_a_not_sent_attempt_waits_for_its_retry_at_then_goes_again_under_the_same_effect(
+    running_server: WorkflowServer, waiting: tuple[str, str]
+) -> None:
+    state_dir = running_server.state_dir
+    run_id, decision_id = waiting
+    first = _reserve(running_server, decision_id, "adapter-a")
+    assert first is not None
+    limited = ChannelResult("notSent", reason="rateLimited", retry_after_ms=60_000)
+    settled = _settle(running_server, first, "adapter-a", limited)
+    assert settled is not None and settled.state == "pending"
+    assert settled.retry_at is not None
+    assert attempts(state_dir) == [(1, "cancelled", None)]
+    assert channel_row(state_dir)[2] == "pending"  # type: ignore[index]
+    ((retry_at, since, reason),) = rows(
+        state_dir, "SELECT retry_at, retry_since, retry_reason FROM channel_messages"
+    )
+    assert retry_at - since >= 60_000 and reason == "rateLimited"
+    assert _reserve(running_server, decision_id, "adapter-a") is None, "the 429 holds it back"
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        view = client.call("run.get", run_id=run_id)["receipt"]
+    [delivery] = view["channelDeliveries"]
+    assert (delivery["state"], delivery["reason"]) == ("retrying", "rateLimited")
+    assert delivery["retryAt"] == retry_at
+    # The wait is over (as if its time came): the next attempt goes, same effect key.
+    _call(running_server, _expire_retry)
+    second = _reserve(running_server, decision_id, "adapter-a")
+    assert second is not None and second.attempt_number == 2
+    assert second.effect_id == first.effect_id and second.request == first.request
+    assert _settle(running_server, second, "adapter-a", APPLIED).state == "applied"
+    assert rows(state_dir, "SELECT retry_at, retry_since FROM channel_messages") == [(None, None)]
+    _consistent(running_server)
+
+
+def _expire_retry(db: Database) -> None:
+    with db.write() as tx:
+        tx.execute("UPDATE channel_messages SET retry_at = :now", {"now": tx.now})
+
+
+def test_not_sent_past_the_retry_bound_is_failed_and_recover_retry_sends_it_again(
+    running_server: WorkflowServer, waiting: tuple[str, str]
+) -> None:
+    state_dir = running_server.state_dir
+    run_id, decision_id = waiting
+    first = _reserve(running_server, decision_id, "adapter-a")
+    assert first is not None
+    server_error = ChannelResult("notSent", reason="serverError")
+    settled = _settle(running_server, first, "adapter-a", server_error, retry_bound_ms=0)
+    assert settled is not None and settled.state == "rejected" and settled.retry_at is None
+    assert channel_row(state_dir)[2] == "failed"  # type: ignore[index]
+    assert rows(state_dir, "SELECT state, error FROM effects") == [
+        ("rejected", "not sent within the retry bound (serverError)")
+    ]
+    assert _reserve(running_server, decision_id, "adapter-a") is None, "never silently resent"
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        view = client.call("run.get", run_id=run_id)["receipt"]
+        assert view["channelDeliveries"][0]["state"] == "failed"
+        refused = client.request("channel.recover", {"action": "confirm"}, run_id=run_id)
+        assert refused["outcome"] == "rejected", "a failed delivery was not sent: no confirm"
+        answer = client.call("channel.recover", {"action": "retry"}, run_id=run_id)
+        assert answer["receipt"]["nextAttemptNumber"] == 2
+        view = client.call("run.get", run_id=run_id)["receipt"]
+        assert "channelDeliveries" not in view
+    second = _reserve(running_server, decision_id, "adapter-b")
+    assert second is not None and second.attempt_number == 2
+    assert second.effect_id == first.effect_id
+    assert attempts(state_dir) == [(1, "cancelled", None), (2, "applying", None)]
+    _consistent(running_server)

@@ -121,7 +121,7 @@ PINNED = {
     "DELIVER", "SETTLE", "ChannelAttempt", "ChannelCounts", "ChannelResult", "SettledAttempt",
     "StaleChannelResultError", "channel_counts", "channel_message_ids", "delivered_decisions",
     "interrupt_channel_attempts", "recover_channel_effect", "reserve_channel_attempt",
-    "settle_channel_attempt",
+    "settle_channel_attempt", "RETRY_BOUND_MS", "ChannelTrouble", "channel_trouble", "chat_hold",
 }  # fmt: skip
 
 

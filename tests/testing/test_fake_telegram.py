@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,3 +160,34 @@ def test_a_held_answer_applies_at_once_and_answers_after_release(fake: FakeTeleg
     sender.join(timeout=10)
     assert results[0]["result"]["message_id"] == message.message_id
     assert fake.calls_of("sendMessage")[0].result["message_id"] == message.message_id
+
+
+def test_a_scripted_429_carries_retry_after_and_latency_delays_each_call(
+    fake: FakeTelegram,
+) -> None:
+    fake.rate_limit_next("sendMessage", 2)
+    status, body = call(fake, "sendMessage", {"chat_id": FAKE_CHAT_ID, "text": "Deploy?"})
+    assert status == 429 and body["parameters"] == {"retry_after": 2}
+    assert fake.bot_messages() == []
+    fake.set_latency(0.2)
+    started = time.monotonic()
+    status, _ = call(fake, "getMe")
+    assert status == 200 and time.monotonic() - started >= 0.2
+
+
+def test_a_trickled_answer_is_applied_first_and_a_huge_body_is_streamed(
+    fake: FakeTelegram,
+) -> None:
+    fake.trickle_next("sendMessage", bytes_per_second=2000)
+    status, body = call(fake, "sendMessage", {"chat_id": FAKE_CHAT_ID, "text": "Deploy?"})
+    assert status == 200 and body["result"]["text"] == "Deploy?"
+    size = 3 * 1024 * 1024
+    fake.huge_next("getUpdates", size)
+    connection = http.client.HTTPConnection("127.0.0.1", fake.port, timeout=20)
+    try:
+        connection.request("POST", f"/bot{fake.token}/getUpdates", "{}", {})
+        response = connection.getresponse()
+        data = response.read()
+    finally:
+        connection.close()
+    assert len(data) == size and json.loads(data)["result"] == []
