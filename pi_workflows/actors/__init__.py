@@ -20,8 +20,16 @@ from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._deadlines import DeadlinesActor
 from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
 from pi_workflows.actors._reader import Read, ReaderActor
+from pi_workflows.actors._retention import (
+    VACUUM_MIN_BYTES,
+    RequestSweep,
+    RetentionActor,
+    RetentionConfig,
+    StopSweeps,
+)
 from pi_workflows.actors._runner_host import (
     RUNNER_MODULE,
+    ConnectRetention,
     ConnectScheduler,
     Drain,
     HandBack,
@@ -54,6 +62,7 @@ __all__ = [
     "POLL_SECONDS_ENV",
     "RETRY_BOUND_ENV",
     "RUNNER_MODULE",
+    "VACUUM_MIN_BYTES",
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
     "Address",
@@ -62,6 +71,7 @@ __all__ = [
     "ChannelsConfig",
     "ClaimCoordinator",
     "ClaimRenewerActor",
+    "ConnectRetention",
     "ConnectScheduler",
     "ConnectionClosed",
     "ConnectionGone",
@@ -78,8 +88,11 @@ __all__ = [
     "ReaderActor",
     "ReleaseConnection",
     "Reply",
+    "RequestSweep",
     "ReserveSubscription",
     "ResumeValidations",
+    "RetentionActor",
+    "RetentionConfig",
     "RunCommand",
     "RunnerHostActor",
     "RunnerHostConfig",
@@ -88,6 +101,7 @@ __all__ = [
     "ServerEpochTaken",
     "StatePruneActor",
     "StopAdapters",
+    "StopSweeps",
     "Submit",
     "Subscribe",
     "SubscriptionActor",

@@ -63,6 +63,13 @@ from pi_workflows.domain._operations import (
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
 from pi_workflows.domain._recovery import RecoveryReport, recover_at_startup
+from pi_workflows.domain._retention import (
+    RETENTION_DAYS_ENV,
+    YIELDED,
+    RetentionSelection,
+    retention_days_from_env,
+)
+from pi_workflows.domain._retention_report import RetentionReport
 from pi_workflows.domain._run_list import DISPLAY_STATUSES
 from pi_workflows.domain._runner_exits import ExitFacts, hand_back, record_exit
 from pi_workflows.domain._runner_handlers import Delta, Handled, RunnerView, apply_message, reply_to
@@ -75,6 +82,7 @@ from pi_workflows.domain._server_claims import (
 )
 from pi_workflows.domain._state_prune import (
     DEFAULT_OLDER_THAN_DAYS,
+    DeletedTree,
     PruneProgress,
     PruneQuery,
     PruneQueryError,
@@ -84,6 +92,7 @@ from pi_workflows.domain._state_prune import (
     parse_prune_query,
     prune_dry_run,
     record_prune,
+    remove_tree_files,
     select_and_back_up,
 )
 from pi_workflows.domain._units import (
@@ -97,6 +106,8 @@ from pi_workflows.domain._units import (
     Barrier,
     ClearTerminalView,
     ClientOperation,
+    CollectSweepBlobs,
+    CompactAfterSweep,
     CountChannelWork,
     DeletePruneTree,
     ExpireDue,
@@ -125,11 +136,13 @@ from pi_workflows.domain._units import (
     RetakeServerClaims,
     RunViewRevision,
     SelectAndBackUp,
+    SelectExpired,
     ServerHasWork,
     SettleValidation,
     StartRun,
     SubmitInteraction,
     SuspendSession,
+    SweepTree,
     UpdateInteraction,
     ValidationsToResume,
     perform,
@@ -145,8 +158,10 @@ __all__ = [
     "FENCING_COMMANDS",
     "LAUNCH_IN_FLIGHT",
     "READS",
+    "RETENTION_DAYS_ENV",
     "RUNNER_COMMANDS",
     "SNAPSHOT_READS",
+    "YIELDED",
     "ActiveEpochs",
     "AddFollowUp",
     "AdmitRuns",
@@ -161,9 +176,12 @@ __all__ = [
     "ChannelProfile",
     "ClearTerminalView",
     "ClientOperation",
+    "CollectSweepBlobs",
+    "CompactAfterSweep",
     "CoordinatorGrant",
     "CountChannelWork",
     "DeletePruneTree",
+    "DeletedTree",
     "Delta",
     "ExitFacts",
     "ExpireDue",
@@ -201,10 +219,13 @@ __all__ = [
     "RestartRun",
     "ResumeHeadless",
     "RetakeServerClaims",
+    "RetentionReport",
+    "RetentionSelection",
     "RoundResult",
     "RunViewRevision",
     "RunnerView",
     "SelectAndBackUp",
+    "SelectExpired",
     "ServerHasWork",
     "SessionAuthority",
     "SettleValidation",
@@ -214,6 +235,7 @@ __all__ = [
     "SubmitInteraction",
     "SubmitStep",
     "SuspendSession",
+    "SweepTree",
     "UpdateInteraction",
     "ValidationJob",
     "ValidationsToResume",
@@ -258,6 +280,7 @@ __all__ = [
     "recover_channel",
     "rejected",
     "release_server_claim",
+    "remove_tree_files",
     "renew_server_claims",
     "reply_to",
     "report_branch",
@@ -265,6 +288,7 @@ __all__ = [
     "reserve_work",
     "response",
     "retake_server_claims",
+    "retention_days_from_env",
     "select_and_back_up",
     "settle_validation",
     "start_request_fields",

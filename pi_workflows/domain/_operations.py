@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from pi_workflows.domain._display_status import TERMINAL_STATUSES
 from pi_workflows.domain._display_status import summary_status as display_status
+from pi_workflows.domain._retention_report import RetentionReport
 from pi_workflows.domain._run_list import (
     RunListQuery,
     RunListQueryError,
@@ -128,6 +129,8 @@ class OperationContext:
     """Pi's agent directory: the project path of a run started without one."""
     pid: int = field(default_factory=os.getpid)
     """The server's process ID (`server status` shows it; the context is built there)."""
+    retention: RetentionReport | None = None
+    """Automatic retention's setting and last sweep (`state status` shows it)."""
 
 
 FENCING_COMMANDS = frozenset({"run.pause", "run.cancel"})

@@ -21,8 +21,10 @@ The units of work are here; the state-prune actor (`actors/_state_prune.py`) cha
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,12 +42,14 @@ from pi_workflows.storage import (
     Database,
     PruneTree,
     ReceiptOutcome,
+    Tx,
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
     delete_tree,
     lookup_receipt,
     prunable_trees,
     record_receipt,
+    tree_runner_epochs,
     unnamed_blobs,
     write_backup,
 )
@@ -54,15 +58,19 @@ from pi_workflows.wire.protocol import RequestMessage
 __all__ = [
     "DEFAULT_OLDER_THAN_DAYS",
     "RUN_IDS_SHOWN",
+    "DeletedTree",
     "PruneProgress",
     "PruneQuery",
     "PruneQueryError",
     "PruneSelection",
     "as_adopted",
+    "collect_blobs",
+    "delete_one_tree",
     "delete_prune_tree",
     "parse_prune_query",
     "prune_dry_run",
     "record_prune",
+    "remove_tree_files",
     "select_and_back_up",
 ]
 
@@ -184,13 +192,54 @@ def select_and_back_up(
     return PruneSelection(cutoff, trees, kept, size)
 
 
-def delete_prune_tree(
-    db: Database, *, tree: PruneTree, cutoff: int
-) -> tuple[list[str], set[str]] | None:
+@dataclass(frozen=True, slots=True)
+class DeletedTree:
+    """One tree deleted in its own transaction: its runs, the digests its rows named
+    (collected if nothing else names them) and its runner epochs (whose logs go)."""
+
+    tree: PruneTree
+    run_ids: tuple[str, ...]
+    digests: frozenset[str]
+    runner_epochs: tuple[str, ...]
+
+
+def delete_one_tree(tx: Tx, tree: PruneTree, cutoff: int) -> DeletedTree | None:
+    """Delete `tree` in `tx` if the recheck still finds it expired and unprotected
+    (`delete_tree`); None when it changed and is kept. Shared by `state prune` and
+    automatic retention."""
+    epochs = tree_runner_epochs(tx, tree.root_run_id)
+    deleted = delete_tree(tx, tree.root_run_id, cutoff)
+    if deleted is None:
+        return None
+    run_ids, digests = deleted
+    return DeletedTree(tree, tuple(run_ids), frozenset(digests), tuple(epochs))
+
+
+def delete_prune_tree(db: Database, *, tree: PruneTree, cutoff: int) -> DeletedTree | None:
     """A write: delete one selected tree if it is still old enough, in its own
     transaction (so server work interleaves); None when it changed and is kept."""
     with db.write() as tx:
-        return delete_tree(tx, tree.root_run_id, cutoff)
+        return delete_one_tree(tx, tree, cutoff)
+
+
+def collect_blobs(tx: Tx, digests: Iterable[str], blob_grace_ms: int) -> int:
+    """Collect the blobs only deleted trees named, and every blob no row names that is
+    older than `blob_grace_ms` (whatever left it behind); return how many. Shared by
+    `state prune` and automatic retention."""
+    freed = collect_unreferenced_blobs(tx, set(digests))
+    return freed + collect_unnamed_blobs(tx, tx.now - blob_grace_ms)
+
+
+def remove_tree_files(state_dir: Path, deleted: DeletedTree) -> None:
+    """Remove what a deleted tree left on disk, after its deletion committed: each run's
+    pi folders (`pi/<run>/`), validator logs (`logs/validators/<run>/`) and its runner
+    epochs' logs. Best effort: a file that cannot go stays (it names no live row)."""
+    for run_id in deleted.run_ids:
+        shutil.rmtree(state_dir / "pi" / run_id, ignore_errors=True)
+        shutil.rmtree(state_dir / "logs" / "validators" / run_id, ignore_errors=True)
+    for epoch in deleted.runner_epochs:
+        with contextlib.suppress(OSError):
+            (state_dir / "logs" / "runners" / f"{epoch}.log").unlink()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +274,7 @@ def record_prune(
         receipt = _summary(list(progress.deleted), selection.kept, query, selection.cutoff)
         receipt["skipped"] = progress.skipped
         receipt["backup"] = {"verified": True, "byteCount": selection.backup_bytes}
-        freed = collect_unreferenced_blobs(tx, set(progress.digests))
-        freed += collect_unnamed_blobs(tx, tx.now - blob_grace_ms)
-        receipt["blobsDeleted"] = freed
+        receipt["blobsDeleted"] = collect_blobs(tx, progress.digests, blob_grace_ms)
         record_receipt(tx, command, outcome=ReceiptOutcome.ACCEPTED, receipt=receipt)
     log.info(
         "state pruned",

@@ -26,10 +26,12 @@ from pi_workflows.actors import (
     POLL_SECONDS_ENV,
     RETRY_BOUND_ENV,
     RUNNER_MODULE,
+    VACUUM_MIN_BYTES,
     VALIDATOR_MODULE,
     ChannelAdapterActor,
     ChannelsConfig,
     ClaimRenewerActor,
+    ConnectRetention,
     ConnectScheduler,
     CoordinatorEpochActor,
     DatabaseActor,
@@ -39,13 +41,17 @@ from pi_workflows.actors import (
     LeaseLost,
     ProcessSupervisorActor,
     ReaderActor,
+    RequestSweep,
     ResumeValidations,
+    RetentionActor,
+    RetentionConfig,
     RunnerHostActor,
     RunnerHostConfig,
     SchedulerActor,
     ServerEpochTaken,
     StatePruneActor,
     StopAdapters,
+    StopSweeps,
     SubscriptionActor,
     Ticker,
     Transact,
@@ -61,10 +67,12 @@ from pi_workflows.domain import (
     Perform,
     RecoveryReport,
     ReleaseServerClaim,
+    RetentionReport,
     ServerHasWork,
     channels_path,
     perform,
     recover_at_startup,
+    retention_days_from_env,
 )
 from pi_workflows.engine import Limits
 from pi_workflows.engine import default_limits as limits_from_env
@@ -164,6 +172,29 @@ def blob_grace_from_env(environ: dict[str, str] | None = None) -> int:
     return value * 1000
 
 
+VACUUM_MIN_BYTES_ENV = "PI_WORKFLOWS_RETENTION_VACUUM_MIN_BYTES"
+"""A test knob: the reclaimable bytes an idle sweep needs before it runs VACUUM
+(default 64 MiB), so a test need not write 64 MiB to reach it."""
+
+
+def vacuum_min_bytes_from_env(environ: dict[str, str] | None = None) -> int:
+    raw = (environ if environ is not None else dict(os.environ)).get(VACUUM_MIN_BYTES_ENV, "")
+    try:
+        value = int(raw) if raw.strip() else VACUUM_MIN_BYTES
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ServerStartError(f"{VACUUM_MIN_BYTES_ENV} must be a whole number of bytes")
+    return value
+
+
+def _retention_days() -> int:
+    try:
+        return retention_days_from_env()
+    except ValueError as exc:
+        raise ServerStartError(str(exc)) from None
+
+
 def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
     """`PI_WORKFLOWS_MAX_WORKERS` as a positive integer, or the default of 4."""
     raw = (environ if environ is not None else dict(os.environ)).get(MAX_WORKERS_ENV, "")
@@ -241,6 +272,9 @@ class WorkflowServer:
         """The soft RLIMIT_NOFILE in force, after `start` raised it to the hard limit."""
         self.lease_ttl_ms = lease_ttl_ms if lease_ttl_ms is not None else lease_ttl_from_env()
         self.blob_grace_ms = blob_grace_from_env()
+        self.retention = RetentionReport(_retention_days())
+        """What `state status` shows of automatic retention (the retention actor writes it)."""
+        self._retention_ref: pykka.ActorRef[Any] | None = None
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -315,6 +349,8 @@ class WorkflowServer:
             self._teardown()
             raise
         self._accepting = True
+        if self._retention_ref is not None:  # recovery step 12: the sweep waits for idle
+            self._retention_ref.tell(RequestSweep("recovery"))
         log.info("server started", extra={"action": "server.started", "epoch": self.epoch})
         self._watcher = threading.Thread(target=self._watch, name="server-watch", daemon=True)
         self._watcher.start()
@@ -440,8 +476,28 @@ class WorkflowServer:
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         self._channels = channels
+        retention = RetentionActor.start(
+            RetentionConfig(
+                self.retention.days,
+                self.state_dir,
+                self.clock,
+                self.blob_grace_ms,
+                vacuum_min_bytes=vacuum_min_bytes_from_env(),
+            ),
+            self.retention,
+            fail,
+            database=database,
+            reader=reader,
+        )
+        self._retention_ref = retention
+        runner_host.tell(ConnectRetention(retention))  # a runner's exit is a sweep trigger
         state_prune = StatePruneActor.start(
-            fail, database=database, reader=reader, blob_grace_ms=self.blob_grace_ms
+            fail,
+            database=database,
+            reader=reader,
+            blob_grace_ms=self.blob_grace_ms,
+            state_dir=self.state_dir,
+            retention=retention,
         )
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
@@ -457,6 +513,7 @@ class WorkflowServer:
             validations,
             deadlines,
             channels,
+            retention,
             state_prune,
         ]
         self._ticker = Ticker(self.tick_s)
@@ -469,12 +526,17 @@ class WorkflowServer:
             validations,
             deadlines,
             channels,
+            retention,
         ):
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
         context = OperationContext(
-            epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir, pid=os.getpid()
+            epoch=self.epoch,
+            owner_id=self.owner_id,
+            agent_dir=agent_dir,
+            pid=os.getpid(),
+            retention=self.retention,
         )
         self._listener.route_to(
             Router(
@@ -520,6 +582,9 @@ class WorkflowServer:
             self.stop_reason = self.stop_reason or reason
             self._accepting = False
             log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
+            if self._retention_ref is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    self._retention_ref.tell(StopSweeps())
             self._wait_in_flight()
             self._stop_launching()
             self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)

@@ -17,18 +17,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.storage._db import Reader, Tx
+from pi_workflows.storage._db import Database, Reader, Tx
 from pi_workflows.storage._verify import verify_backup
+from pi_workflows.supervision import crash_point
 
 __all__ = [
     "DAY_MS",
     "BackupFailedError",
+    "CompactOutcome",
     "PruneTree",
     "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
+    "compact_state",
     "delete_tree",
     "prunable_trees",
+    "runner_work_pending",
     "tree_blockers",
+    "tree_runner_epochs",
     "unnamed_blobs",
     "write_backup",
 ]
@@ -197,6 +202,17 @@ _DELETE_TREE_RECEIPTS = f"DELETE FROM host_commands WHERE run_id IN {_TREE}"
 _DELETE_TREE_RUNS = "DELETE FROM runs WHERE root_run_id = :root"
 _DELETE_BLOB = "DELETE FROM blobs WHERE digest = :digest"
 _BLOB_EXISTS = "SELECT EXISTS (SELECT 1 FROM blobs WHERE digest = :digest)"
+# Work that automatic retention yields to: a run admitted (queued and unpaused), starting
+# or running, or a runner epoch that has not ended (workflow-server.md § State retention).
+_RUNNER_WORK_PENDING = """
+SELECT EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
+               WHERE q.state IN ('starting', 'running') OR (q.state = 'queued' AND r.paused = 0))
+    OR EXISTS (SELECT 1 FROM runner_epochs WHERE status IN ('starting', 'ready'))
+"""
+_TREE_RUNNER_EPOCHS = (
+    "SELECT runner_epoch AS run_id FROM runner_epochs"
+    f" WHERE run_id IN {_TREE} ORDER BY runner_epoch"
+)
 _DIGEST_IN_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
 _DIGEST_IN_BYTES = re.compile(rb"sha256:[0-9a-f]{64}")
 
@@ -281,7 +297,20 @@ def delete_tree(tx: Tx, root_run_id: str, cutoff: int) -> tuple[list[str], set[s
         digests.update(_DIGEST_IN_TEXT.findall(row.payload))
     tx.execute(_DELETE_TREE_RECEIPTS, params)
     tx.execute(_DELETE_TREE_RUNS, params)
+    tx.lifecycle.append("prune_tree")  # its commit passes the tree's crash points
     return runs, digests
+
+
+def tree_runner_epochs(reader: Reader, root_run_id: str) -> list[str]:
+    """The runner epochs of every run of the tree (their logs go with the tree)."""
+    rows = reader.fetch_all(_TREE_RUNNER_EPOCHS, {"root": root_run_id}, _RunId)
+    return [row.run_id for row in rows]
+
+
+def runner_work_pending(reader: Reader) -> bool:
+    """Whether a run is admitted (queued, unpaused), starting or running, or a runner
+    epoch has not ended: automatic retention yields to it."""
+    return bool(reader.fetch_value(_RUNNER_WORK_PENDING, {}))
 
 
 def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
@@ -352,6 +381,49 @@ def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
     for digest in found:
         tx.execute(_DELETE_BLOB, {"digest": digest})
     return len(found)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactOutcome:
+    """What one idle compaction did: the WAL truncated, `VACUUM` run (or why not)."""
+
+    wal_truncated: bool
+    vacuumed: bool
+    reclaimable_bytes: int
+    """Free pages times page size, before any `VACUUM`."""
+    skipped: str | None = None
+    """Why it did nothing: `busy` (work appeared, or a transaction is open)."""
+
+
+def compact_state(
+    db: Database, *, vacuum_min_bytes: int, vacuum_min_free_ratio: float
+) -> CompactOutcome:
+    """Truncate the WAL, then `VACUUM` if still idle and worth it; never in a transaction.
+
+    Runs on the writer connection between group commits (the caller's unit wrote
+    nothing, and no other unit of its group did, or `in_transaction` says so and it is
+    skipped as `busy`). `VACUUM` runs only when no runner work is pending, at least
+    `vacuum_min_bytes` are free and at least `vacuum_min_free_ratio` of the pages are.
+    A failed `VACUUM` (a full disk) is raised; the deletions before it stay committed
+    and their free pages stay reusable.
+    """
+    conn = db.connection
+    if conn.in_transaction or runner_work_pending(db):
+        return CompactOutcome(False, False, 0, skipped="busy")
+    crash_point("server.retention.before_wal_truncate")
+    truncated = db.reclaim_wal()
+    page_size = int(db.fetch_value("PRAGMA page_size", {}))
+    pages = int(db.fetch_value("PRAGMA page_count", {}))
+    free = int(db.fetch_value("PRAGMA freelist_count", {}))
+    reclaimable = free * page_size
+    worth = reclaimable >= vacuum_min_bytes and pages > 0 and free / pages >= vacuum_min_free_ratio
+    if not worth or conn.in_transaction or runner_work_pending(db):
+        return CompactOutcome(truncated, False, reclaimable)
+    crash_point("server.retention.before_vacuum")
+    conn.execute("VACUUM")
+    crash_point("server.retention.after_vacuum")
+    db.reclaim_wal()
+    return CompactOutcome(truncated, True, reclaimable)
 
 
 class BackupFailedError(PiWorkflowsError):

@@ -128,6 +128,41 @@ for _transition in LIFECYCLE_TRANSITIONS:
         f"The {_transition} transition right after its COMMIT, before the server acts on "
         "it (answers a client or a runner, signals a runner or launches one).",
     )
+# Server: state retention (manual `state prune` and automatic cleanup share them).
+_declare(
+    "server.lifecycle.prune_tree.before_commit",
+    "server",
+    "One expired root-run tree's deletion after its rows are deleted and before the "
+    "COMMIT, so the whole tree is kept.",
+)
+_declare(
+    "server.lifecycle.prune_tree.after_commit",
+    "server",
+    "One expired root-run tree's deletion right after its COMMIT, before its files go "
+    "and the next tree is deleted.",
+)
+_declare(
+    "server.retention.before_blob_collection",
+    "server",
+    "A sweep after its trees were deleted and before the unreferenced blobs are "
+    "collected; the next sweep collects them.",
+)
+_declare(
+    "server.retention.before_wal_truncate",
+    "server",
+    "An idle sweep after its deletions and blob collection committed and before the WAL "
+    "is truncated.",
+)
+_declare(
+    "server.retention.before_vacuum",
+    "server",
+    "An idle sweep after the WAL was truncated and before VACUUM starts.",
+)
+_declare(
+    "server.retention.after_vacuum",
+    "server",
+    "An idle sweep right after VACUUM returned, before the WAL is truncated again.",
+)
 _declare(
     "server.receipt.after_commit",
     "server",
