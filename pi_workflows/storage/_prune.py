@@ -31,7 +31,9 @@ __all__ = [
     "compact_state",
     "delete_tree",
     "prunable_trees",
+    "retained_trees",
     "runner_work_pending",
+    "runs_by_state",
     "tree_blockers",
     "tree_runner_epochs",
     "unnamed_blobs",
@@ -305,6 +307,31 @@ def tree_runner_epochs(reader: Reader, root_run_id: str) -> list[str]:
     """The runner epochs of every run of the tree (their logs go with the tree)."""
     rows = reader.fetch_all(_TREE_RUNNER_EPOCHS, {"root": root_run_id}, _RunId)
     return [row.run_id for row in rows]
+
+
+_COUNT_TREES_KEPT = """
+SELECT count(*) FROM (SELECT root_run_id FROM runs GROUP BY root_run_id HAVING sum(
+    status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+    OR finished_at IS NULL OR finished_at >= :cutoff) > 0)
+"""
+_RUNS_BY_STATE = "SELECT status AS key, count(*) AS n FROM runs GROUP BY status ORDER BY status"
+
+
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    key: str
+    n: int
+
+
+def retained_trees(reader: Reader, cutoff: int) -> int:
+    """How many root-run trees are kept at `cutoff` for their age or unfinished runs
+    (trees kept only for protected state are not counted here)."""
+    return int(reader.fetch_value(_COUNT_TREES_KEPT, {"cutoff": cutoff}))
+
+
+def runs_by_state(reader: Reader) -> dict[str, int]:
+    """The number of runs in each status (`state status`)."""
+    return {row.key: row.n for row in reader.fetch_all(_RUNS_BY_STATE, {}, _Counted)}
 
 
 def runner_work_pending(reader: Reader) -> bool:

@@ -1,0 +1,164 @@
+"""Automatic state retention on a real server with a manual clock.
+
+workflow-server.md § State retention: after startup recovery the server sweeps the
+terminal root-run trees older than the retention period, with the selector, exact-tree
+deletion and blob collection of `state prune` (so it deletes exactly what a dry run of
+the same cutoff lists), makes no backup, keeps protected trees and blobs a retained
+run still names, removes a deleted run's pi folders and runner logs, and a repeated
+sweep changes nothing. `state status` reports it, with no IDs or paths.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.storage import (
+    DAY_MS,
+    ManualClock,
+    RunnerOutcome,
+    complete_run,
+    open_database,
+    record_runner_exit,
+)
+from pi_workflows.testing import perform_with_calls
+from tests.server.test_run_view_rules import _ambiguous_effect
+from tests.storage.storage_helpers import running
+from tests.storage.test_prune import _finished_run
+
+pytestmark = pytest.mark.timeout(60)
+
+T0 = 1_700_000_000_000
+SHARED_OUTPUT: dict[str, object] = {"shared": True}
+
+
+def _seed(state_dir: Path) -> None:
+    """Trees 31 days old at T0 + 31 days: `old-a` (shares its output blob with the
+    retained run), `old-b` (a failed attempt's traceback), `old-c` (an ambiguous effect:
+    protected); `kept-r` finished two days later (29 days old)."""
+    clock = ManualClock(T0)
+    db = open_database(state_dir / "state.sqlite", clock=clock)
+    try:
+        _finished_run(db, "old-a", SHARED_OUTPUT, failing=False)
+        _finished_run(db, "old-b", {"b": 1}, failing=True)
+        claim = running(db, "old-c")
+        _ambiguous_effect(db, claim)
+        with db.write() as tx:
+            complete_run(tx, "old-c", claim=claim, payload={"output": {}})
+            record_runner_exit(tx, "old-c-e1", outcome=RunnerOutcome.EXITED, exit_code=0)
+        clock.advance(2 * DAY_MS)
+        _finished_run(db, "kept-r", SHARED_OUTPUT, failing=False)
+    finally:
+        db.close()
+    for run_id in ("old-a", "kept-r"):
+        (state_dir / "pi" / run_id / f"{run_id}-a1").mkdir(parents=True)
+        runners = state_dir / "logs" / "runners"
+        runners.mkdir(parents=True, exist_ok=True)
+        (runners / f"{run_id}-e1.log").write_text("runner log")
+
+
+def _rows(state_dir: Path, sql: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect((state_dir / "state.sqlite").as_uri() + "?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _server(state_dir: Path, clock: ManualClock) -> WorkflowServer:
+    return WorkflowServer(
+        state_dir,
+        idle_exit_s=None,
+        tick_s=0.05,
+        execute_runs=False,
+        units=perform_with_calls,
+        clock=clock,
+    )
+
+
+def _status(state_dir: Path) -> dict[str, Any]:
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        return dict(client.call("state.status")["receipt"])
+
+
+def _wait_sweeps(state_dir: Path, at_least: int, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until the retention report shows a completed sweep (finishedAt moved)."""
+    deadline = time.monotonic() + timeout
+    seen: set[int] = set()
+    while True:
+        retention = _status(state_dir)["retention"]
+        last = retention.get("lastSweep")
+        if last is not None:
+            seen.add(last["finishedAt"])
+            if len(seen) >= at_least and retention["state"] == "idle":
+                return dict(retention)
+        assert time.monotonic() < deadline, f"no sweep: {retention}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def seeded(short_tmp: Path) -> Iterator[Path]:
+    state_dir = short_tmp / "state"
+    state_dir.mkdir()
+    _seed(state_dir)
+    yield state_dir
+
+
+def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
+    seeded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = seeded
+    now = T0 + 31 * DAY_MS
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "0")
+    with _server(state, ManualClock(now)):
+        with WorkflowClient(state, autostart=False, timeout=30) as client:
+            listed = client.call("state.prune", {"olderThanDays": 30})["receipt"]
+        assert _status(state)["retention"]["enabled"] is False
+    assert sorted(listed["runIds"]) == ["old-a", "old-b"]
+    assert listed["keptProtected"] == 1
+    shared = _rows(state, "SELECT output_hash FROM node_attempts WHERE run_id = 'kept-r'")
+    files_before = sorted(p.name for p in state.iterdir())
+
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "30")
+    clock = ManualClock(now)
+    with _server(state, clock) as server:
+        retention = _wait_sweeps(state, 1)
+        last = retention["lastSweep"]
+        assert (last["trigger"], last["treesDeleted"], last["runsDeleted"]) == ("recovery", 2, 2)
+        assert last["treesKeptProtected"] == 1
+        remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
+        assert remaining == ["kept-r", "old-c"], "exactly what the dry run listed is gone"
+        assert _rows(state, f"SELECT count(*) FROM blobs WHERE digest = '{shared[0][0]}'") == [
+            (1,)
+        ], "a blob a retained run names survives"
+        assert not (state / "pi" / "old-a").exists()
+        assert not (state / "logs" / "runners" / "old-a-e1.log").exists()
+        assert (state / "pi" / "kept-r" / "kept-r-a1").is_dir()
+        assert (state / "logs" / "runners" / "kept-r-e1.log").exists()
+        assert sorted(p.name for p in state.iterdir()) == files_before, "no backup file"
+        with WorkflowClient(state, autostart=False, timeout=30) as client:
+            assert client.call("state.verify")["receipt"]["findingCount"] == 0
+            kept = client.call("run.get", run_id="kept-r")
+            assert kept["receipt"]["display"]["status"] == "completed", (
+                "a retained run keeps its view"
+            )
+        counts = _rows(state, "SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM blobs)")
+        clock.advance(DAY_MS)  # the daily check: a second sweep with nothing to do
+        again = _wait_sweeps(state, 2)["lastSweep"]
+        assert (again["trigger"], again["treesDeleted"], again["blobsDeleted"]) == ("daily", 0, 0)
+        assert _rows(state, "SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM blobs)") == (
+            counts
+        )
+        status = _status(state)
+        assert status["retention"]["retentionDays"] == 30
+        assert status["retention"]["nextDueAt"] == now + 2 * DAY_MS
+        assert server.running
+    text = repr(status)
+    for secret in ("old-a", "kept-r", str(state)):
+        assert secret not in text
