@@ -44,9 +44,18 @@ from pi_workflows.testing import (
     workflow_submit_turn,
 )
 from tests.conftest import Processes, write_workflow
-from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
+from tests.crash.harness import (
+    PIW,
+    SETTLE_S,
+    Command,
+    Lab,
+    Server,
+    live_generations,
+    runner_rows,
+)
 from tests.pi.agents import ATTEMPT_IN_PROMPT
 from tests.pi.conftest import pi_binary, pi_slot, provider  # noqa: F401 - for NeedsPi cases
+from tests.server.retention_seed import assert_whole_trees, seed_expired_trees
 from tests.server.watchers import Watcher
 
 pytestmark = pytest.mark.timeout(90)
@@ -1359,6 +1368,80 @@ def _channel_after_a_429(lab: Lab) -> None:
         _wait_delivery(lab, run_id, lambda found: found == ("presented", ["cancelled", "applied"]))
         assert len(fake.bot_messages()) == 1
         lab.finish({run_id: "waiting"})
+
+
+# --- state retention: a sweep's trees, blobs, WAL truncate and VACUUM ----------------------
+# Sixteen trees 31 days old (each with its own ~20 KB output blob, so their deletion frees
+# enough pages for VACUUM) and one recent run; the startup sweep reaches each point.
+
+EXPIRED = 16
+
+
+def _seed_lab(lab: Lab) -> None:
+    seed_expired_trees(lab.state_dir, EXPIRED, now_ms=int(time.time() * 1000))
+    lab.extra_env["PI_WORKFLOWS_RETENTION_VACUUM_MIN_BYTES"] = "0"  # VACUUM when 20 % free
+
+
+def _swept(lab: Lab) -> dict[str, Any]:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        retention = lab.call("state.status")["retention"]
+        if retention["lastSweep"] is not None:
+            return dict(retention["lastSweep"])
+        assert time.monotonic() < deadline, retention
+        time.sleep(0.05)
+
+
+def _sweep_crash(lab: Lab, point: str) -> None:
+    _seed_lab(lab)
+    armed = lab.start_server(point)
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        assert_whole_trees(db)
+        left = {row[0] for row in db.execute("SELECT run_id FROM runs")}
+    assert "recent" in left
+    server = lab.start_server()
+    last = _swept(lab)
+    assert last["treesDeleted"] == len(left) - 1, "the next start finishes the job"
+    with lab.database() as db:
+        assert [row[0] for row in db.execute("SELECT run_id FROM runs")] == ["recent"]
+        assert_whole_trees(db)
+    listed = lab.call("state.prune", {"olderThanDays": 30})
+    assert (listed["treeCount"], listed["unnamedBlobs"]) == (0, 0), "no blob left behind"
+    assert lab.call("state.verify")["consistent"]
+    lab.stop_server(server)
+    with lab.database() as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+@scenario("server.lifecycle.prune_tree.before_commit", "sweep-third-tree")
+def _sweep_before_tree_commit(lab: Lab) -> None:
+    _sweep_crash(lab, "server.lifecycle.prune_tree.before_commit@3")
+
+
+@scenario("server.lifecycle.prune_tree.after_commit", "sweep-third-tree")
+def _sweep_after_tree_commit(lab: Lab) -> None:
+    _sweep_crash(lab, "server.lifecycle.prune_tree.after_commit@3")
+
+
+@scenario("server.retention.before_blob_collection", "sweep")
+def _sweep_before_blobs(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.before_blob_collection")
+
+
+@scenario("server.retention.before_wal_truncate", "sweep")
+def _sweep_before_wal_truncate(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.before_wal_truncate")
+
+
+@scenario("server.retention.before_vacuum", "sweep")
+def _sweep_before_vacuum(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.before_vacuum")
+
+
+@scenario("server.retention.after_vacuum", "sweep")
+def _sweep_after_vacuum(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.after_vacuum")
 
 
 # --- the matrix -------------------------------------------------------------------------
