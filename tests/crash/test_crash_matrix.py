@@ -1444,6 +1444,54 @@ def _sweep_after_vacuum(lab: Lab) -> None:
     _sweep_crash(lab, "server.retention.after_vacuum")
 
 
+@scenario("server.lifecycle.prune_tree.after_commit", "manual-prune")
+def _manual_prune_interrupted(lab: Lab) -> None:
+    """`state prune --apply` whose server dies after its fifth tree: the CLI says the
+    server went away during the deletions; a second prune lists only what is left, and
+    an applied one leaves no blob that no row names."""
+    _seed_lab(lab)
+    lab.extra_env["PI_WORKFLOWS_RETENTION_DAYS"] = "0"  # only the manual prune deletes
+    armed = lab.start_server("server.lifecycle.prune_tree.after_commit@5")
+    backup = lab.root / "before-prune.sqlite"
+    argv = [*PIW, "--state-dir", str(lab.state_dir), "state", "prune", "--older-than", "30"]
+    done = subprocess.run(
+        [*argv, "--apply", "--backup", str(backup)],
+        env=lab.env(),  # its retry may start a server: unarmed, tagged for the lab's cleanup
+        capture_output=True,
+        text=True,
+        timeout=SETTLE_S,
+        check=False,
+    )
+    lab.expect_server_crash(armed)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "went away during the deletions" in done.stderr
+    assert "some trees may already be gone" in done.stderr
+    with lab.database() as db:
+        assert_whole_trees(db)
+        left = sorted(
+            row[0] for row in db.execute("SELECT run_id FROM runs WHERE run_id != 'recent'")
+        )
+    assert len(left) == EXPIRED - 5
+    listed = json.loads(
+        subprocess.run(
+            [*argv, "--json"], env=lab.env(), capture_output=True, text=True, timeout=SETTLE_S,
+            check=True,
+        ).stdout
+    )  # fmt: skip
+    assert sorted(listed["runIds"]) == left, "the second prune lists only what is left"
+    again = lab.call(
+        "state.prune",
+        {"olderThanDays": 30, "apply": True, "backupPath": str(lab.root / "second.sqlite")},
+        idempotency_key=f"second-{lab.tag}",
+    )
+    assert again["treeCount"] == len(left) and again["blobsDeleted"] > 0
+    after = lab.call("state.prune", {"olderThanDays": 30})
+    assert (after["treeCount"], after["unnamedBlobs"]) == (0, 0), "no unnamed blob remains"
+    assert lab.call("state.verify")["consistent"]
+    lab.call("server.stop")
+    lab.assert_gone(lab.lab_processes(), "the server the retry started")
+
+
 # --- the matrix -------------------------------------------------------------------------
 
 
