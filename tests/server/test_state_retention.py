@@ -10,6 +10,7 @@ sweep changes nothing. `state status` reports it, with no IDs or paths.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ from pi_workflows.storage import (
     record_runner_exit,
 )
 from pi_workflows.testing import perform_with_calls
+from tests.conftest import write_workflow
+from tests.server.retention_seed import seed_expired_trees
+from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 from tests.server.test_run_view_rules import _ambiguous_effect
 from tests.storage.storage_helpers import running
 from tests.storage.test_prune import _finished_run
@@ -71,12 +75,12 @@ def _rows(state_dir: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def _server(state_dir: Path, clock: ManualClock) -> WorkflowServer:
+def _server(state_dir: Path, clock: ManualClock, *, execute_runs: bool = False) -> WorkflowServer:
     return WorkflowServer(
         state_dir,
         idle_exit_s=None,
         tick_s=0.05,
-        execute_runs=False,
+        execute_runs=execute_runs,
         units=perform_with_calls,
         clock=clock,
     )
@@ -162,3 +166,58 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
     text = repr(status)
     for secret in ("old-a", "kept-r", str(state)):
         assert secret not in text
+
+
+GATED = """
+from pi_workflows import compute, define_workflow
+
+
+def gate(ctx):
+    with open(ctx.input["ready"], "w") as ready:
+        ready.write("at the gate")
+    with open(ctx.input["release"]) as release:  # blocks until the test writes
+        release.read()
+    return {"ok": True}
+
+
+workflow = define_workflow(
+    name="gated", start_at="gate", nodes={"gate": compute(gate, timeout=120)}
+)
+"""
+
+
+def test_a_sweep_yields_to_a_running_run_and_its_runner_exit_finishes_it(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The startup sweep finds a run admitted (requeued by the stop of a first server):
+    it deletes nothing while that run's runner works, and the runner's exit on the idle
+    server continues it (the manual clock never reaches the five-minute retry)."""
+    state, project = short_tmp / "state", short_tmp / "project"
+    now = T0 + 31 * DAY_MS
+    seed_expired_trees(state, 3, now_ms=now)
+    write_workflow(project, "gated", GATED)
+    ready, release = short_tmp / "ready.fifo", short_tmp / "release.fifo"
+    os.mkfifo(ready)
+    os.mkfifo(release)
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "0")
+    clock = ManualClock(now)
+    with _server(state, clock, execute_runs=True) as first:
+        with WorkflowClient(state, autostart=False, timeout=30) as client:
+            gated = start_run(
+                client, project, "gated", {"ready": str(ready), "release": str(release)}
+            )
+        wait_fifo(ready)
+        first.stop("handing the run back", drain_s=0.2)  # requeued at its last boundary
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "30")
+    with _server(state, clock, execute_runs=True):
+        wait_fifo(ready)  # the run is running again
+        retention = _status(state)["retention"]
+        assert retention["lastSweep"] is None and retention["state"] in ("due", "waitingForIdle")
+        assert len(_rows(state, "SELECT run_id FROM runs WHERE run_id LIKE 'exp-%'")) == 3
+        release.write_text("go")
+        last = _wait_sweeps(state, 1)["lastSweep"]
+        assert (last["trigger"], last["treesDeleted"]) == ("recovery", 3)
+        with WorkflowClient(state, autostart=False, timeout=30) as client:
+            assert wait_for(client, gated, TERMINAL)["display"]["status"] == "completed"
+        remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
+        assert remaining == sorted([gated, "recent"])
