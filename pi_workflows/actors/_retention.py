@@ -323,6 +323,11 @@ class RetentionActor(ServerActor):
         self._publish_next(self._retry_at, state="retrying")
 
     def _completed(self, sweep: _Sweep, outcome: CompactOutcome) -> None:
+        if outcome.skipped not in (None, "busy"):
+            log.warning(
+                "state compaction failed; the deletions stay committed and the free pages reusable",
+                extra={"action": "retention.vacuum_failed", "error": outcome.skipped},
+            )
         self._sweep = None
         self._due = False
         self._idle_retry_at = None
@@ -340,6 +345,7 @@ class RetentionActor(ServerActor):
                 "blobsDeleted": sweep.blobs_deleted,
                 "walTruncated": outcome.wal_truncated,
                 "vacuumed": outcome.vacuumed,
+                "compactionSkipped": outcome.skipped,
                 "reclaimableBytes": outcome.reclaimable_bytes,
             }
         )

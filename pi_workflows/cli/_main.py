@@ -8,6 +8,7 @@ JSON document on stdout; errors go to stderr as one sentence that says what to d
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import select
@@ -1043,6 +1044,7 @@ STATE_COUNT_WORDS = {
     "ambiguousEffects": "ambiguous effects",
     "blobs": "stored blobs",
     "viewContents": "stored view contents",
+    "retainedTrees": "retained run trees",
 }
 """How `state status` names each count (the receipt's keys are in `--json`)."""
 
@@ -1066,11 +1068,50 @@ def state_status(ctx: click.Context, as_json: bool) -> None:
     click.echo(
         f"database: {_mib(status['databaseBytes'])} ({_mib(status['freeBytes'])} free for reuse)"
     )
+    if "walBytes" in status:
+        click.echo(
+            f"write-ahead log: {_mib(status['walBytes'])}; {status['freePages']} of "
+            f"{status['pageCount']} pages free ({_mib(status['reclaimableBytes'])} reclaimable)"
+        )
     counts = status["counts"]
     width = max(len(words) for words in STATE_COUNT_WORDS.values())
     for key, words in STATE_COUNT_WORDS.items():
         if key in counts:
             click.echo(f"  {words:<{width}}  {counts[key]}")
+    by_state = status.get("runsByState") or {}
+    if by_state:
+        click.echo("runs by state: " + ", ".join(f"{k} {n}" for k, n in sorted(by_state.items())))
+    if status.get("retention") is not None:
+        _echo_retention(status["retention"])
+
+
+def _echo_retention(retention: dict[str, Any]) -> None:
+    """The retention setting, the last sweep and the next one (times in UTC)."""
+    if not retention["enabled"]:
+        click.echo("retention: automatic cleanup off (PI_WORKFLOWS_RETENTION_DAYS=0)")
+        return
+    click.echo(
+        f"retention: terminal run trees are kept {retention['retentionDays']} days "
+        f"after they finish ({retention['state']})"
+    )
+    last = retention.get("lastSweep")
+    if last is None:
+        click.echo("  last sweep: none yet in this server process")
+    else:
+        click.echo(
+            f"  last sweep: {_utc(last['finishedAt'])} ({last['trigger']}): "
+            f"{last['treesDeleted']} trees ({last['runsDeleted']} runs) deleted, "
+            f"{last['treesKeptProtected']} kept for protected state, "
+            f"{last['blobsDeleted']} blobs collected"
+            + ("; compacted" if last["vacuumed"] else "")
+        )
+    if retention.get("nextDueAt") is not None:
+        click.echo(f"  next sweep due: {_utc(retention['nextDueAt'])}")
+
+
+def _utc(epoch_ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _mib(size: int) -> str:

@@ -419,7 +419,8 @@ class CompactOutcome:
     reclaimable_bytes: int
     """Free pages times page size, before any `VACUUM`."""
     skipped: str | None = None
-    """Why it did nothing: `busy` (work appeared, or a transaction is open)."""
+    """Why it did not compact: `busy` (work appeared, or a transaction is open), or the
+    type of the error `VACUUM` failed with."""
 
 
 def compact_state(
@@ -431,8 +432,9 @@ def compact_state(
     nothing, and no other unit of its group did, or `in_transaction` says so and it is
     skipped as `busy`). `VACUUM` runs only when no runner work is pending, at least
     `vacuum_min_bytes` are free and at least `vacuum_min_free_ratio` of the pages are.
-    A failed `VACUUM` (a full disk) is raised; the deletions before it stay committed
-    and their free pages stay reusable.
+    A failed `VACUUM` (a full disk, a reader holding a snapshot) is `skipped` with its
+    error's type: SQLite rolled it back, the deletions before it stay committed and
+    their free pages stay reusable by the next inserts.
     """
     conn = db.connection
     if conn.in_transaction or runner_work_pending(db):
@@ -447,7 +449,10 @@ def compact_state(
     if not worth or conn.in_transaction or runner_work_pending(db):
         return CompactOutcome(truncated, False, reclaimable)
     crash_point("server.retention.before_vacuum")
-    conn.execute("VACUUM")
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.Error as exc:  # a full disk, a reader in the way: nothing is lost
+        return CompactOutcome(truncated, False, reclaimable, skipped=type(exc).__name__)
     crash_point("server.retention.after_vacuum")
     db.reclaim_wal()
     return CompactOutcome(truncated, True, reclaimable)

@@ -29,7 +29,7 @@ from pi_workflows.storage import (
     record_runner_exit,
 )
 from pi_workflows.testing import perform_with_calls
-from tests.conftest import write_workflow
+from tests.conftest import Processes, write_workflow
 from tests.server.retention_seed import seed_expired_trees
 from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 from tests.server.test_run_view_rules import _ambiguous_effect
@@ -115,7 +115,7 @@ def seeded(short_tmp: Path) -> Iterator[Path]:
 
 
 def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
-    seeded: Path, monkeypatch: pytest.MonkeyPatch
+    seeded: Path, monkeypatch: pytest.MonkeyPatch, processes: Processes
 ) -> None:
     state = seeded
     now = T0 + 31 * DAY_MS
@@ -160,10 +160,16 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
             counts
         )
         status = _status(state)
+        shown = processes.cli(state, "state", "status").stdout
+        assert "retention: terminal run trees are kept 30 days" in shown
+        assert "last sweep: 2023-" in shown and "(daily): 0 trees (0 runs) deleted" in shown
+        assert status["counts"]["retainedTrees"] == 1, "kept-r: 29 days old"
+        assert status["runsByState"] == {"completed": 2}
+        assert status["walBytes"] >= 0 and status["freePages"] <= status["pageCount"]
         assert status["retention"]["retentionDays"] == 30
         assert status["retention"]["nextDueAt"] == now + 2 * DAY_MS
         assert server.running
-    text = repr(status)
+    text = repr(status) + shown
     for secret in ("old-a", "kept-r", str(state)):
         assert secret not in text
 
