@@ -65,6 +65,9 @@ def _seed(state_dir: Path) -> None:
         runners = state_dir / "logs" / "runners"
         runners.mkdir(parents=True, exist_ok=True)
         (runners / f"{run_id}-e1.log").write_text("runner log")
+        validators = state_dir / "logs" / "validators" / run_id
+        validators.mkdir(parents=True)
+        (validators / "validator-0123.log").write_text("validator log")
 
 
 def _rows(state_dir: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -143,6 +146,8 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
         ], "a blob a retained run names survives"
         assert not (state / "pi" / "old-a").exists()
         assert not (state / "logs" / "runners" / "old-a-e1.log").exists()
+        assert not (state / "logs" / "validators" / "old-a").exists()
+        assert (state / "logs" / "validators" / "kept-r" / "validator-0123.log").exists()
         assert (state / "pi" / "kept-r" / "kept-r-a1").is_dir()
         assert (state / "logs" / "runners" / "kept-r-e1.log").exists()
         assert sorted(p.name for p in state.iterdir()) == files_before, "no backup file"
