@@ -36,6 +36,7 @@ from pi_workflows.cli._backup import (
     verify_inactive_backup,
 )
 from pi_workflows.cli._chain import chain_rows, follow_chain
+from pi_workflows.domain import RETENTION_DAYS_ENV
 from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.pi import PI_BINARY_ENV
@@ -220,6 +221,8 @@ ENV_WORDS = {
     VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
     BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
     "(default 86400)",
+    RETENTION_DAYS_ENV: "days terminal run trees are kept after they finish (default 30; "
+    "0: no automatic cleanup)",
     MEMORY_ENV: "default memory limit of a node's processes, in MiB",
     PROCESSES_ENV: "default process limit of a node",
     MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
