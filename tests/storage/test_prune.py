@@ -27,6 +27,7 @@ from pi_workflows.storage import (
     cancel_run,
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
+    compact_state,
     complete_run,
     delete_tree,
     fail_node_attempt,
@@ -247,3 +248,74 @@ def test_a_backup_is_a_verified_private_copy_and_never_replaces_a_file(
     with pytest.raises(BackupFailedError) as no_folder:
         write_backup(db, tmp_path / "missing" / "b.sqlite")
     assert no_folder.value.code == "backupPathInvalid"
+
+
+def _delete_expired(db: Database, clock: ManualClock, count: int) -> None:
+    """`count` trees, each with its own ~40 KB output, deleted as a sweep deletes them."""
+    for i in range(count):
+        _finished_run(db, f"big-{i}", {"i": i, "pad": f"{i:04d}" * 10_000}, failing=False)
+    clock.advance(DAY_MS)
+    trees, _ = prunable_trees(db, clock.now_ms())
+    digests: set[str] = set()
+    for tree in trees:
+        with db.write() as tx:
+            deleted = delete_tree(tx, tree.root_run_id, clock.now_ms())
+            assert deleted is not None
+            digests |= deleted[1]
+    with db.write() as tx:
+        assert collect_unreferenced_blobs(tx, digests) == count
+
+
+def _pages(db: Database) -> tuple[int, int]:
+    return (
+        int(db.fetch_value("PRAGMA page_count", {})),
+        int(db.fetch_value("PRAGMA freelist_count", {})),
+    )
+
+
+@pytest.mark.parametrize("fault", ["skipped", "failed"])
+def test_free_pages_stay_reusable_when_compaction_is_skipped_or_fails(
+    db: Database, clock: ManualClock, fault: str
+) -> None:
+    """A compaction below its threshold is skipped; a `VACUUM` SQLite refuses (here: a
+    statement still in progress on the writer connection) fails. Either way the deletions
+    stay committed, and new content reuses the free pages: the file does not grow."""
+    _delete_expired(db, clock, 12)
+    pages, free = _pages(db)
+    assert free / pages >= 0.2, "the deletions freed at least a fifth of the pages"
+    if fault == "skipped":
+        outcome = compact_state(db, vacuum_min_bytes=1 << 40, vacuum_min_free_ratio=0.2)
+        assert (outcome.vacuumed, outcome.skipped) == (False, None)
+    else:
+        in_progress = db.connection.execute(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 10)"
+            " SELECT x FROM c"
+        )
+        in_progress.fetchone()
+        try:
+            outcome = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.2)
+        finally:
+            in_progress.close()
+        assert (outcome.vacuumed, outcome.skipped) == (False, "OperationalError")
+    assert outcome.reclaimable_bytes > 0
+    assert _pages(db) == (pages, free), "nothing of the deletions was undone"
+    assert db.fetch_value("SELECT count(*) FROM runs WHERE run_id LIKE 'big-%'", {}) == 0
+    with db.write() as tx:
+        for i in range(10):
+            put_blob(tx, f"new content {i} ".encode() * 2_500)
+    assert _pages(db)[0] == pages, "the new blobs went into the free pages"
+    assert verify(db) == []
+
+
+def test_an_idle_compaction_truncates_the_wal_and_vacuums_past_its_thresholds(
+    db: Database, clock: ManualClock
+) -> None:
+    _delete_expired(db, clock, 12)
+    pages, _ = _pages(db)
+    outcome = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.2)
+    assert outcome.vacuumed and outcome.wal_truncated and outcome.skipped is None
+    assert _pages(db)[0] < pages and _pages(db)[1] == 0
+    assert Path(f"{db.path}-wal").stat().st_size == 0
+    running(db, "busy")  # runner work pending: nothing is compacted
+    busy = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.0)
+    assert (busy.vacuumed, busy.skipped) == (False, "busy")
