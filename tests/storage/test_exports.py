@@ -40,6 +40,9 @@ PINNED = {
     "DAY_MS", "BackupFailedError", "PruneTree", "collect_unnamed_blobs",
     "collect_unreferenced_blobs", "delete_tree",
     "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
+    # retention (the automatic sweep, and state status)
+    "CompactOutcome", "compact_state", "runner_work_pending", "tree_runner_epochs",
+    "retained_trees", "runs_by_state",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
