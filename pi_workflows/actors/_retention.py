@@ -205,10 +205,8 @@ class RetentionActor(ServerActor):
             self._due = True  # the daily check
         if self._idle_retry_at is not None and now >= self._idle_retry_at:
             self._idle_retry_at = None
-            self._maybe_go("retry")
-            return
-        if self._sweep is None:
-            self._maybe_go("daily")
+        # A sweep under way (yielded, or failed) goes on; else a due one starts.
+        self._maybe_go("daily")
 
     def _may_start(self) -> bool:
         now = self._now()

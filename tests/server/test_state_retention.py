@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +21,10 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.domain import SweepTree
 from pi_workflows.storage import (
     DAY_MS,
+    Database,
     ManualClock,
     RunnerOutcome,
     complete_run,
@@ -232,3 +235,50 @@ def test_a_sweep_yields_to_a_running_run_and_its_runner_exit_finishes_it(
             assert wait_for(client, gated, TERMINAL)["display"]["status"] == "completed"
         remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
         assert remaining == sorted([gated, "recent"])
+
+
+class _FailFirstSweep:
+    """The server's units, with one fault: the first tree deletion raises an SQLite
+    error (as a failing disk would), through the `units=` hook tests use."""
+
+    def __init__(self) -> None:
+        self.failed = threading.Event()
+
+    def __call__(self, db: Database, unit: object) -> Any:
+        if isinstance(unit, SweepTree) and not self.failed.is_set():
+            self.failed.set()
+            raise sqlite3.OperationalError("disk I/O error in /secret/place")
+        return perform_with_calls(db, unit)
+
+
+def test_a_failed_sweep_is_one_bounded_diagnostic_and_retries_after_five_minutes(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = short_tmp / "state"
+    now = T0 + 31 * DAY_MS
+    seed_expired_trees(state, 3, now_ms=now)
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "30")
+    clock = ManualClock(now)
+    units = _FailFirstSweep()
+    server = WorkflowServer(
+        state, idle_exit_s=None, tick_s=0.05, execute_runs=False, units=units, clock=clock
+    )
+    with server:
+        deadline = time.monotonic() + 30
+        while (retention := _status(state)["retention"])["state"] != "retrying":
+            assert time.monotonic() < deadline, retention
+            time.sleep(0.05)
+        assert retention["lastFailure"]["error"] == "OperationalError"
+        assert retention["nextDueAt"] == now + 5 * 60 * 1000
+        assert len(_rows(state, "SELECT run_id FROM runs WHERE run_id LIKE 'exp-%'")) == 3
+        clock.advance(4 * 60 * 1000)  # not yet: no tight retry loop
+        assert _status(state)["retention"]["state"] == "retrying"
+        clock.advance(60 * 1000)
+        last = _wait_sweeps(state, 1)["lastSweep"]
+        assert last["treesDeleted"] == 3
+        assert server.running, "a failed sweep does not stop the server"
+    log = (state / "logs" / "server.log").read_text()
+    failures = [line for line in log.splitlines() if "retention.failed" in line]
+    assert len(failures) == 1
+    assert "secret" not in failures[0] and str(state) not in failures[0]
+    assert len(failures[0]) < 500
