@@ -92,6 +92,14 @@ _BLOCKERS: tuple[tuple[str, str], ...] = (
         f"SELECT 1 FROM workflow_messages WHERE run_id IN {_TREE} AND state = 'pending'",
     ),
     (
+        "openTurn",
+        f"SELECT 1 FROM workflow_turns WHERE run_id IN {_TREE} AND status = 'open'",
+    ),
+    (
+        "followUpFromOutside",
+        f"SELECT 1 FROM follow_ups WHERE chain_run_id IN {_TREE} AND run_id NOT IN {_TREE}",
+    ),
+    (
         "queuedFollowUp",
         f"SELECT 1 FROM follow_ups WHERE run_id IN {_TREE} AND state = 'pending'",
     ),
@@ -258,9 +266,10 @@ def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
     continuations, children). It expires when every run of it is terminal and finished
     before `cutoff`; it is kept while `tree_blockers` names any protected state: a live
     queue row, an active lease, runner epoch or registered process, a pending
-    interaction, decision or workflow message, a validating submission, an unsettled or
-    ambiguous effect, or a run, decision or channel message outside the tree that points
-    into it.
+    interaction, decision or workflow message (a terminal result not yet delivered), an
+    open workflow turn, a queued follow-up, a validating submission, an unsettled or
+    ambiguous effect, or a run, decision, follow-up or channel message outside the tree
+    that points into it.
     """
     trees: list[PruneTree] = []
     kept = 0

@@ -319,3 +319,37 @@ def test_an_idle_compaction_truncates_the_wal_and_vacuums_past_its_thresholds(
     running(db, "busy")  # runner work pending: nothing is compacted
     busy = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.0)
     assert (busy.vacuumed, busy.skipped) == (False, "busy")
+
+
+def test_an_open_turn_and_a_follow_up_of_another_tree_keep_an_expired_tree(
+    db: Database, clock: ManualClock
+) -> None:
+    _finished_run(db, "turned", {"t": 1}, failing=False)
+    _finished_run(db, "chained", {"c": 1}, failing=False)
+    _finished_run(db, "other", {"o": 1}, failing=False)
+    with db.write() as tx:
+        digest = put_blob(tx, b"follow-up text")
+        params = {"now": tx.now, "d": digest}
+        tx.execute(
+            "INSERT INTO workflow_messages (message_id, run_id, target_session_id, kind,"
+            " source_id, content_digest, session_order, state, created_at, updated_at)"
+            " VALUES ('m-1', 'turned', 's-1', 'terminal', 'turned', :d, 1, 'sent', :now, :now)",
+            params,
+        )
+        tx.execute(
+            "INSERT INTO workflow_turns (turn_id, message_id, run_id, session_id, status,"
+            " started_at) VALUES ('t-1', 'm-1', 'turned', 's-1', 'open', :now)",
+            params,
+        )
+        tx.execute(
+            "INSERT INTO follow_ups (follow_up_id, run_id, chain_run_id, target_session_id,"
+            " content_hash, state, created_at, updated_at)"
+            " VALUES ('f-1', 'other', 'chained', 's-1', :d, 'cancelled', :now, :now)",
+            params,
+        )
+    clock.advance(DAY_MS)
+    cutoff = clock.now_ms()
+    assert tree_blockers(db, "turned", cutoff) == ["openTurn"]
+    assert tree_blockers(db, "chained", cutoff) == ["followUpFromOutside"]
+    trees, kept = prunable_trees(db, cutoff)
+    assert [t.root_run_id for t in trees] == ["other"] and kept == 2
