@@ -161,6 +161,7 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
                 "a retained run keeps its view"
             )
         counts = _rows(state, "SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM blobs)")
+        pages = _status(state)["pageCount"]
         clock.advance(DAY_MS)  # the daily check: a second sweep with nothing to do
         again = _wait_sweeps(state, 2)["lastSweep"]
         assert (again["trigger"], again["treesDeleted"], again["blobsDeleted"]) == ("daily", 0, 0)
@@ -168,6 +169,7 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
             counts
         )
         status = _status(state)
+        assert status["pageCount"] == pages, "the same file"
         shown = processes.cli(state, "state", "status").stdout
         assert "retention: terminal run trees are kept 30 days" in shown
         assert "last sweep: 2023-" in shown and "(daily): 0 trees (0 runs) deleted" in shown
