@@ -1105,8 +1105,7 @@ def _echo_retention(retention: dict[str, Any]) -> None:
             f"  last sweep: {_utc(last['finishedAt'])} ({last['trigger']}): "
             f"{last['treesDeleted']} trees ({last['runsDeleted']} runs) deleted, "
             f"{last['treesKeptProtected']} kept for protected state, "
-            f"{last['blobsDeleted']} blobs collected"
-            + ("; compacted" if last["vacuumed"] else "")
+            f"{last['blobsDeleted']} blobs collected" + ("; compacted" if last["vacuumed"] else "")
         )
     if retention.get("nextDueAt") is not None:
         click.echo(f"  next sweep due: {_utc(retention['nextDueAt'])}")
