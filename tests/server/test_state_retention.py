@@ -284,3 +284,35 @@ def test_a_failed_sweep_is_one_bounded_diagnostic_and_retries_after_five_minutes
     assert len(failures) == 1
     assert "secret" not in failures[0] and str(state) not in failures[0]
     assert len(failures[0]) < 500
+
+
+def test_a_run_started_during_a_sweep_runs_at_once_and_the_sweep_goes_on_after_it(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started while the startup sweep deletes 300 trees reaches its node without
+    waiting for the sweep (one tree per transaction); the sweep, if the run caught it
+    under way, stopped between two trees, and goes on after the runner exits."""
+    state, project = short_tmp / "state", short_tmp / "project"
+    now = T0 + 31 * DAY_MS
+    seed_expired_trees(state, 300, now_ms=now)
+    write_workflow(project, "gated", GATED)
+    ready, release = short_tmp / "ready.fifo", short_tmp / "release.fifo"
+    os.mkfifo(ready)
+    os.mkfifo(release)
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "30")
+    with _server(state, ManualClock(now), execute_runs=True):
+        with WorkflowClient(state, autostart=False, timeout=30) as client:
+            gates = {"ready": str(ready), "release": str(release)}
+            gated = start_run(client, project, "gated", gates)
+            wait_fifo(ready)  # running: it did not wait for the sweep
+            retention = _status(state)["retention"]
+            if retention["lastSweep"] is None:  # caught under way: stopped between trees
+                assert retention["state"] in ("sweeping", "waitingForIdle")
+                left = _rows(state, "SELECT count(*) FROM runs WHERE run_id LIKE 'exp-%'")
+                assert 0 < left[0][0] <= 300
+            release.write_text("go")
+            assert wait_for(client, gated, TERMINAL)["display"]["status"] == "completed"
+        _wait_sweeps(state, 1)
+        assert _rows(state, "SELECT count(*) FROM runs WHERE run_id LIKE 'exp-%'") == [(0,)]
+        remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
+        assert remaining == sorted([gated, "recent"])
