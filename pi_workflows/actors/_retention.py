@@ -25,10 +25,14 @@ from pi_workflows.domain import (
     CollectSweepBlobs,
     CompactAfterSweep,
     DeletedTree,
+    FindOrphanFiles,
     RetentionReport,
     RetentionSelection,
     SelectExpired,
     SweepTree,
+    TreeFiles,
+    list_tree_files,
+    remove_orphan_files,
     remove_tree_files,
 )
 from pi_workflows.storage import DAY_MS, Clock, CompactOutcome, PruneTree
@@ -94,6 +98,11 @@ class _Swept:
 
 @dataclass(frozen=True, slots=True)
 class _Collected:
+    sweep: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Orphans:
     sweep: int
 
 
@@ -254,6 +263,10 @@ class RetentionActor(ServerActor):
             case _Collected():
                 sweep.blobs_deleted += int(reply.value)
                 sweep.digests.clear()
+                self._find_orphans(sweep)
+            case _Orphans():
+                assert isinstance(reply.value, TreeFiles)
+                remove_orphan_files(self._config.state_dir, reply.value)
                 self._compact(sweep)
             case _Compacted():
                 self._completed(sweep, reply.value)
@@ -294,6 +307,15 @@ class RetentionActor(ServerActor):
         grace = self._config.blob_grace_ms
         collect = CollectSweepBlobs(frozenset(sweep.digests), grace)
         self._ask(self._database, Transact, collect, _Collected(sweep.number))
+
+    def _find_orphans(self, sweep: _Sweep) -> None:
+        """Files of trees deleted by a server that died before it removed them: listed
+        first, then checked against the rows (which always exist before their files)."""
+        files = list_tree_files(self._config.state_dir)
+        if not files.run_ids and not files.runner_epochs:
+            self._compact(sweep)
+            return
+        self._ask(self._reader, Read, FindOrphanFiles(files), _Orphans(sweep.number))
 
     def _compact(self, sweep: _Sweep) -> None:
         config = self._config

@@ -46,6 +46,8 @@ from pi_workflows.storage import (
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
     delete_tree,
+    known_run_ids,
+    known_runner_epochs,
     lookup_receipt,
     prunable_trees,
     record_receipt,
@@ -63,13 +65,17 @@ __all__ = [
     "PruneQuery",
     "PruneQueryError",
     "PruneSelection",
+    "TreeFiles",
     "as_adopted",
     "collect_blobs",
     "delete_one_tree",
     "delete_prune_tree",
+    "list_tree_files",
+    "orphan_files",
     "parse_prune_query",
     "prune_dry_run",
     "record_prune",
+    "remove_orphan_files",
     "remove_tree_files",
     "select_and_back_up",
 ]
@@ -228,6 +234,46 @@ def collect_blobs(tx: Tx, digests: Iterable[str], blob_grace_ms: int) -> int:
     `state prune` and automatic retention."""
     freed = collect_unreferenced_blobs(tx, set(digests))
     return freed + collect_unnamed_blobs(tx, tx.now - blob_grace_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFiles:
+    """Run folders (pi folders, validator logs) and runner logs on disk, by name."""
+
+    run_ids: frozenset[str]
+    runner_epochs: frozenset[str]
+
+
+def list_tree_files(state_dir: Path) -> TreeFiles:
+    """What runs left on disk: the run IDs that name a pi or validator-log folder, and
+    the runner epochs that name a runner log. List it *before* reading which exist: a
+    run's or runner epoch's row commits before its files appear."""
+    runs: set[str] = set()
+    for folder in (state_dir / "pi", state_dir / "logs" / "validators"):
+        with contextlib.suppress(OSError):
+            runs.update(entry.name for entry in folder.iterdir() if entry.is_dir())
+    epochs: set[str] = set()
+    with contextlib.suppress(OSError):
+        logs = (state_dir / "logs" / "runners").iterdir()
+        epochs.update(entry.stem for entry in logs if entry.suffix == ".log")
+    return TreeFiles(frozenset(runs), frozenset(epochs))
+
+
+def orphan_files(db: Database, *, files: TreeFiles) -> TreeFiles:
+    """A read: the files of `files` whose run or runner epoch no longer exists (a tree
+    deleted by a server that died before it removed them)."""
+    return TreeFiles(
+        files.run_ids - known_run_ids(db, files.run_ids),
+        files.runner_epochs - known_runner_epochs(db, files.runner_epochs),
+    )
+
+
+def remove_orphan_files(state_dir: Path, orphans: TreeFiles) -> None:
+    """Remove the files of runs and runner epochs that no longer exist."""
+    runs = tuple(sorted(orphans.run_ids))
+    epochs = tuple(sorted(orphans.runner_epochs))
+    tree = PruneTree("", runs, 0)
+    remove_tree_files(state_dir, DeletedTree(tree, runs, frozenset(), epochs))
 
 
 def remove_tree_files(state_dir: Path, deleted: DeletedTree) -> None:

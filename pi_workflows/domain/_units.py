@@ -66,7 +66,9 @@ from pi_workflows.domain._server_claims import (
 from pi_workflows.domain._state_prune import (
     PruneProgress,
     PruneQuery,
+    TreeFiles,
     delete_prune_tree,
+    orphan_files,
     prune_dry_run,
     record_prune,
     select_and_back_up,
@@ -105,6 +107,7 @@ __all__ = [
     "DeletePruneTree",
     "ExpireDue",
     "FindChannelWork",
+    "FindOrphanFiles",
     "HandBackRun",
     "InterruptAdapter",
     "ListDecisions",
@@ -570,6 +573,13 @@ class CollectSweepBlobs:
     label: ClassVar[str] = "retention"
     digests: frozenset[str]
     blob_grace_ms: int
+
+
+@_runs(orphan_files)
+@dataclass(frozen=True, slots=True)
+class FindOrphanFiles:
+    label: ClassVar[str] = "retention"
+    files: TreeFiles
 
 
 @_runs(compact_after_sweep)

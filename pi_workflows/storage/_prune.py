@@ -30,6 +30,8 @@ __all__ = [
     "collect_unreferenced_blobs",
     "compact_state",
     "delete_tree",
+    "known_run_ids",
+    "known_runner_epochs",
     "prunable_trees",
     "retained_trees",
     "runner_work_pending",
@@ -341,6 +343,32 @@ def retained_trees(reader: Reader, cutoff: int) -> int:
 def runs_by_state(reader: Reader) -> dict[str, int]:
     """The number of runs in each status (`state status`)."""
     return {row.key: row.n for row in reader.fetch_all(_RUNS_BY_STATE, {}, _Counted)}
+
+
+_KNOWN_CHUNK = 500
+
+
+def _known(reader: Reader, sql: str, names: Iterable[str]) -> set[str]:
+    wanted = sorted(set(names))
+    found: set[str] = set()
+    for start in range(0, len(wanted), _KNOWN_CHUNK):
+        chunk = wanted[start : start + _KNOWN_CHUNK]
+        marks = ", ".join(f":n{i}" for i in range(len(chunk)))
+        params = {f"n{i}": name for i, name in enumerate(chunk)}
+        found.update(str(row[0]) for row in reader.connection.execute(sql.format(marks), params))
+    return found
+
+
+def known_run_ids(reader: Reader, run_ids: Iterable[str]) -> set[str]:
+    """Which of `run_ids` name a run that exists."""
+    return _known(reader, "SELECT run_id FROM runs WHERE run_id IN ({})", run_ids)
+
+
+def known_runner_epochs(reader: Reader, epochs: Iterable[str]) -> set[str]:
+    """Which of `epochs` name a runner epoch that exists."""
+    return _known(
+        reader, "SELECT runner_epoch FROM runner_epochs WHERE runner_epoch IN ({})", epochs
+    )
 
 
 def runner_work_pending(reader: Reader) -> bool:

@@ -55,7 +55,7 @@ from tests.crash.harness import (
 )
 from tests.pi.agents import ATTEMPT_IN_PROMPT
 from tests.pi.conftest import pi_binary, pi_slot, provider  # noqa: F401 - for NeedsPi cases
-from tests.server.retention_seed import assert_whole_trees, seed_expired_trees
+from tests.server.retention_seed import assert_whole_trees, run_files, seed_expired_trees
 from tests.server.watchers import Watcher
 
 pytestmark = pytest.mark.timeout(90)
@@ -1406,6 +1406,7 @@ def _sweep_crash(lab: Lab, point: str) -> None:
     with lab.database() as db:
         assert [row[0] for row in db.execute("SELECT run_id FROM runs")] == ["recent"]
         assert_whole_trees(db)
+    assert run_files(lab.state_dir) == {"recent"}, "a dead server's leftover files go too"
     listed = lab.call("state.prune", {"olderThanDays": 30})
     assert (listed["treeCount"], listed["unnamedBlobs"]) == (0, 0), "no blob left behind"
     assert lab.call("state.verify")["consistent"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from pi_workflows.storage import DAY_MS, ManualClock, open_database
 from tests.storage.test_prune import _finished_run
 
-__all__ = ["assert_whole_trees", "seed_expired_trees"]
+__all__ = ["assert_whole_trees", "run_files", "seed_expired_trees"]
 
 
 def seed_expired_trees(state_dir: Path, count: int, *, now_ms: int, days_old: int = 31) -> None:
@@ -30,6 +30,17 @@ def seed_expired_trees(state_dir: Path, count: int, *, now_ms: int, days_old: in
         _finished_run(db, "recent", {"recent": True}, failing=False)
     finally:
         db.close()
+    for run_id in [f"exp-{i}" for i in range(count)] + ["recent"]:
+        (state_dir / "pi" / run_id / f"{run_id}-a1").mkdir(parents=True)
+        (state_dir / "logs" / "runners").mkdir(parents=True, exist_ok=True)
+        (state_dir / "logs" / "runners" / f"{run_id}-e1.log").write_text("runner log")
+
+
+def run_files(state_dir: Path) -> set[str]:
+    """The runs that still have a pi folder or a runner log (by the seed's names)."""
+    folders = {p.name for p in (state_dir / "pi").iterdir()}
+    logs = {p.name.removesuffix("-e1.log") for p in (state_dir / "logs" / "runners").iterdir()}
+    return folders | logs
 
 
 _PER_RUN = ("node_attempts", "events", "run_queue", "runner_epochs")

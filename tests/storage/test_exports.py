@@ -42,7 +42,7 @@ PINNED = {
     "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
     # retention (the automatic sweep, and state status)
     "CompactOutcome", "compact_state", "runner_work_pending", "tree_runner_epochs",
-    "retained_trees", "runs_by_state",
+    "retained_trees", "runs_by_state", "known_run_ids", "known_runner_epochs",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
