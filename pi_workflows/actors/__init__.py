@@ -30,6 +30,7 @@ from pi_workflows.actors._runner_host import (
     RunnerHostConfig,
 )
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
+from pi_workflows.actors._state_backup import Backup, StateBackupActor
 from pi_workflows.actors._state_prune import Prune, StatePruneActor
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
@@ -57,6 +58,7 @@ __all__ = [
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
     "Address",
+    "Backup",
     "ChannelAdapterActor",
     "ChannelRequest",
     "ChannelsConfig",
@@ -86,6 +88,7 @@ __all__ = [
     "ScanChannels",
     "SchedulerActor",
     "ServerEpochTaken",
+    "StateBackupActor",
     "StatePruneActor",
     "StopAdapters",
     "Submit",

@@ -57,6 +57,7 @@ from pi_workflows.domain._server_claims import (
     renew_server_claims,
     retake_server_claims,
 )
+from pi_workflows.domain._state_backup import BackupOutcome, record_backup
 from pi_workflows.domain._state_prune import (
     PruneProgress,
     PruneQuery,
@@ -534,6 +535,17 @@ class RecordPrune:
     query: PruneQuery
     progress: PruneProgress
     blob_grace_ms: int
+
+
+# --- state backup ------------------------------------------------------------------------
+
+
+@_runs(record_backup)
+@dataclass(frozen=True, slots=True)
+class RecordBackup:
+    label: ClassVar[str] = "state.backup"
+    request: RequestMessage
+    outcome: BackupOutcome
 
 
 # --- channel adapters --------------------------------------------------------------------

@@ -44,6 +44,7 @@ from pi_workflows.actors import (
     RunnerHostConfig,
     SchedulerActor,
     ServerEpochTaken,
+    StateBackupActor,
     StatePruneActor,
     StopAdapters,
     SubscriptionActor,
@@ -440,8 +441,15 @@ class WorkflowServer:
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         self._channels = channels
+        state_backup = StateBackupActor.start(
+            db.path, self.clock, fail, database=database, units=self._units
+        )
         state_prune = StatePruneActor.start(
-            fail, database=database, reader=reader, blob_grace_ms=self.blob_grace_ms
+            fail,
+            database=database,
+            reader=reader,
+            backups=state_backup,
+            blob_grace_ms=self.blob_grace_ms,
         )
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
@@ -457,6 +465,7 @@ class WorkflowServer:
             validations,
             deadlines,
             channels,
+            state_backup,
             state_prune,
         ]
         self._ticker = Ticker(self.tick_s)
@@ -498,6 +507,7 @@ class WorkflowServer:
                     epochs=epochs,
                     channels=channels,
                     state_prune=state_prune,
+                    state_backup=state_backup,
                 )
             )
         )

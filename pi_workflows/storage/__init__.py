@@ -6,6 +6,14 @@ Implements workflow-server.md § Claim rules, § Run lifecycle, § Durable proto
 uses this package; see docs/storage.md for the design and transition diagram.
 """
 
+from pi_workflows.storage._backup import (
+    BACKUP_STEP_PAGES,
+    BackupCopy,
+    BackupFailedError,
+    BackupProgress,
+    check_backup_path,
+    write_backup,
+)
 from pi_workflows.storage._bindings import (
     clear_terminal_retention,
     interactive_origin_session,
@@ -273,7 +281,6 @@ from pi_workflows.storage._phases import (
 )
 from pi_workflows.storage._prune import (
     DAY_MS,
-    BackupFailedError,
     PruneTree,
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
@@ -281,7 +288,6 @@ from pi_workflows.storage._prune import (
     prunable_trees,
     tree_blockers,
     unnamed_blobs,
-    write_backup,
 )
 from pi_workflows.storage._reads import (
     RunListFilter,
@@ -388,6 +394,7 @@ from pi_workflows.storage._view_reads import (
 
 __all__ = [
     "AGENT_DIR_ENV",
+    "BACKUP_STEP_PAGES",
     "BLOB_REFRESH_MS",
     "CHECKPOINT_AUDIENCE",
     "CONTENT_PART_BYTES",
@@ -413,7 +420,9 @@ __all__ = [
     "AmbiguousEffect",
     "AnswerInvalidError",
     "AttemptStarted",
+    "BackupCopy",
     "BackupFailedError",
+    "BackupProgress",
     "CarriedTurns",
     "ChannelAttempt",
     "ChannelCounts",
@@ -529,6 +538,7 @@ __all__ = [
     "channel_message_ids",
     "channel_trouble",
     "chat_hold",
+    "check_backup_path",
     "check_claim",
     "check_transition",
     "checkpoint_answer_schema",
