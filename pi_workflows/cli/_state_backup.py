@@ -86,8 +86,7 @@ def state_backup(ctx: click.Context, dest: Path, key: str | None, as_json: bool)
         _print_json({"stage": "done", **receipt})
         return
     click.echo(
-        f"backup verified: {receipt['pageCount']} pages, {receipt['byteCount']} bytes, "
-        "mode 0600"
+        f"backup verified: {receipt['pageCount']} pages, {receipt['byteCount']} bytes, mode 0600"
     )
 
 
