@@ -91,12 +91,13 @@ def state_backup(ctx: click.Context, dest: Path, key: str | None, as_json: bool)
 
 
 def _call(ctx: click.Context, payload: dict[str, Any], key: str, show: Any) -> dict[str, Any]:
+    """The receipt, with `outcome`: `accepted`, or `adopted` (an earlier attempt's)."""
     client = _client(ctx)
     client.timeout = BACKUP_READ_TIMEOUT_S
     client.event_sink = show
     with client:
         answer = client.call("state.backup", payload, idempotency_key=key)
-    return dict(answer["receipt"])
+    return {**answer["receipt"], "outcome": answer["outcome"]}
 
 
 @contextmanager

@@ -133,8 +133,8 @@ def write_backup(
 
 
 def _copy(reader: Reader, target: Path, on_progress: ProgressSink | None, step_pages: int) -> int:
-    """Copy in steps; returns the page count. Reaches `server.backup.copy` after the
-    first step, with the copy half written."""
+    """Copy in steps; returns the page count. Reaches `server.backup.copy` after each
+    step, with the copy not yet complete, synced or verified."""
     os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     copy = sqlite3.connect(target, isolation_level=None)
     total = 0
@@ -142,8 +142,7 @@ def _copy(reader: Reader, target: Path, on_progress: ProgressSink | None, step_p
     def step(status: int, remaining: int, pages: int) -> None:
         nonlocal total
         total = pages
-        if remaining > 0:
-            crash_point("server.backup.copy")
+        crash_point("server.backup.copy")
         if on_progress is not None:
             on_progress(BackupProgress("copy", pages - remaining, pages))
 

@@ -210,8 +210,9 @@ _declare(
 _declare(
     "server.backup.copy",
     "server",
-    "A backup after its first copy step and before the last, so only a half-written "
-    "private .partial file exists beside the destination and no receipt is stored.",
+    "A backup after a copy step and before the copy is complete, synced and verified, "
+    "so only a private .partial file exists beside the destination and no receipt is "
+    "stored.",
 )
 _declare(
     "server.backup.verify",
