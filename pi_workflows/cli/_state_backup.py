@@ -39,11 +39,12 @@ BACKUP_READ_TIMEOUT_S = 600.0
 database sends none while it runs)."""
 
 
-def _check_destination(dest: Path) -> None:
-    """The refusals the server would give, before a server is asked (or started)."""
+def _check_destination(dest: Path, *, retry: bool) -> None:
+    """The refusals the server would give, before a server is asked (or started). A
+    retry's DEST may exist: the earlier attempt made it, and the server adopts that."""
     if not dest.is_absolute():
         _fail("DEST must be an absolute path (the new backup file)", EXIT_USAGE)
-    if os.path.lexists(dest):
+    if not retry and os.path.lexists(dest):
         _fail("DEST exists; name a new file (a backup never replaces one)", EXIT_USAGE)
     if not dest.parent.is_dir():
         _fail("the folder of DEST does not exist; create it first", EXIT_USAGE)
@@ -74,7 +75,7 @@ def state_backup(ctx: click.Context, dest: Path, key: str | None, as_json: bool)
 
     Example: pi-workflows state backup /backups/state-2026-12-03.sqlite
     """
-    _check_destination(dest)
+    _check_destination(dest, retry=key is not None)
     key = key or f"cli-backup-{uuid.uuid4().hex}"  # one key per invocation, kept on retry
     payload = {"path": os.fspath(dest), "progress": True}
     with _display(as_json, key) as show:
@@ -85,14 +86,19 @@ def state_backup(ctx: click.Context, dest: Path, key: str | None, as_json: bool)
     if as_json:
         _print_json({"stage": "done", **receipt})
         return
+    earlier = receipt["outcome"] == "adopted"
     click.echo(
-        f"backup verified: {receipt['pageCount']} pages, {receipt['byteCount']} bytes, mode 0600"
+        f"backup verified: {receipt['pageCount']} pages, {receipt['byteCount']} bytes, "
+        "mode 0600" + (" (made by an earlier attempt of this invocation)" if earlier else "")
     )
 
 
 def _call(ctx: click.Context, payload: dict[str, Any], key: str, show: Any) -> dict[str, Any]:
     """The receipt, with `outcome`: `accepted`, or `adopted` (an earlier attempt's)."""
     client = _client(ctx)
+    # One stable identity for the user's maintenance commands (client-protocol.md §
+    # Maintenance): a retry by another process, with the key, is the same invocation.
+    client.client_id = f"cli-{os.getuid()}-maintenance"
     client.timeout = BACKUP_READ_TIMEOUT_S
     client.event_sink = show
     with client:
