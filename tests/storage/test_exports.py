@@ -40,6 +40,8 @@ PINNED = {
     "DAY_MS", "BackupFailedError", "PruneTree", "collect_unnamed_blobs",
     "collect_unreferenced_blobs", "delete_tree",
     "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
+    # the verified backup (state backup, and state prune --apply first)
+    "BACKUP_STEP_PAGES", "BackupCopy", "BackupProgress", "check_backup_path",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
