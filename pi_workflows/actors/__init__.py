@@ -30,7 +30,7 @@ from pi_workflows.actors._runner_host import (
     RunnerHostConfig,
 )
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
-from pi_workflows.actors._state_backup import Backup, StateBackupActor
+from pi_workflows.actors._state_backup import Backup, BackupsSettled, StateBackupActor
 from pi_workflows.actors._state_prune import Prune, StatePruneActor
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
@@ -59,6 +59,7 @@ __all__ = [
     "VALIDATOR_MODULE",
     "Address",
     "Backup",
+    "BackupsSettled",
     "ChannelAdapterActor",
     "ChannelRequest",
     "ChannelsConfig",

@@ -25,6 +25,7 @@ import pykka
 
 from pi_workflows.actors._base import (
     ActorFailureHandler,
+    Address,
     Done,
     Reply,
     ServerActor,
@@ -48,7 +49,7 @@ from pi_workflows.domain import (
 from pi_workflows.storage import BackupProgress, Clock, open_live_reader
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RequestMessage
 
-__all__ = ["Backup", "StateBackupActor"]
+__all__ = ["Backup", "BackupsSettled", "StateBackupActor"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,14 @@ class Backup:
     """A `state.backup` request from the router."""
 
     held: Held
+
+
+@dataclass(frozen=True, slots=True)
+class BackupsSettled:
+    """The server stops: answer `Done(None)` to `reply_to` once no backup is in flight
+    (each one's receipt stored and its waiters answered)."""
+
+    reply_to: Address
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +130,16 @@ class StateBackupActor(ServerActor):
         self._database = database
         self._perform = units
         self._jobs: dict[_Key, _Job] = {}
+        self._settled: list[Address] = []
+        """Who waits for no backup to be in flight (the server's stop)."""
 
     def on_receive(self, message: Any) -> Any:
         match message:
             case Backup(held=held):
                 self._backup(held)
+            case BackupsSettled(reply_to=reply_to):
+                self._settled.append(reply_to)
+                self._tell_settled()
             case Read(unit=unit, reply_to=reply_to, tag=tag):
                 answer(reply_to, tag, self._read(unit))
             case Done(tag=_Recorded(key=key), reply=reply):
@@ -215,6 +229,14 @@ class StateBackupActor(ServerActor):
         job = self._jobs.pop(key, None)
         for held, retried in job.waiters if job is not None else []:
             held.respond(as_adopted(response) if retried else response)
+        self._tell_settled()
+
+    def _tell_settled(self) -> None:
+        if self._jobs:
+            return
+        waiting, self._settled = self._settled, []
+        for reply_to in waiting:
+            answer(reply_to, None, Reply(value=None))
 
 
 def _answer_of(request: RequestMessage, reply: Reply) -> Mapping[str, Any]:

@@ -27,6 +27,7 @@ from pi_workflows.actors import (
     RETRY_BOUND_ENV,
     RUNNER_MODULE,
     VALIDATOR_MODULE,
+    BackupsSettled,
     ChannelAdapterActor,
     ChannelsConfig,
     ClaimRenewerActor,
@@ -117,6 +118,9 @@ not stop a server for 15 s. Renewal runs five times per lifetime, at most every 
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
+MAINTENANCE_STOP_TIMEOUT_S = 900.0
+"""How long a stop waits for a backup in flight to be verified and its receipt stored
+(client-protocol.md § Maintenance: shutdown waits for in-flight maintenance receipts)."""
 STOP_CHANNELS_TIMEOUT_S = 5.0
 DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
@@ -262,6 +266,7 @@ class WorkflowServer:
         self._server_claim: ServerClaim | None = None
         self._runner_host: pykka.ActorRef[Any] | None = None
         self._channels: pykka.ActorRef[Any] | None = None
+        self._state_backup: pykka.ActorRef[Any] | None = None
         self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
         self._watcher: threading.Thread | None = None
@@ -444,6 +449,7 @@ class WorkflowServer:
         state_backup = StateBackupActor.start(
             db.path, self.clock, fail, database=database, units=self._units
         )
+        self._state_backup = state_backup
         state_prune = StatePruneActor.start(
             fail,
             database=database,
@@ -530,6 +536,7 @@ class WorkflowServer:
             self.stop_reason = self.stop_reason or reason
             self._accepting = False
             log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
+            self._wait_maintenance()
             self._wait_in_flight()
             self._stop_launching()
             self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)
@@ -549,6 +556,20 @@ class WorkflowServer:
     def running(self) -> bool:
         """True between a successful start and the end of stop."""
         return self._accepting and not self._stopped.is_set()
+
+    def _wait_maintenance(self) -> None:
+        """Let every backup in flight finish and store its receipt (new requests are
+        refused by now); the database and listener are still up to store and answer."""
+        backups = self._state_backup
+        if backups is None or not backups.is_alive():
+            return
+        try:
+            wait_reply(lambda box: backups.tell(BackupsSettled(box)), MAINTENANCE_STOP_TIMEOUT_S)
+        except (TimeoutError, pykka.ActorDeadError):
+            log.warning(
+                "stopping with a backup still in flight",
+                extra={"action": "server.stop_timeout"},
+            )
 
     def _wait_in_flight(self) -> None:
         deadline = time.monotonic() + STOP_DRAIN_TIMEOUT_S

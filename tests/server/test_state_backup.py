@@ -193,6 +193,28 @@ def test_a_bad_destination_gets_one_clear_refusal_and_starts_no_server(
     assert (short_tmp / "exists").read_bytes() == b"keep me"
 
 
+def test_a_stop_during_a_backup_waits_for_its_receipt_and_answer(
+    processes: Processes, state_dir: Path, short_tmp: Path
+) -> None:
+    _seed_large(processes, state_dir)
+    server = _serve(processes, state_dir)
+    dest = short_tmp / "stopped-during.sqlite"
+    cli = processes.spawn_cli(state_dir, "state", "backup", str(dest), "--json")
+    assert cli.stdout is not None
+    key = json.loads(cli.stdout.readline())["idempotencyKey"]
+    assert json.loads(cli.stdout.readline())["stage"] in ("copy", "verify")
+    os.kill(server.pid, signal.SIGSTOP)  # the stop is asked while the backup is in flight
+    server.send_signal(signal.SIGTERM)
+    os.kill(server.pid, signal.SIGCONT)
+    out, err = cli.communicate(timeout=30)
+    assert cli.returncode == 0, err
+    receipt = json.loads(out.splitlines()[-1])
+    assert receipt["stage"] == "done" and receipt["outcome"] == "accepted"
+    assert server.wait(30) == 0
+    assert _backup_receipts(state_dir) == [(key, "accepted")]
+    assert verify_inactive_backup(dest, state_dir) == []
+
+
 def test_the_server_refuses_bad_payloads_and_stores_a_refused_backup(
     processes: Processes, state_dir: Path, short_tmp: Path
 ) -> None:
@@ -200,12 +222,13 @@ def test_the_server_refuses_bad_payloads_and_stores_a_refused_backup(
     taken = short_tmp / "taken.sqlite"
     taken.write_bytes(b"keep me")
     with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
-        for payload, code in [
+        bad: list[tuple[dict[str, Any], str]] = [
             ({"path": "relative.sqlite"}, "backupPathInvalid"),
             ({}, "backupPathInvalid"),
             ({"path": str(taken), "extra": 1}, "payloadInvalid"),
             ({"path": str(short_tmp / "missing" / "b.sqlite")}, "backupPathInvalid"),
-        ]:
+        ]
+        for payload, code in bad:
             answer = client.request("state.backup", payload)
             assert answer["outcome"] == "rejected", answer
             assert answer["error"]["code"] == code, answer
