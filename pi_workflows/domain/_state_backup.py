@@ -13,7 +13,7 @@ stored receipt or joins the backup in flight (actors/_state_backup.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -28,6 +28,7 @@ from pi_workflows.domain._operations import (
 from pi_workflows.storage import (
     BackupCopy,
     BackupFailedError,
+    BackupProgress,
     Database,
     ReceiptOutcome,
     check_backup_path,
@@ -98,7 +99,7 @@ def back_up(
     *,
     request: RequestMessage,
     query: BackupQuery,
-    on_progress: Any = None,
+    on_progress: Callable[[BackupProgress], None] | None = None,
 ) -> BackupOutcome | dict[str, Any]:
     """A read, in one read transaction of the caller: the stored answer of this
     invocation if there is one, else a verified copy of this snapshot (or the refusal).
