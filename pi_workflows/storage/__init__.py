@@ -366,7 +366,13 @@ from pi_workflows.storage._runner_messages import (
     runner_message_fingerprint,
 )
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION
-from pi_workflows.storage._verify import Finding, FindingCode, verify, verify_backup
+from pi_workflows.storage._verify import (
+    Finding,
+    FindingCode,
+    verify,
+    verify_backup,
+    verify_copy,
+)
 from pi_workflows.storage._view_reads import (
     TRACEBACK_MEDIA_TYPE,
     VIEW_INLINE_BYTES,
@@ -728,6 +734,7 @@ __all__ = [
     "validating_submissions",
     "verify",
     "verify_backup",
+    "verify_copy",
     "view_content_length",
     "wait_run",
     "waits_at_agent_step",

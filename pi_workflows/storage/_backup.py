@@ -1,7 +1,7 @@
 """The verified backup of the live database (`state backup`, and `state prune --apply`
 first): SQLite's online backup API in steps into a private file beside the destination,
-checked read-only (integrity check and schema digest among every invariant), then
-linked to its new name. Internal; `pi_workflows.storage` exports the names.
+checked read-only (integrity check, schema record and DDL digest), then linked to its
+new name. Internal; `pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Final
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage._db import Reader
-from pi_workflows.storage._verify import verify_backup
+from pi_workflows.storage._verify import verify_copy
 from pi_workflows.supervision import crash_point
 
 __all__ = [
@@ -90,7 +90,8 @@ def write_backup(
     the writer between steps cannot restart it, because the source connection keeps
     seeing its snapshot), into a private (0600) temporary file beside `path`; switches
     the copy to a rollback journal (so opening it read-only needs no `-wal` or `-shm`
-    file), syncs it, runs `verify` on it read-only, and only then links it to `path`,
+    file), syncs it, checks it read-only (`verify_copy`: integrity check, every table,
+    schema record and DDL digest), and only then links it to `path`,
     which must not exist. A crash at any point leaves at most a `.partial` file, never
     an unverified file under the new name.
 
@@ -105,7 +106,7 @@ def write_backup(
         crash_point("server.backup.verify")
         if on_progress is not None:
             on_progress(BackupProgress("verify", 0, 1))
-        findings = verify_backup(partial)
+        findings = verify_copy(partial)
         if findings:
             raise BackupFailedError(
                 "backupUnverified",

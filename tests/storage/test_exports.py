@@ -59,7 +59,7 @@ PINNED = {
     "put_view_content", "view_content_length", "read_view_content_part",
     "iter_view_content_parts", "read_view_content",
     # the invariant checker
-    "Finding", "FindingCode", "verify", "verify_backup",
+    "Finding", "FindingCode", "verify", "verify_backup", "verify_copy",
     # managed effects
     "EffectState", "EffectDecision", "EffectRecord", "EffectReservation", "EffectConflictError",
     "effect_fingerprint", "reserve_effect", "settle_effect", "retry_effect_after_read_back",
