@@ -12,8 +12,11 @@ What is measured (issue 26):
   server stopped (one process, one step, no verification); Python's
   `sqlite3.Connection.backup` in one step when the shell is not installed.
 - **status p99**: `server.status` round trips from a second client, back to back, while
-  idle and while the backup runs (only the requests that started and ended inside the
-  backup count).
+  idle and while one more backup runs (only the requests that started and ended inside
+  the backup count). The times above are of backups with no such load.
+
+Each time is the median of `--samples` runs (the reference too), so a neighbour's load on
+a shared machine moves it less.
 
 The database: a real server creates the state folder; with the server stopped, blobs of
 1 MiB of random bytes (with their true digests, so the verification hashes them) are
@@ -133,6 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="database size in MiB")
     parser.add_argument("--status-idle", type=int, default=2000, help="idle status samples")
+    parser.add_argument("--samples", type=int, default=3, help="backups (and references) timed")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="piw-bench-backup-", dir="/tmp"))
     try:
@@ -141,9 +145,15 @@ def main() -> None:
         live = state_dir / "state.sqlite"
         size = live.stat().st_size
         print(f"database: {size / 2**20:.0f} MiB of 1 MiB blobs, built in {built:.1f} s")
-        reference, how = _reference(live, root)
-        print(f"reference ({how}, server stopped): {reference:.2f} s")
+        references = [_reference(live, root) for _ in range(args.samples)]
+        reference, how = statistics.median(t for t, _ in references), references[0][1]
+        print(f"reference ({how}, server stopped): median {reference:.2f} s")
         with workflow_server(state_dir, ("--no-execute",)):
+            timed = [_backup(state_dir, root / f"timed-{n}.sqlite") for n in range(args.samples)]
+            for n in range(args.samples):
+                (root / f"timed-{n}.sqlite").unlink()
+            total = statistics.median(r["ended"] - r["began"] for r in timed)
+            copy_s = statistics.median(r["copy_s"] for r in timed)
             idle: list[tuple[float, float]] = []
             with WorkflowClient(state_dir, autostart=False, timeout=60) as client:
                 for _ in range(args.status_idle):
@@ -166,12 +176,12 @@ def main() -> None:
         ]
         idle_p99 = _p99([end - start for start, end in idle])
         busy_p99 = _p99(inside)
-        total = result["ended"] - result["began"]
+        loaded = result["ended"] - result["began"]
         print(
-            f"state backup: {total:.2f} s in all ({total / reference:.2f}x the reference); "
-            f"copy and fsync {result['copy_s']:.2f} s ({result['copy_s'] / reference:.2f}x), "
-            f"verification and receipt {total - result['copy_s']:.2f} s; "
-            f"{result['receipt']['pageCount']} pages"
+            f"state backup: median {total:.2f} s in all ({total / reference:.2f}x the "
+            f"reference); copy and fsync {copy_s:.2f} s ({copy_s / reference:.2f}x), check "
+            f"and receipt {total - copy_s:.2f} s; {result['receipt']['pageCount']} pages; "
+            f"{loaded:.2f} s while server.status was polled"
         )
         print(
             f"server.status p99: idle {idle_p99 * 1000:.2f} ms ({len(idle)} requests), during "
