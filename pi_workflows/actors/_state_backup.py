@@ -175,6 +175,9 @@ class StateBackupActor(ServerActor):
             return
         key = (request["clientId"], request["idempotencyKey"])
         running = self._jobs.get(key)
+        if running is not None and running.request["payload"] != request["payload"]:
+            held.respond(_conflict(request))  # as a stored receipt of the key would answer
+            return
         if running is not None:  # the same invocation retried: it gets the same answer
             running.waiters.append((held, True))
             return
@@ -246,6 +249,15 @@ def _answer_of(request: RequestMessage, reply: Reply) -> Mapping[str, Any]:
         return failure_response(request, reply.error)
     response: Mapping[str, Any] = reply.value
     return response
+
+
+def _conflict(request: RequestMessage) -> dict[str, Any]:
+    return rejected(
+        request,
+        "conflict",
+        "idempotencyConflict",
+        "this request ID or idempotency key was already used with another payload",
+    )
 
 
 def _stopping(request: RequestMessage) -> dict[str, Any]:

@@ -239,6 +239,10 @@ def test_the_server_refuses_bad_payloads_and_stores_a_refused_backup(
         taken.unlink()  # the stored refusal is the answer of this invocation's retry
         retried = client.request("state.backup", {"path": str(taken)}, idempotency_key=key)
         assert retried["outcome"] == "rejected" and retried["error"] == refused["error"]
+        elsewhere = {"path": str(short_tmp / "elsewhere.sqlite")}  # the key, another payload
+        conflict = client.request("state.backup", elsewhere, idempotency_key=key)
+        assert conflict["outcome"] == "conflict", conflict
+        assert not (short_tmp / "elsewhere.sqlite").exists()
         assert not taken.exists()
         fresh = client.call("state.backup", {"path": str(taken)})  # a new invocation copies
         assert fresh["receipt"]["verified"] is True
