@@ -28,7 +28,7 @@ from tests.conftest import Processes, write_workflow
 
 pytestmark = pytest.mark.timeout(60)
 
-BLOB_BYTES = 24 * 1024 * 1024
+BLOB_BYTES = 32 * 1024 * 1024
 """A blob that makes the database several copy steps long and its check take a while."""
 
 
