@@ -38,6 +38,7 @@ from pi_workflows.actors._runner_host import (
     RunnerHostConfig,
 )
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
+from pi_workflows.actors._state_backup import Backup, BackupsSettled, StateBackupActor
 from pi_workflows.actors._state_prune import Prune, StatePruneActor
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
@@ -66,6 +67,8 @@ __all__ = [
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
     "Address",
+    "Backup",
+    "BackupsSettled",
     "ChannelAdapterActor",
     "ChannelRequest",
     "ChannelsConfig",
@@ -99,6 +102,7 @@ __all__ = [
     "ScanChannels",
     "SchedulerActor",
     "ServerEpochTaken",
+    "StateBackupActor",
     "StatePruneActor",
     "StopAdapters",
     "StopSweeps",

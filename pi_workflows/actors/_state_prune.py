@@ -111,7 +111,8 @@ class StatePruneActor(ServerActor):
     """Owns: every applied `state.prune` in flight, by (client ID, idempotency key).
 
     Receives: `Prune`, and `Done` (its units' answers).
-    Sends: `Read` (`PruneDryRun`, `SelectAndBackUp`) to the reader; `Transact`
+    Sends: `Read` (`PruneDryRun`) to the reader, (`SelectAndBackUp`) to the state-backup
+        actor; `Transact`
         (`DeletePruneTree` one tree a unit, then `RecordPrune`) to the database;
         responses.
     Invariants: one applied prune per key at a time (a retry joins it and is answered
@@ -129,6 +130,7 @@ class StatePruneActor(ServerActor):
         *,
         database: pykka.ActorRef[Any],
         reader: pykka.ActorRef[Any],
+        backups: pykka.ActorRef[Any] | None = None,
         blob_grace_ms: int = 24 * 60 * 60 * 1000,
         state_dir: Path | None = None,
         retention: pykka.ActorRef[Any] | None = None,
@@ -136,6 +138,8 @@ class StatePruneActor(ServerActor):
         super().__init__(on_actor_failure)
         self._database = database
         self._reader = reader
+        self._backups = reader if backups is None else backups
+        """Runs `SelectAndBackUp` (the state-backup actor: a copy never blocks reads)."""
         self._blob_grace_ms = blob_grace_ms
         """Unnamed blobs younger than this are kept (an upload in flight may name them)."""
         self._jobs: dict[_Key, _Job] = {}
@@ -186,7 +190,7 @@ class StatePruneActor(ServerActor):
             return
         self._jobs[key] = _Job(request, query, [(held, False)])
         self._tell_retention()
-        self._ask(self._reader, Read, SelectAndBackUp(request, query), _Selected(key))
+        self._ask(self._backups, Read, SelectAndBackUp(request, query), _Selected(key))
 
     def _on_selected(self, key: _Key, reply: Reply) -> None:
         job = self._jobs.get(key)

@@ -1230,9 +1230,9 @@ def piw_main(run_id: str | None) -> None:
 
 # Commands in their own modules register on the groups above when imported:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
-# `run watch` (_run_watch), `state prune` (_state_prune), `decision list|answer`
-# (_decision), `channel` (_channel), `run recover` and `channel recover` (_recover),
-# `completion`; then every
+# `run watch` (_run_watch), `state prune` (_state_prune), `state backup`
+# (_state_backup), `decision list|answer` (_decision), `channel` (_channel), `run
+# recover` and `channel recover` (_recover), `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _channel,
@@ -1243,6 +1243,7 @@ from pi_workflows.cli import (  # noqa: E402, F401
     _run_list,
     _run_show,
     _run_watch,
+    _state_backup,
     _state_prune,
 )
 

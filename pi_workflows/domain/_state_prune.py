@@ -7,8 +7,9 @@ Payload `{"olderThanDays"?: int (default 30), "apply"?: bool, "backupPath"?: str
   the receipt lists what would go: tree and run counts, run IDs (the first
   `RUN_IDS_SHOWN`), how many expired trees are kept for protected state, and how many
   blobs no row names are past the grace period (`unnamedBlobs`);
-- with `apply` and an absolute, new `backupPath`, the reader actor selects the trees
-  and writes a backup of the same snapshot there, which is verified before anything is
+- with `apply` and an absolute, new `backupPath`, the state-backup actor selects the
+  trees and writes a backup of the same snapshot there (on its own read connection, the
+  code of `state.backup`), which is verified before anything is
   deleted; then the database actor deletes one tree per unit of work (each rechecked in
   its own transaction, so server work interleaves), and a last unit collects the blobs
   only those trees referenced and every older blob that no row names (whatever left
@@ -192,10 +193,10 @@ def select_and_back_up(
     trees, kept = prunable_trees(db, cutoff)
     assert query.backup_path is not None
     try:
-        size = write_backup(db, query.backup_path)
+        copy = write_backup(db, query.backup_path)
     except BackupFailedError as exc:
-        return rejected(request, "rejected", exc.code, str(exc))
-    return PruneSelection(cutoff, trees, kept, size)
+        return rejected(request, "rejected", exc.code, f"{exc}; nothing was deleted")
+    return PruneSelection(cutoff, trees, kept, copy.byte_count)
 
 
 @dataclass(frozen=True, slots=True)

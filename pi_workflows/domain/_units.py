@@ -63,6 +63,7 @@ from pi_workflows.domain._server_claims import (
     renew_server_claims,
     retake_server_claims,
 )
+from pi_workflows.domain._state_backup import BackupOutcome, record_backup
 from pi_workflows.domain._state_prune import (
     PruneProgress,
     PruneQuery,
@@ -588,6 +589,17 @@ class CompactAfterSweep:
     label: ClassVar[str] = "retention"
     vacuum_min_bytes: int
     vacuum_min_free_ratio: float
+
+
+# --- state backup ------------------------------------------------------------------------
+
+
+@_runs(record_backup)
+@dataclass(frozen=True, slots=True)
+class RecordBackup:
+    label: ClassVar[str] = "state.backup"
+    request: RequestMessage
+    outcome: BackupOutcome
 
 
 # --- channel adapters --------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pi_workflows.actors import (
     RUNNER_MODULE,
     VACUUM_MIN_BYTES,
     VALIDATOR_MODULE,
+    BackupsSettled,
     ChannelAdapterActor,
     ChannelsConfig,
     ClaimRenewerActor,
@@ -49,6 +50,7 @@ from pi_workflows.actors import (
     RunnerHostConfig,
     SchedulerActor,
     ServerEpochTaken,
+    StateBackupActor,
     StatePruneActor,
     StopAdapters,
     StopSweeps,
@@ -124,6 +126,9 @@ not stop a server for 15 s. Renewal runs five times per lifetime, at most every 
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
+MAINTENANCE_STOP_TIMEOUT_S = 900.0
+"""How long a stop waits for a backup in flight to be verified and its receipt stored
+(client-protocol.md § Maintenance: shutdown waits for in-flight maintenance receipts)."""
 STOP_CHANNELS_TIMEOUT_S = 5.0
 DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
@@ -209,6 +214,17 @@ def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
     return value
 
 
+def _default_limits(given: Limits | None) -> Limits:
+    """The server's default node limits, and the value cap checked once here (runners
+    read the same variable: they get this environment)."""
+    try:
+        limits = given if given is not None else limits_from_env()
+        max_value_bytes()
+    except ValueError as exc:
+        raise ServerStartError(str(exc)) from None
+    return limits
+
+
 class WorkflowServer:
     """One workflow server for one state folder, embeddable in a test.
 
@@ -255,14 +271,7 @@ class WorkflowServer:
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
         if self.max_workers < 1:
             raise ServerStartError("max_workers must be at least 1")
-        try:
-            self.default_limits = (
-                default_limits if default_limits is not None else limits_from_env()
-            )
-            # Runners read the same variable (they get this environment); checked once here.
-            max_value_bytes()
-        except ValueError as exc:
-            raise ServerStartError(str(exc)) from None
+        self.default_limits = _default_limits(default_limits)
         self.idle_exit_s = idle_exit_s
         self.tick_s = tick_s
         self.clock: Clock = clock or SystemClock()
@@ -295,6 +304,7 @@ class WorkflowServer:
         self._server_claim: ServerClaim | None = None
         self._runner_host: pykka.ActorRef[Any] | None = None
         self._channels: pykka.ActorRef[Any] | None = None
+        self._state_backup: pykka.ActorRef[Any] | None = None
         self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
         self._watcher: threading.Thread | None = None
@@ -491,10 +501,15 @@ class WorkflowServer:
         )
         self._retention_ref = retention
         runner_host.tell(ConnectRetention(retention))  # a runner's exit is a sweep trigger
+        state_backup = StateBackupActor.start(
+            db.path, self.clock, fail, database=database, units=self._units
+        )
+        self._state_backup = state_backup
         state_prune = StatePruneActor.start(
             fail,
             database=database,
             reader=reader,
+            backups=state_backup,
             blob_grace_ms=self.blob_grace_ms,
             state_dir=self.state_dir,
             retention=retention,
@@ -514,6 +529,7 @@ class WorkflowServer:
             deadlines,
             channels,
             retention,
+            state_backup,
             state_prune,
         ]
         self._ticker = Ticker(self.tick_s)
@@ -560,6 +576,7 @@ class WorkflowServer:
                     epochs=epochs,
                     channels=channels,
                     state_prune=state_prune,
+                    state_backup=state_backup,
                 )
             )
         )
@@ -585,6 +602,7 @@ class WorkflowServer:
             if self._retention_ref is not None:
                 with contextlib.suppress(pykka.ActorDeadError):
                     self._retention_ref.tell(StopSweeps())
+            self._wait_maintenance()
             self._wait_in_flight()
             self._stop_launching()
             self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)
@@ -604,6 +622,20 @@ class WorkflowServer:
     def running(self) -> bool:
         """True between a successful start and the end of stop."""
         return self._accepting and not self._stopped.is_set()
+
+    def _wait_maintenance(self) -> None:
+        """Let every backup in flight finish and store its receipt (new requests are
+        refused by now); the database and listener are still up to store and answer."""
+        backups = self._state_backup
+        if backups is None or not backups.is_alive():
+            return
+        try:
+            wait_reply(lambda box: backups.tell(BackupsSettled(box)), MAINTENANCE_STOP_TIMEOUT_S)
+        except (TimeoutError, pykka.ActorDeadError):
+            log.warning(
+                "stopping with a backup still in flight",
+                extra={"action": "server.stop_timeout"},
+            )
 
     def _wait_in_flight(self) -> None:
         deadline = time.monotonic() + STOP_DRAIN_TIMEOUT_S

@@ -6,6 +6,14 @@ Implements workflow-server.md § Claim rules, § Run lifecycle, § Durable proto
 uses this package; see docs/storage.md for the design and transition diagram.
 """
 
+from pi_workflows.storage._backup import (
+    BACKUP_STEP_PAGES,
+    BackupCopy,
+    BackupFailedError,
+    BackupProgress,
+    check_backup_path,
+    write_backup,
+)
 from pi_workflows.storage._bindings import (
     clear_terminal_retention,
     interactive_origin_session,
@@ -273,7 +281,6 @@ from pi_workflows.storage._phases import (
 )
 from pi_workflows.storage._prune import (
     DAY_MS,
-    BackupFailedError,
     CompactOutcome,
     PruneTree,
     collect_unnamed_blobs,
@@ -289,7 +296,6 @@ from pi_workflows.storage._prune import (
     tree_blockers,
     tree_runner_epochs,
     unnamed_blobs,
-    write_backup,
 )
 from pi_workflows.storage._reads import (
     RunListFilter,
@@ -368,7 +374,13 @@ from pi_workflows.storage._runner_messages import (
     runner_message_fingerprint,
 )
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION
-from pi_workflows.storage._verify import Finding, FindingCode, verify, verify_backup
+from pi_workflows.storage._verify import (
+    Finding,
+    FindingCode,
+    verify,
+    verify_backup,
+    verify_copy,
+)
 from pi_workflows.storage._view_reads import (
     TRACEBACK_MEDIA_TYPE,
     VIEW_INLINE_BYTES,
@@ -396,6 +408,7 @@ from pi_workflows.storage._view_reads import (
 
 __all__ = [
     "AGENT_DIR_ENV",
+    "BACKUP_STEP_PAGES",
     "BLOB_REFRESH_MS",
     "CHECKPOINT_AUDIENCE",
     "CONTENT_PART_BYTES",
@@ -421,7 +434,9 @@ __all__ = [
     "AmbiguousEffect",
     "AnswerInvalidError",
     "AttemptStarted",
+    "BackupCopy",
     "BackupFailedError",
+    "BackupProgress",
     "CarriedTurns",
     "ChannelAttempt",
     "ChannelCounts",
@@ -538,6 +553,7 @@ __all__ = [
     "channel_message_ids",
     "channel_trouble",
     "chat_hold",
+    "check_backup_path",
     "check_claim",
     "check_transition",
     "checkpoint_answer_schema",
@@ -734,6 +750,7 @@ __all__ = [
     "validating_submissions",
     "verify",
     "verify_backup",
+    "verify_copy",
     "view_content_length",
     "wait_run",
     "waits_at_agent_step",

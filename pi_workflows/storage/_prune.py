@@ -1,29 +1,22 @@
 """State retention (workflow-server.md § State retention, manual `state prune`): select
 expired root-run trees free of protected state, delete one tree (every run table, its
-view content and command receipts), collect the blobs no remaining row names (the
-tree's, and any other left behind), and write a verified backup first. Internal;
+view content and command receipts), and collect the blobs no remaining row names (the
+tree's, and any other left behind); the backup first is `_backup.py`. Internal;
 `pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import sqlite3
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage._db import Database, Reader, Tx
-from pi_workflows.storage._verify import verify_backup
 from pi_workflows.supervision import crash_point
 
 __all__ = [
     "DAY_MS",
-    "BackupFailedError",
     "CompactOutcome",
     "PruneTree",
     "collect_unnamed_blobs",
@@ -39,7 +32,6 @@ __all__ = [
     "tree_blockers",
     "tree_runner_epochs",
     "unnamed_blobs",
-    "write_backup",
 ]
 
 DAY_MS = 24 * 60 * 60 * 1000
@@ -493,83 +485,3 @@ def compact_state(
     crash_point("server.retention.after_vacuum")
     db.reclaim_wal()
     return CompactOutcome(truncated, True, reclaimable)
-
-
-class BackupFailedError(PiWorkflowsError):
-    """The backup could not be written or did not verify; nothing was deleted.
-
-    `code` is a safe error code; the message names no path.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def write_backup(reader: Reader, path: Path) -> int:
-    """Write a verified copy of the database's current snapshot to the new file `path`.
-
-    Copies with SQLite's online backup API from `reader` (call it inside one read
-    transaction: the copy is that snapshot) into a private (0600) temporary file beside
-    `path`, switches the copy to a rollback journal (so opening it read-only needs no
-    `-wal` or `-shm` file), syncs it, runs `verify` on it, and only then links it to
-    `path`, which must not exist. Returns its size in bytes.
-
-    Raises:
-        BackupFailedError: `path` exists, its folder is missing, a write failed, or the
-            copy did not verify; the temporary file is removed.
-    """
-    if not path.is_absolute():
-        raise BackupFailedError("backupPathInvalid", "the backup path must be absolute")
-    if os.path.lexists(path):
-        raise BackupFailedError("backupExists", "the backup path exists; name a new file")
-    if not path.parent.is_dir():
-        raise BackupFailedError("backupPathInvalid", "the backup folder does not exist")
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        _copy(reader, partial)
-        findings = verify_backup(partial)
-        if findings:
-            raise BackupFailedError(
-                "backupUnverified",
-                f"the backup did not verify ({len(findings)} findings, first"
-                f" {findings[0].code.value}); nothing was deleted",
-            )
-        os.link(partial, path)  # never replaces a file that appeared meanwhile
-        _sync_folder(path.parent)
-        return path.stat().st_size
-    except FileExistsError:
-        raise BackupFailedError("backupExists", "the backup path exists; name a new file") from None
-    except (OSError, sqlite3.Error) as exc:
-        raise BackupFailedError(
-            "backupFailed", f"the backup could not be written ({type(exc).__name__})"
-        ) from None
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        for suffix in ("-journal", "-wal", "-shm"):
-            with contextlib.suppress(OSError):
-                Path(f"{partial}{suffix}").unlink()
-
-
-def _copy(reader: Reader, target: Path) -> None:
-    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    copy = sqlite3.connect(target, isolation_level=None)
-    try:
-        reader.connection.backup(copy)
-        copy.execute("PRAGMA journal_mode = DELETE")
-    finally:
-        copy.close()
-    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -241,6 +241,26 @@ _declare(
     "A group commit right after its one COMMIT and before any unit of the batch is "
     "answered (no client response, runner reply or launch has happened yet).",
 )
+# Server: a verified backup (`state backup`, `state prune --apply`) and its receipt.
+_declare(
+    "server.backup.copy",
+    "server",
+    "A backup after a copy step and before the copy is complete, synced and verified, "
+    "so only a private .partial file exists beside the destination and no receipt is "
+    "stored.",
+)
+_declare(
+    "server.backup.verify",
+    "server",
+    "A backup after its copy completed and before its verification, so the copy is "
+    "still the private .partial file and the destination does not exist.",
+)
+_declare(
+    "server.backup.linked",
+    "server",
+    "A backup after the verified copy was linked to its destination and before its "
+    "receipt is stored (a retry of the invocation finds the file and is refused).",
+)
 # Server: a Telegram delivery (or edit) between its reservation, its send and its result.
 _declare(
     "server.channel.after_reserve",

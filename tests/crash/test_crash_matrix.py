@@ -36,6 +36,7 @@ from typing import Any
 import psutil
 import pytest
 
+from pi_workflows.cli._backup import verify_inactive_backup
 from pi_workflows.supervision import CRASH_POINTS
 from pi_workflows.testing import (
     FakeProvider,
@@ -43,6 +44,7 @@ from pi_workflows.testing import (
     ScriptedTurn,
     workflow_submit_turn,
 )
+from pi_workflows.wire.client import HostUnavailableError
 from tests.conftest import Processes, write_workflow
 from tests.crash.harness import (
     PIW,
@@ -1491,6 +1493,75 @@ def _manual_prune_interrupted(lab: Lab) -> None:
     assert lab.call("state.verify")["consistent"]
     lab.call("server.stop")
     lab.assert_gone(lab.lab_processes(), "the server the retry started")
+
+
+# --- server.backup.*: a verified backup, before and after it has its name ---------------
+
+
+@dataclass
+class _CrashedBackup:
+    run_id: str
+    dest: Path
+    key: str
+    left: list[str]
+    """What the crash left in the destination's folder."""
+
+
+def _backup_crash(lab: Lab, point: str) -> _CrashedBackup:
+    """A completed run, then `state.backup` into an armed server that dies at `point`."""
+    armed = lab.start_server(f"{point}@1")
+    run_id = lab.start_run("pure").new_run
+    lab.wait_status(run_id, "completed")
+    dest = lab.root / "backups" / "state.sqlite"
+    dest.parent.mkdir()
+    key = f"backup-{lab.tag}"
+    with pytest.raises(HostUnavailableError):
+        lab.client().request("state.backup", {"path": str(dest)}, idempotency_key=key)
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        stored = _row(db, "SELECT COUNT(*) FROM host_commands WHERE idempotency_key = ?", key)
+    assert stored == 0, "no receipt before the backup is verified and named"
+    return _CrashedBackup(run_id, dest, key, sorted(p.name for p in dest.parent.iterdir()))
+
+
+def _backup_again(lab: Lab, crashed: _CrashedBackup) -> dict[str, Any]:
+    lab.start_server()
+    payload = {"path": str(crashed.dest)}
+    return dict(lab.client().request("state.backup", payload, idempotency_key=crashed.key))
+
+
+def _backup_before_its_name(lab: Lab, point: str) -> None:
+    crashed = _backup_crash(lab, point)
+    assert crashed.dest.name not in crashed.left, "nothing unverified under the new name"
+    assert all(name.endswith(".partial") for name in crashed.left), crashed.left
+    answer = _backup_again(lab, crashed)  # no receipt: the retry backs up, once
+    assert answer["outcome"] == "accepted", answer
+    assert answer["receipt"]["byteCount"] == crashed.dest.stat().st_size
+    assert verify_inactive_backup(crashed.dest, lab.state_dir) == []
+    with lab.database() as db:
+        assert _row(db, "SELECT COUNT(*) FROM runs WHERE run_id = ?", crashed.run_id) == 1
+    lab.finish({crashed.run_id: "completed"})
+
+
+@scenario("server.backup.copy", "state-backup")
+def _backup_during_copy(lab: Lab) -> None:
+    _backup_before_its_name(lab, "server.backup.copy")
+
+
+@scenario("server.backup.verify", "state-backup")
+def _backup_before_verify(lab: Lab) -> None:
+    _backup_before_its_name(lab, "server.backup.verify")
+
+
+@scenario("server.backup.linked", "state-backup")
+def _backup_after_link(lab: Lab) -> None:
+    crashed = _backup_crash(lab, "server.backup.linked")
+    assert crashed.dest.name in crashed.left, crashed.left
+    assert verify_inactive_backup(crashed.dest, lab.state_dir) == [], "verified before named"
+    answer = _backup_again(lab, crashed)  # no receipt says it is good: refused, not adopted
+    assert answer["outcome"] == "rejected" and answer["error"]["code"] == "backupExists"
+    assert verify_inactive_backup(crashed.dest, lab.state_dir) == []
+    lab.finish({crashed.run_id: "completed"})
 
 
 # --- the matrix -------------------------------------------------------------------------

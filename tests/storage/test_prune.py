@@ -228,7 +228,7 @@ def test_a_backup_is_a_verified_private_copy_and_never_replaces_a_file(
     target = tmp_path / "backups" / "state-backup.sqlite"
     target.parent.mkdir()
     with db.read():
-        size = write_backup(db, target)
+        size = write_backup(db, target).byte_count
     assert size == target.stat().st_size > 0
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert sorted(os.listdir(target.parent)) == ["state-backup.sqlite"], "no partial files"
