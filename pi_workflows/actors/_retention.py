@@ -76,8 +76,10 @@ class RequestSweep:
 
 @dataclass(frozen=True, slots=True)
 class MaintenanceRunning:
-    """From the state-prune actor: whether a maintenance command is in flight."""
+    """From a maintenance actor (`state.prune`, `state.backup`): whether a command of
+    its kind is in flight. No sweep starts while any kind is."""
 
+    kind: str
     running: bool
 
 
@@ -168,7 +170,8 @@ class RetentionActor(ServerActor):
         self._in_flight = False
         """A unit of the sweep is asked and not answered yet."""
         self._numbers = 0
-        self._maintenance = False
+        self._maintenance: set[str] = set()
+        """The maintenance kinds with a command in flight."""
         self._stopping = False
         self._retry_at: int | None = None
         """Monotonic ms: after a failure, no sweep starts before this."""
@@ -181,8 +184,11 @@ class RetentionActor(ServerActor):
         match message:
             case RequestSweep(trigger=trigger):
                 self._request(trigger)
-            case MaintenanceRunning(running=running):
-                self._maintenance = running
+            case MaintenanceRunning(kind=kind, running=running):
+                if running:
+                    self._maintenance.add(kind)
+                else:
+                    self._maintenance.discard(kind)
                 self._maybe_go("idle")
             case StopSweeps():
                 self._stopping = True

@@ -15,6 +15,7 @@ checkpoint. The driver releases the GIL inside each step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from pi_workflows.actors._base import (
 )
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
+from pi_workflows.actors._retention import MaintenanceRunning
 from pi_workflows.domain import (
     BackupOutcome,
     BackupQueryError,
@@ -124,10 +126,13 @@ class StateBackupActor(ServerActor):
         *,
         database: pykka.ActorRef[Any],
         units: Perform = perform,
+        retention: pykka.ActorRef[Any] | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._db = open_live_reader(path, clock=clock)
         self._database = database
+        self._retention = retention
+        """Told while a backup is in flight, so automatic cleanup does not start."""
         self._perform = units
         self._jobs: dict[_Key, _Job] = {}
         self._settled: list[Address] = []
@@ -183,6 +188,7 @@ class StateBackupActor(ServerActor):
             return
         job = _Job(request, [(held, False)])
         self._jobs[key] = job
+        self._tell_retention()
         # The copy blocks this actor (see the module docstring); a retry that arrives
         # meanwhile waits in the mailbox and joins the job while its receipt is stored.
         try:
@@ -234,9 +240,15 @@ class StateBackupActor(ServerActor):
             held.respond(as_adopted(response) if retried else response)
         self._tell_settled()
 
+    def _tell_retention(self) -> None:
+        if self._retention is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._retention.tell(MaintenanceRunning("state.backup", bool(self._jobs)))
+
     def _tell_settled(self) -> None:
         if self._jobs:
             return
+        self._tell_retention()
         waiting, self._settled = self._settled, []
         for reply_to in waiting:
             answer(reply_to, None, Reply(value=None))

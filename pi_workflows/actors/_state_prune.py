@@ -242,7 +242,7 @@ class StatePruneActor(ServerActor):
     def _tell_retention(self) -> None:
         if self._retention is not None:
             with contextlib.suppress(pykka.ActorDeadError):
-                self._retention.tell(MaintenanceRunning(bool(self._jobs)))
+                self._retention.tell(MaintenanceRunning("state.prune", bool(self._jobs)))
 
     def _ask(
         self,

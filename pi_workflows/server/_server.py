@@ -502,7 +502,7 @@ class WorkflowServer:
         self._retention_ref = retention
         runner_host.tell(ConnectRetention(retention))  # a runner's exit is a sweep trigger
         state_backup = StateBackupActor.start(
-            db.path, self.clock, fail, database=database, units=self._units
+            db.path, self.clock, fail, database=database, units=self._units, retention=retention
         )
         self._state_backup = state_backup
         state_prune = StatePruneActor.start(
