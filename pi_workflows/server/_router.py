@@ -26,7 +26,6 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors import (
     Address,
-    Backup,
     ChannelRequest,
     ClaimCoordinator,
     ConnectionClosed,
@@ -130,8 +129,6 @@ class RouterPorts:
     """The channel-adapter actor: `channel.status`, `channel.reload`."""
     state_prune: pykka.ActorRef[Any] | None = None
     """The state-prune actor: `state.prune`."""
-    state_backup: pykka.ActorRef[Any] | None = None
-    """The state-backup actor: `state.backup`."""
 
 
 @dataclass(eq=False)
@@ -160,10 +157,6 @@ class Pending:
             self.connection.respond(answer)
         finally:
             self._done()
-
-    def offer_event(self, event: dict[str, Any]) -> None:
-        """Offer a progress event of this request (the newest replaces one not yet sent)."""
-        self.connection.offer_event(self.request["requestId"], event)
 
 
 # --- tags: what an answer that comes back to the loop is about ---------------------------
@@ -258,7 +251,6 @@ class Router:
             "decision.answer": self._answer_decision,
             "decision.list": self._list_decisions,
             "state.prune": self._state_prune,
-            "state.backup": self._state_backup,
             "workflowMessage.reportBranch": self._origin_report,
             "workflowTurn.report": self._origin_report,
             "sessionView.clearTerminal": self._origin_report,
@@ -463,14 +455,6 @@ class Router:
             pending.respond(_unrouted(pending.request))
             return
         self._ports.state_prune.tell(Prune(pending))
-
-    def _state_backup(self, pending: Pending) -> None:
-        """Copied by the state-backup actor on its own read connection; answered once
-        the receipt is stored, also when the client went away meanwhile."""
-        if self._ports.state_backup is None:
-            pending.respond(_unrouted(pending.request))
-            return
-        self._ports.state_backup.tell(Backup(pending))
 
     def _server_stop(self, pending: Pending) -> None:
         request = pending.request

@@ -126,13 +126,7 @@ key) may be sent again once space returns."""
 CLIENT_MESSAGE_TYPES: Final = ("hello", "request", "response", "event")
 
 EventKind: TypeAlias = Literal[
-    "runList",
-    "runSnapshot",
-    "runPatch",
-    "runPage",
-    "sessionSnapshot",
-    "unavailable",
-    "maintenanceProgress",
+    "runList", "runSnapshot", "runPatch", "runPage", "sessionSnapshot", "unavailable"
 ]
 EVENT_KINDS: Final[tuple[EventKind, ...]] = (
     "runList",
@@ -141,7 +135,6 @@ EVENT_KINDS: Final[tuple[EventKind, ...]] = (
     "runPage",
     "sessionSnapshot",
     "unavailable",
-    "maintenanceProgress",
 )
 
 DisplayStatus: TypeAlias = Literal[

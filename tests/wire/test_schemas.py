@@ -80,7 +80,6 @@ DESIGN_EVENT_KINDS = [
     "runPage",
     "sessionSnapshot",
     "unavailable",
-    "maintenanceProgress",
 ]
 
 SCHEMA_OF_PREFIX = {

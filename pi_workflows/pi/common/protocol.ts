@@ -82,14 +82,7 @@ export interface EventMessage {
   schema: typeof CLIENT_SCHEMA;
   type: "event";
   subscriptionId: string;
-  kind:
-    | "runList"
-    | "runSnapshot"
-    | "runPatch"
-    | "runPage"
-    | "sessionSnapshot"
-    | "unavailable"
-    | "maintenanceProgress";
+  kind: "runList" | "runSnapshot" | "runPatch" | "runPage" | "sessionSnapshot" | "unavailable";
   revision: number;
   payload: { [key: string]: JsonValue };
 }
