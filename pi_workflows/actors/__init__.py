@@ -20,8 +20,16 @@ from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._deadlines import DeadlinesActor
 from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
 from pi_workflows.actors._reader import Read, ReaderActor
+from pi_workflows.actors._retention import (
+    VACUUM_MIN_BYTES,
+    RequestSweep,
+    RetentionActor,
+    RetentionConfig,
+    StopSweeps,
+)
 from pi_workflows.actors._runner_host import (
     RUNNER_MODULE,
+    ConnectRetention,
     ConnectScheduler,
     Drain,
     HandBack,
@@ -30,6 +38,7 @@ from pi_workflows.actors._runner_host import (
     RunnerHostConfig,
 )
 from pi_workflows.actors._scheduler import SchedulerActor, Wake
+from pi_workflows.actors._state_backup import Backup, BackupsSettled, StateBackupActor
 from pi_workflows.actors._state_prune import Prune, StatePruneActor
 from pi_workflows.actors._subscriptions import (
     ConnectionClosed,
@@ -54,14 +63,18 @@ __all__ = [
     "POLL_SECONDS_ENV",
     "RETRY_BOUND_ENV",
     "RUNNER_MODULE",
+    "VACUUM_MIN_BYTES",
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
     "Address",
+    "Backup",
+    "BackupsSettled",
     "ChannelAdapterActor",
     "ChannelRequest",
     "ChannelsConfig",
     "ClaimCoordinator",
     "ClaimRenewerActor",
+    "ConnectRetention",
     "ConnectScheduler",
     "ConnectionClosed",
     "ConnectionGone",
@@ -78,16 +91,21 @@ __all__ = [
     "ReaderActor",
     "ReleaseConnection",
     "Reply",
+    "RequestSweep",
     "ReserveSubscription",
     "ResumeValidations",
+    "RetentionActor",
+    "RetentionConfig",
     "RunCommand",
     "RunnerHostActor",
     "RunnerHostConfig",
     "ScanChannels",
     "SchedulerActor",
     "ServerEpochTaken",
+    "StateBackupActor",
     "StatePruneActor",
     "StopAdapters",
+    "StopSweeps",
     "Submit",
     "Subscribe",
     "SubscriptionActor",

@@ -25,6 +25,7 @@ import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Address, Done, Reply, ServerActor, answer
 from pi_workflows.actors._database import Transact
+from pi_workflows.actors._retention import RequestSweep
 from pi_workflows.actors._scheduler import Launch, Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain import (
@@ -74,6 +75,7 @@ __all__ = [
     "STARTUP_DEADLINE_MS",
     "STATE_DIR_ENV",
     "ActiveRunner",
+    "ConnectRetention",
     "ConnectScheduler",
     "Drain",
     "HandBack",
@@ -116,6 +118,13 @@ class RunnerHostConfig:
     """The base environment of every runner (may hold credentials: never logged)."""
     default_limits: Limits = field(default_factory=Limits)
     """The server default `memory_mb` and `processes` of every node that sets none."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectRetention:
+    """Tell the retention actor after each runner's exit is recorded (a sweep trigger)."""
+
+    retention: pykka.ActorRef[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +352,7 @@ class RunnerHostActor(ServerActor):
         self._supervisor = supervisor
         self._listener = listener
         self._scheduler: pykka.ActorRef[Any] | None = None
+        self._retention: pykka.ActorRef[Any] | None = None
         self._active: dict[str, ActiveRunner] = {}
         self._children: ChildChannels | None = None
         """Made in `on_start`, once this actor's own address exists."""
@@ -385,6 +395,8 @@ class RunnerHostActor(ServerActor):
                 self._hand_back_all(reply_to)
             case ConnectScheduler(scheduler=scheduler):
                 self._scheduler = scheduler
+            case ConnectRetention(retention=retention):
+                self._retention = retention
             case _:
                 raise TypeError(f"runner host got {type(message).__name__}")
         return None
@@ -542,6 +554,9 @@ class RunnerHostActor(ServerActor):
             },
         )
         self._wake_scheduler()
+        if self._retention is not None:  # a sweep waits for idle; it checks that itself
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._retention.tell(RequestSweep("runnerExit"))
         self._check_drained()
 
     # --- fencing, deadlines, stop ----------------------------------------------------------

@@ -8,9 +8,11 @@ retention actor of automatic retention grows from this one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pykka
@@ -18,7 +20,9 @@ import pykka
 from pi_workflows.actors._base import ActorFailureHandler, Done, Reply, ServerActor
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
+from pi_workflows.actors._retention import MaintenanceRunning
 from pi_workflows.domain import (
+    DeletedTree,
     DeletePruneTree,
     PruneDryRun,
     PruneProgress,
@@ -31,6 +35,7 @@ from pi_workflows.domain import (
     failure_response,
     parse_prune_query,
     rejected,
+    remove_tree_files,
 )
 from pi_workflows.storage import PruneTree
 from pi_workflows.wire.protocol import RequestMessage
@@ -106,7 +111,8 @@ class StatePruneActor(ServerActor):
     """Owns: every applied `state.prune` in flight, by (client ID, idempotency key).
 
     Receives: `Prune`, and `Done` (its units' answers).
-    Sends: `Read` (`PruneDryRun`, `SelectAndBackUp`) to the reader; `Transact`
+    Sends: `Read` (`PruneDryRun`) to the reader, (`SelectAndBackUp`) to the state-backup
+        actor; `Transact`
         (`DeletePruneTree` one tree a unit, then `RecordPrune`) to the database;
         responses.
     Invariants: one applied prune per key at a time (a retry joins it and is answered
@@ -124,14 +130,23 @@ class StatePruneActor(ServerActor):
         *,
         database: pykka.ActorRef[Any],
         reader: pykka.ActorRef[Any],
+        backups: pykka.ActorRef[Any] | None = None,
         blob_grace_ms: int = 24 * 60 * 60 * 1000,
+        state_dir: Path | None = None,
+        retention: pykka.ActorRef[Any] | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._database = database
         self._reader = reader
+        self._backups = reader if backups is None else backups
+        """Runs `SelectAndBackUp` (the state-backup actor: a copy never blocks reads)."""
         self._blob_grace_ms = blob_grace_ms
         """Unnamed blobs younger than this are kept (an upload in flight may name them)."""
         self._jobs: dict[_Key, _Job] = {}
+        self._state_dir = state_dir
+        """Where a deleted tree's files are (pi folders, logs); None: none to remove."""
+        self._retention = retention
+        """Told while an applied prune runs, so automatic cleanup does not start."""
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -174,7 +189,8 @@ class StatePruneActor(ServerActor):
             running.waiters.append((held, True))
             return
         self._jobs[key] = _Job(request, query, [(held, False)])
-        self._ask(self._reader, Read, SelectAndBackUp(request, query), _Selected(key))
+        self._tell_retention()
+        self._ask(self._backups, Read, SelectAndBackUp(request, query), _Selected(key))
 
     def _on_selected(self, key: _Key, reply: Reply) -> None:
         job = self._jobs.get(key)
@@ -195,12 +211,14 @@ class StatePruneActor(ServerActor):
             self._finish(key, failure_response(job.request, reply.error))
             return
         tree = job.pending.pop()
-        if reply.value is None:
+        deleted = reply.value
+        if not isinstance(deleted, DeletedTree):
             job.skipped += 1  # changed since the selection: kept
         else:
-            run_ids, digests = reply.value
-            job.deleted.append(PruneTree(tree.root_run_id, tuple(run_ids), tree.finished_at))
-            job.digests |= digests
+            job.deleted.append(PruneTree(tree.root_run_id, deleted.run_ids, tree.finished_at))
+            job.digests |= deleted.digests
+            if self._state_dir is not None:
+                remove_tree_files(self._state_dir, deleted)
         self._next(key, job)
 
     def _next(self, key: _Key, job: _Job) -> None:
@@ -219,6 +237,12 @@ class StatePruneActor(ServerActor):
         job = self._jobs.pop(key, None)
         for held, retried in job.waiters if job is not None else []:
             held.respond(as_adopted(answer) if retried else answer)
+        self._tell_retention()
+
+    def _tell_retention(self) -> None:
+        if self._retention is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._retention.tell(MaintenanceRunning("state.prune", bool(self._jobs)))
 
     def _ask(
         self,

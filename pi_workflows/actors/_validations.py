@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -71,6 +72,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""A run ID usable as a folder name (server-made IDs always are)."""
 
 VALIDATOR_MODULE = "pi_workflows.engine.validate"
 DEFAULT_VALIDATE_TIMEOUT_S = 60.0
@@ -338,7 +342,11 @@ class ValidationsActor(ServerActor):
             return  # one child per candidate
         config = self._config
         self._candidates[sid] = _Candidate(job, time.monotonic() + config.timeout_s)
+        # One folder per run, so the run's deletion by state retention removes its logs.
+        run_id = str(job.frame.get("runId") or "")
         logs = config.state_dir / "logs" / "validators"
+        if _SAFE_NAME.fullmatch(run_id):
+            logs = logs / run_id
         ensure_private_dir(logs)
         project = Path(job.frame.get("projectPath") or config.state_dir)
         self._channels.start(

@@ -44,7 +44,7 @@ def _same_file(a: os.stat_result, path: Path) -> bool:
         b = path.stat()
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    return _identity(a) == _identity(b)
 
 
 def _posix_locked(path: Path, start: int, length: int) -> bool:
@@ -106,10 +106,10 @@ def _probe_flock(lock: Path) -> bool:
 def refuse_live(path: Path, state_dir: Path) -> Path:
     """Return the real path of `path` if it may be verified as an inactive backup.
 
-    Refuses, by any path (symbolic or hard link, `..`), the live `state.sqlite` of
-    `state_dir`; a file that a running process has open as a SQLite database (it
-    holds a lock on the file or on its `-shm`); and the `state.sqlite` of any state
-    folder whose server lock is held.
+    Refuses, by any path (symbolic or hard link, `..`, `/proc/self/fd/N`), the live
+    `state.sqlite` of `state_dir`; a file that a running process has open as a SQLite
+    database (it holds a lock on the file or on its `-shm`); and the `state.sqlite` of
+    any state folder whose server lock is held.
 
     Raises:
         BackupUnusableError: `path` does not name a regular file.
@@ -119,10 +119,21 @@ def refuse_live(path: Path, state_dir: Path) -> Path:
         info = path.stat()
     except OSError as exc:
         raise BackupUnusableError(f"cannot read the backup {path}: {exc.strerror}") from None
+    return _refuse_live(path, info, state_dir)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    """A file as SQLite's unix VFS knows it (`unixFileId`: device and inode), whatever
+    name it was opened by; the VFS shares locks between connections by this key."""
+    return info.st_dev, info.st_ino
+
+
+def _refuse_live(path: Path, info: os.stat_result, state_dir: Path) -> Path:
     if not stat.S_ISREG(info.st_mode):
         raise BackupUnusableError(f"the backup {path} is not a regular file")
     real = path.resolve()
-    if _same_file(info, state_dir / LIVE_NAME):
+    live = state_dir / LIVE_NAME
+    if _same_file(info, live) or _same_file(info, live.resolve()):
         raise LiveDatabaseError(
             f"{path} is the live database of {state_dir}; only its server may open it. "
             "Run `pi-workflows state verify` without --backup to check it through the server"
@@ -169,18 +180,40 @@ def verify_inactive_backup(path: Path, state_dir: Path) -> list[Finding]:
         BackupUnusableError: `path` does not name a regular file.
         LiveDatabaseError: `path` is a live database (see `refuse_live`).
     """
-    real = refuse_live(path, state_dir)
+    try:  # the file is pinned: the checks and SQLite see the same inode, however named
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
+    except OSError as exc:
+        raise BackupUnusableError(f"cannot read the backup {path}: {exc.strerror}") from None
+    try:
+        real = _refuse_live(path, os.fstat(fd), state_dir)
+        return _verify_pinned(real, fd)
+    finally:
+        os.close(fd)
+
+
+def _pinned_name(real: Path, fd: int) -> Path:
+    """The name SQLite opens: this process's descriptor where /proc has it (so a file
+    swapped in under the path after the checks is never opened), else the real path."""
+    pinned = Path(f"/proc/self/fd/{fd}")
+    try:
+        same = _identity(pinned.stat()) == _identity(os.fstat(fd))
+    except OSError:
+        return real
+    return pinned if same else real
+
+
+def _verify_pinned(real: Path, fd: int) -> list[Finding]:
     companions = [
         suffix for suffix in ("-wal", "-journal") if _nonempty(real.with_name(real.name + suffix))
     ]
     if not companions:
         try:
-            return _verify_connection(real.as_uri() + "?mode=ro&immutable=1")
+            return _verify_connection(_pinned_name(real, fd).as_uri() + "?mode=ro&immutable=1")
         except sqlite3.Error as exc:
             return _open_failed(exc)
     with tempfile.TemporaryDirectory(prefix="piw-verify-") as folder:
         copy = Path(folder) / "backup.sqlite"
-        shutil.copyfile(real, copy)
+        shutil.copyfile(_pinned_name(real, fd), copy)
         for suffix in companions:
             with contextlib.suppress(FileNotFoundError):  # gone since: nothing to replay
                 shutil.copyfile(real.with_name(real.name + suffix), f"{copy}{suffix}")

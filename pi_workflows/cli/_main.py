@@ -8,6 +8,7 @@ JSON document on stdout; errors go to stderr as one sentence that says what to d
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import select
@@ -35,6 +36,7 @@ from pi_workflows.cli._backup import (
     verify_inactive_backup,
 )
 from pi_workflows.cli._chain import chain_rows, follow_chain
+from pi_workflows.domain import RETENTION_DAYS_ENV
 from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.pi import PI_BINARY_ENV
@@ -219,6 +221,8 @@ ENV_WORDS = {
     VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
     BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
     "(default 86400)",
+    RETENTION_DAYS_ENV: "days terminal run trees are kept after they finish (default 30; "
+    "0: no automatic cleanup)",
     MEMORY_ENV: "default memory limit of a node's processes, in MiB",
     PROCESSES_ENV: "default process limit of a node",
     MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
@@ -1043,6 +1047,7 @@ STATE_COUNT_WORDS = {
     "ambiguousEffects": "ambiguous effects",
     "blobs": "stored blobs",
     "viewContents": "stored view contents",
+    "retainedTrees": "retained run trees",
 }
 """How `state status` names each count (the receipt's keys are in `--json`)."""
 
@@ -1066,11 +1071,49 @@ def state_status(ctx: click.Context, as_json: bool) -> None:
     click.echo(
         f"database: {_mib(status['databaseBytes'])} ({_mib(status['freeBytes'])} free for reuse)"
     )
+    if "walBytes" in status:
+        click.echo(
+            f"write-ahead log: {_mib(status['walBytes'])}; {status['freePages']} of "
+            f"{status['pageCount']} pages free ({_mib(status['reclaimableBytes'])} reclaimable)"
+        )
     counts = status["counts"]
     width = max(len(words) for words in STATE_COUNT_WORDS.values())
     for key, words in STATE_COUNT_WORDS.items():
         if key in counts:
             click.echo(f"  {words:<{width}}  {counts[key]}")
+    by_state = status.get("runsByState") or {}
+    if by_state:
+        click.echo("runs by state: " + ", ".join(f"{k} {n}" for k, n in sorted(by_state.items())))
+    if status.get("retention") is not None:
+        _echo_retention(status["retention"])
+
+
+def _echo_retention(retention: dict[str, Any]) -> None:
+    """The retention setting, the last sweep and the next one (times in UTC)."""
+    if not retention["enabled"]:
+        click.echo("retention: automatic cleanup off (PI_WORKFLOWS_RETENTION_DAYS=0)")
+        return
+    click.echo(
+        f"retention: terminal run trees are kept {retention['retentionDays']} days "
+        f"after they finish ({retention['state']})"
+    )
+    last = retention.get("lastSweep")
+    if last is None:
+        click.echo("  last sweep: none yet in this server process")
+    else:
+        click.echo(
+            f"  last sweep: {_utc(last['finishedAt'])} ({last['trigger']}): "
+            f"{last['treesDeleted']} trees ({last['runsDeleted']} runs) deleted, "
+            f"{last['treesKeptProtected']} kept for protected state, "
+            f"{last['blobsDeleted']} blobs collected" + ("; compacted" if last["vacuumed"] else "")
+        )
+    if retention.get("nextDueAt") is not None:
+        click.echo(f"  next sweep due: {_utc(retention['nextDueAt'])}")
+
+
+def _utc(epoch_ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _mib(size: int) -> str:
@@ -1187,9 +1230,9 @@ def piw_main(run_id: str | None) -> None:
 
 # Commands in their own modules register on the groups above when imported:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
-# `run watch` (_run_watch), `state prune` (_state_prune), `decision list|answer`
-# (_decision), `channel` (_channel), `run recover` and `channel recover` (_recover),
-# `completion`; then every
+# `run watch` (_run_watch), `state prune` (_state_prune), `state backup`
+# (_state_backup), `decision list|answer` (_decision), `channel` (_channel), `run
+# recover` and `channel recover` (_recover), `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _channel,
@@ -1200,6 +1243,7 @@ from pi_workflows.cli import (  # noqa: E402, F401
     _run_list,
     _run_show,
     _run_watch,
+    _state_backup,
     _state_prune,
 )
 

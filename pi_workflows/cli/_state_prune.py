@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from pi_workflows.cli._main import (
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     _client,
     _client_errors,
@@ -25,7 +26,7 @@ from pi_workflows.cli._main import (
     state,
 )
 from pi_workflows.domain import DEFAULT_OLDER_THAN_DAYS
-from pi_workflows.wire.client import HostUnavailableError
+from pi_workflows.wire.client import HostUnavailableError, RequestFailedError
 
 __all__ = ["state_prune"]
 
@@ -75,16 +76,49 @@ def state_prune(
     elif backup is not None:
         _fail("--backup is only used with --apply", EXIT_USAGE)
     key = f"cli-prune-{uuid.uuid4().hex}"  # one key per invocation, kept across one retry
+    # A backup this invocation did not find but the server does was written by its own
+    # first attempt: the server went away after it, during the deletions.
+    ours = backup is not None and not os.path.lexists(backup)
     try:
         receipt = _call(ctx, payload, key)
     except HostUnavailableError:
         if not apply:
             raise
-        receipt = _call(ctx, payload, key)  # the same invocation: the server adopts it
+        receipt = _retry_lost(ctx, payload, key)
+    except RequestFailedError as exc:
+        if apply and ours and exc.code == "backupExists":
+            _fail(INTERRUPTED, EXIT_UNAVAILABLE)
+        raise
     if as_json:
         _print_json(receipt)
         return
     _echo(receipt)
+
+
+INTERRUPTED = (
+    "the server went away during the deletions: some trees may already be gone (each "
+    "tree is deleted whole or not at all). Run `state prune` again to list what is left; "
+    "an applied prune also collects the blobs the deleted trees left behind."
+)
+LOST = (
+    "the server went away during the prune: if it had begun the deletions, some trees "
+    "may already be gone. Run `state prune` again to list what is left."
+)
+
+
+def _retry_lost(ctx: click.Context, payload: dict[str, Any], key: str) -> dict[str, Any]:
+    """The connection was lost mid-apply: send the same key once more, so a live server
+    adopts the prune in flight or its stored receipt. A server that died meanwhile
+    cannot: its successor finds the verified backup there already (the deletions had
+    begun) or is not reachable at all; either way the user is told what may be gone."""
+    try:
+        return _call(ctx, payload, key)
+    except RequestFailedError as exc:
+        if exc.code != "backupExists":
+            raise
+        _fail(INTERRUPTED, EXIT_UNAVAILABLE)
+    except HostUnavailableError:
+        _fail(LOST, EXIT_UNAVAILABLE)
 
 
 def _call(ctx: click.Context, payload: dict[str, Any], key: str) -> dict[str, Any]:

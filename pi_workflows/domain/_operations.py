@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from pi_workflows.domain._display_status import TERMINAL_STATUSES
 from pi_workflows.domain._display_status import summary_status as display_status
+from pi_workflows.domain._retention_report import RetentionReport
 from pi_workflows.domain._run_list import (
     RunListQuery,
     RunListQueryError,
@@ -31,6 +32,7 @@ from pi_workflows.domain._view_content import ViewRequestError, view_content
 from pi_workflows.domain._view_pages import run_page
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.storage import (
+    DAY_MS,
     DISK_FULL_MESSAGE,
     AnswerInvalidError,
     Claim,
@@ -67,7 +69,9 @@ from pi_workflows.storage import (
     record_receipt,
     recover_ambiguous_effect,
     resume_run,
+    retained_trees,
     run_list_revision,
+    runs_by_state,
     session_reservation,
     state_counts,
     state_size,
@@ -128,6 +132,8 @@ class OperationContext:
     """Pi's agent directory: the project path of a run started without one."""
     pid: int = field(default_factory=os.getpid)
     """The server's process ID (`server status` shows it; the context is built there)."""
+    retention: RetentionReport | None = None
+    """Automatic retention's setting and last sweep (`state status` shows it)."""
 
 
 FENCING_COMMANDS = frozenset({"run.pause", "run.cancel"})
@@ -221,12 +227,30 @@ def _state_status(
 ) -> dict[str, Any]:
     """`state.status`: the database's size and safe counts, in one read transaction."""
     size = state_size(db)
+    counts = state_counts(db, db.clock.now_ms())
+    if ctx.retention is not None and ctx.retention.days > 0:
+        cutoff = db.clock.now_ms() - ctx.retention.days * DAY_MS
+        counts["retainedTrees"] = retained_trees(db, cutoff)
     receipt = {
         "databaseBytes": size.page_size * size.page_count,
         "freeBytes": size.page_size * size.freelist_count,
-        "counts": state_counts(db, db.clock.now_ms()),
+        "walBytes": _wal_bytes(db),
+        "pageCount": size.page_count,
+        "freePages": size.freelist_count,
+        "reclaimableBytes": size.page_size * size.freelist_count,
+        "counts": counts,
+        "runsByState": runs_by_state(db),
+        "retention": ctx.retention.snapshot() if ctx.retention is not None else None,
     }
     return response(request, "accepted", receipt=receipt)
+
+
+def _wal_bytes(db: Database) -> int:
+    """The size of the `-wal` file beside the database (0 when there is none)."""
+    try:
+        return Path(f"{db.path}-wal").stat().st_size
+    except OSError:
+        return 0
 
 
 VERIFY_FINDINGS_SHOWN = 500

@@ -7,8 +7,9 @@ Payload `{"olderThanDays"?: int (default 30), "apply"?: bool, "backupPath"?: str
   the receipt lists what would go: tree and run counts, run IDs (the first
   `RUN_IDS_SHOWN`), how many expired trees are kept for protected state, and how many
   blobs no row names are past the grace period (`unnamedBlobs`);
-- with `apply` and an absolute, new `backupPath`, the reader actor selects the trees
-  and writes a backup of the same snapshot there, which is verified before anything is
+- with `apply` and an absolute, new `backupPath`, the state-backup actor selects the
+  trees and writes a backup of the same snapshot there (on its own read connection, the
+  code of `state.backup`), which is verified before anything is
   deleted; then the database actor deletes one tree per unit of work (each rechecked in
   its own transaction, so server work interleaves), and a last unit collects the blobs
   only those trees referenced and every older blob that no row names (whatever left
@@ -21,8 +22,10 @@ The units of work are here; the state-prune actor (`actors/_state_prune.py`) cha
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,12 +43,16 @@ from pi_workflows.storage import (
     Database,
     PruneTree,
     ReceiptOutcome,
+    Tx,
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
     delete_tree,
+    known_run_ids,
+    known_runner_epochs,
     lookup_receipt,
     prunable_trees,
     record_receipt,
+    tree_runner_epochs,
     unnamed_blobs,
     write_backup,
 )
@@ -54,15 +61,23 @@ from pi_workflows.wire.protocol import RequestMessage
 __all__ = [
     "DEFAULT_OLDER_THAN_DAYS",
     "RUN_IDS_SHOWN",
+    "DeletedTree",
     "PruneProgress",
     "PruneQuery",
     "PruneQueryError",
     "PruneSelection",
+    "TreeFiles",
     "as_adopted",
+    "collect_blobs",
+    "delete_one_tree",
     "delete_prune_tree",
+    "list_tree_files",
+    "orphan_files",
     "parse_prune_query",
     "prune_dry_run",
     "record_prune",
+    "remove_orphan_files",
+    "remove_tree_files",
     "select_and_back_up",
 ]
 
@@ -178,19 +193,100 @@ def select_and_back_up(
     trees, kept = prunable_trees(db, cutoff)
     assert query.backup_path is not None
     try:
-        size = write_backup(db, query.backup_path)
+        copy = write_backup(db, query.backup_path)
     except BackupFailedError as exc:
-        return rejected(request, "rejected", exc.code, str(exc))
-    return PruneSelection(cutoff, trees, kept, size)
+        return rejected(request, "rejected", exc.code, f"{exc}; nothing was deleted")
+    return PruneSelection(cutoff, trees, kept, copy.byte_count)
 
 
-def delete_prune_tree(
-    db: Database, *, tree: PruneTree, cutoff: int
-) -> tuple[list[str], set[str]] | None:
+@dataclass(frozen=True, slots=True)
+class DeletedTree:
+    """One tree deleted in its own transaction: its runs, the digests its rows named
+    (collected if nothing else names them) and its runner epochs (whose logs go)."""
+
+    tree: PruneTree
+    run_ids: tuple[str, ...]
+    digests: frozenset[str]
+    runner_epochs: tuple[str, ...]
+
+
+def delete_one_tree(tx: Tx, tree: PruneTree, cutoff: int) -> DeletedTree | None:
+    """Delete `tree` in `tx` if the recheck still finds it expired and unprotected
+    (`delete_tree`); None when it changed and is kept. Shared by `state prune` and
+    automatic retention."""
+    epochs = tree_runner_epochs(tx, tree.root_run_id)
+    deleted = delete_tree(tx, tree.root_run_id, cutoff)
+    if deleted is None:
+        return None
+    run_ids, digests = deleted
+    return DeletedTree(tree, tuple(run_ids), frozenset(digests), tuple(epochs))
+
+
+def delete_prune_tree(db: Database, *, tree: PruneTree, cutoff: int) -> DeletedTree | None:
     """A write: delete one selected tree if it is still old enough, in its own
     transaction (so server work interleaves); None when it changed and is kept."""
     with db.write() as tx:
-        return delete_tree(tx, tree.root_run_id, cutoff)
+        return delete_one_tree(tx, tree, cutoff)
+
+
+def collect_blobs(tx: Tx, digests: Iterable[str], blob_grace_ms: int) -> int:
+    """Collect the blobs only deleted trees named, and every blob no row names that is
+    older than `blob_grace_ms` (whatever left it behind); return how many. Shared by
+    `state prune` and automatic retention."""
+    freed = collect_unreferenced_blobs(tx, set(digests))
+    return freed + collect_unnamed_blobs(tx, tx.now - blob_grace_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFiles:
+    """Run folders (pi folders, validator logs) and runner logs on disk, by name."""
+
+    run_ids: frozenset[str]
+    runner_epochs: frozenset[str]
+
+
+def list_tree_files(state_dir: Path) -> TreeFiles:
+    """What runs left on disk: the run IDs that name a pi or validator-log folder, and
+    the runner epochs that name a runner log. List it *before* reading which exist: a
+    run's or runner epoch's row commits before its files appear."""
+    runs: set[str] = set()
+    for folder in (state_dir / "pi", state_dir / "logs" / "validators"):
+        with contextlib.suppress(OSError):
+            runs.update(entry.name for entry in folder.iterdir() if entry.is_dir())
+    epochs: set[str] = set()
+    with contextlib.suppress(OSError):
+        logs = (state_dir / "logs" / "runners").iterdir()
+        epochs.update(entry.stem for entry in logs if entry.suffix == ".log")
+    return TreeFiles(frozenset(runs), frozenset(epochs))
+
+
+def orphan_files(db: Database, *, files: TreeFiles) -> TreeFiles:
+    """A read: the files of `files` whose run or runner epoch no longer exists (a tree
+    deleted by a server that died before it removed them)."""
+    return TreeFiles(
+        files.run_ids - known_run_ids(db, files.run_ids),
+        files.runner_epochs - known_runner_epochs(db, files.runner_epochs),
+    )
+
+
+def remove_orphan_files(state_dir: Path, orphans: TreeFiles) -> None:
+    """Remove the files of runs and runner epochs that no longer exist."""
+    runs = tuple(sorted(orphans.run_ids))
+    epochs = tuple(sorted(orphans.runner_epochs))
+    tree = PruneTree("", runs, 0)
+    remove_tree_files(state_dir, DeletedTree(tree, runs, frozenset(), epochs))
+
+
+def remove_tree_files(state_dir: Path, deleted: DeletedTree) -> None:
+    """Remove what a deleted tree left on disk, after its deletion committed: each run's
+    pi folders (`pi/<run>/`), validator logs (`logs/validators/<run>/`) and its runner
+    epochs' logs. Best effort: a file that cannot go stays (it names no live row)."""
+    for run_id in deleted.run_ids:
+        shutil.rmtree(state_dir / "pi" / run_id, ignore_errors=True)
+        shutil.rmtree(state_dir / "logs" / "validators" / run_id, ignore_errors=True)
+    for epoch in deleted.runner_epochs:
+        with contextlib.suppress(OSError):
+            (state_dir / "logs" / "runners" / f"{epoch}.log").unlink()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +321,7 @@ def record_prune(
         receipt = _summary(list(progress.deleted), selection.kept, query, selection.cutoff)
         receipt["skipped"] = progress.skipped
         receipt["backup"] = {"verified": True, "byteCount": selection.backup_bytes}
-        freed = collect_unreferenced_blobs(tx, set(progress.digests))
-        freed += collect_unnamed_blobs(tx, tx.now - blob_grace_ms)
-        receipt["blobsDeleted"] = freed
+        receipt["blobsDeleted"] = collect_blobs(tx, progress.digests, blob_grace_ms)
         record_receipt(tx, command, outcome=ReceiptOutcome.ACCEPTED, receipt=receipt)
     log.info(
         "state pruned",

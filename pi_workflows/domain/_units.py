@@ -49,6 +49,12 @@ from pi_workflows.domain._operations import (
     start_run,
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
+from pi_workflows.domain._retention import (
+    collect_sweep_blobs,
+    compact_after_sweep,
+    select_expired,
+    sweep_tree,
+)
 from pi_workflows.domain._runner_exits import ExitFacts, hand_back, record_exit
 from pi_workflows.domain._runner_handlers import RunnerView, apply_message
 from pi_workflows.domain._runner_launch import record_spawn
@@ -57,10 +63,13 @@ from pi_workflows.domain._server_claims import (
     renew_server_claims,
     retake_server_claims,
 )
+from pi_workflows.domain._state_backup import BackupOutcome, record_backup
 from pi_workflows.domain._state_prune import (
     PruneProgress,
     PruneQuery,
+    TreeFiles,
     delete_prune_tree,
+    orphan_files,
     prune_dry_run,
     record_prune,
     select_and_back_up,
@@ -93,10 +102,13 @@ __all__ = [
     "Barrier",
     "ClearTerminalView",
     "ClientOperation",
+    "CollectSweepBlobs",
+    "CompactAfterSweep",
     "CountChannelWork",
     "DeletePruneTree",
     "ExpireDue",
     "FindChannelWork",
+    "FindOrphanFiles",
     "HandBackRun",
     "InterruptAdapter",
     "ListDecisions",
@@ -121,11 +133,13 @@ __all__ = [
     "RetakeServerClaims",
     "RunViewRevision",
     "SelectAndBackUp",
+    "SelectExpired",
     "ServerHasWork",
     "SettleValidation",
     "StartRun",
     "SubmitInteraction",
     "SuspendSession",
+    "SweepTree",
     "UpdateInteraction",
     "ValidationsToResume",
     "perform",
@@ -534,6 +548,58 @@ class RecordPrune:
     query: PruneQuery
     progress: PruneProgress
     blob_grace_ms: int
+
+
+# --- automatic retention -----------------------------------------------------------------
+
+
+@_runs(select_expired)
+@dataclass(frozen=True, slots=True)
+class SelectExpired:
+    label: ClassVar[str] = "retention"
+    days: int
+
+
+@_runs(sweep_tree)
+@dataclass(frozen=True, slots=True)
+class SweepTree:
+    label: ClassVar[str] = "retention"
+    tree: PruneTree
+    cutoff: int
+
+
+@_runs(collect_sweep_blobs)
+@dataclass(frozen=True, slots=True)
+class CollectSweepBlobs:
+    label: ClassVar[str] = "retention"
+    digests: frozenset[str]
+    blob_grace_ms: int
+
+
+@_runs(orphan_files)
+@dataclass(frozen=True, slots=True)
+class FindOrphanFiles:
+    label: ClassVar[str] = "retention"
+    files: TreeFiles
+
+
+@_runs(compact_after_sweep)
+@dataclass(frozen=True, slots=True)
+class CompactAfterSweep:
+    label: ClassVar[str] = "retention"
+    vacuum_min_bytes: int
+    vacuum_min_free_ratio: float
+
+
+# --- state backup ------------------------------------------------------------------------
+
+
+@_runs(record_backup)
+@dataclass(frozen=True, slots=True)
+class RecordBackup:
+    label: ClassVar[str] = "state.backup"
+    request: RequestMessage
+    outcome: BackupOutcome
 
 
 # --- channel adapters --------------------------------------------------------------------

@@ -26,6 +26,7 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors import (
     Address,
+    Backup,
     ChannelRequest,
     ClaimCoordinator,
     ConnectionClosed,
@@ -129,6 +130,8 @@ class RouterPorts:
     """The channel-adapter actor: `channel.status`, `channel.reload`."""
     state_prune: pykka.ActorRef[Any] | None = None
     """The state-prune actor: `state.prune`."""
+    state_backup: pykka.ActorRef[Any] | None = None
+    """The state-backup actor: `state.backup`."""
 
 
 @dataclass(eq=False)
@@ -157,6 +160,10 @@ class Pending:
             self.connection.respond(answer)
         finally:
             self._done()
+
+    def offer_event(self, event: dict[str, Any]) -> None:
+        """Offer a progress event of this request (the newest replaces one not yet sent)."""
+        self.connection.offer_event(self.request["requestId"], event)
 
 
 # --- tags: what an answer that comes back to the loop is about ---------------------------
@@ -251,6 +258,7 @@ class Router:
             "decision.answer": self._answer_decision,
             "decision.list": self._list_decisions,
             "state.prune": self._state_prune,
+            "state.backup": self._state_backup,
             "workflowMessage.reportBranch": self._origin_report,
             "workflowTurn.report": self._origin_report,
             "sessionView.clearTerminal": self._origin_report,
@@ -455,6 +463,14 @@ class Router:
             pending.respond(_unrouted(pending.request))
             return
         self._ports.state_prune.tell(Prune(pending))
+
+    def _state_backup(self, pending: Pending) -> None:
+        """Copied by the state-backup actor on its own read connection; answered once
+        the receipt is stored, also when the client went away meanwhile."""
+        if self._ports.state_backup is None:
+            pending.respond(_unrouted(pending.request))
+            return
+        self._ports.state_backup.tell(Backup(pending))
 
     def _server_stop(self, pending: Pending) -> None:
         request = pending.request

@@ -26,10 +26,13 @@ from pi_workflows.actors import (
     POLL_SECONDS_ENV,
     RETRY_BOUND_ENV,
     RUNNER_MODULE,
+    VACUUM_MIN_BYTES,
     VALIDATOR_MODULE,
+    BackupsSettled,
     ChannelAdapterActor,
     ChannelsConfig,
     ClaimRenewerActor,
+    ConnectRetention,
     ConnectScheduler,
     CoordinatorEpochActor,
     DatabaseActor,
@@ -39,13 +42,18 @@ from pi_workflows.actors import (
     LeaseLost,
     ProcessSupervisorActor,
     ReaderActor,
+    RequestSweep,
     ResumeValidations,
+    RetentionActor,
+    RetentionConfig,
     RunnerHostActor,
     RunnerHostConfig,
     SchedulerActor,
     ServerEpochTaken,
+    StateBackupActor,
     StatePruneActor,
     StopAdapters,
+    StopSweeps,
     SubscriptionActor,
     Ticker,
     Transact,
@@ -61,10 +69,12 @@ from pi_workflows.domain import (
     Perform,
     RecoveryReport,
     ReleaseServerClaim,
+    RetentionReport,
     ServerHasWork,
     channels_path,
     perform,
     recover_at_startup,
+    retention_days_from_env,
 )
 from pi_workflows.engine import Limits
 from pi_workflows.engine import default_limits as limits_from_env
@@ -116,6 +126,9 @@ not stop a server for 15 s. Renewal runs five times per lifetime, at most every 
 RENEW_EVERY_S = 2.0
 STOP_DRAIN_TIMEOUT_S = 10.0
 ACTOR_STOP_TIMEOUT_S = 10.0
+MAINTENANCE_STOP_TIMEOUT_S = 900.0
+"""How long a stop waits for a backup in flight to be verified and its receipt stored
+(client-protocol.md § Maintenance: shutdown waits for in-flight maintenance receipts)."""
 STOP_CHANNELS_TIMEOUT_S = 5.0
 DB_CALL_TIMEOUT_S = 10.0
 RESOLVER_THREADS = 2
@@ -164,6 +177,29 @@ def blob_grace_from_env(environ: dict[str, str] | None = None) -> int:
     return value * 1000
 
 
+VACUUM_MIN_BYTES_ENV = "PI_WORKFLOWS_RETENTION_VACUUM_MIN_BYTES"
+"""A test knob: the reclaimable bytes an idle sweep needs before it runs VACUUM
+(default 64 MiB), so a test need not write 64 MiB to reach it."""
+
+
+def vacuum_min_bytes_from_env(environ: dict[str, str] | None = None) -> int:
+    raw = (environ if environ is not None else dict(os.environ)).get(VACUUM_MIN_BYTES_ENV, "")
+    try:
+        value = int(raw) if raw.strip() else VACUUM_MIN_BYTES
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ServerStartError(f"{VACUUM_MIN_BYTES_ENV} must be a whole number of bytes")
+    return value
+
+
+def _retention_days() -> int:
+    try:
+        return retention_days_from_env()
+    except ValueError as exc:
+        raise ServerStartError(str(exc)) from None
+
+
 def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
     """`PI_WORKFLOWS_MAX_WORKERS` as a positive integer, or the default of 4."""
     raw = (environ if environ is not None else dict(os.environ)).get(MAX_WORKERS_ENV, "")
@@ -176,6 +212,17 @@ def max_workers_from_env(environ: dict[str, str] | None = None) -> int:
     if value < 1:
         raise ServerStartError(f"{MAX_WORKERS_ENV} must be a positive integer, not {raw!r}")
     return value
+
+
+def _default_limits(given: Limits | None) -> Limits:
+    """The server's default node limits, and the value cap checked once here (runners
+    read the same variable: they get this environment)."""
+    try:
+        limits = given if given is not None else limits_from_env()
+        max_value_bytes()
+    except ValueError as exc:
+        raise ServerStartError(str(exc)) from None
+    return limits
 
 
 class WorkflowServer:
@@ -224,14 +271,7 @@ class WorkflowServer:
         self.max_workers = max_workers if max_workers is not None else max_workers_from_env()
         if self.max_workers < 1:
             raise ServerStartError("max_workers must be at least 1")
-        try:
-            self.default_limits = (
-                default_limits if default_limits is not None else limits_from_env()
-            )
-            # Runners read the same variable (they get this environment); checked once here.
-            max_value_bytes()
-        except ValueError as exc:
-            raise ServerStartError(str(exc)) from None
+        self.default_limits = _default_limits(default_limits)
         self.idle_exit_s = idle_exit_s
         self.tick_s = tick_s
         self.clock: Clock = clock or SystemClock()
@@ -241,6 +281,9 @@ class WorkflowServer:
         """The soft RLIMIT_NOFILE in force, after `start` raised it to the hard limit."""
         self.lease_ttl_ms = lease_ttl_ms if lease_ttl_ms is not None else lease_ttl_from_env()
         self.blob_grace_ms = blob_grace_from_env()
+        self.retention = RetentionReport(_retention_days())
+        """What `state status` shows of automatic retention (the retention actor writes it)."""
+        self._retention_ref: pykka.ActorRef[Any] | None = None
         self.owner_id = f"server-{uuid.uuid4().hex[:12]}"
         self.epoch = 0
         self.stop_reason: str | None = None
@@ -261,6 +304,7 @@ class WorkflowServer:
         self._server_claim: ServerClaim | None = None
         self._runner_host: pykka.ActorRef[Any] | None = None
         self._channels: pykka.ActorRef[Any] | None = None
+        self._state_backup: pykka.ActorRef[Any] | None = None
         self._resolvers: ThreadPoolExecutor | None = None
         self._log_handler: logging.Handler | None = None
         self._watcher: threading.Thread | None = None
@@ -315,6 +359,8 @@ class WorkflowServer:
             self._teardown()
             raise
         self._accepting = True
+        if self._retention_ref is not None:  # recovery step 12: the sweep waits for idle
+            self._retention_ref.tell(RequestSweep("recovery"))
         log.info("server started", extra={"action": "server.started", "epoch": self.epoch})
         self._watcher = threading.Thread(target=self._watch, name="server-watch", daemon=True)
         self._watcher.start()
@@ -440,8 +486,33 @@ class WorkflowServer:
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         self._channels = channels
+        retention = RetentionActor.start(
+            RetentionConfig(
+                self.retention.days,
+                self.state_dir,
+                self.clock,
+                self.blob_grace_ms,
+                vacuum_min_bytes=vacuum_min_bytes_from_env(),
+            ),
+            self.retention,
+            fail,
+            database=database,
+            reader=reader,
+        )
+        self._retention_ref = retention
+        runner_host.tell(ConnectRetention(retention))  # a runner's exit is a sweep trigger
+        state_backup = StateBackupActor.start(
+            db.path, self.clock, fail, database=database, units=self._units, retention=retention
+        )
+        self._state_backup = state_backup
         state_prune = StatePruneActor.start(
-            fail, database=database, reader=reader, blob_grace_ms=self.blob_grace_ms
+            fail,
+            database=database,
+            reader=reader,
+            backups=state_backup,
+            blob_grace_ms=self.blob_grace_ms,
+            state_dir=self.state_dir,
+            retention=retention,
         )
         # Stop order (reverse of this list, the database last): the runner host stops
         # before the supervisor, which kills what is left.
@@ -457,6 +528,8 @@ class WorkflowServer:
             validations,
             deadlines,
             channels,
+            retention,
+            state_backup,
             state_prune,
         ]
         self._ticker = Ticker(self.tick_s)
@@ -469,12 +542,17 @@ class WorkflowServer:
             validations,
             deadlines,
             channels,
+            retention,
         ):
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
         context = OperationContext(
-            epoch=self.epoch, owner_id=self.owner_id, agent_dir=agent_dir, pid=os.getpid()
+            epoch=self.epoch,
+            owner_id=self.owner_id,
+            agent_dir=agent_dir,
+            pid=os.getpid(),
+            retention=self.retention,
         )
         self._listener.route_to(
             Router(
@@ -498,6 +576,7 @@ class WorkflowServer:
                     epochs=epochs,
                     channels=channels,
                     state_prune=state_prune,
+                    state_backup=state_backup,
                 )
             )
         )
@@ -520,6 +599,10 @@ class WorkflowServer:
             self.stop_reason = self.stop_reason or reason
             self._accepting = False
             log.info("server stopping", extra={"action": "server.stopping", "reason": reason})
+            if self._retention_ref is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    self._retention_ref.tell(StopSweeps())
+            self._wait_maintenance()
             self._wait_in_flight()
             self._stop_launching()
             self._drain(DEFAULT_DRAIN_S if drain_s is None else drain_s)
@@ -539,6 +622,20 @@ class WorkflowServer:
     def running(self) -> bool:
         """True between a successful start and the end of stop."""
         return self._accepting and not self._stopped.is_set()
+
+    def _wait_maintenance(self) -> None:
+        """Let every backup in flight finish and store its receipt (new requests are
+        refused by now); the database and listener are still up to store and answer."""
+        backups = self._state_backup
+        if backups is None or not backups.is_alive():
+            return
+        try:
+            wait_reply(lambda box: backups.tell(BackupsSettled(box)), MAINTENANCE_STOP_TIMEOUT_S)
+        except (TimeoutError, pykka.ActorDeadError):
+            log.warning(
+                "stopping with a backup still in flight",
+                extra={"action": "server.stop_timeout"},
+            )
 
     def _wait_in_flight(self) -> None:
         deadline = time.monotonic() + STOP_DRAIN_TIMEOUT_S

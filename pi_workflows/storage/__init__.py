@@ -6,6 +6,14 @@ Implements workflow-server.md § Claim rules, § Run lifecycle, § Durable proto
 uses this package; see docs/storage.md for the design and transition diagram.
 """
 
+from pi_workflows.storage._backup import (
+    BACKUP_STEP_PAGES,
+    BackupCopy,
+    BackupFailedError,
+    BackupProgress,
+    check_backup_path,
+    write_backup,
+)
 from pi_workflows.storage._bindings import (
     clear_terminal_retention,
     interactive_origin_session,
@@ -273,15 +281,21 @@ from pi_workflows.storage._phases import (
 )
 from pi_workflows.storage._prune import (
     DAY_MS,
-    BackupFailedError,
+    CompactOutcome,
     PruneTree,
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
+    compact_state,
     delete_tree,
+    known_run_ids,
+    known_runner_epochs,
     prunable_trees,
+    retained_trees,
+    runner_work_pending,
+    runs_by_state,
     tree_blockers,
+    tree_runner_epochs,
     unnamed_blobs,
-    write_backup,
 )
 from pi_workflows.storage._reads import (
     RunListFilter,
@@ -360,7 +374,13 @@ from pi_workflows.storage._runner_messages import (
     runner_message_fingerprint,
 )
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION
-from pi_workflows.storage._verify import Finding, FindingCode, verify, verify_backup
+from pi_workflows.storage._verify import (
+    Finding,
+    FindingCode,
+    verify,
+    verify_backup,
+    verify_copy,
+)
 from pi_workflows.storage._view_reads import (
     TRACEBACK_MEDIA_TYPE,
     VIEW_INLINE_BYTES,
@@ -388,6 +408,7 @@ from pi_workflows.storage._view_reads import (
 
 __all__ = [
     "AGENT_DIR_ENV",
+    "BACKUP_STEP_PAGES",
     "BLOB_REFRESH_MS",
     "CHECKPOINT_AUDIENCE",
     "CONTENT_PART_BYTES",
@@ -413,7 +434,9 @@ __all__ = [
     "AmbiguousEffect",
     "AnswerInvalidError",
     "AttemptStarted",
+    "BackupCopy",
     "BackupFailedError",
+    "BackupProgress",
     "CarriedTurns",
     "ChannelAttempt",
     "ChannelCounts",
@@ -426,6 +449,7 @@ __all__ = [
     "ClaimLostReason",
     "Clock",
     "CommandRequest",
+    "CompactOutcome",
     "ContentRef",
     "ContentUnavailableError",
     "Database",
@@ -529,6 +553,7 @@ __all__ = [
     "channel_message_ids",
     "channel_trouble",
     "chat_hold",
+    "check_backup_path",
     "check_claim",
     "check_transition",
     "checkpoint_answer_schema",
@@ -539,6 +564,7 @@ __all__ = [
     "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
     "command_fingerprint",
+    "compact_state",
     "complete_run",
     "content_digest",
     "count_ambiguous_effects",
@@ -585,6 +611,8 @@ __all__ = [
     "is_transition_allowed",
     "iter_blob_parts",
     "iter_view_content_parts",
+    "known_run_ids",
+    "known_runner_epochs",
     "latest_open_turn",
     "latest_terminal_run",
     "lineage_links",
@@ -665,6 +693,7 @@ __all__ = [
     "reserve_effect",
     "resume_run",
     "resume_session_time",
+    "retained_trees",
     "retake_server_epoch",
     "retry_effect_after_read_back",
     "run_list_revision",
@@ -675,6 +704,8 @@ __all__ = [
     "run_view_revision",
     "runner_made_progress",
     "runner_message_fingerprint",
+    "runner_work_pending",
+    "runs_by_state",
     "server_deaths_in_flight",
     "server_has_work",
     "session_base_revision",
@@ -712,12 +743,14 @@ __all__ = [
     "time_out_run",
     "transition_window",
     "tree_blockers",
+    "tree_runner_epochs",
     "unfinished_attempt",
     "unnamed_blobs",
     "unproductive_turn_ends",
     "validating_submissions",
     "verify",
     "verify_backup",
+    "verify_copy",
     "view_content_length",
     "wait_run",
     "waits_at_agent_step",

@@ -1,36 +1,37 @@
 """State retention (workflow-server.md § State retention, manual `state prune`): select
 expired root-run trees free of protected state, delete one tree (every run table, its
-view content and command receipts), collect the blobs no remaining row names (the
-tree's, and any other left behind), and write a verified backup first. Internal;
+view content and command receipts), and collect the blobs no remaining row names (the
+tree's, and any other left behind); the backup first is `_backup.py`. Internal;
 `pi_workflows.storage` exports the names.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import sqlite3
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.storage._db import Reader, Tx
-from pi_workflows.storage._verify import verify_backup
+from pi_workflows.storage._db import Database, Reader, Tx
+from pi_workflows.supervision import crash_point
 
 __all__ = [
     "DAY_MS",
-    "BackupFailedError",
+    "CompactOutcome",
     "PruneTree",
     "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
+    "compact_state",
     "delete_tree",
+    "known_run_ids",
+    "known_runner_epochs",
     "prunable_trees",
+    "retained_trees",
+    "runner_work_pending",
+    "runs_by_state",
     "tree_blockers",
+    "tree_runner_epochs",
     "unnamed_blobs",
-    "write_backup",
 ]
 
 DAY_MS = 24 * 60 * 60 * 1000
@@ -83,6 +84,14 @@ _BLOCKERS: tuple[tuple[str, str], ...] = (
     (
         "pendingMessage",
         f"SELECT 1 FROM workflow_messages WHERE run_id IN {_TREE} AND state = 'pending'",
+    ),
+    (
+        "openTurn",
+        f"SELECT 1 FROM workflow_turns WHERE run_id IN {_TREE} AND status = 'open'",
+    ),
+    (
+        "followUpFromOutside",
+        f"SELECT 1 FROM follow_ups WHERE chain_run_id IN {_TREE} AND run_id NOT IN {_TREE}",
     ),
     (
         "queuedFollowUp",
@@ -197,6 +206,17 @@ _DELETE_TREE_RECEIPTS = f"DELETE FROM host_commands WHERE run_id IN {_TREE}"
 _DELETE_TREE_RUNS = "DELETE FROM runs WHERE root_run_id = :root"
 _DELETE_BLOB = "DELETE FROM blobs WHERE digest = :digest"
 _BLOB_EXISTS = "SELECT EXISTS (SELECT 1 FROM blobs WHERE digest = :digest)"
+# Work that automatic retention yields to: a run admitted (queued and unpaused), starting
+# or running, or a runner epoch that has not ended (workflow-server.md § State retention).
+_RUNNER_WORK_PENDING = """
+SELECT EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
+               WHERE q.state IN ('starting', 'running') OR (q.state = 'queued' AND r.paused = 0))
+    OR EXISTS (SELECT 1 FROM runner_epochs WHERE status IN ('starting', 'ready'))
+"""
+_TREE_RUNNER_EPOCHS = (
+    "SELECT runner_epoch AS run_id FROM runner_epochs"
+    f" WHERE run_id IN {_TREE} ORDER BY runner_epoch"
+)
 _DIGEST_IN_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
 _DIGEST_IN_BYTES = re.compile(rb"sha256:[0-9a-f]{64}")
 
@@ -240,9 +260,10 @@ def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
     continuations, children). It expires when every run of it is terminal and finished
     before `cutoff`; it is kept while `tree_blockers` names any protected state: a live
     queue row, an active lease, runner epoch or registered process, a pending
-    interaction, decision or workflow message, a validating submission, an unsettled or
-    ambiguous effect, or a run, decision or channel message outside the tree that points
-    into it.
+    interaction, decision or workflow message (a terminal result not yet delivered), an
+    open workflow turn, a queued follow-up, a validating submission, an unsettled or
+    ambiguous effect, or a run, decision, follow-up or channel message outside the tree
+    that points into it.
     """
     trees: list[PruneTree] = []
     kept = 0
@@ -281,7 +302,71 @@ def delete_tree(tx: Tx, root_run_id: str, cutoff: int) -> tuple[list[str], set[s
         digests.update(_DIGEST_IN_TEXT.findall(row.payload))
     tx.execute(_DELETE_TREE_RECEIPTS, params)
     tx.execute(_DELETE_TREE_RUNS, params)
+    tx.lifecycle.append("prune_tree")  # its commit passes the tree's crash points
     return runs, digests
+
+
+def tree_runner_epochs(reader: Reader, root_run_id: str) -> list[str]:
+    """The runner epochs of every run of the tree (their logs go with the tree)."""
+    rows = reader.fetch_all(_TREE_RUNNER_EPOCHS, {"root": root_run_id}, _RunId)
+    return [row.run_id for row in rows]
+
+
+_COUNT_TREES_KEPT = """
+SELECT count(*) FROM (SELECT root_run_id FROM runs GROUP BY root_run_id HAVING sum(
+    status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+    OR finished_at IS NULL OR finished_at >= :cutoff) > 0)
+"""
+_RUNS_BY_STATE = "SELECT status AS key, count(*) AS n FROM runs GROUP BY status ORDER BY status"
+
+
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    key: str
+    n: int
+
+
+def retained_trees(reader: Reader, cutoff: int) -> int:
+    """How many root-run trees are kept at `cutoff` for their age or unfinished runs
+    (trees kept only for protected state are not counted here)."""
+    return int(reader.fetch_value(_COUNT_TREES_KEPT, {"cutoff": cutoff}))
+
+
+def runs_by_state(reader: Reader) -> dict[str, int]:
+    """The number of runs in each status (`state status`)."""
+    return {row.key: row.n for row in reader.fetch_all(_RUNS_BY_STATE, {}, _Counted)}
+
+
+_KNOWN_CHUNK = 500
+
+
+def _known(reader: Reader, sql: str, names: Iterable[str]) -> set[str]:
+    wanted = sorted(set(names))
+    found: set[str] = set()
+    for start in range(0, len(wanted), _KNOWN_CHUNK):
+        chunk = wanted[start : start + _KNOWN_CHUNK]
+        marks = ", ".join(f":n{i}" for i in range(len(chunk)))
+        params = {f"n{i}": name for i, name in enumerate(chunk)}
+        found.update(str(row[0]) for row in reader.connection.execute(sql.format(marks), params))
+    return found
+
+
+def known_run_ids(reader: Reader, run_ids: Iterable[str]) -> set[str]:
+    """Which of `run_ids` name a run that exists."""
+    return _known(reader, "SELECT run_id FROM runs WHERE run_id IN ({})", run_ids)
+
+
+def known_runner_epochs(reader: Reader, epochs: Iterable[str]) -> set[str]:
+    """Which of `epochs` name a runner epoch that exists."""
+    return _known(
+        reader, "SELECT runner_epoch FROM runner_epochs WHERE runner_epoch IN ({})", epochs
+    )
+
+
+def runner_work_pending(reader: Reader) -> bool:
+    """Whether a run is admitted (queued, unpaused), starting or running, or a runner
+    epoch has not ended: automatic retention yields to it."""
+    return bool(reader.fetch_value(_RUNNER_WORK_PENDING, {}))
 
 
 def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
@@ -354,81 +439,49 @@ def collect_unnamed_blobs(tx: Tx, written_before: int) -> int:
     return len(found)
 
 
-class BackupFailedError(PiWorkflowsError):
-    """The backup could not be written or did not verify; nothing was deleted.
+@dataclass(frozen=True, slots=True)
+class CompactOutcome:
+    """What one idle compaction did: the WAL truncated, `VACUUM` run (or why not)."""
 
-    `code` is a safe error code; the message names no path.
+    wal_truncated: bool
+    vacuumed: bool
+    reclaimable_bytes: int
+    """Free pages times page size, before any `VACUUM`."""
+    skipped: str | None = None
+    """Why it did not compact: `busy` (work appeared, or a transaction is open), or the
+    type of the error `VACUUM` failed with."""
+
+
+def compact_state(
+    db: Database, *, vacuum_min_bytes: int, vacuum_min_free_ratio: float
+) -> CompactOutcome:
+    """Truncate the WAL, then `VACUUM` if still idle and worth it; never in a transaction.
+
+    Runs on the writer connection between group commits (the caller's unit wrote
+    nothing, and no other unit of its group did, or `in_transaction` says so and it is
+    skipped as `busy`). `VACUUM` runs only when no runner work is pending, at least
+    `vacuum_min_bytes` are free and at least `vacuum_min_free_ratio` of the pages are.
+    A failed `VACUUM` (a full disk, a reader holding a snapshot) is `skipped` with its
+    error's type: SQLite rolled it back, the deletions before it stay committed and
+    their free pages stay reusable by the next inserts.
     """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def write_backup(reader: Reader, path: Path) -> int:
-    """Write a verified copy of the database's current snapshot to the new file `path`.
-
-    Copies with SQLite's online backup API from `reader` (call it inside one read
-    transaction: the copy is that snapshot) into a private (0600) temporary file beside
-    `path`, switches the copy to a rollback journal (so opening it read-only needs no
-    `-wal` or `-shm` file), syncs it, runs `verify` on it, and only then links it to
-    `path`, which must not exist. Returns its size in bytes.
-
-    Raises:
-        BackupFailedError: `path` exists, its folder is missing, a write failed, or the
-            copy did not verify; the temporary file is removed.
-    """
-    if not path.is_absolute():
-        raise BackupFailedError("backupPathInvalid", "the backup path must be absolute")
-    if os.path.lexists(path):
-        raise BackupFailedError("backupExists", "the backup path exists; name a new file")
-    if not path.parent.is_dir():
-        raise BackupFailedError("backupPathInvalid", "the backup folder does not exist")
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    conn = db.connection
+    if conn.in_transaction or runner_work_pending(db):
+        return CompactOutcome(False, False, 0, skipped="busy")
+    crash_point("server.retention.before_wal_truncate")
+    truncated = db.reclaim_wal()
+    page_size = int(db.fetch_value("PRAGMA page_size", {}))
+    pages = int(db.fetch_value("PRAGMA page_count", {}))
+    free = int(db.fetch_value("PRAGMA freelist_count", {}))
+    reclaimable = free * page_size
+    worth = reclaimable >= vacuum_min_bytes and pages > 0 and free / pages >= vacuum_min_free_ratio
+    if not worth or conn.in_transaction or runner_work_pending(db):
+        return CompactOutcome(truncated, False, reclaimable)
+    crash_point("server.retention.before_vacuum")
     try:
-        _copy(reader, partial)
-        findings = verify_backup(partial)
-        if findings:
-            raise BackupFailedError(
-                "backupUnverified",
-                f"the backup did not verify ({len(findings)} findings, first"
-                f" {findings[0].code.value}); nothing was deleted",
-            )
-        os.link(partial, path)  # never replaces a file that appeared meanwhile
-        _sync_folder(path.parent)
-        return path.stat().st_size
-    except FileExistsError:
-        raise BackupFailedError("backupExists", "the backup path exists; name a new file") from None
-    except (OSError, sqlite3.Error) as exc:
-        raise BackupFailedError(
-            "backupFailed", f"the backup could not be written ({type(exc).__name__})"
-        ) from None
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        for suffix in ("-journal", "-wal", "-shm"):
-            with contextlib.suppress(OSError):
-                Path(f"{partial}{suffix}").unlink()
-
-
-def _copy(reader: Reader, target: Path) -> None:
-    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    copy = sqlite3.connect(target, isolation_level=None)
-    try:
-        reader.connection.backup(copy)
-        copy.execute("PRAGMA journal_mode = DELETE")
-    finally:
-        copy.close()
-    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        conn.execute("VACUUM")
+    except sqlite3.Error as exc:  # a full disk, a reader in the way: nothing is lost
+        return CompactOutcome(truncated, False, reclaimable, skipped=type(exc).__name__)
+    crash_point("server.retention.after_vacuum")
+    db.reclaim_wal()
+    return CompactOutcome(truncated, True, reclaimable)

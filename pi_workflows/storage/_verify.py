@@ -21,7 +21,7 @@ from pi_workflows.storage._db import Database
 from pi_workflows.storage._phases import RunStatus, phase_of
 from pi_workflows.storage._schema import DDL_DIGEST, SCHEMA_NAME, SCHEMA_VERSION, ddl_statements
 
-__all__ = ["Finding", "FindingCode", "verify", "verify_backup"]
+__all__ = ["Finding", "FindingCode", "verify", "verify_backup", "verify_copy"]
 
 _TERMINAL = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED}
@@ -264,6 +264,30 @@ def verify_backup(path: Path) -> list[Finding]:
     try:
         conn.execute(q.PRAGMA_QUERY_ONLY)
         return verify(conn)
+    except _BROKEN as exc:
+        return [_failed("open", exc)]
+    finally:
+        conn.close()
+
+
+def verify_copy(path: Path) -> list[Finding]:
+    """Check that a fresh backup copy is a sound database of this schema, read-only:
+    `PRAGMA integrity_check`, every table present, and the schema record with its DDL
+    digest. The invariants between rows are the live database's (the copy has the same
+    pages); `verify_backup` (`state verify BACKUP`) checks those too.
+
+    Never raises for a broken or missing file: that is a `check_failed` finding.
+    """
+    try:
+        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    except _BROKEN as exc:
+        return [_failed("open", exc)]
+    try:
+        conn.execute(q.PRAGMA_QUERY_ONLY)
+        findings = _run_check("integrity_check", _integrity(conn))
+        if any(f.code is FindingCode.CHECK_FAILED for f in findings):
+            return findings
+        return findings + _run_check("schema", _schema(conn))
     except _BROKEN as exc:
         return [_failed("open", exc)]
     finally:

@@ -128,6 +128,41 @@ for _transition in LIFECYCLE_TRANSITIONS:
         f"The {_transition} transition right after its COMMIT, before the server acts on "
         "it (answers a client or a runner, signals a runner or launches one).",
     )
+# Server: state retention (manual `state prune` and automatic cleanup share them).
+_declare(
+    "server.lifecycle.prune_tree.before_commit",
+    "server",
+    "One expired root-run tree's deletion after its rows are deleted and before the "
+    "COMMIT, so the whole tree is kept.",
+)
+_declare(
+    "server.lifecycle.prune_tree.after_commit",
+    "server",
+    "One expired root-run tree's deletion right after its COMMIT, before its files go "
+    "and the next tree is deleted.",
+)
+_declare(
+    "server.retention.before_blob_collection",
+    "server",
+    "A sweep after its trees were deleted and before the unreferenced blobs are "
+    "collected; the next sweep collects them.",
+)
+_declare(
+    "server.retention.before_wal_truncate",
+    "server",
+    "An idle sweep after its deletions and blob collection committed and before the WAL "
+    "is truncated.",
+)
+_declare(
+    "server.retention.before_vacuum",
+    "server",
+    "An idle sweep after the WAL was truncated and before VACUUM starts.",
+)
+_declare(
+    "server.retention.after_vacuum",
+    "server",
+    "An idle sweep right after VACUUM returned, before the WAL is truncated again.",
+)
 _declare(
     "server.receipt.after_commit",
     "server",
@@ -205,6 +240,26 @@ _declare(
     "server",
     "A group commit right after its one COMMIT and before any unit of the batch is "
     "answered (no client response, runner reply or launch has happened yet).",
+)
+# Server: a verified backup (`state backup`, `state prune --apply`) and its receipt.
+_declare(
+    "server.backup.copy",
+    "server",
+    "A backup after a copy step and before the copy is complete, synced and verified, "
+    "so only a private .partial file exists beside the destination and no receipt is "
+    "stored.",
+)
+_declare(
+    "server.backup.verify",
+    "server",
+    "A backup after its copy completed and before its verification, so the copy is "
+    "still the private .partial file and the destination does not exist.",
+)
+_declare(
+    "server.backup.linked",
+    "server",
+    "A backup after the verified copy was linked to its destination and before its "
+    "receipt is stored (a retry of the invocation finds the file and is refused).",
 )
 # Server: a Telegram delivery (or edit) between its reservation, its send and its result.
 _declare(

@@ -126,7 +126,13 @@ key) may be sent again once space returns."""
 CLIENT_MESSAGE_TYPES: Final = ("hello", "request", "response", "event")
 
 EventKind: TypeAlias = Literal[
-    "runList", "runSnapshot", "runPatch", "runPage", "sessionSnapshot", "unavailable"
+    "runList",
+    "runSnapshot",
+    "runPatch",
+    "runPage",
+    "sessionSnapshot",
+    "unavailable",
+    "maintenanceProgress",
 ]
 EVENT_KINDS: Final[tuple[EventKind, ...]] = (
     "runList",
@@ -135,6 +141,7 @@ EVENT_KINDS: Final[tuple[EventKind, ...]] = (
     "runPage",
     "sessionSnapshot",
     "unavailable",
+    "maintenanceProgress",
 )
 
 DisplayStatus: TypeAlias = Literal[

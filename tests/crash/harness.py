@@ -395,6 +395,8 @@ class Lab:
         self.tag = uuid.uuid4().hex
         self.client_id = f"crash-lab-{self.tag[:8]}"
         self.commands: list[Command] = []
+        self.extra_env: dict[str, str] = {}
+        """Added to every server's (and `cli`'s) environment (a scenario's knobs)."""
         self.servers: list[Server] = []
         self._client: WorkflowClient | None = None
         (root / "counts").mkdir()
@@ -412,6 +414,7 @@ class Lab:
         env = {k: v for k, v in os.environ.items() if k not in (CRASH_ENV, CRASH_ONCE_ENV)}
         env["PI_CODING_AGENT_DIR"] = str(self.state_dir.parent)
         env[LAB_ENV] = self.tag
+        env.update(self.extra_env)
         return env
 
     def start_server(

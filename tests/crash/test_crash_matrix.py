@@ -36,6 +36,7 @@ from typing import Any
 import psutil
 import pytest
 
+from pi_workflows.cli._backup import verify_inactive_backup
 from pi_workflows.supervision import CRASH_POINTS
 from pi_workflows.testing import (
     FakeProvider,
@@ -43,10 +44,20 @@ from pi_workflows.testing import (
     ScriptedTurn,
     workflow_submit_turn,
 )
+from pi_workflows.wire.client import HostUnavailableError
 from tests.conftest import Processes, write_workflow
-from tests.crash.harness import PIW, Command, Lab, Server, live_generations, runner_rows
+from tests.crash.harness import (
+    PIW,
+    SETTLE_S,
+    Command,
+    Lab,
+    Server,
+    live_generations,
+    runner_rows,
+)
 from tests.pi.agents import ATTEMPT_IN_PROMPT
 from tests.pi.conftest import pi_binary, pi_slot, provider  # noqa: F401 - for NeedsPi cases
+from tests.server.retention_seed import assert_whole_trees, run_files, seed_expired_trees
 from tests.server.watchers import Watcher
 
 pytestmark = pytest.mark.timeout(90)
@@ -1359,6 +1370,198 @@ def _channel_after_a_429(lab: Lab) -> None:
         _wait_delivery(lab, run_id, lambda found: found == ("presented", ["cancelled", "applied"]))
         assert len(fake.bot_messages()) == 1
         lab.finish({run_id: "waiting"})
+
+
+# --- state retention: a sweep's trees, blobs, WAL truncate and VACUUM ----------------------
+# Sixteen trees 31 days old (each with its own ~20 KB output blob, so their deletion frees
+# enough pages for VACUUM) and one recent run; the startup sweep reaches each point.
+
+EXPIRED = 16
+
+
+def _seed_lab(lab: Lab) -> None:
+    seed_expired_trees(lab.state_dir, EXPIRED, now_ms=int(time.time() * 1000))
+    lab.extra_env["PI_WORKFLOWS_RETENTION_VACUUM_MIN_BYTES"] = "0"  # VACUUM when 20 % free
+
+
+def _swept(lab: Lab) -> dict[str, Any]:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        retention = lab.call("state.status")["retention"]
+        if retention["lastSweep"] is not None:
+            return dict(retention["lastSweep"])
+        assert time.monotonic() < deadline, retention
+        time.sleep(0.05)
+
+
+def _sweep_crash(lab: Lab, point: str) -> None:
+    _seed_lab(lab)
+    armed = lab.start_server(point)
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        assert_whole_trees(db)
+        left = {row[0] for row in db.execute("SELECT run_id FROM runs")}
+    assert "recent" in left
+    server = lab.start_server()
+    last = _swept(lab)
+    assert last["treesDeleted"] == len(left) - 1, "the next start finishes the job"
+    with lab.database() as db:
+        assert [row[0] for row in db.execute("SELECT run_id FROM runs")] == ["recent"]
+        assert_whole_trees(db)
+    assert run_files(lab.state_dir) == {"recent"}, "a dead server's leftover files go too"
+    listed = lab.call("state.prune", {"olderThanDays": 30})
+    assert (listed["treeCount"], listed["unnamedBlobs"]) == (0, 0), "no blob left behind"
+    assert lab.call("state.verify")["consistent"]
+    lab.stop_server(server)
+    with lab.database() as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+@scenario("server.lifecycle.prune_tree.before_commit", "sweep-third-tree")
+def _sweep_before_tree_commit(lab: Lab) -> None:
+    _sweep_crash(lab, "server.lifecycle.prune_tree.before_commit@3")
+
+
+@scenario("server.lifecycle.prune_tree.after_commit", "sweep-third-tree")
+def _sweep_after_tree_commit(lab: Lab) -> None:
+    _sweep_crash(lab, "server.lifecycle.prune_tree.after_commit@3")
+
+
+@scenario("server.retention.before_blob_collection", "sweep")
+def _sweep_before_blobs(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.before_blob_collection")
+
+
+@scenario("server.retention.before_wal_truncate", "sweep")
+def _sweep_before_wal_truncate(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.before_wal_truncate")
+
+
+@scenario("server.retention.before_vacuum", "sweep")
+def _sweep_before_vacuum(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.before_vacuum")
+
+
+@scenario("server.retention.after_vacuum", "sweep")
+def _sweep_after_vacuum(lab: Lab) -> None:
+    _sweep_crash(lab, "server.retention.after_vacuum")
+
+
+@scenario("server.lifecycle.prune_tree.after_commit", "manual-prune")
+def _manual_prune_interrupted(lab: Lab) -> None:
+    """`state prune --apply` whose server dies after its fifth tree: the CLI says the
+    server went away during the deletions; a second prune lists only what is left, and
+    an applied one leaves no blob that no row names."""
+    _seed_lab(lab)
+    lab.extra_env["PI_WORKFLOWS_RETENTION_DAYS"] = "0"  # only the manual prune deletes
+    armed = lab.start_server("server.lifecycle.prune_tree.after_commit@5")
+    backup = lab.root / "before-prune.sqlite"
+    argv = [*PIW, "--state-dir", str(lab.state_dir), "state", "prune", "--older-than", "30"]
+    done = subprocess.run(
+        [*argv, "--apply", "--backup", str(backup)],
+        env=lab.env(),  # its retry may start a server: unarmed, tagged for the lab's cleanup
+        capture_output=True,
+        text=True,
+        timeout=SETTLE_S,
+        check=False,
+    )
+    lab.expect_server_crash(armed)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "went away during the deletions" in done.stderr
+    assert "some trees may already be gone" in done.stderr
+    with lab.database() as db:
+        assert_whole_trees(db)
+        left = sorted(
+            row[0] for row in db.execute("SELECT run_id FROM runs WHERE run_id != 'recent'")
+        )
+    assert len(left) == EXPIRED - 5
+    listed = json.loads(
+        subprocess.run(
+            [*argv, "--json"], env=lab.env(), capture_output=True, text=True, timeout=SETTLE_S,
+            check=True,
+        ).stdout
+    )  # fmt: skip
+    assert sorted(listed["runIds"]) == left, "the second prune lists only what is left"
+    again = lab.call(
+        "state.prune",
+        {"olderThanDays": 30, "apply": True, "backupPath": str(lab.root / "second.sqlite")},
+        idempotency_key=f"second-{lab.tag}",
+    )
+    assert again["treeCount"] == len(left) and again["blobsDeleted"] > 0
+    after = lab.call("state.prune", {"olderThanDays": 30})
+    assert (after["treeCount"], after["unnamedBlobs"]) == (0, 0), "no unnamed blob remains"
+    assert lab.call("state.verify")["consistent"]
+    lab.call("server.stop")
+    lab.assert_gone(lab.lab_processes(), "the server the retry started")
+
+
+# --- server.backup.*: a verified backup, before and after it has its name ---------------
+
+
+@dataclass
+class _CrashedBackup:
+    run_id: str
+    dest: Path
+    key: str
+    left: list[str]
+    """What the crash left in the destination's folder."""
+
+
+def _backup_crash(lab: Lab, point: str) -> _CrashedBackup:
+    """A completed run, then `state.backup` into an armed server that dies at `point`."""
+    armed = lab.start_server(f"{point}@1")
+    run_id = lab.start_run("pure").new_run
+    lab.wait_status(run_id, "completed")
+    dest = lab.root / "backups" / "state.sqlite"
+    dest.parent.mkdir()
+    key = f"backup-{lab.tag}"
+    with pytest.raises(HostUnavailableError):
+        lab.client().request("state.backup", {"path": str(dest)}, idempotency_key=key)
+    lab.expect_server_crash(armed)
+    with lab.database() as db:
+        stored = _row(db, "SELECT COUNT(*) FROM host_commands WHERE idempotency_key = ?", key)
+    assert stored == 0, "no receipt before the backup is verified and named"
+    return _CrashedBackup(run_id, dest, key, sorted(p.name for p in dest.parent.iterdir()))
+
+
+def _backup_again(lab: Lab, crashed: _CrashedBackup) -> dict[str, Any]:
+    lab.start_server()
+    payload = {"path": str(crashed.dest)}
+    return dict(lab.client().request("state.backup", payload, idempotency_key=crashed.key))
+
+
+def _backup_before_its_name(lab: Lab, point: str) -> None:
+    crashed = _backup_crash(lab, point)
+    assert crashed.dest.name not in crashed.left, "nothing unverified under the new name"
+    assert all(name.endswith(".partial") for name in crashed.left), crashed.left
+    answer = _backup_again(lab, crashed)  # no receipt: the retry backs up, once
+    assert answer["outcome"] == "accepted", answer
+    assert answer["receipt"]["byteCount"] == crashed.dest.stat().st_size
+    assert verify_inactive_backup(crashed.dest, lab.state_dir) == []
+    with lab.database() as db:
+        assert _row(db, "SELECT COUNT(*) FROM runs WHERE run_id = ?", crashed.run_id) == 1
+    lab.finish({crashed.run_id: "completed"})
+
+
+@scenario("server.backup.copy", "state-backup")
+def _backup_during_copy(lab: Lab) -> None:
+    _backup_before_its_name(lab, "server.backup.copy")
+
+
+@scenario("server.backup.verify", "state-backup")
+def _backup_before_verify(lab: Lab) -> None:
+    _backup_before_its_name(lab, "server.backup.verify")
+
+
+@scenario("server.backup.linked", "state-backup")
+def _backup_after_link(lab: Lab) -> None:
+    crashed = _backup_crash(lab, "server.backup.linked")
+    assert crashed.dest.name in crashed.left, crashed.left
+    assert verify_inactive_backup(crashed.dest, lab.state_dir) == [], "verified before named"
+    answer = _backup_again(lab, crashed)  # no receipt says it is good: refused, not adopted
+    assert answer["outcome"] == "rejected" and answer["error"]["code"] == "backupExists"
+    assert verify_inactive_backup(crashed.dest, lab.state_dir) == []
+    lab.finish({crashed.run_id: "completed"})
 
 
 # --- the matrix -------------------------------------------------------------------------

@@ -264,3 +264,49 @@ def test_a_missing_or_unusable_backup_is_a_usage_error(
     )
     assert both.returncode == 2
     assert not state_dir.exists(), "a backup check starts no server"
+
+
+def _verify_through_inherited_fd(state_dir: Path, target: Path) -> subprocess.CompletedProcess[str]:
+    """`state verify /proc/self/fd/N`, where N is the CLI's inherited descriptor of `target`."""
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        env = dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent))
+        argv = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(state_dir)]
+        return subprocess.run(
+            [*argv, "state", "verify", f"/proc/self/fd/{fd}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            pass_fds=(fd,),
+            check=False,
+        )
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_backup_refuses_the_live_database_through_proc_self_fd(
+    processes: Processes, state_dir: Path, project: Path, short_tmp: Path
+) -> None:
+    server = _serve(processes, state_dir)
+    _start_runs(processes, state_dir, project, 1)
+    live = state_dir / "state.sqlite"
+    refused = _verify_through_inherited_fd(state_dir, live)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert "live database" in refused.stderr and refused.stdout == ""
+    other = short_tmp / "other" / "workflows"  # not its folder: still open by the server
+    refused = _verify_through_inherited_fd(other, live)
+    assert refused.returncode == 2, refused.stderr
+    assert "open as a database by a running process" in refused.stderr
+    _stop(server)
+    refused = _verify_through_inherited_fd(state_dir, live)  # stopped, still this folder's
+    assert refused.returncode == 2 and "live database" in refused.stderr
+    copy = short_tmp / "copy.sqlite"
+    shutil.copyfile(live, copy)  # a copy is another file: it verifies, by any name
+    checked = _verify_through_inherited_fd(state_dir, copy)
+    assert checked.returncode == 0, (checked.stdout, checked.stderr)
+    assert "consistent" in checked.stdout
+    assert _siblings(copy) >= {"copy.sqlite"} and not any(
+        name.startswith("copy.sqlite-") for name in _siblings(copy)
+    ), "nothing written beside it"

@@ -40,6 +40,11 @@ PINNED = {
     "DAY_MS", "BackupFailedError", "PruneTree", "collect_unnamed_blobs",
     "collect_unreferenced_blobs", "delete_tree",
     "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
+    # retention (the automatic sweep, and state status)
+    "CompactOutcome", "compact_state", "runner_work_pending", "tree_runner_epochs",
+    "retained_trees", "runs_by_state", "known_run_ids", "known_runner_epochs",
+    # the verified backup (state backup, and state prune --apply first)
+    "BACKUP_STEP_PAGES", "BackupCopy", "BackupProgress", "check_backup_path",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
     "list_events", "admissible_runs",
     "active_queue_count", "expired_claimed_runs", "unfinished_attempt", "list_attempts",
@@ -57,7 +62,7 @@ PINNED = {
     "put_view_content", "view_content_length", "read_view_content_part",
     "iter_view_content_parts", "read_view_content",
     # the invariant checker
-    "Finding", "FindingCode", "verify", "verify_backup",
+    "Finding", "FindingCode", "verify", "verify_backup", "verify_copy",
     # managed effects
     "EffectState", "EffectDecision", "EffectRecord", "EffectReservation", "EffectConflictError",
     "effect_fingerprint", "reserve_effect", "settle_effect", "retry_effect_after_read_back",

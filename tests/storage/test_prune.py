@@ -27,6 +27,7 @@ from pi_workflows.storage import (
     cancel_run,
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
+    compact_state,
     complete_run,
     delete_tree,
     fail_node_attempt,
@@ -227,7 +228,7 @@ def test_a_backup_is_a_verified_private_copy_and_never_replaces_a_file(
     target = tmp_path / "backups" / "state-backup.sqlite"
     target.parent.mkdir()
     with db.read():
-        size = write_backup(db, target)
+        size = write_backup(db, target).byte_count
     assert size == target.stat().st_size > 0
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert sorted(os.listdir(target.parent)) == ["state-backup.sqlite"], "no partial files"
@@ -247,3 +248,108 @@ def test_a_backup_is_a_verified_private_copy_and_never_replaces_a_file(
     with pytest.raises(BackupFailedError) as no_folder:
         write_backup(db, tmp_path / "missing" / "b.sqlite")
     assert no_folder.value.code == "backupPathInvalid"
+
+
+def _delete_expired(db: Database, clock: ManualClock, count: int) -> None:
+    """`count` trees, each with its own ~40 KB output, deleted as a sweep deletes them."""
+    for i in range(count):
+        _finished_run(db, f"big-{i}", {"i": i, "pad": f"{i:04d}" * 10_000}, failing=False)
+    clock.advance(DAY_MS)
+    trees, _ = prunable_trees(db, clock.now_ms())
+    digests: set[str] = set()
+    for tree in trees:
+        with db.write() as tx:
+            deleted = delete_tree(tx, tree.root_run_id, clock.now_ms())
+            assert deleted is not None
+            digests |= deleted[1]
+    with db.write() as tx:
+        assert collect_unreferenced_blobs(tx, digests) == count
+
+
+def _pages(db: Database) -> tuple[int, int]:
+    return (
+        int(db.fetch_value("PRAGMA page_count", {})),
+        int(db.fetch_value("PRAGMA freelist_count", {})),
+    )
+
+
+@pytest.mark.parametrize("fault", ["skipped", "failed"])
+def test_free_pages_stay_reusable_when_compaction_is_skipped_or_fails(
+    db: Database, clock: ManualClock, fault: str
+) -> None:
+    """A compaction below its threshold is skipped; a `VACUUM` SQLite refuses (here: a
+    statement still in progress on the writer connection) fails. Either way the deletions
+    stay committed, and new content reuses the free pages: the file does not grow."""
+    _delete_expired(db, clock, 12)
+    pages, free = _pages(db)
+    assert free / pages >= 0.2, "the deletions freed at least a fifth of the pages"
+    if fault == "skipped":
+        outcome = compact_state(db, vacuum_min_bytes=1 << 40, vacuum_min_free_ratio=0.2)
+        assert (outcome.vacuumed, outcome.skipped) == (False, None)
+    else:
+        in_progress = db.connection.execute(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 10)"
+            " SELECT x FROM c"
+        )
+        in_progress.fetchone()
+        try:
+            outcome = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.2)
+        finally:
+            in_progress.close()
+        assert (outcome.vacuumed, outcome.skipped) == (False, "OperationalError")
+    assert outcome.reclaimable_bytes > 0
+    assert _pages(db) == (pages, free), "nothing of the deletions was undone"
+    assert db.fetch_value("SELECT count(*) FROM runs WHERE run_id LIKE 'big-%'", {}) == 0
+    with db.write() as tx:
+        for i in range(10):
+            put_blob(tx, f"new content {i} ".encode() * 2_500)
+    assert _pages(db)[0] == pages, "the new blobs went into the free pages"
+    assert verify(db) == []
+
+
+def test_an_idle_compaction_truncates_the_wal_and_vacuums_past_its_thresholds(
+    db: Database, clock: ManualClock
+) -> None:
+    _delete_expired(db, clock, 12)
+    pages, _ = _pages(db)
+    outcome = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.2)
+    assert outcome.vacuumed and outcome.wal_truncated and outcome.skipped is None
+    assert _pages(db)[0] < pages and _pages(db)[1] == 0
+    assert Path(f"{db.path}-wal").stat().st_size == 0
+    running(db, "busy")  # runner work pending: nothing is compacted
+    busy = compact_state(db, vacuum_min_bytes=0, vacuum_min_free_ratio=0.0)
+    assert (busy.vacuumed, busy.skipped) == (False, "busy")
+
+
+def test_an_open_turn_and_a_follow_up_of_another_tree_keep_an_expired_tree(
+    db: Database, clock: ManualClock
+) -> None:
+    _finished_run(db, "turned", {"t": 1}, failing=False)
+    _finished_run(db, "chained", {"c": 1}, failing=False)
+    _finished_run(db, "other", {"o": 1}, failing=False)
+    with db.write() as tx:
+        digest = put_blob(tx, b"follow-up text")
+        params = {"now": tx.now, "d": digest}
+        tx.execute(
+            "INSERT INTO workflow_messages (message_id, run_id, target_session_id, kind,"
+            " source_id, content_digest, session_order, state, created_at, updated_at)"
+            " VALUES ('m-1', 'turned', 's-1', 'terminal', 'turned', :d, 1, 'sent', :now, :now)",
+            params,
+        )
+        tx.execute(
+            "INSERT INTO workflow_turns (turn_id, message_id, run_id, session_id, status,"
+            " started_at) VALUES ('t-1', 'm-1', 'turned', 's-1', 'open', :now)",
+            params,
+        )
+        tx.execute(
+            "INSERT INTO follow_ups (follow_up_id, run_id, chain_run_id, target_session_id,"
+            " content_hash, state, created_at, updated_at)"
+            " VALUES ('f-1', 'other', 'chained', 's-1', :d, 'cancelled', :now, :now)",
+            params,
+        )
+    clock.advance(DAY_MS)
+    cutoff = clock.now_ms()
+    assert tree_blockers(db, "turned", cutoff) == ["openTurn"]
+    assert tree_blockers(db, "chained", cutoff) == ["followUpFromOutside"]
+    trees, kept = prunable_trees(db, cutoff)
+    assert [t.root_run_id for t in trees] == ["other"] and kept == 2

@@ -80,6 +80,7 @@ DESIGN_EVENT_KINDS = [
     "runPage",
     "sessionSnapshot",
     "unavailable",
+    "maintenanceProgress",
 ]
 
 SCHEMA_OF_PREFIX = {

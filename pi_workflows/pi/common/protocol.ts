@@ -82,7 +82,14 @@ export interface EventMessage {
   schema: typeof CLIENT_SCHEMA;
   type: "event";
   subscriptionId: string;
-  kind: "runList" | "runSnapshot" | "runPatch" | "runPage" | "sessionSnapshot" | "unavailable";
+  kind:
+    | "runList"
+    | "runSnapshot"
+    | "runPatch"
+    | "runPage"
+    | "sessionSnapshot"
+    | "unavailable"
+    | "maintenanceProgress";
   revision: number;
   payload: { [key: string]: JsonValue };
 }
