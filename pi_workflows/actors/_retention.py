@@ -244,7 +244,7 @@ class RetentionActor(ServerActor):
             self._numbers += 1
             sweep = _Sweep(self._numbers, trigger, self._config.clock.now_ms())
             self._sweep = sweep
-            self._report.publish(state="sweeping")
+        self._report.publish(state="sweeping")  # begun, or going on after a yield
         if sweep.cutoff is None:
             self._ask(self._reader, Read, SelectExpired(self._config.days), _Selected(sweep.number))
         else:

@@ -40,18 +40,20 @@ from pi_workflows.domain import (
     BackupQueryError,
     Perform,
     RecordBackup,
+    SelectAndBackUp,
     as_adopted,
     back_up,
     failure_response,
     parse_backup_query,
     perform,
     rejected,
+    select_and_back_up,
     unit_label,
 )
 from pi_workflows.storage import BackupProgress, Clock, open_live_reader
 from pi_workflows.wire.protocol import CLIENT_SCHEMA, RequestMessage
 
-__all__ = ["Backup", "BackupsSettled", "StateBackupActor"]
+__all__ = ["Backup", "BackupStepped", "BackupsSettled", "StateBackupActor"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,15 @@ class BackupsSettled:
     (each one's receipt stored and its waiters answered)."""
 
     reply_to: Address
+
+
+@dataclass(frozen=True, slots=True)
+class BackupStepped:
+    """Told to the asker of a `Read(SelectAndBackUp)` that wants progress: one step of
+    its backup (the prune's `copy` and `verify` stages), before its `Done`."""
+
+    tag: object
+    progress: BackupProgress
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,10 @@ class StateBackupActor(ServerActor):
             case BackupsSettled(reply_to=reply_to):
                 self._settled.append(reply_to)
                 self._tell_settled()
+            case Read(unit=SelectAndBackUp() as unit, reply_to=reply_to, tag=tag) if (
+                unit.query.progress and reply_to is not None
+            ):
+                answer(reply_to, tag, self._select(unit, reply_to, tag))
             case Read(unit=unit, reply_to=reply_to, tag=tag):
                 answer(reply_to, tag, self._read(unit))
             case Done(tag=_Recorded(key=key), reply=reply):
@@ -169,6 +184,23 @@ class StateBackupActor(ServerActor):
         except Exception as exc:  # noqa: BLE001 - the error belongs to the caller
             label = unit_label(unit)
             log.debug("read failed", extra={"action": "db.read_error", "label": label})
+            return Reply(error=exc)
+
+    def _select(self, unit: SelectAndBackUp, reply_to: Address, tag: object) -> Reply:
+        """The prune's selection and backup, telling the asker each step of the copy."""
+
+        def stepped(progress: BackupProgress) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                reply_to.tell(BackupStepped(tag, progress))
+
+        try:
+            with self._db.read():
+                value = select_and_back_up(
+                    self._db, request=unit.request, query=unit.query, on_progress=stepped
+                )
+            return Reply(value=value)
+        except Exception as exc:  # noqa: BLE001 - the error belongs to the caller
+            log.debug("read failed", extra={"action": "db.read_error", "label": unit_label(unit)})
             return Reply(error=exc)
 
     def _backup(self, held: Held) -> None:

@@ -21,6 +21,7 @@ from pi_workflows.actors._base import ActorFailureHandler, Done, Reply, ServerAc
 from pi_workflows.actors._database import Transact
 from pi_workflows.actors._reader import Read
 from pi_workflows.actors._retention import MaintenanceRunning
+from pi_workflows.actors._state_backup import PROGRESS_KIND, BackupStepped
 from pi_workflows.domain import (
     DeletedTree,
     DeletePruneTree,
@@ -38,7 +39,7 @@ from pi_workflows.domain import (
     remove_tree_files,
 )
 from pi_workflows.storage import PruneTree
-from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire.protocol import CLIENT_SCHEMA, RequestMessage
 
 __all__ = ["Prune", "StatePruneActor"]
 
@@ -54,6 +55,8 @@ class Held(Protocol):
     def request(self) -> RequestMessage: ...
 
     def respond(self, answer: Mapping[str, Any]) -> None: ...
+
+    def offer_event(self, event: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,16 +108,18 @@ class _Job:
     deleted: list[PruneTree] = field(default_factory=list)
     skipped: int = 0
     digests: set[str] = field(default_factory=set)
+    sent: int = 0
+    """Progress events sent, the revision of the next one."""
 
 
 class StatePruneActor(ServerActor):
     """Owns: every applied `state.prune` in flight, by (client ID, idempotency key).
 
-    Receives: `Prune`, and `Done` (its units' answers).
+    Receives: `Prune`, `BackupStepped` (its backup's steps), and `Done` (its units' answers).
     Sends: `Read` (`PruneDryRun`) to the reader, (`SelectAndBackUp`) to the state-backup
         actor; `Transact`
         (`DeletePruneTree` one tree a unit, then `RecordPrune`) to the database;
-        responses.
+        `maintenanceProgress` events to the waiters that asked for them; responses.
     Invariants: one applied prune per key at a time (a retry joins it and is answered
         `adopted`); nothing is deleted before the backup of the selection's snapshot is
         verified; the receipt is stored in the transaction that collects the blobs.
@@ -154,6 +159,8 @@ class StatePruneActor(ServerActor):
                 self._prune(held)
             case Done(tag=_DryRunRead(held=held), reply=reply):
                 held.respond(_answer_of(held.request, reply))
+            case BackupStepped(tag=_Selected(key=key), progress=step):
+                self._progress(key, step.stage, step.done, step.total)
             case Done(tag=_Selected(key=key), reply=reply):
                 self._on_selected(key, reply)
             case Done(tag=_Deleted(key=key), reply=reply):
@@ -201,6 +208,7 @@ class StatePruneActor(ServerActor):
             return
         job.selection = reply.value
         job.pending = list(reversed(reply.value.trees))
+        self._progress(key, "delete", 0, len(job.pending))
         self._next(key, job)
 
     def _on_deleted(self, key: _Key, reply: Reply) -> None:
@@ -219,6 +227,8 @@ class StatePruneActor(ServerActor):
             job.digests |= deleted.digests
             if self._state_dir is not None:
                 remove_tree_files(self._state_dir, deleted)
+        done = len(job.deleted) + job.skipped
+        self._progress(key, "delete", done, done + len(job.pending))
         self._next(key, job)
 
     def _next(self, key: _Key, job: _Job) -> None:
@@ -227,11 +237,38 @@ class StatePruneActor(ServerActor):
             unit = DeletePruneTree(job.pending[-1], job.selection.cutoff)
             self._ask(self._database, Transact, unit, _Deleted(key))
             return
+        self._progress(key, "collect", 0, 1)
         progress = PruneProgress(
             job.selection, tuple(job.deleted), job.skipped, frozenset(job.digests)
         )
         record = RecordPrune(job.request, job.query, progress, self._blob_grace_ms)
         self._ask(self._database, Transact, record, _Recorded(key))
+
+    def _progress(self, key: _Key, stage: str, done: int, total: int) -> None:
+        """Offer the waiters that asked for progress where the prune is: the backup's
+        `copy` (pages) and `verify`, `delete` (trees done of how many), `collect`."""
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        job.sent += 1
+        for held, _ in job.waiters:
+            if not held.request["payload"].get("progress"):
+                continue
+            held.offer_event(
+                {
+                    "schema": CLIENT_SCHEMA,
+                    "type": "event",
+                    "subscriptionId": held.request["requestId"],
+                    "kind": PROGRESS_KIND,
+                    "revision": job.sent,
+                    "payload": {
+                        "operation": "state.prune",
+                        "stage": stage,
+                        "done": done,
+                        "total": total,
+                    },
+                }
+            )
 
     def _finish(self, key: _Key, answer: Mapping[str, Any]) -> None:
         job = self._jobs.pop(key, None)

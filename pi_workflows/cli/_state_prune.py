@@ -3,17 +3,24 @@
 The server does the work (`state.prune`, domain/_state_prune.py); the CLI never opens
 SQLite. Each invocation sends one fresh idempotency key; if its connection is lost, it
 reconnects once and sends the same key again, so the server adopts the result of the
-prune in flight instead of running a second one.
+prune in flight instead of running a second one. An applied prune shows its progress:
+a rich bar on a terminal (pages backed up, then trees deleted, of how many), one line
+per stage otherwise, JSON lines with `--json` (the last one is the receipt).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pi_workflows.cli._main import (
     EXIT_UNAVAILABLE,
@@ -72,25 +79,26 @@ def state_prune(
             )
         if not backup.is_absolute():
             _fail("--backup must be an absolute path", EXIT_USAGE)
-        payload.update(apply=True, backupPath=os.fspath(backup))
+        payload.update(apply=True, backupPath=os.fspath(backup), progress=True)
     elif backup is not None:
         _fail("--backup is only used with --apply", EXIT_USAGE)
     key = f"cli-prune-{uuid.uuid4().hex}"  # one key per invocation, kept across one retry
     # A backup this invocation did not find but the server does was written by its own
     # first attempt: the server went away after it, during the deletions.
     ours = backup is not None and not os.path.lexists(backup)
-    try:
-        receipt = _call(ctx, payload, key)
-    except HostUnavailableError:
-        if not apply:
+    with _display(apply, as_json, key) as show:
+        try:
+            receipt = _call(ctx, payload, key, show)
+        except HostUnavailableError:
+            if not apply:
+                raise
+            receipt = _retry_lost(ctx, payload, key, show)
+        except RequestFailedError as exc:
+            if apply and ours and exc.code == "backupExists":
+                _fail(INTERRUPTED, EXIT_UNAVAILABLE)
             raise
-        receipt = _retry_lost(ctx, payload, key)
-    except RequestFailedError as exc:
-        if apply and ours and exc.code == "backupExists":
-            _fail(INTERRUPTED, EXIT_UNAVAILABLE)
-        raise
     if as_json:
-        _print_json(receipt)
+        _print_json({"stage": "done", **receipt} if apply else receipt)
         return
     _echo(receipt)
 
@@ -106,13 +114,15 @@ LOST = (
 )
 
 
-def _retry_lost(ctx: click.Context, payload: dict[str, Any], key: str) -> dict[str, Any]:
+def _retry_lost(
+    ctx: click.Context, payload: dict[str, Any], key: str, show: Sink | None
+) -> dict[str, Any]:
     """The connection was lost mid-apply: send the same key once more, so a live server
     adopts the prune in flight or its stored receipt. A server that died meanwhile
     cannot: its successor finds the verified backup there already (the deletions had
     begun) or is not reachable at all; either way the user is told what may be gone."""
     try:
-        return _call(ctx, payload, key)
+        return _call(ctx, payload, key, show)
     except RequestFailedError as exc:
         if exc.code != "backupExists":
             raise
@@ -121,10 +131,94 @@ def _retry_lost(ctx: click.Context, payload: dict[str, Any], key: str) -> dict[s
         _fail(LOST, EXIT_UNAVAILABLE)
 
 
-def _call(ctx: click.Context, payload: dict[str, Any], key: str) -> dict[str, Any]:
-    with _client(ctx) as client:
+def _call(
+    ctx: click.Context, payload: dict[str, Any], key: str, show: Sink | None
+) -> dict[str, Any]:
+    client = _client(ctx)
+    if show is not None:
+        client.timeout = PRUNE_READ_TIMEOUT_S
+        client.event_sink = show
+    with client:
         answer = client.call("state.prune", payload, idempotency_key=key)
     return dict(answer["receipt"])
+
+
+Sink = Callable[[dict[str, Any]], None]
+PRUNE_READ_TIMEOUT_S = 600.0
+"""How long an applied prune waits for its next message (its backup's verification of a
+large database, and the last blob pass, send none while they run)."""
+_UNITS = {"copy": "pages", "verify": "pages", "delete": "trees", "collect": ""}
+_STAGE_WORDS = {
+    "copy": "backing up: copying {total} pages",
+    "verify": "verifying the backup",
+    "delete": "deleting {total} run trees",
+    "collect": "collecting unreferenced blobs",
+}
+
+
+@contextmanager
+def _display(apply: bool, as_json: bool, key: str) -> Iterator[Sink | None]:
+    """A sink for an applied prune's `maintenanceProgress` events: JSON lines, a bar,
+    or a line a stage (None for a dry run, which sends none)."""
+    if not apply:
+        yield None
+        return
+    if as_json:
+        _print_json({"stage": "start", "idempotencyKey": key})
+        yield _json_line
+        return
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _StageLines()
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[unit]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("backup", total=None, unit="pages")
+
+        def show(event: dict[str, Any]) -> None:
+            if event.get("kind") != "maintenanceProgress":
+                return
+            body = event["payload"]
+            stage = body["stage"]
+            bar.update(
+                task,
+                description={"copy": "backup"}.get(stage, stage),
+                completed=body["done"],
+                total=body["total"] or None,
+                unit=_UNITS.get(stage, ""),
+            )
+
+        yield show
+
+
+def _json_line(event: dict[str, Any]) -> None:
+    if event.get("kind") == "maintenanceProgress":
+        body = event["payload"]
+        _print_json({"stage": body["stage"], "done": body["done"], "total": body["total"]})
+        sys.stdout.flush()
+
+
+class _StageLines:
+    """One line on stderr when a stage starts (a pipe or a log gets no bar)."""
+
+    def __init__(self) -> None:
+        self._stage: str | None = None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "maintenanceProgress":
+            return
+        body = event["payload"]
+        if body["stage"] == self._stage:
+            return
+        self._stage = body["stage"]
+        words = _STAGE_WORDS.get(body["stage"], body["stage"])
+        click.echo(words.format(total=body["total"]), err=True)
 
 
 def _echo(receipt: dict[str, Any]) -> None:

@@ -1,7 +1,10 @@
 """`state.prune`: the manual form of state retention, run by the server on its database.
 
 Implements client-protocol.md § Maintenance and workflow-server.md § State retention.
-Payload `{"olderThanDays"?: int (default 30), "apply"?: bool, "backupPath"?: str}`:
+Payload `{"olderThanDays"?: int (default 30), "apply"?: bool, "backupPath"?: str,
+"progress"?: bool}` (with `progress`, an applied prune's asker gets `maintenanceProgress`
+events: the backup's `copy` and `verify`, then `delete` trees done of how many, then
+`collect`):
 
 - without `apply` (a dry run) the reader actor selects the expired root-run trees and
   the receipt lists what would go: tree and run counts, run IDs (the first
@@ -25,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +43,7 @@ from pi_workflows.domain._operations import (
 from pi_workflows.storage import (
     DAY_MS,
     BackupFailedError,
+    BackupProgress,
     Database,
     PruneTree,
     ReceiptOutcome,
@@ -104,11 +108,13 @@ class PruneQuery:
     older_than_days: int = DEFAULT_OLDER_THAN_DAYS
     apply: bool = False
     backup_path: Path | None = None
+    progress: bool = False
+    """The asker wants `maintenanceProgress` events (an applied prune sends them)."""
 
 
 def parse_prune_query(payload: Mapping[str, Any]) -> PruneQuery:
     """Check a `state.prune` payload; raises `PruneQueryError` with a safe message."""
-    unknown = sorted(set(payload) - {"olderThanDays", "apply", "backupPath"})
+    unknown = sorted(set(payload) - {"olderThanDays", "apply", "backupPath", "progress"})
     if unknown:
         raise PruneQueryError("payloadInvalid", f"unknown state.prune field {unknown[0]}")
     days = payload.get("olderThanDays", DEFAULT_OLDER_THAN_DAYS)
@@ -119,17 +125,20 @@ def parse_prune_query(payload: Mapping[str, Any]) -> PruneQuery:
     apply = payload.get("apply", False)
     if not isinstance(apply, bool):
         raise PruneQueryError("payloadInvalid", "apply must be true or false")
+    progress = payload.get("progress", False)
+    if not isinstance(progress, bool):
+        raise PruneQueryError("payloadInvalid", "progress must be true or false")
     raw = payload.get("backupPath")
     if not apply:
         if raw is not None:
             raise PruneQueryError("payloadInvalid", "backupPath is only for apply")
-        return PruneQuery(days)
+        return PruneQuery(days, progress=progress)
     if not isinstance(raw, str) or not 1 <= len(raw) <= _MAX_PATH_CHARS:
         raise PruneQueryError("backupRequired", "apply needs a backupPath for a new backup")
     path = Path(raw)
     if not path.is_absolute():
         raise PruneQueryError("backupPathInvalid", "the backup path must be absolute")
-    return PruneQuery(days, True, path)
+    return PruneQuery(days, True, path, progress)
 
 
 def as_adopted(answer: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -182,10 +191,15 @@ class PruneSelection:
 
 
 def select_and_back_up(
-    db: Database, *, request: RequestMessage, query: PruneQuery
+    db: Database,
+    *,
+    request: RequestMessage,
+    query: PruneQuery,
+    on_progress: Callable[[BackupProgress], None] | None = None,
 ) -> PruneSelection | dict[str, Any]:
     """A read, in one snapshot: a stored answer, else the trees and a verified backup of
-    the same snapshot (a refused backup is the answer)."""
+    the same snapshot (a refused backup is the answer). `on_progress` is told each step
+    of the backup (the state-backup actor's own function, never a message's content)."""
     stored = prior_answer(db, request)
     if stored is not None:
         return stored
@@ -193,7 +207,7 @@ def select_and_back_up(
     trees, kept = prunable_trees(db, cutoff)
     assert query.backup_path is not None
     try:
-        copy = write_backup(db, query.backup_path)
+        copy = write_backup(db, query.backup_path, on_progress=on_progress)
     except BackupFailedError as exc:
         return rejected(request, "rejected", exc.code, f"{exc}; nothing was deleted")
     return PruneSelection(cutoff, trees, kept, copy.byte_count)

@@ -4,7 +4,8 @@ A failed compute run leaves its traceback in `run_view_content`; after an applie
 (backup first, verified) the run, its rows and that content are gone, `run.get` answers
 `notFound` and the run list no longer has it. A dry run deletes nothing; a protected run
 (waiting at a checkpoint) is kept; a retry of the same invocation key adopts the stored receipt;
-apply without a new absolute backup path is refused before anything is deleted.
+apply without a new absolute backup path is refused before anything is deleted; an
+applied prune shows its stages (JSON lines with `--json`, one line a stage otherwise).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _rows(state_dir: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
 def _prune(processes: Processes, state_dir: Path, *args: str) -> dict[str, Any]:
     done = processes.cli(state_dir, "state", "prune", "--json", *args)
     assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout))
+    return dict(json.loads(done.stdout.splitlines()[-1]))  # an applied prune: the last line
 
 
 @pytest.fixture
@@ -157,3 +158,53 @@ def test_an_existing_backup_path_refuses_the_prune_and_deletes_nothing(
     assert str(taken) not in answer["error"]["message"], "no user path in errors"
     assert taken.read_text() == "not mine to replace"
     assert len(_rows(state, "SELECT run_id FROM runs")) == 3
+
+
+_STAGES = ["copy", "verify", "delete", "collect"]
+
+
+def test_an_applied_prune_shows_its_progress_as_json_lines(
+    running_server: WorkflowServer, runs: dict[str, str], processes: Processes, short_tmp: Path
+) -> None:
+    state = running_server.state_dir
+    backup = short_tmp / "progress.sqlite"
+    done = processes.cli(
+        state, "state", "prune", "--older-than", "0", "--apply", "--backup", str(backup), "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0]["stage"] == "start" and lines[0]["idempotencyKey"].startswith("cli-prune-")
+    receipt = lines[-1]
+    assert receipt["stage"] == "done" and receipt["treeCount"] == 2 and receipt["applied"]
+    steps = lines[1:-1]
+    assert steps, "progress between the start and the receipt"
+    order = [_STAGES.index(step["stage"]) for step in steps]
+    assert order == sorted(order), "stages come in order: backup, deletions, blobs"
+    deletes = [step for step in steps if step["stage"] == "delete"]
+    assert deletes and all(step["total"] == 2 for step in deletes), "trees done of how many"
+    assert [step["done"] for step in deletes] == sorted(step["done"] for step in deletes)
+    assert steps[-1]["stage"] == "collect"
+
+
+def test_without_a_terminal_an_applied_prune_prints_one_line_a_stage(
+    running_server: WorkflowServer, runs: dict[str, str], processes: Processes, short_tmp: Path
+) -> None:
+    state = running_server.state_dir
+    backup = short_tmp / "plain.sqlite"
+    done = processes.cli(
+        state, "state", "prune", "--older-than", "0", "--apply", "--backup", str(backup)
+    )
+    assert done.returncode == 0, done.stderr
+    words = {
+        "backing up:": "copy",
+        "verifying the backup": "verify",
+        "deleting 2 run trees": "delete",
+        "collecting unreferenced blobs": "collect",
+    }
+    stages = [
+        next(stage for start, stage in words.items() if line.startswith(start))
+        for line in done.stderr.splitlines()
+    ]
+    assert stages == sorted(set(stages), key=_STAGES.index), "one line a stage, in order"
+    assert stages[-1] == "collect"
+    assert done.stdout.startswith("pruned 2 run trees"), done.stdout

@@ -5,11 +5,15 @@ terminal root-run trees older than the retention period, with the selector, exac
 deletion and blob collection of `state prune` (so it deletes exactly what a dry run of
 the same cutoff lists), makes no backup, keeps protected trees and blobs a retained
 run still names, removes a deleted run's pi folders and runner logs, and a repeated
-sweep changes nothing. `state status` reports it, with no IDs or paths.
+sweep changes nothing. `state status` reports it, with no IDs or paths. A retained run
+(29 days old) keeps its `run show`, its restart, its content references and its
+origin session's terminal message through a sweep that deletes an older tree.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sqlite3
 import threading
@@ -33,9 +37,12 @@ from pi_workflows.storage import (
 )
 from pi_workflows.testing import perform_with_calls
 from tests.conftest import Processes, write_workflow
+from tests.server.origin import SESSION, session_snapshot
 from tests.server.retention_seed import seed_expired_trees
 from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
+from tests.server.test_run_show import _view
 from tests.server.test_run_view_rules import _ambiguous_effect
+from tests.server.watchers import Watcher
 from tests.storage.storage_helpers import running
 from tests.storage.test_prune import _finished_run
 
@@ -316,3 +323,83 @@ def test_a_run_started_during_a_sweep_runs_at_once_and_the_sweep_goes_on_after_i
         assert _rows(state, "SELECT count(*) FROM runs WHERE run_id LIKE 'exp-%'") == [(0,)]
         remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
         assert remaining == sorted([gated, "recent"])
+
+
+HUGE = """
+from pi_workflows import compute, define_workflow
+
+workflow = define_workflow(
+    name="huge",
+    start_at="big",
+    nodes={"big": compute(lambda ctx: {"text": "x" * 1_200_000})},
+)
+"""
+"""A node output larger than a frame: the runner uploads it to the blob store and names
+it by reference; the run view shows a reference that `view.content` serves."""
+
+
+def test_a_retained_run_keeps_run_show_restart_content_and_terminal_message(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, processes: Processes
+) -> None:
+    """Runs made by real runners at T0; a server started 29 days later sweeps after
+    recovery and deletes a tree 31 days old, and the 29-day-old runs keep all they had."""
+    state, project = short_tmp / "state", short_tmp / "project"
+    write_workflow(project, "huge", HUGE)
+    write_workflow(project, "echo")
+    state.mkdir()
+    db = open_database(state / "state.sqlite", clock=ManualClock(T0 - 2 * DAY_MS))
+    try:
+        _finished_run(db, "old-x", {"old": True}, failing=True)  # 31 days old at the sweep
+    finally:
+        db.close()
+    monkeypatch.setenv("PI_WORKFLOWS_RETENTION_DAYS", "30")
+    with (
+        _server(state, ManualClock(T0), execute_runs=True),
+        WorkflowClient(state, autostart=False, timeout=60) as client,
+    ):
+        huge = start_run(client, project, "huge")
+        assert wait_for(client, huge, TERMINAL)["display"]["status"] == "completed"
+        payload = {
+            "workflow": "echo",
+            "input": {},
+            "projectPath": str(project),
+            "originSessionId": SESSION,
+            "mode": "interactive",
+        }
+        told = client.call("run.start", payload)["receipt"]["runId"]
+        assert wait_for(client, told, TERMINAL)["display"]["status"] == "completed"
+        before = _view(client, huge)
+    ref = before["trace"]["items"][0]["output"]["ref"]
+    assert ref["byteCount"] > 1_000_000, "stored by reference, not inline"
+    messages = _rows(state, f"SELECT kind, state FROM workflow_messages WHERE run_id = '{told}'")
+    assert messages == [("terminal", "pending")]
+
+    later = ManualClock(T0 + 29 * DAY_MS)
+    with _server(state, later, execute_runs=True) as server:
+        last = _wait_sweeps(state, 1)["lastSweep"]
+        assert (last["trigger"], last["treesDeleted"]) == ("recovery", 1)
+        remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
+        assert remaining == sorted([huge, told]), "only the 31-day-old tree went"
+        with WorkflowClient(state, autostart=False, timeout=60) as client:
+            after = _view(client, huge)
+            assert after["trace"]["items"][0]["output"] == before["trace"]["items"][0]["output"]
+            assert after["display"]["status"] == "completed"
+            data = client.run_content(huge, ref)  # its content reference still serves
+            assert hashlib.sha256(data).hexdigest() == ref["digest"].removeprefix("sha256:")
+            assert json.loads(data) == {"text": "x" * 1_200_000}
+            restarted = client.call("run.restart", run_id=huge)["receipt"]["runId"]
+            assert wait_for(client, restarted, TERMINAL)["display"]["status"] == "completed"
+            assert _view(client, huge)["lineage"]["restartedBy"] == [restarted]
+        shown = processes.cli(state, "run", "show", huge)
+        assert shown.returncode == 0, shown.stderr
+        assert "completed" in shown.stdout and f"restarted as {restarted}" in shown.stdout
+        watcher = Watcher(server.socket_path)
+        try:  # the origin session is still shown the run's terminal message
+            watcher.subscribe({"kind": "sessionView", "sessionId": SESSION})
+            view = session_snapshot(watcher, lambda v: v["activeRun"] is not None, "the run")
+        finally:
+            watcher.close()
+        assert view["activeRun"]["runId"] == told
+        assert view["activeRun"]["display"]["status"] == "completed"
+        [item] = view["messages"]["items"]
+        assert (item["runId"], item["kind"], item["state"]) == (told, "terminal", "pending")
