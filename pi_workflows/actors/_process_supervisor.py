@@ -110,10 +110,7 @@ class ProcessSupervisorActor(ServerActor):
                     supervised.killed = True
                     self._kill(supervised)
             case StopGroup(identity=identity):
-                # Its members that left the group first: a Pi child's tools run in
-                # sessions of their own below pi's keeper, which a group SIGKILL misses.
-                kill_descendants(identity)
-                signal_group(identity, signal.SIGKILL)
+                self._stop_group(identity)
             case StopRecorded(identities=identities, reply_to=reply_to, timeout_s=timeout_s):
                 answer(reply_to, None, Reply(self._stop_recorded(identities, timeout_s)))
             case Tick():
@@ -122,6 +119,19 @@ class ProcessSupervisorActor(ServerActor):
             case _:
                 raise TypeError(f"process supervisor got {type(message).__name__}")
         return None
+
+    def _stop_group(self, identity: ProcessIdentity) -> None:
+        """SIGKILL a registered group and every descendant of its leader.
+
+        The group is frozen (SIGSTOP) first, so no member can act on a descendant's
+        death in between: a shell whose `sleep` died would go on to its next command (a
+        side effect the step's read-back would then find). Descendants that left the
+        group (a Pi child's tools run in sessions of their own) are killed while the tree
+        still links them to the leader, then the group itself.
+        """
+        signal_group(identity, signal.SIGSTOP)
+        kill_descendants(identity)
+        signal_group(identity, signal.SIGKILL)
 
     def on_stop(self) -> None:
         """Runs in the actor's thread at shutdown: no child outlives the server."""

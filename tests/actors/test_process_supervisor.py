@@ -28,6 +28,7 @@ from pi_workflows.supervision import (
     ProcessIdentity,
     Spawn,
     StopChild,
+    StopGroup,
     identity_of,
     is_alive,
     signal_group,
@@ -233,3 +234,37 @@ def _wait_for_tail(
         if (data.endswith(tail) and settled(data)) or time.monotonic() > deadline:
             return data
         time.sleep(0.02)
+
+
+FOREGROUND_THEN_MARK = (
+    'sleep 300 & FG=$!; for _ in $(seq 40); do sleep 300 & done; wait "$FG"; touch "$0"'
+)
+"""A shell that waits on its first `sleep` among 41, then leaves a mark: the command that
+must never run once its group is stopped, whatever order its members die in."""
+
+
+def test_a_stopped_group_never_acts_on_a_member_that_died_first(
+    supervisor: Supervised, tmp_path: Path
+) -> None:
+    marker = tmp_path / "took-effect"
+    shell = subprocess.Popen(
+        ["sh", "-c", FOREGROUND_THEN_MARK, str(marker)], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(psutil.Process(shell.pid).children()) < 41:
+            assert time.monotonic() < deadline, "the shell never started its sleeps"
+            time.sleep(0.01)
+        identity = identity_of(shell.pid)
+        assert identity is not None
+        sleeps = psutil.Process(shell.pid).children()
+        supervisor.ref.tell(StopGroup(identity))
+        handled(supervisor.ref)
+        assert shell.wait(timeout=WAIT_S) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(sleeps, timeout=WAIT_S)
+        assert alive == [], "every member of the group is gone"
+        assert not marker.exists(), "the shell went on after its sleep died"
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.wait()
