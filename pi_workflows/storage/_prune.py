@@ -208,9 +208,12 @@ _DELETE_BLOB = "DELETE FROM blobs WHERE digest = :digest"
 _BLOB_EXISTS = "SELECT EXISTS (SELECT 1 FROM blobs WHERE digest = :digest)"
 # Work that automatic retention yields to: a run admitted (queued and unpaused), starting
 # or running, or a runner epoch that has not ended (workflow-server.md § State retention).
+# Each branch reads a partial index only (every finished run keeps a `done` queue row:
+# one OR across states would scan them all, once per tree a sweep deletes).
 _RUNNER_WORK_PENDING = """
-SELECT EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
-               WHERE q.state IN ('starting', 'running') OR (q.state = 'queued' AND r.paused = 0))
+SELECT EXISTS (SELECT 1 FROM run_queue WHERE state IN ('starting', 'running'))
+    OR EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
+               WHERE q.state = 'queued' AND r.paused = 0)
     OR EXISTS (SELECT 1 FROM runner_epochs WHERE status IN ('starting', 'ready'))
 """
 _TREE_RUNNER_EPOCHS = (
