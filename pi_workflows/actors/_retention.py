@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -35,7 +36,7 @@ from pi_workflows.domain import (
     remove_orphan_files,
     remove_tree_files,
 )
-from pi_workflows.storage import DAY_MS, Clock, CompactOutcome, PruneTree
+from pi_workflows.storage import DAY_MS, Clock, CompactOutcome, PruneTree, WalCheckpointer
 
 __all__ = [
     "VACUUM_MIN_BYTES",
@@ -52,6 +53,11 @@ RETRY_AFTER_MS: Final = 5 * 60 * 1000
 """A failed or yielded sweep is tried again after this (never a tight loop)."""
 SWEEP_EVERY_MS: Final = DAY_MS
 """At most one completed sweep per server process in this long; the daily check."""
+CHECKPOINT_EVERY_TREES: Final = 10
+"""The sweep copies the WAL into the database after this many trees, from its own
+connection: about 250 pages, well under the 1,000 at which SQLite's automatic checkpoint
+would run inside the commit of whatever command came next (a `run.start` then waits for
+it: 10-200 ms at 10,000 trees, against 2 ms for a tree)."""
 VACUUM_MIN_BYTES: Final = 64 * 1024 * 1024
 VACUUM_MIN_FREE_RATIO: Final = 0.20
 
@@ -179,6 +185,12 @@ class RetentionActor(ServerActor):
         """Monotonic ms: a yielded sweep goes on by itself at this time."""
         self._completed_at: int | None = None
         """Monotonic ms of this process's last completed sweep."""
+        self._checkpointer: WalCheckpointer | None = None
+        """Opened at the first checkpoint a sweep needs; closed at the actor's stop."""
+
+    def on_stop(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -297,9 +309,28 @@ class RetentionActor(ServerActor):
             sweep.deleted_runs += len(value.run_ids)
             sweep.digests |= value.digests
             remove_tree_files(self._config.state_dir, value)
+            if sweep.deleted_trees % CHECKPOINT_EVERY_TREES == 0:
+                self._checkpoint_wal()
         else:
             sweep.skipped += 1  # changed since the selection: kept
         self._next(sweep)
+
+    def _checkpoint_wal(self) -> None:
+        """Copy the WAL the sweep wrote into the database, in this actor's thread (the
+        writer goes on committing meanwhile). Best effort: on any error the writer's
+        own automatic checkpoint still bounds the WAL."""
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = WalCheckpointer(self._config.state_dir / "state.sqlite")
+            self._checkpointer.checkpoint()
+        except sqlite3.Error as exc:
+            log.debug(
+                "the sweep's WAL checkpoint failed; the writer's own checkpoint bounds the WAL",
+                extra={"action": "retention.checkpoint_failed", "error": type(exc).__name__},
+            )
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+            self._checkpointer = None
 
     def _next(self, sweep: _Sweep) -> None:
         """The next step; checked before each, so a stop or a command halts it."""

@@ -31,6 +31,7 @@ __all__ = [
     "Reader",
     "Tracer",
     "Tx",
+    "WalCheckpointer",
     "open_database",
     "open_live_reader",
     "open_readonly",
@@ -725,3 +726,38 @@ def open_readonly(
     )
     conn.execute(q.PRAGMA_QUERY_ONLY)
     return Database(conn, path, clock=clock or SystemClock(), tracer=tracer, read_only=True)
+
+
+_WAL_CHECKPOINT_PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)"
+
+
+class WalCheckpointer:
+    """A connection of the live database that only copies the WAL into it (a PASSIVE
+    checkpoint), from the thread of the actor that owns it.
+
+    A checkpoint does not take the write lock, so the writer commits while it runs. Work
+    that writes many pages in a row (a retention sweep) checkpoints the WAL it wrote
+    here, so the writer's own automatic checkpoint, which runs inside some command's
+    commit, is not reached. It opens no transaction and writes no row.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+        self._conn = sqlite3.connect(
+            path.resolve().as_uri() + "?mode=rw",  # never creates the file
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=busy_timeout_ms / 1000,
+        )
+        self._conn.execute(q.PRAGMA_SYNCHRONOUS_FULL)
+
+    def checkpoint(self) -> bool:
+        """Copy what it can of the WAL into the database (PASSIVE: never waits for
+        readers or the writer); True when every frame was copied."""
+        busy, frames, copied = self._conn.execute(_WAL_CHECKPOINT_PASSIVE).fetchone()
+        return not busy and frames == copied
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1447,14 +1447,20 @@ def _sweep_after_vacuum(lab: Lab) -> None:
     _sweep_crash(lab, "server.retention.after_vacuum")
 
 
+PRUNE_RUNS = 2_000
+"""Runs for the interrupted manual prune, each with its own output blob (small: a
+thousand deleted trees' blobs are what a second prune must find). The same scenario at
+20,000 runs is `benchmarks/soak_prune_interrupted.py`."""
+
+
 @scenario("server.lifecycle.prune_tree.after_commit", "manual-prune")
 def _manual_prune_interrupted(lab: Lab) -> None:
-    """`state prune --apply` whose server dies after its fifth tree: the CLI says the
-    server went away during the deletions; a second prune lists only what is left, and
-    an applied one leaves no blob that no row names."""
-    _seed_lab(lab)
+    """`state prune --apply` over 2,000 expired runs whose server dies after half of the
+    trees: the CLI says the server went away during the deletions; a second prune lists
+    only what is left, and an applied one leaves no blob that no row names."""
+    seed_expired_trees(lab.state_dir, PRUNE_RUNS, now_ms=int(time.time() * 1000), pad_chars=200)
     lab.extra_env["PI_WORKFLOWS_RETENTION_DAYS"] = "0"  # only the manual prune deletes
-    armed = lab.start_server("server.lifecycle.prune_tree.after_commit@5")
+    armed = lab.start_server(f"server.lifecycle.prune_tree.after_commit@{PRUNE_RUNS // 2}")
     backup = lab.root / "before-prune.sqlite"
     argv = [*PIW, "--state-dir", str(lab.state_dir), "state", "prune", "--older-than", "30"]
     done = subprocess.run(
@@ -1474,7 +1480,7 @@ def _manual_prune_interrupted(lab: Lab) -> None:
         left = sorted(
             row[0] for row in db.execute("SELECT run_id FROM runs WHERE run_id != 'recent'")
         )
-    assert len(left) == EXPIRED - 5
+    assert len(left) == PRUNE_RUNS - PRUNE_RUNS // 2
     listed = json.loads(
         subprocess.run(
             [*argv, "--json"], env=lab.env(), capture_output=True, text=True, timeout=SETTLE_S,
