@@ -33,6 +33,8 @@ from pi_workflows.storage import (
     RunnerOutcome,
     complete_run,
     open_database,
+    pause_run,
+    put_blob,
     record_runner_exit,
 )
 from pi_workflows.testing import perform_with_calls
@@ -43,7 +45,7 @@ from tests.server.runs import TERMINAL, start_run, wait_fifo, wait_for
 from tests.server.test_run_show import _view
 from tests.server.test_run_view_rules import _ambiguous_effect
 from tests.server.watchers import Watcher
-from tests.storage.storage_helpers import running
+from tests.storage.storage_helpers import enqueue, running
 from tests.storage.test_prune import _finished_run
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,10 +54,46 @@ T0 = 1_700_000_000_000
 SHARED_OUTPUT: dict[str, object] = {"shared": True}
 
 
+PROTECTED = ("old-c", "prot-message", "prot-follow-up", "prot-chain")
+"""The expired trees each kept for one kind of protected state (see `_seed`)."""
+UNFINISHED = "prot-paused"
+"""An old tree kept for its unfinished (queued, paused) restart: not expired at all."""
+
+
+def _protect(db: Database) -> None:
+    """Protected state on more expired trees: a paused restart still queued (an
+    unfinished run and a live queue row), a terminal message not yet delivered to its
+    origin session and a queued follow-up (`_seed` adds a follow-up of `prot-chain`'s
+    chain from the retained run)."""
+    _finished_run(db, "prot-paused", {"p": 1}, failing=False)
+    enqueue(db, "prot-paused-again", restart_of="prot-paused")
+    with db.write() as tx:
+        pause_run(tx, "prot-paused-again")  # queued, paused: no runner work pending
+    for run_id in ("prot-message", "prot-follow-up", "prot-chain"):
+        _finished_run(db, run_id, {"run": run_id}, failing=False)
+    with db.write() as tx:
+        text = put_blob(tx, b"a message for the origin session")
+        params = {"now": tx.now, "d": text}
+        tx.execute(
+            "INSERT INTO workflow_messages (message_id, run_id, target_session_id, kind,"
+            " source_id, content_digest, session_order, state, created_at, updated_at) VALUES"
+            " ('m-1', 'prot-message', 's-1', 'terminal', 'prot-message', :d, 1, 'pending',"
+            " :now, :now)",
+            params,
+        )
+        tx.execute(
+            "INSERT INTO follow_ups (follow_up_id, run_id, chain_run_id, target_session_id,"
+            " content_hash, state, created_at, updated_at) VALUES"
+            " ('f-1', 'prot-follow-up', 'prot-follow-up', 's-2', :d, 'pending', :now, :now)",
+            params,
+        )
+
+
 def _seed(state_dir: Path) -> None:
     """Trees 31 days old at T0 + 31 days: `old-a` (shares its output blob with the
     retained run), `old-b` (a failed attempt's traceback), `old-c` (an ambiguous effect:
-    protected); `kept-r` finished two days later (29 days old)."""
+    protected) and the protected trees of `_protect`; `kept-r` finished two days later
+    (29 days old), with a follow-up of `prot-chain`'s chain (which that protects)."""
     clock = ManualClock(T0)
     db = open_database(state_dir / "state.sqlite", clock=clock)
     try:
@@ -66,8 +104,16 @@ def _seed(state_dir: Path) -> None:
         with db.write() as tx:
             complete_run(tx, "old-c", claim=claim, payload={"output": {}})
             record_runner_exit(tx, "old-c-e1", outcome=RunnerOutcome.EXITED, exit_code=0)
+        _protect(db)
         clock.advance(2 * DAY_MS)
         _finished_run(db, "kept-r", SHARED_OUTPUT, failing=False)
+        with db.write() as tx:
+            tx.execute(
+                "INSERT INTO follow_ups (follow_up_id, run_id, chain_run_id, target_session_id,"
+                " content_hash, state, created_at, updated_at) VALUES ('f-2', 'kept-r',"
+                " 'prot-chain', 's-3', :d, 'cancelled', :now, :now)",
+                {"now": tx.now, "d": put_blob(tx, b"a follow-up")},
+            )
     finally:
         db.close()
     for run_id in ("old-a", "kept-r"):
@@ -138,7 +184,7 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
             listed = client.call("state.prune", {"olderThanDays": 30})["receipt"]
         assert _status(state)["retention"]["enabled"] is False
     assert sorted(listed["runIds"]) == ["old-a", "old-b"]
-    assert listed["keptProtected"] == 1
+    assert listed["keptProtected"] == len(PROTECTED)
     shared = _rows(state, "SELECT output_hash FROM node_attempts WHERE run_id = 'kept-r'")
     files_before = sorted(p.name for p in state.iterdir())
 
@@ -148,9 +194,9 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
         retention = _wait_sweeps(state, 1)
         last = retention["lastSweep"]
         assert (last["trigger"], last["treesDeleted"], last["runsDeleted"]) == ("recovery", 2, 2)
-        assert last["treesKeptProtected"] == 1
-        remaining = sorted(r[0] for r in _rows(state, "SELECT run_id FROM runs"))
-        assert remaining == ["kept-r", "old-c"], "exactly what the dry run listed is gone"
+        assert last["treesKeptProtected"] == len(PROTECTED)
+        remaining = {r[0] for r in _rows(state, "SELECT root_run_id FROM runs")}
+        assert remaining == {"kept-r", UNFINISHED, *PROTECTED}, "exactly what the dry run listed"
         assert _rows(state, f"SELECT count(*) FROM blobs WHERE digest = '{shared[0][0]}'") == [
             (1,)
         ], "a blob a retained run names survives"
@@ -180,8 +226,10 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
         shown = processes.cli(state, "state", "status").stdout
         assert "retention: terminal run trees are kept 30 days" in shown
         assert "last sweep: 2023-" in shown and "(daily): 0 trees (0 runs) deleted" in shown
-        assert status["counts"]["retainedTrees"] == 1, "kept-r: 29 days old"
-        assert status["runsByState"] == {"completed": 2}
+        assert status["counts"]["retainedTrees"] == 2, (
+            "kept-r (29 days old), and an unfinished tree"
+        )
+        assert status["runsByState"] == {"completed": 2 + len(PROTECTED), "queued": 1}
         assert status["walBytes"] >= 0 and status["freePages"] <= status["pageCount"]
         assert status["retention"]["retentionDays"] == 30
         assert status["retention"]["nextDueAt"] == now + 2 * DAY_MS
