@@ -135,6 +135,9 @@ def main(count: int) -> None:
     if not busy:
         print("the sweep finished before a start could be sent: use a larger N")
         return
+    for name, values in (("during the sweep", busy), ("idle", idle)):
+        shares = ", ".join(f"p{int(q * 100)} {_p(values, q) * 1000:.2f}" for q in (0.5, 0.9, 0.95))
+        print(f"  {name}: {shares}, max {max(values) * 1000:.2f} ms")
     busy_p99, idle_p99 = _p(busy, 0.99), _p(idle, 0.99)
     print(
         f"run.start during the sweep: p50 {statistics.median(busy) * 1000:.2f} ms, "

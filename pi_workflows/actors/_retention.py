@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -23,6 +22,7 @@ from pi_workflows.actors._reader import Read
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain import (
     YIELDED,
+    CheckpointSweepWal,
     CollectSweepBlobs,
     CompactAfterSweep,
     DeletedTree,
@@ -36,7 +36,7 @@ from pi_workflows.domain import (
     remove_orphan_files,
     remove_tree_files,
 )
-from pi_workflows.storage import DAY_MS, Clock, CompactOutcome, PruneTree, WalCheckpointer
+from pi_workflows.storage import DAY_MS, Clock, CompactOutcome, PruneTree
 
 __all__ = [
     "VACUUM_MIN_BYTES",
@@ -54,10 +54,10 @@ RETRY_AFTER_MS: Final = 5 * 60 * 1000
 SWEEP_EVERY_MS: Final = DAY_MS
 """At most one completed sweep per server process in this long; the daily check."""
 CHECKPOINT_EVERY_TREES: Final = 10
-"""The sweep copies the WAL into the database after this many trees, from its own
-connection: about 250 pages, well under the 1,000 at which SQLite's automatic checkpoint
-would run inside the commit of whatever command came next (a `run.start` then waits for
-it: 10-200 ms at 10,000 trees, against 2 ms for a tree)."""
+"""The sweep copies the WAL into the database after this many trees (a unit of its own on
+the writer): about 250 pages, a few ms, well under the 1,000 at which SQLite checkpoints
+by itself inside the commit of whatever came next (a `run.start` then waited 10-200 ms
+at 10,000 trees, against 2 ms for a tree)."""
 VACUUM_MIN_BYTES: Final = 64 * 1024 * 1024
 VACUUM_MIN_FREE_RATIO: Final = 0.20
 
@@ -105,6 +105,11 @@ class _Swept:
 
 
 @dataclass(frozen=True, slots=True)
+class _Checkpointed:
+    sweep: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Collected:
     sweep: int
 
@@ -128,8 +133,11 @@ class _Sweep:
     started_at: int
     """Wall-clock ms (shown by `state status`)."""
     cutoff: int | None = None
+    """Fixed by the first selection page (None: no page read yet)."""
+    after: str | None = ""
+    """The cursor of the next selection page ("": the first; None: every page read)."""
     pending: list[PruneTree] = field(default_factory=list)
-    """Trees still to delete, the oldest last (popped from the end)."""
+    """The current page's trees still to delete, the next last (popped from the end)."""
     kept: int = 0
     deleted_trees: int = 0
     deleted_runs: int = 0
@@ -143,8 +151,9 @@ class RetentionActor(ServerActor):
 
     Receives: `RequestSweep` (after recovery, after a runner exit), `MaintenanceRunning`,
         `StopSweeps`, `Tick` (the daily check and the five-minute retry) and `Done`.
-    Sends: `Read(SelectExpired)` to the reader; `Transact` (`SweepTree` one tree a
-        unit, then `CollectSweepBlobs`, then `CompactAfterSweep`) to the database.
+    Sends: `Read(SelectExpired)` to the reader, a page of trees at a time; `Transact`
+        to the database: `SweepTree` one tree a unit, `CheckpointSweepWal` every
+        `CHECKPOINT_EVERY_TREES` trees, then `CollectSweepBlobs`, `CompactAfterSweep`.
     Invariants: overlapping requests join the one sweep; a sweep starts only while no
         maintenance command runs and the server is not stopping, and each unit checks
         that no runner work is pending (else it yields: the sweep stays due and goes on
@@ -185,12 +194,6 @@ class RetentionActor(ServerActor):
         """Monotonic ms: a yielded sweep goes on by itself at this time."""
         self._completed_at: int | None = None
         """Monotonic ms of this process's last completed sweep."""
-        self._checkpointer: WalCheckpointer | None = None
-        """Opened at the first checkpoint a sweep needs; closed at the actor's stop."""
-
-    def on_stop(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -258,7 +261,7 @@ class RetentionActor(ServerActor):
             self._sweep = sweep
         self._report.publish(state="sweeping")  # begun, or going on after a yield
         if sweep.cutoff is None:
-            self._ask(self._reader, Read, SelectExpired(self._config.days), _Selected(sweep.number))
+            self._select(sweep)
         else:
             self._next(sweep)
 
@@ -278,6 +281,8 @@ class RetentionActor(ServerActor):
                 self._on_selected(sweep, reply.value)
             case _Swept():
                 self._on_swept(sweep, reply.value)
+            case _Checkpointed():
+                self._next(sweep)
             case _Collected():
                 sweep.blobs_deleted += int(reply.value)
                 sweep.digests.clear()
@@ -295,8 +300,9 @@ class RetentionActor(ServerActor):
             return
         assert isinstance(value, RetentionSelection)
         sweep.cutoff = value.cutoff
-        sweep.kept = value.kept
+        sweep.kept += value.kept
         sweep.pending = list(reversed(value.trees))
+        sweep.after = value.next_after
         self._next(sweep)
 
     def _on_swept(self, sweep: _Sweep, value: object) -> None:
@@ -310,27 +316,13 @@ class RetentionActor(ServerActor):
             sweep.digests |= value.digests
             remove_tree_files(self._config.state_dir, value)
             if sweep.deleted_trees % CHECKPOINT_EVERY_TREES == 0:
-                self._checkpoint_wal()
+                self._ask(
+                    self._database, Transact, CheckpointSweepWal(), _Checkpointed(sweep.number)
+                )
+                return
         else:
             sweep.skipped += 1  # changed since the selection: kept
         self._next(sweep)
-
-    def _checkpoint_wal(self) -> None:
-        """Copy the WAL the sweep wrote into the database, in this actor's thread (the
-        writer goes on committing meanwhile). Best effort: on any error the writer's
-        own automatic checkpoint still bounds the WAL."""
-        try:
-            if self._checkpointer is None:
-                self._checkpointer = WalCheckpointer(self._config.state_dir / "state.sqlite")
-            self._checkpointer.checkpoint()
-        except sqlite3.Error as exc:
-            log.debug(
-                "the sweep's WAL checkpoint failed; the writer's own checkpoint bounds the WAL",
-                extra={"action": "retention.checkpoint_failed", "error": type(exc).__name__},
-            )
-            if self._checkpointer is not None:
-                self._checkpointer.close()
-            self._checkpointer = None
 
     def _next(self, sweep: _Sweep) -> None:
         """The next step; checked before each, so a stop or a command halts it."""
@@ -341,9 +333,18 @@ class RetentionActor(ServerActor):
             unit: object = SweepTree(sweep.pending[-1], sweep.cutoff)
             self._ask(self._database, Transact, unit, _Swept(sweep.number))
             return
+        if sweep.after is not None:
+            self._select(sweep)
+            return
         grace = self._config.blob_grace_ms
         collect = CollectSweepBlobs(frozenset(sweep.digests), grace)
         self._ask(self._database, Transact, collect, _Collected(sweep.number))
+
+    def _select(self, sweep: _Sweep) -> None:
+        """Read the next page of the selection (the first fixes the cutoff)."""
+        assert sweep.after is not None
+        unit = SelectExpired(self._config.days, sweep.cutoff, sweep.after)
+        self._ask(self._reader, Read, unit, _Selected(sweep.number))
 
     def _find_orphans(self, sweep: _Sweep) -> None:
         """Files of trees deleted by a server that died before it removed them: listed
@@ -375,7 +376,9 @@ class RetentionActor(ServerActor):
         self._report.publish(
             lastFailure={"at": self._config.clock.now_ms(), "error": type(error).__name__}
         )
-        sweep.cutoff = None  # select again: what is left, from a fresh snapshot
+        sweep.cutoff = None  # select again: what is left, from the first page
+        sweep.after = ""
+        sweep.kept = 0
         sweep.pending = []
         self._publish_next(self._retry_at, state="retrying")
 

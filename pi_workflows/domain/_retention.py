@@ -1,7 +1,8 @@
 """Automatic state retention: the units of one sweep, and the report `state status` shows.
 
 Implements workflow-server.md § State retention (automatic cleanup). A sweep selects
-with the selector of `state prune` (`prunable_trees`), deletes one tree per transaction
+with the selector of `state prune` (`prunable_tree_page`, `prunable_trees` a page at a
+time), deletes one tree per transaction
 with the same recheck (`delete_one_tree`), collects blobs the same way (`collect_blobs`)
 and makes no backup; each deletion first checks that no runner work is pending and
 yields to it. The retention actor (`actors/_retention.py`) chains the units.
@@ -21,7 +22,7 @@ from pi_workflows.storage import (
     Database,
     PruneTree,
     compact_state,
-    prunable_trees,
+    prunable_tree_page,
     runner_work_pending,
 )
 from pi_workflows.supervision import crash_point
@@ -65,24 +66,35 @@ def retention_days_from_env(environ: Mapping[str, str] = os.environ) -> int:
     return days
 
 
+SELECT_PAGE_TREES: Final = 50
+"""Root-run trees a selection page reads (about 10 ms): the reader actor, which every
+`run.start` asks for its receipt first, is never held longer by a sweep."""
+
+
 @dataclass(frozen=True, slots=True)
 class RetentionSelection:
-    """One sweep's selection, in one snapshot: the trees, oldest first, and the cutoff
-    every tree is rechecked against before deletion."""
+    """One page of a sweep's selection: its trees, the cutoff every tree is rechecked
+    against before deletion (fixed by the first page), the expired trees it kept for
+    protected state, and the cursor of the next page (None: the last)."""
 
     cutoff: int
     trees: tuple[PruneTree, ...]
     kept: int
+    next_after: str | None
 
 
-def select_expired(db: Database, *, days: int) -> RetentionSelection | Literal["yielded"]:
-    """A read: the trees `state prune --older-than days` would list now, or `YIELDED`
-    when runner work is pending (the sweep waits for idle)."""
+def select_expired(
+    db: Database, *, days: int, cutoff: int | None = None, after: str = ""
+) -> RetentionSelection | Literal["yielded"]:
+    """A read: the next page of the trees `state prune --older-than days` would list
+    (`prunable_tree_page`, after root `after`; `cutoff` None: now minus `days`), or
+    `YIELDED` when runner work is pending (the sweep waits for idle)."""
     if runner_work_pending(db):
         return YIELDED
-    cutoff = db.clock.now_ms() - days * DAY_MS
-    trees, kept = prunable_trees(db, cutoff)
-    return RetentionSelection(cutoff, tuple(trees), kept)
+    if cutoff is None:
+        cutoff = db.clock.now_ms() - days * DAY_MS
+    page = prunable_tree_page(db, cutoff, after=after, limit=SELECT_PAGE_TREES)
+    return RetentionSelection(cutoff, page.trees, page.kept, page.next_after)
 
 
 def sweep_tree(
@@ -110,3 +122,10 @@ def compact_after_sweep(
     return compact_state(
         db, vacuum_min_bytes=vacuum_min_bytes, vacuum_min_free_ratio=vacuum_min_free_ratio
     )
+
+
+def checkpoint_sweep_wal(db: Database) -> bool:
+    """Between two of a sweep's trees: copy the WAL the sweep wrote into the database
+    (`Database.checkpoint_wal`), so no command's commit runs SQLite's own checkpoint of
+    it. Best effort; True when the WAL was copied whole."""
+    return db.checkpoint_wal()

@@ -50,6 +50,7 @@ from pi_workflows.domain._operations import (
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
 from pi_workflows.domain._retention import (
+    checkpoint_sweep_wal,
     collect_sweep_blobs,
     compact_after_sweep,
     select_expired,
@@ -100,6 +101,7 @@ __all__ = [
     "AnswerFromSession",
     "ApplyRunnerMessage",
     "Barrier",
+    "CheckpointSweepWal",
     "ClearTerminalView",
     "ClientOperation",
     "CollectSweepBlobs",
@@ -558,6 +560,8 @@ class RecordPrune:
 class SelectExpired:
     label: ClassVar[str] = "retention"
     days: int
+    cutoff: int | None = None
+    after: str = ""
 
 
 @_runs(sweep_tree)
@@ -581,6 +585,12 @@ class CollectSweepBlobs:
 class FindOrphanFiles:
     label: ClassVar[str] = "retention"
     files: TreeFiles
+
+
+@_runs(checkpoint_sweep_wal)
+@dataclass(frozen=True, slots=True)
+class CheckpointSweepWal:
+    label: ClassVar[str] = "retention"
 
 
 @_runs(compact_after_sweep)

@@ -31,7 +31,6 @@ __all__ = [
     "Reader",
     "Tracer",
     "Tx",
-    "WalCheckpointer",
     "open_database",
     "open_live_reader",
     "open_readonly",
@@ -53,6 +52,7 @@ DEFAULT_BUSY_TIMEOUT_MS = 5_000
 """How long a statement waits for another connection's lock (a backup, `state verify`)."""
 
 _WAL_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+_WAL_CHECKPOINT_PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)"
 
 # Parameters that must never reach a tracer or a log line (workflow-server.md § Claim rules).
 _SENSITIVE_PARAMS = frozenset({"token_hash"})
@@ -522,6 +522,24 @@ class Database(_ReadMixin):
             return False
         return int(busy) == 0
 
+    def checkpoint_wal(self) -> bool:
+        """Copy what the WAL holds into the database without waiting for anyone
+        (`wal_checkpoint(PASSIVE)`), between transactions of the writer.
+
+        For work that writes many pages in a row (a retention sweep): checkpointing a
+        few hundred pages at a time keeps the WAL under the 1,000 pages at which SQLite
+        checkpoints by itself, inside the commit of whatever transaction comes next.
+        Returns True when every frame was copied; False inside a transaction, when a
+        reader holds older frames, or on an error (nothing is lost either way).
+        """
+        if self._conn.in_transaction:
+            return False
+        try:
+            busy, frames, copied = self._conn.execute(_WAL_CHECKPOINT_PASSIVE).fetchone()
+        except sqlite3.Error:
+            return False
+        return int(busy) == 0 and frames == copied
+
     def close(self) -> None:
         """Close the connection (a WAL checkpoint may run; see SQLite's close rules)."""
         self._conn.close()
@@ -726,38 +744,3 @@ def open_readonly(
     )
     conn.execute(q.PRAGMA_QUERY_ONLY)
     return Database(conn, path, clock=clock or SystemClock(), tracer=tracer, read_only=True)
-
-
-_WAL_CHECKPOINT_PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)"
-
-
-class WalCheckpointer:
-    """A connection of the live database that only copies the WAL into it (a PASSIVE
-    checkpoint), from the thread of the actor that owns it.
-
-    A checkpoint does not take the write lock, so the writer commits while it runs. Work
-    that writes many pages in a row (a retention sweep) checkpoints the WAL it wrote
-    here, so the writer's own automatic checkpoint, which runs inside some command's
-    commit, is not reached. It opens no transaction and writes no row.
-    """
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
-        self._conn = sqlite3.connect(
-            path.resolve().as_uri() + "?mode=rw",  # never creates the file
-            uri=True,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=busy_timeout_ms / 1000,
-        )
-        self._conn.execute(q.PRAGMA_SYNCHRONOUS_FULL)
-
-    def checkpoint(self) -> bool:
-        """Copy what it can of the WAL into the database (PASSIVE: never waits for
-        readers or the writer); True when every frame was copied."""
-        busy, frames, copied = self._conn.execute(_WAL_CHECKPOINT_PASSIVE).fetchone()
-        return not busy and frames == copied
-
-    def close(self) -> None:
-        self._conn.close()

@@ -19,12 +19,14 @@ __all__ = [
     "DAY_MS",
     "CompactOutcome",
     "PruneTree",
+    "TreePage",
     "collect_unnamed_blobs",
     "collect_unreferenced_blobs",
     "compact_state",
     "delete_tree",
     "known_run_ids",
     "known_runner_epochs",
+    "prunable_tree_page",
     "prunable_trees",
     "retained_trees",
     "runner_work_pending",
@@ -279,6 +281,65 @@ def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
             PruneTree(tree.root_run_id, tuple(r.run_id for r in runs), int(tree.finished_at))
         )
     return trees, kept
+
+
+# One page of root-run trees in root order, after a cursor: the index on `root_run_id`
+# reads only the page's runs, so a page costs the same however many runs there are.
+_SELECT_TREE_PAGE = """
+SELECT root_run_id, count(*) AS run_count, max(finished_at) AS finished_at,
+       sum(status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+           OR finished_at IS NULL OR finished_at >= :cutoff) AS unexpired
+FROM runs
+WHERE root_run_id > :after
+GROUP BY root_run_id
+ORDER BY root_run_id
+LIMIT :limit
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _PagedTree:
+    root_run_id: str
+    run_count: int
+    finished_at: int | None
+    unexpired: int
+
+
+@dataclass(frozen=True, slots=True)
+class TreePage:
+    """One page of `prunable_tree_page`: its prunable trees, how many expired trees it
+    kept for protected state, and the cursor of the next page (None: the last)."""
+
+    trees: tuple[PruneTree, ...]
+    kept: int
+    next_after: str | None
+
+
+def prunable_tree_page(reader: Reader, cutoff: int, *, after: str, limit: int) -> TreePage:
+    """The trees `prunable_trees` would select among the next `limit` root-run trees
+    after root `after` (in root order; "" for the first page).
+
+    For automatic retention, which reads a page, deletes its trees and reads the next,
+    so no read of the whole history holds the reader actor (a `run.start` looks up its
+    receipt there). The pages together select what `prunable_trees` does, save trees
+    created or changed meanwhile, and every tree is rechecked in its deletion anyway.
+    """
+    params = {"cutoff": cutoff, "after": after, "limit": limit}
+    groups = reader.fetch_all(_SELECT_TREE_PAGE, params, _PagedTree)
+    trees: list[PruneTree] = []
+    kept = 0
+    for group in groups:
+        if group.unexpired or group.finished_at is None:
+            continue
+        if tree_blockers(reader, group.root_run_id, cutoff):
+            kept += 1
+            continue
+        runs = reader.fetch_all(_SELECT_TREE_RUNS, {"root": group.root_run_id}, _RunId)
+        trees.append(
+            PruneTree(group.root_run_id, tuple(r.run_id for r in runs), int(group.finished_at))
+        )
+    next_after = groups[-1].root_run_id if len(groups) == limit else None
+    return TreePage(tuple(trees), kept, next_after)
 
 
 def tree_blockers(reader: Reader, root_run_id: str, cutoff: int) -> list[str]:

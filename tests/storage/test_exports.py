@@ -39,7 +39,8 @@ PINNED = {
     # retention (state prune)
     "DAY_MS", "BackupFailedError", "PruneTree", "collect_unnamed_blobs",
     "collect_unreferenced_blobs", "delete_tree",
-    "prunable_trees", "tree_blockers", "unnamed_blobs", "write_backup",
+    "prunable_trees", "prunable_tree_page", "TreePage", "tree_blockers", "unnamed_blobs",
+    "write_backup",
     # retention (the automatic sweep, and state status)
     "CompactOutcome", "compact_state", "runner_work_pending", "tree_runner_epochs",
     "retained_trees", "runs_by_state", "known_run_ids", "known_runner_epochs",

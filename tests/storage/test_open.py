@@ -20,7 +20,6 @@ from pi_workflows.storage import (
     Database,
     ManualClock,
     SchemaMismatchError,
-    WalCheckpointer,
     acquire_claim,
     get_run,
     open_database,
@@ -295,23 +294,16 @@ def test_copy_of_live_database_opens(db: Database, tmp_path: Path) -> None:
         other.close()
 
 
-def test_a_wal_checkpointer_copies_the_wal_while_the_writer_commits(
-    db: Database, db_path: Path, tmp_path: Path
+def test_a_passive_checkpoint_copies_the_wal_between_transactions(
+    db: Database, db_path: Path
 ) -> None:
     for index in range(40):
         enqueue(db, f"run-{index}")
     wal = db_path.with_name(db_path.name + "-wal")
-    checkpointer = WalCheckpointer(db_path)
-    try:
-        assert checkpointer.checkpoint(), "every frame copied: no reader holds an old snapshot"
-        enqueue(db, "after")  # the writer commits with the checkpointer open
-        assert checkpointer.checkpoint()
-    finally:
-        checkpointer.close()
+    with db.write():
+        assert not db.checkpoint_wal(), "never inside a transaction"
+    assert db.checkpoint_wal(), "every frame copied: no reader holds an old snapshot"
     size = wal.stat().st_size
-    enqueue(db, "restarted")  # a fully copied WAL is written again from its start
+    enqueue(db, "after")  # a fully copied WAL is written again from its start
     assert wal.stat().st_size <= size, "the WAL did not grow: it restarted"
-    assert get_run(db, "after") is not None and get_run(db, "restarted") is not None
-    with pytest.raises(sqlite3.OperationalError):
-        WalCheckpointer(tmp_path / "missing.sqlite")  # never creates a database
-    assert not (tmp_path / "missing.sqlite").exists()
+    assert get_run(db, "after") is not None and verify(db) == []

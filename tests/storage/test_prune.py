@@ -23,6 +23,7 @@ from pi_workflows.storage import (
     BackupFailedError,
     Database,
     ManualClock,
+    PruneTree,
     RunnerOutcome,
     cancel_run,
     collect_unnamed_blobs,
@@ -33,6 +34,7 @@ from pi_workflows.storage import (
     fail_node_attempt,
     finish_node_attempt,
     open_database,
+    prunable_tree_page,
     prunable_trees,
     put_blob,
     put_traceback,
@@ -353,3 +355,30 @@ def test_an_open_turn_and_a_follow_up_of_another_tree_keep_an_expired_tree(
     assert tree_blockers(db, "chained", cutoff) == ["followUpFromOutside"]
     trees, kept = prunable_trees(db, cutoff)
     assert [t.root_run_id for t in trees] == ["other"] and kept == 2
+
+
+def test_pages_of_trees_select_together_what_the_whole_selection_does(
+    db: Database, clock: ManualClock
+) -> None:
+    for i in range(7):
+        _finished_run(db, f"old-{i}", {"i": i}, failing=i % 3 == 0)
+    enqueue(db, "old-3-again", restart_of="old-3")  # unfinished: not expired
+    claim = running(db, "old-7")
+    _ambiguous_effect(db, claim)  # expired, kept for protected state
+    with db.write() as tx:
+        complete_run(tx, "old-7", claim=claim, payload={"output": {}})
+    clock.advance(DAY_MS)
+    _finished_run(db, "recent", {"r": 1}, failing=False)
+    cutoff = clock.now_ms() - 1
+    whole, whole_kept = prunable_trees(db, cutoff)
+    paged: list[PruneTree] = []
+    kept, pages = 0, 0
+    after: str | None = ""
+    while after is not None:
+        page = prunable_tree_page(db, cutoff, after=after, limit=3)
+        paged.extend(page.trees)
+        kept, after, pages = kept + page.kept, page.next_after, pages + 1
+    assert pages == 4, "10 root trees, 3 a page"
+    assert sorted(paged, key=lambda t: t.root_run_id) == sorted(whole, key=lambda t: t.root_run_id)
+    assert {t.root_run_id for t in paged} == {f"old-{i}" for i in (0, 1, 2, 4, 5, 6)}
+    assert kept == whole_kept == 1
