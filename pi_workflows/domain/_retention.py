@@ -66,8 +66,8 @@ def retention_days_from_env(environ: Mapping[str, str] = os.environ) -> int:
     return days
 
 
-SELECT_PAGE_TREES: Final = 50
-"""Root-run trees a selection page reads (about 10 ms): the reader actor, which every
+SELECT_PAGE_TREES: Final = 20
+"""Root-run trees a selection page reads (about 4 ms): the reader actor, which every
 `run.start` asks for its receipt first, is never held longer by a sweep."""
 
 
