@@ -61,6 +61,7 @@ from pi_workflows.wire.client import (
     PackageMismatchError,
     RequestFailedError,
     WorkflowClient,
+    socket_path_for,
 )
 from pi_workflows.wire.live import DEFAULT_RECONNECT_TIMEOUT_S
 from pi_workflows.wire.protocol import ResponseMessage
@@ -171,6 +172,8 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "piw": (EXIT_USAGE,),
 }
 """Exit codes by command path; any other command gives `CLIENT_EXITS`."""
+VIEWER_EXITS: dict[str, tuple[int, ...]] = {"piw serve": (0, EXIT_FAILED, EXIT_USAGE)}
+"""Exit codes of `piw`'s subcommands (the `piw` program is not under `pi-workflows`)."""
 EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("server run", EXIT_FAILED): "the server could not start",
     ("server start", 0): "the server is ready, or was already running",
@@ -206,6 +209,9 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", EXIT_USAGE): "always: the viewer is not built yet",
+    ("piw serve", 0): "stopped by SIGTERM or Ctrl-C",
+    ("piw serve", EXIT_FAILED): "the address could not be bound (in use, or not available)",
+    ("piw serve", EXIT_USAGE): "--bind is not a loopback HOST:PORT",
     ("pi-extension install", 0): "linked, or already linked",
     ("pi-extension install", EXIT_FAILED): "another file has the link's name",
 }
@@ -237,6 +243,7 @@ COMMAND_ENV: dict[str, tuple[str, ...]] = {
     "server start": SERVER_ENV,
     "debug crash-points": (CRASH_ENV,),
     "piw": (),
+    "piw serve": (AGENT_DIR_ENV,),
 }
 """Environment variables by command path; any other command reads the agent directory."""
 STARTS_NO_SERVER = frozenset(
@@ -258,20 +265,21 @@ STARTS_NO_SERVER = frozenset(
 
 
 def _command_key(ctx: click.Context) -> str:
-    """`server status` for `pi-workflows server status`; `` for the root; `piw` for piw."""
+    """`server status` for `pi-workflows server status`; `` for the root; `piw` and
+    `piw serve` for the viewer program."""
     names: list[str] = []
     current: click.Context | None = ctx
     while current is not None and current.parent is not None:
         names.append(current.info_name or "")
         current = current.parent
-    if not names and ctx.command.name == "piw":
-        return "piw"
+    if current is not None and current.command.name == "piw":
+        return " ".join(["piw", *reversed(names)])
     return " ".join(reversed(names))
 
 
 def _format_exits_and_env(ctx: click.Context, formatter: click.HelpFormatter) -> None:
     key = _command_key(ctx)
-    codes = COMMAND_EXITS.get(key, CLIENT_EXITS)
+    codes = COMMAND_EXITS.get(key) or VIEWER_EXITS.get(key, CLIENT_EXITS)
     with formatter.section("Exit codes"):
         formatter.write_dl(
             [(str(code), EXIT_WORDS_FOR.get((key, code), EXIT_WORDS[code])) for code in codes]
@@ -280,7 +288,7 @@ def _format_exits_and_env(ctx: click.Context, formatter: click.HelpFormatter) ->
     if env:
         with formatter.section("Environment"):
             formatter.write_dl([(name, ENV_WORDS[name]) for name in env])
-    if key not in STARTS_NO_SERVER:
+    if key not in STARTS_NO_SERVER and key not in VIEWER_EXITS:
         formatter.write_paragraph()
         formatter.write_text(
             "A server started on demand reads the variables listed by `server run --help`."
@@ -1216,16 +1224,90 @@ def debug_crash_points(as_json: bool) -> None:
     click.echo(f"\n{CRASH_ENV}=<point>[@<n>] kills the process at the n-th hit (default 1).")
 
 
-@click.command(
+class ViewerGroup(DocumentedGroup):
+    """`piw` and its subcommands: a first word that is not a subcommand is a run ID,
+    so `piw RUN_ID` and `piw serve` share one program."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = [VIEW_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+
+RELAY_BIND = "127.0.0.1:9377"
+"""Where `piw serve` listens by default (loopback only)."""
+VIEW_COMMAND = "view"
+"""The hidden command `piw RUN_ID` runs (the viewer itself)."""
+
+
+@click.group(
     "piw",
-    cls=DocumentedCommand,
+    cls=ViewerGroup,
+    invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
 @click.version_option(__version__, prog_name="piw")
+@click.pass_context
+def piw_main(ctx: click.Context) -> None:
+    """Terminal viewer for workflow runs (not built yet), and its relay.
+
+    Example: piw RUN_ID; piw serve --bind 127.0.0.1:9377
+    """
+    if ctx.invoked_subcommand is None:
+        _viewer_not_built()
+
+
+@piw_main.command(VIEW_COMMAND, hidden=True)
 @click.argument("run_id", required=False)
-def piw_main(run_id: str | None) -> None:
-    """Terminal viewer for workflow runs (not built yet). Example: piw RUN_ID"""
+def piw_view(run_id: str | None) -> None:
+    """Open one run in the viewer (not built yet). Example: piw RUN_ID"""
+    _viewer_not_built()
+
+
+def _viewer_not_built() -> NoReturn:
     _fail(f"the piw viewer is not built yet in version {__version__}", EXIT_USAGE)
+
+
+@piw_main.command("serve")
+@click.option(
+    "--bind",
+    default=RELAY_BIND,
+    help="Loopback HOST:PORT to listen on (127.0.0.1, ::1 or localhost; port 0: any free).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Workflow state folder whose server socket is relayed (default: "
+    "$PI_CODING_AGENT_DIR/workflows, else ~/.pi/agent/workflows).",
+)
+def piw_serve(bind: str, state_dir: Path | None) -> None:
+    """Relay WebSockets at ws://HOST:PORT/ws to the workflow server's socket.
+
+    Each WebSocket gets its own server connection; when either closes, so does the
+    other. Frames are forwarded unchanged; a binary, oversized or non-canonical frame
+    closes only its WebSocket. The relay never starts a server: without one, each
+    WebSocket is closed with the reason. Reach it from another machine through
+    `ssh -L 9377:127.0.0.1:9377 HOST`. Stops at SIGTERM or Ctrl-C.
+
+    Example: piw serve --bind 127.0.0.1:9377
+    """
+    from pi_workflows.cli import _relay  # websockets loads only for the relay
+
+    try:
+        address = _relay.parse_bind(bind)
+    except _relay.NonLoopbackBindError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    socket_path = socket_path_for((state_dir or workflows_dir()).absolute())
+    try:
+        _relay.run_relay(address, socket_path, _announce)
+    except OSError as exc:
+        _fail(f"cannot listen on {bind}: {exc.strerror or exc}", EXIT_FAILED)
+
+
+def _announce(url: str) -> None:
+    click.echo(f"piw serve: relaying {url} to the workflow server", nl=True)
+    sys.stdout.flush()
 
 
 # Commands in their own modules register on the groups above when imported:
