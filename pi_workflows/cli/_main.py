@@ -1292,7 +1292,7 @@ def piw_serve(bind: str, state_dir: Path | None) -> None:
 
     Example: piw serve --bind 127.0.0.1:9377
     """
-    from pi_workflows.cli import _relay  # websockets loads only for the relay
+    from pi_workflows.cli import _relay  # noqa: PLC0415 (websockets loads only for the relay)
 
     try:
         address = _relay.parse_bind(bind)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import ipaddress
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -168,7 +168,7 @@ async def _close_quietly(websocket: ServerConnection) -> None:
         await websocket.close(CloseCode.GOING_AWAY, SERVER_CLOSED_REASON)
 
 
-def _handler(socket_path: Path) -> Callable[[ServerConnection], object]:
+def _handler(socket_path: Path) -> Callable[[ServerConnection], Awaitable[None]]:
     async def handle(websocket: ServerConnection) -> None:
         await _relay_one(websocket, socket_path)
 

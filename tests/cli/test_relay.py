@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -144,7 +145,7 @@ def _server_connections(rig: Rig) -> int:
     listening one (accepted Unix sockets carry the listener's path)."""
     path = str(rig.state_dir / "host" / "host.sock")
     found = psutil.Process(rig.server_pid).net_connections(kind="unix")
-    return sum(1 for connection in found if connection.laddr == path) - 1
+    return sum(1 for connection in found if str(connection.laddr) == path) - 1
 
 
 def _wait_for(check: Callable[[], bool], what: str) -> None:
@@ -215,7 +216,7 @@ def test_closing_the_websocket_closes_its_server_connection(
 
 
 def test_killing_the_server_closes_the_websocket_and_the_relay_keeps_serving(
-    rig: Rig, opened: Callable[[], ClientConnection]
+    rig: Rig, opened: Callable[[], ClientConnection], processes: Processes
 ) -> None:
     websocket = opened()
     os.kill(rig.server.pid, signal.SIGKILL)
@@ -230,6 +231,10 @@ def test_killing_the_server_closes_the_websocket_and_the_relay_keeps_serving(
         code, reason = _closed_by_relay(later)
     assert code == 1013 and "not running" in reason and "server start" in reason
     assert rig.relay.poll() is None
+
+    # It holds nothing of the old server: after a start, a new WebSocket gets its hello.
+    _start_server(processes, rig.state_dir)
+    assert _request(opened(), "server.status")["outcome"] == "accepted"
 
 
 def test_sigterm_stops_the_relay_and_closes_its_connections(
@@ -272,9 +277,11 @@ def test_a_bad_frame_closes_only_its_websocket(
 
 
 def test_a_path_other_than_ws_is_refused_with_404(rig: Rig) -> None:
-    with pytest.raises(InvalidStatus) as refused:
-        with connect(rig.url.replace("/ws", "/other"), open_timeout=WAIT_S):
-            pass
+    with (
+        pytest.raises(InvalidStatus) as refused,
+        connect(rig.url.replace("/ws", "/other"), open_timeout=WAIT_S),
+    ):
+        pass
     assert refused.value.response.status_code == 404
 
 
@@ -288,6 +295,15 @@ def test_a_non_loopback_bind_is_refused(processes: Processes, state_dir: Path, b
     assert relay.returncode == 2
     assert "only a loopback address" in err and "ssh -L" in err
     assert err.count("\n") == 1 and "relaying" not in out
+
+
+def test_an_address_in_use_exits_1(processes: Processes, state_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        relay = _spawn_relay(processes, state_dir, f"127.0.0.1:{taken.getsockname()[1]}")
+        _, err = relay.communicate(timeout=WAIT_S)
+    assert relay.returncode == 1 and "cannot listen on 127.0.0.1:" in err
 
 
 @pytest.mark.parametrize(
