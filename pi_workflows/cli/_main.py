@@ -172,7 +172,10 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "piw": (EXIT_USAGE,),
 }
 """Exit codes by command path; any other command gives `CLIENT_EXITS`."""
-VIEWER_EXITS: dict[str, tuple[int, ...]] = {"piw serve": (0, EXIT_FAILED, EXIT_USAGE)}
+VIEWER_EXITS: dict[str, tuple[int, ...]] = {
+    "piw view": (EXIT_USAGE,),  # `piw RUN_ID`
+    "piw serve": (0, EXIT_FAILED, EXIT_USAGE),
+}
 """Exit codes of `piw`'s subcommands (the `piw` program is not under `pi-workflows`)."""
 EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("server run", EXIT_FAILED): "the server could not start",
@@ -209,6 +212,7 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", EXIT_USAGE): "always: the viewer is not built yet",
+    ("piw view", EXIT_USAGE): "always: the viewer is not built yet",
     ("piw serve", 0): "stopped by SIGTERM or Ctrl-C",
     ("piw serve", EXIT_FAILED): "the address could not be bound (in use, or not available)",
     ("piw serve", EXIT_USAGE): "--bind is not a loopback HOST:PORT",
@@ -243,6 +247,7 @@ COMMAND_ENV: dict[str, tuple[str, ...]] = {
     "server start": SERVER_ENV,
     "debug crash-points": (CRASH_ENV,),
     "piw": (),
+    "piw view": (),
     "piw serve": (AGENT_DIR_ENV,),
 }
 """Environment variables by command path; any other command reads the agent directory."""
