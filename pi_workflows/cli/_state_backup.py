@@ -11,7 +11,6 @@ otherwise, JSON lines with `--json` (the last one is the receipt).
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from pi_workflows.cli._main import (
     _print_json,
     state,
 )
+from pi_workflows.cli._progress import StageLines, json_line
 from pi_workflows.wire.client import HostUnavailableError
 
 __all__ = ["state_backup"]
@@ -106,16 +106,19 @@ def _call(ctx: click.Context, payload: dict[str, Any], key: str, show: Any) -> d
     return {**answer["receipt"], "outcome": answer["outcome"]}
 
 
+_STAGE_WORDS = {"copy": "copying {total} pages", "verify": "verifying the copy"}
+
+
 @contextmanager
 def _display(as_json: bool, key: str) -> Iterator[Any]:
     """A sink for `maintenanceProgress` events: JSON lines, a bar, or a line a stage."""
     if as_json:
         _print_json({"stage": "start", "idempotencyKey": key})
-        yield _json_line
+        yield json_line
         return
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield _StageLines()
+        yield StageLines(_STAGE_WORDS)
         return
     columns = (
         TextColumn("{task.description}"),
@@ -137,27 +140,3 @@ def _display(as_json: bool, key: str) -> Iterator[Any]:
                 bar.update(task, description="verify")
 
         yield show
-
-
-def _json_line(event: dict[str, Any]) -> None:
-    if event.get("kind") == "maintenanceProgress":
-        body = event["payload"]
-        _print_json({"stage": body["stage"], "done": body["done"], "total": body["total"]})
-        sys.stdout.flush()
-
-
-class _StageLines:
-    """One line on stderr when a stage starts (a pipe or a log gets no bar)."""
-
-    def __init__(self) -> None:
-        self._stage: str | None = None
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("kind") != "maintenanceProgress":
-            return
-        body = event["payload"]
-        if body["stage"] == self._stage:
-            return
-        self._stage = body["stage"]
-        words = {"copy": f"copying {body['total']} pages", "verify": "verifying the copy"}
-        click.echo(words.get(body["stage"], body["stage"]), err=True)

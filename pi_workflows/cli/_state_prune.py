@@ -11,7 +11,6 @@ per stage otherwise, JSON lines with `--json` (the last one is the receipt).
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from pi_workflows.cli._main import (
     json_option,
     state,
 )
+from pi_workflows.cli._progress import StageLines, json_line
 from pi_workflows.domain import DEFAULT_OLDER_THAN_DAYS
 from pi_workflows.wire.client import HostUnavailableError, RequestFailedError
 
@@ -165,11 +165,11 @@ def _display(apply: bool, as_json: bool, key: str) -> Iterator[Sink | None]:
         return
     if as_json:
         _print_json({"stage": "start", "idempotencyKey": key})
-        yield _json_line
+        yield json_line
         return
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield _StageLines()
+        yield StageLines(_STAGE_WORDS)
         return
     columns = (
         TextColumn("{task.description}"),
@@ -195,30 +195,6 @@ def _display(apply: bool, as_json: bool, key: str) -> Iterator[Sink | None]:
             )
 
         yield show
-
-
-def _json_line(event: dict[str, Any]) -> None:
-    if event.get("kind") == "maintenanceProgress":
-        body = event["payload"]
-        _print_json({"stage": body["stage"], "done": body["done"], "total": body["total"]})
-        sys.stdout.flush()
-
-
-class _StageLines:
-    """One line on stderr when a stage starts (a pipe or a log gets no bar)."""
-
-    def __init__(self) -> None:
-        self._stage: str | None = None
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("kind") != "maintenanceProgress":
-            return
-        body = event["payload"]
-        if body["stage"] == self._stage:
-            return
-        self._stage = body["stage"]
-        words = _STAGE_WORDS.get(body["stage"], body["stage"])
-        click.echo(words.format(total=body["total"]), err=True)
 
 
 def _echo(receipt: dict[str, Any]) -> None:
