@@ -47,6 +47,7 @@ FLOORS: dict[str, int] = {
     "cli": 6,
     "testing": 6,
     "demo": 6,
+    "viewer": 6,
     # The package root: the public API, loaded lazily.
     "__init__": 7,
 }
@@ -57,6 +58,7 @@ SIBLINGS: frozenset[tuple[str, str]] = frozenset(
         ("_paths", "errors"),
         ("cli", "server"),  # `server run` hosts the composition root in the CLI's process
         ("demo", "testing"),  # the demo runs against the fake model provider
+        ("cli", "viewer"),  # `piw` is a command of the command line
     }
 )
 """Imports allowed between parts of the same floor (from, to)."""

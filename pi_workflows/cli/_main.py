@@ -169,11 +169,11 @@ COMMAND_EXITS: dict[str, tuple[int, ...]] = {
     "completion": (0, EXIT_USAGE),
     "pi-extension path": (0, EXIT_USAGE),
     "pi-extension install": (0, EXIT_FAILED, EXIT_USAGE),
-    "piw": (EXIT_USAGE,),
+    "piw": (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TIMEOUT),
 }
 """Exit codes by command path; any other command gives `CLIENT_EXITS`."""
 VIEWER_EXITS: dict[str, tuple[int, ...]] = {
-    "piw view": (EXIT_USAGE,),  # `piw RUN_ID`
+    "piw view": (0, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TIMEOUT),  # `piw RUN_ID`
     "piw serve": (0, EXIT_FAILED, EXIT_USAGE),
 }
 """Exit codes of `piw`'s subcommands (the `piw` program is not under `pi-workflows`)."""
@@ -211,8 +211,16 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "channels.json (readable by others, or not valid): no profile is served",
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
-    ("piw", EXIT_USAGE): "always: the viewer is not built yet",
-    ("piw view", EXIT_USAGE): "always: the viewer is not built yet",
+    ("piw", 0): "the viewer was quit",
+    ("piw", EXIT_FAILED): "the server refused or broke the protocol",
+    ("piw", EXIT_USAGE): "a bad option: an unknown theme, --once without a RUN_ID, a bad URL",
+    ("piw", EXIT_UNAVAILABLE): "no server could be reached or started, or it runs another version",
+    ("piw view", 0): "the viewer was quit; with --once: the frame was printed",
+    ("piw view", EXIT_FAILED): "there is no such run, or the server refused or broke the protocol",
+    ("piw view", EXIT_USAGE): "a bad option: an unknown theme, a bad URL",
+    ("piw view", EXIT_UNAVAILABLE): "no server could be reached or started, or it runs "
+    "another version",
+    ("piw view", EXIT_TIMEOUT): "with --once: no view within --timeout",
     ("piw serve", 0): "stopped by SIGTERM or Ctrl-C",
     ("piw serve", EXIT_FAILED): "the address could not be bound (in use, or not available)",
     ("piw serve", EXIT_USAGE): "--bind is not a loopback HOST:PORT",
@@ -239,15 +247,17 @@ ENV_WORDS = {
     "(default 67108864: 64 MiB)",
     ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
     CRASH_ENV: "<point>[@<n>] arms one crash point (fault-injection tests)",
+    "PIW_CONFIG_PATH": "piw's settings file (default: ~/.config/piw/config.toml)",
+    "PIW_THEME": "piw's theme, over the settings file (see --list-themes)",
 }
-SERVER_ENV = tuple(ENV_WORDS)
+SERVER_ENV = tuple(name for name in ENV_WORDS if not name.startswith("PIW_"))
 COMMAND_ENV: dict[str, tuple[str, ...]] = {
     "": SERVER_ENV,
     "server run": SERVER_ENV,
     "server start": SERVER_ENV,
     "debug crash-points": (CRASH_ENV,),
-    "piw": (),
-    "piw view": (),
+    "piw": ("PIW_CONFIG_PATH", "PIW_THEME", AGENT_DIR_ENV),
+    "piw view": ("PIW_CONFIG_PATH", "PIW_THEME", AGENT_DIR_ENV),
     "piw serve": (AGENT_DIR_ENV,),
 }
 """Environment variables by command path; any other command reads the agent directory."""
@@ -1234,9 +1244,28 @@ class ViewerGroup(DocumentedGroup):
     so `piw RUN_ID` and `piw serve` share one program."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
-            args = [VIEW_COMMAND, *args]
-        return super().parse_args(ctx, args)
+        return super().parse_args(ctx, _run_id_last(args, set(self.commands)))
+
+
+VALUED_OPTIONS = frozenset({"--connect", "--theme", "--timeout", "--state-dir"})
+"""`piw` options that take a value (the word after them is not a run ID)."""
+
+
+def _run_id_last(args: list[str], commands: set[str]) -> list[str]:
+    """`piw RUN_ID --once` → `piw --once view RUN_ID`: the group parses every option,
+    and the hidden `view` command gets the run ID."""
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word == "--":
+            return args
+        if word.startswith("-"):
+            index += 2 if word in VALUED_OPTIONS else 1
+            continue
+        if word in commands:
+            return args
+        return [*args[:index], *args[index + 1 :], VIEW_COMMAND, word]
+    return args
 
 
 RELAY_BIND = "127.0.0.1:9377"
@@ -1252,25 +1281,95 @@ VIEW_COMMAND = "view"
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
 @click.version_option(__version__, prog_name="piw")
+@click.option("--once", is_flag=True, help="Print one plain-text 120 x 40 frame, then exit.")
+@click.option(
+    "--connect",
+    metavar="URL",
+    default=None,
+    help="View through a `piw serve` relay at ws://HOST:PORT/ws instead of the local server.",
+)
+@click.option("--theme", metavar="NAME", default=None, help="Colour theme (see --list-themes).")
+@click.option("--list-themes", is_flag=True, help="Print the theme names, then exit.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    help="With --once: seconds to wait for the server and the run's view.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Workflow state folder of the local server (default: "
+    "$PI_CODING_AGENT_DIR/workflows, else ~/.pi/agent/workflows).",
+)
 @click.pass_context
-def piw_main(ctx: click.Context) -> None:
-    """Terminal viewer for workflow runs (not built yet), and its relay.
+def piw_main(  # noqa: PLR0917 (one parameter per option, as click passes them)
+    ctx: click.Context,
+    once: bool,
+    connect: str | None,
+    theme: str | None,
+    list_themes: bool,
+    timeout: float,
+    state_dir: Path | None,
+) -> None:
+    """Terminal viewer for workflow runs, and its relay (`piw serve`).
 
-    Example: piw RUN_ID; piw serve --bind 127.0.0.1:9377
+    `piw` shows every run; `piw RUN_ID` opens one; `piw RUN_ID --once` prints one frame.
+    Without a server it starts one, as `pi-workflows` does.
+
+    Example: piw RUN_ID; piw RUN_ID --once; piw --connect ws://127.0.0.1:9377/ws
     """
+    ctx.ensure_object(dict)
+    ctx.obj.update(
+        once=once,
+        connect=connect,
+        theme=theme,
+        list_themes=list_themes,
+        timeout=timeout,
+        state_dir=state_dir,
+    )
     if ctx.invoked_subcommand is None:
-        _viewer_not_built()
+        _run_viewer(ctx.obj, None)
 
 
 @piw_main.command(VIEW_COMMAND, hidden=True)
 @click.argument("run_id", required=False)
-def piw_view(run_id: str | None) -> None:
-    """Open one run in the viewer (not built yet). Example: piw RUN_ID"""
-    _viewer_not_built()
+@click.pass_obj
+def piw_view(options: dict[str, Any], run_id: str | None) -> None:
+    """Open one run in the viewer. Example: piw RUN_ID"""
+    _run_viewer(options, run_id)
 
 
-def _viewer_not_built() -> NoReturn:
-    _fail(f"the piw viewer is not built yet in version {__version__}", EXIT_USAGE)
+def _run_viewer(options: dict[str, Any], run_id: str | None) -> NoReturn:
+    from pi_workflows.viewer import (  # noqa: PLC0415 (textual loads only for the viewer)
+        Target,
+        list_themes,
+        print_once,
+        run_app,
+    )
+
+    if options["list_themes"]:
+        for name in list_themes():
+            click.echo(name)
+        sys.exit(0)
+    theme = options["theme"]
+    if theme is not None and theme not in list_themes():
+        _fail(f"no theme {theme!r}; `piw --list-themes` lists them", EXIT_USAGE)
+    url = options["connect"]
+    if url is not None and not _is_ws_url(url):
+        _fail("--connect takes a relay URL such as ws://127.0.0.1:9377/ws", EXIT_USAGE)
+    state_dir = (options["state_dir"] or workflows_dir()).absolute()
+    target = Target(state_dir, url=url, client_id=f"piw-{os.getuid()}-{os.getpid()}")
+    if options["once"]:
+        if run_id is None:
+            _fail("--once needs a RUN_ID: piw RUN_ID --once", EXIT_USAGE)
+        sys.exit(print_once(target, run_id, timeout=options["timeout"]))
+    sys.exit(run_app(target, run_id, theme=theme))
+
+
+def _is_ws_url(url: str) -> bool:
+    return url.startswith(("ws://", "wss://")) and len(url) > len("ws://")
 
 
 @piw_main.command("serve")
