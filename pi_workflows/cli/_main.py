@@ -247,10 +247,12 @@ ENV_WORDS = {
     "(default 67108864: 64 MiB)",
     ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
     CRASH_ENV: "<point>[@<n>] arms one crash point (fault-injection tests)",
+}
+VIEWER_ENV_WORDS = {
     "PIW_CONFIG_PATH": "piw's settings file (default: ~/.config/piw/config.toml)",
     "PIW_THEME": "piw's theme, over the settings file (see --list-themes)",
 }
-SERVER_ENV = tuple(name for name in ENV_WORDS if not name.startswith("PIW_"))
+SERVER_ENV = tuple(ENV_WORDS)
 COMMAND_ENV: dict[str, tuple[str, ...]] = {
     "": SERVER_ENV,
     "server run": SERVER_ENV,
@@ -302,7 +304,8 @@ def _format_exits_and_env(ctx: click.Context, formatter: click.HelpFormatter) ->
     env = COMMAND_ENV.get(key, (AGENT_DIR_ENV,))
     if env:
         with formatter.section("Environment"):
-            formatter.write_dl([(name, ENV_WORDS[name]) for name in env])
+            words = {**ENV_WORDS, **VIEWER_ENV_WORDS}
+            formatter.write_dl([(name, words[name]) for name in env])
     if key not in STARTS_NO_SERVER and key not in VIEWER_EXITS:
         formatter.write_paragraph()
         formatter.write_text(
