@@ -229,7 +229,8 @@ def test_list_and_status_show_the_servers_runs(rig: Rig, server: WorkflowServer)
     # Not inside tmux (pi's environment is built from scratch: no $TMUX): the exact
     # command, naming the run and the test's state folder, with a program that exists.
     viewer = origin.notice("/piw", level="info").splitlines()
-    assert viewer[0] == f"Pi is not running inside tmux. To watch {run_id} in piw, run this in a terminal:"
+    said = f"Pi is not running inside tmux. To watch {run_id} in piw, run this in a terminal:"
+    assert viewer[0] == said, viewer
     command = shlex.split(viewer[1])
     assert command[1:] == ["--state-dir", str(rig.state_dir), run_id], viewer
     assert shutil.which(command[0]) is not None and Path(command[0]).name == "piw", viewer
