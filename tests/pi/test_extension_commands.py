@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
+import shutil
 import socket
 import threading
 import time
@@ -224,8 +226,17 @@ def test_list_and_status_show_the_servers_runs(rig: Rig, server: WorkflowServer)
     assert 0 < reported <= view["revision"], (status, view["revision"])
     named = origin.notice(f"/workflow status {run_id}", level="info")
     assert named.splitlines()[0] == status[0]
-    viewer = origin.notice("/piw", level="info")
-    assert "not built yet" in viewer and f"{run_id}  completed  hello" in viewer
+    # Not inside tmux (pi's environment is built from scratch: no $TMUX): the exact
+    # command, naming the run and the test's state folder, with a program that exists.
+    viewer = origin.notice("/piw", level="info").splitlines()
+    said = f"Pi is not running inside tmux. To watch {run_id} in piw, run this in a terminal:"
+    assert viewer[0] == said, viewer
+    command = shlex.split(viewer[1])
+    assert command[1:] == ["--state-dir", str(rig.state_dir), run_id], viewer
+    assert shutil.which(command[0]) is not None and Path(command[0]).name == "piw", viewer
+    assert origin.notice(f"/piw split {run_id}", level="info").splitlines() == viewer
+    refused = origin.notice("/piw now", level="error")
+    assert refused.startswith('/piw does not take "now".'), refused
 
 
 # --- pause, resume, answer, cancel ---------------------------------------------------

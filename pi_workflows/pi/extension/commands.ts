@@ -17,7 +17,7 @@ export const USAGE = [
   "  /workflow followup [RUN_ID] TEXT  a request for the model once the run has finished",
   "  /workflow clear                  remove the finished run from this session's view",
   "  /workflow adopt RUN_ID           take over a run whose own Pi session cannot come back",
-  "  /piw                             how to watch the run",
+  "  /piw [split] [RUN_ID]            watch the run in piw: a new tmux window (or a split), else the command to run",
 ].join("\n");
 
 export type Parsed =

@@ -26,6 +26,9 @@
  * connection and one subscription): its `activeRun` (the active run, or the retained
  * terminal run), nothing when it has none. `Shift+Up` / `Shift+Down` scroll the widget
  * (widget.ts).
+ *
+ * `/piw` opens the `piw` viewer on the session's run in a new tmux window when Pi runs
+ * inside tmux, else it prints the command to run (piw.ts).
  */
 
 import { randomUUID } from "node:crypto";
@@ -40,6 +43,7 @@ import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type Coordi
 import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
+import { canOpenPiw, openInTmux, parsePiwArgs, planPiw, type PiwArgs } from "./piw.ts";
 import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
 import { carryEntries, reopenHint, savedMarker, sessionState } from "./saved-session.ts";
 import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll, WINDOW_LINES } from "./widget.ts";
@@ -89,6 +93,9 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     send: (message, triggerTurn) => pi.sendMessage(message, triggerTurn ? { triggerTurn: true } : {}),
   };
 
+  // Pi's environment does not change while it runs: whether `/piw` can open a tmux window is known now.
+  const piwOpens = canOpenPiw(process.env);
+
   const notify = (text: string, level: "info" | "warning" | "error" = "info"): void => ui?.notify(text, level);
 
   // --- the widget and status line: a projection of the coordinator's session view ---
@@ -125,7 +132,7 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       // session, which replaced the extension): record it, so commands and a restarted
       // Pi follow it.
       if (runId === null && typeof id === "string") adopt(id);
-      scroll.set(typeof id === "string" ? id : null, widgetText(run) ?? []);
+      scroll.set(typeof id === "string" ? id : null, widgetText(run, piwOpens) ?? []);
       paint();
     },
     onLost() {
@@ -348,6 +355,43 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     });
   }
 
+  /** The session's run: the session view's active (or retained terminal) run, else the one it follows. */
+  function sessionRun(): string | null {
+    const shown = (shownRun as { runId?: unknown } | null)?.runId;
+    if (typeof shown === "string") return shown;
+    return runId ?? (context !== null ? restoredRun(context) : null);
+  }
+
+  /**
+   * `/piw [split] [RUN_ID]`: the run in a new tmux window named `piw` (or a split) when Pi
+   * runs inside tmux, else (or when tmux fails) the exact command to run. tmux starts the
+   * viewer in its own server: Pi waits only for `tmux new-window` to return.
+   */
+  async function openViewer(parsed: PiwArgs): Promise<void> {
+    if (parsed.kind === "error") {
+      notify(parsed.message, "error");
+      return;
+    }
+    // A named run must exist: a mistyped ID gets the server's refusal, not a window.
+    if (parsed.runId !== null) await client.call("run.get", {}, { runId: parsed.runId });
+    const id = parsed.runId ?? sessionRun();
+    if (id === null) {
+      notify("No workflow run in this Pi session to watch: start one with /workflow start NAME, or name one: /piw RUN_ID (see /workflow list).", "warning");
+      return;
+    }
+    const plan = planPiw(id, parsed.place, process.env);
+    if (plan.kind === "print") {
+      notify(`${plan.why} To watch ${id} in piw, run this in a terminal:\n  ${plan.command}`);
+      return;
+    }
+    const opened = await openInTmux(plan.tmux, plan.args, process.env);
+    if (opened.ok) {
+      notify(`Opened ${id} in piw, in a new tmux ${parsed.place === "window" ? "window named piw" : "split below this pane"}.`);
+      return;
+    }
+    notify(`tmux did not open piw: ${opened.reason}. To watch ${id} in piw, run this in a terminal:\n  ${plan.command}`, "warning");
+  }
+
   async function guarded(work: () => Promise<void>): Promise<void> {
     try {
       await work();
@@ -432,18 +476,11 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
   });
 
   pi.registerCommand("piw", {
-    description: "How to watch this session's workflow run",
-    handler: async (_args, ctx) => {
+    description: "Watch this session's workflow run in the piw viewer: a new tmux window (/piw split: a split), else the command to run",
+    handler: async (args, ctx) => {
       ui = ctx.ui;
-      await guarded(async () => {
-        const hint = "The piw viewer is not built yet; in a terminal, `pi-workflows run watch RUN_ID` follows a run.";
-        if (runId === null) {
-          notify(`${hint}\nNo run was started in this Pi session (see /workflow list).`);
-          return;
-        }
-        const { receipt } = await client.call("run.get", {}, { runId });
-        notify(`${hint}\n${statusReport(receipt)}`);
-      });
+      context = ctx;
+      await guarded(() => openViewer(parsePiwArgs(args)));
     },
   });
 }

@@ -164,19 +164,24 @@ function reasonLines(display: Display): string[] {
   return shown;
 }
 
+/** The widget's line for `/piw`, shown only where it opens the viewer itself (inside tmux). */
+export const PIW_LINE = "watch it: /piw (opens piw in a new tmux window)";
+
 /**
  * The widget's full text for a run view (render it through widget.ts's window, which
  * keeps this first line, with the run ID, on screen): the status line, where the run is
  * and what it asks, what to do with each advised `/workflow` command and the other
- * commands allowed now, so they stay in the first window, then the whole reason.
+ * commands allowed now, so they stay in the first window, `/piw` when `piwOpens` (it can
+ * open the viewer here), then the whole reason.
  */
-export function widgetText(view: JsonValue): string[] | undefined {
+export function widgetText(view: JsonValue, piwOpens = false): string[] | undefined {
   const display = displayOf(view);
   if (display === null || !isObject(view)) return undefined;
   const name = text(view.workflow) ?? "workflow";
   const runId = text(view.runId) ?? "";
   const lines = [`workflow ${name} ${runId}: ${statusWords(display)}`, ...placeLines(display)];
   lines.push(...adviceLines(adviceOf(runId, display)));
+  if (piwOpens) lines.push(PIW_LINE);
   return [...lines, ...reasonLines(display)];
 }
 
@@ -212,7 +217,7 @@ function failureLines(view: JsonObject): string[] {
   return lines;
 }
 
-/** `/workflow status` and `/piw`: a run view as a few lines, with what to do and, for a
+/** `/workflow status`: a run view as a few lines, with what to do and, for a
  * failed run, the failed attempt's error and traceback. */
 export function statusReport(view: JsonValue): string {
   const display = displayOf(view);
