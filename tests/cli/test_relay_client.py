@@ -141,7 +141,7 @@ def test_no_relay_at_the_url_says_what_to_start(state_dir: Path) -> None:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]  # closed again: nothing listens there
     client = WorkflowClient(state_dir, url=f"ws://127.0.0.1:{port}/ws", timeout=WAIT_S)
-    with pytest.raises(HostUnavailableError, match="no relay answers.*piw serve"):
+    with pytest.raises(HostUnavailableError, match=r"no relay answers.*piw serve"):
         client.connect()
 
 
