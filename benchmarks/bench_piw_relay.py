@@ -71,7 +71,7 @@ class Follower(threading.Thread):
         self.seen: list[tuple[float, str]] = []
         self.changed = threading.Condition()
         self.stop = threading.Event()
-        self.failure: BaseException | None = None
+        self.failure: Exception | None = None
 
     def run(self) -> None:
         try:
@@ -84,7 +84,7 @@ class Follower(threading.Thread):
                 with self.changed:
                     self.seen.append((arrived, update.view["display"]["status"]))
                     self.changed.notify_all()
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 - handed to the main thread, which raises it
             self.failure = exc
             with self.changed:
                 self.changed.notify_all()
