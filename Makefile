@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench clean node_modules node-test
+.PHONY: demo test lint unit bench clean node_modules node-test browser
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,18 @@ node_modules: $(NODE_STAMP)
 # The bridge extension's TypeScript tests alone (make unit runs them too, from pytest).
 node-test: node_modules
 	node --import jiti/register --test tests/node/*.test.ts
+
+# Headless Chromium for the browser test of `piw serve` (tests/cli/test_relay_browser.py);
+# Debian's package, installed with apt-get (as root) when it is missing.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then \
+		chromium --version; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && apt-get install -y -qq chromium; \
+	else \
+		echo "make: chromium not found: install it as root (apt-get install -y chromium); the browser test will fail" >&2; \
+		exit 1; \
+	fi
 
 demo: $(STAMP) node_modules
 	$(PY) -m pi_workflows.demo

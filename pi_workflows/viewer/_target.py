@@ -29,21 +29,28 @@ class Target:
 
 
 def open_client(target: Target, *, timeout: float = 30.0) -> WorkflowClient:
-    """A command client (controls, pages, content) for `target`."""
-    if target.url is not None:
-        raise NotImplementedError("piw --connect: the WebSocket transport is not wired yet")
-    return WorkflowClient(target.state_dir, client_id=f"{target.client_id}-cmd", timeout=timeout)
+    """A command client (controls, pages, content) for `target`.
+
+    Raises:
+        RelayURLError: `target.url` is not a loopback `ws://` URL.
+    """
+    return WorkflowClient(
+        target.state_dir, client_id=f"{target.client_id}-cmd", timeout=timeout, url=target.url
+    )
 
 
 def open_live(
     target: Target, *, timeout: float = 30.0, reconnect_timeout: float = 3600.0
 ) -> LiveViews:
-    """Live views (the run list, one run) for `target`, reconnecting with backoff."""
-    if target.url is not None:
-        raise NotImplementedError("piw --connect: the WebSocket transport is not wired yet")
+    """Live views (the run list, one run) for `target`, reconnecting with backoff.
+
+    Raises:
+        RelayURLError: `target.url` is not a loopback `ws://` URL.
+    """
     return LiveViews(
         target.state_dir,
         client_id=f"{target.client_id}-live",
         timeout=timeout,
         reconnect_timeout=reconnect_timeout,
+        url=target.url,
     )

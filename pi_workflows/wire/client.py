@@ -2,7 +2,8 @@
 
 Implements client-protocol.md § Envelope and § Commands and uncertain results:
 fresh request IDs per transport attempt, stable idempotency keys, one reconnect
-and retry after a lost connection that adopts the stored receipt.
+and retry after a lost connection that adopts the stored receipt. It speaks over the
+server's Unix socket, or over a `piw serve` relay URL (§ Transports) the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from typing import Any, cast
 from pi_workflows._version import __version__
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire import hydrate
+from pi_workflows.wire._websocket import (
+    RelayOpenError,
+    RelayTransport,
+    RelayURLError,
+    check_relay_url,
+)
 from pi_workflows.wire.framing import FrameError, SocketFrameReader, encode_frame
 from pi_workflows.wire.protocol import (
     CLIENT_SCHEMA,
@@ -42,6 +49,7 @@ __all__ = [
     "HostUnavailableError",
     "InvalidRequestError",
     "PackageMismatchError",
+    "RelayURLError",
     "RequestFailedError",
     "WorkflowClient",
     "socket_path_for",
@@ -139,6 +147,9 @@ class WorkflowClient:
         timeout: Seconds to wait for one response.
         connect_on_enter: `with client:` connects at once (False: at the first
             request, so an invalid first request starts no server).
+        url: a `piw serve` relay (`ws://127.0.0.1:PORT/ws`, loopback only) to talk
+            through instead of the state folder's socket; `autostart` never applies
+            to it (a relay cannot start a server).
 
     **Blocking:** every method blocks the calling thread, at most `timeout` seconds
     per attempt. Not thread-safe: use one client per thread.
@@ -149,6 +160,7 @@ class WorkflowClient:
     autostart: bool = True
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
     connect_on_enter: bool = True
+    url: str | None = None
     connection_id: str | None = None
     connections: int = 0
     """Connections opened so far; a change means the server forgot this client's
@@ -156,9 +168,14 @@ class WorkflowClient:
     event_sink: Callable[[dict[str, Any]], None] | None = None
     """Receives the events read while waiting for a response (dropped when None);
     `LiveViews` keeps them, so a subscription's events are never lost to a request."""
-    _sock: socket.socket | None = None
-    _reader: SocketFrameReader | None = None
+    # A relay's transport stands in for both the socket and its reader.
+    _sock: socket.socket | RelayTransport | None = None
+    _reader: SocketFrameReader | RelayTransport | None = None
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        if self.url is not None:
+            check_relay_url(self.url)  # refused before anything is sent
 
     @property
     def is_connected(self) -> bool:
@@ -174,10 +191,14 @@ class WorkflowClient:
         """Connect (starting the server when allowed) and check its hello.
 
         Raises:
-            HostUnavailableError: no server answers and none could be started.
+            HostUnavailableError: no server answers and none could be started (over a
+                relay: the relay or its server does not answer; none is ever started).
             PackageMismatchError: the server runs another protocol or version.
         """
         if self._sock is not None:
+            return
+        if self.url is not None:
+            self._open_relay(self.url)
             return
         try:
             self._open()
@@ -272,13 +293,14 @@ class WorkflowClient:
     def live(self, **options: Any) -> LiveViews:
         """A `LiveViews` for this client's state folder and identity (its own
         connection): `for view in client.live().watch_run(run_id): ...`. `options` go
-        to `LiveViews` (`reconnect_timeout`, `timeout`, `autostart`)."""
+        to `LiveViews` (`reconnect_timeout`, `timeout`, `autostart`, `url`)."""
         from pi_workflows.wire.live import LiveViews  # noqa: PLC0415 (it imports this module)
 
         defaults: dict[str, Any] = {
             "client_id": f"{self.client_id}-live",
             "autostart": self.autostart,
             "timeout": self.timeout,
+            "url": self.url,
         }
         return LiveViews(self.state_dir, **{**defaults, **options})
 
@@ -407,6 +429,37 @@ class WorkflowClient:
         if hello is None:
             sock.close()
             raise HostUnavailableError("the server closed the connection before its hello")
+        self._adopt(sock, reader, hello)
+
+    def _open_relay(self, url: str) -> None:
+        """Open a WebSocket to the relay and check the server's hello through it.
+
+        Every failure is a `HostUnavailableError` saying what to do: the caller cannot
+        start a server behind a relay.
+        """
+        try:
+            transport = RelayTransport.open(url, self.timeout)
+        except RelayOpenError as exc:
+            raise HostUnavailableError(str(exc)) from None
+        try:
+            hello = transport.read_message()
+        except (OSError, FrameError) as exc:
+            transport.close()
+            raise HostUnavailableError(
+                f"the relay at {url} sent no hello from the server ({type(exc).__name__})"
+            ) from None
+        if hello is None:
+            transport.close()
+            raise HostUnavailableError(transport.refusal_text(url))
+        self._adopt(transport, transport, hello)
+
+    def _adopt(
+        self,
+        sock: socket.socket | RelayTransport,
+        reader: SocketFrameReader | RelayTransport,
+        hello: dict[str, Any],
+    ) -> None:
+        """Check the hello and any refusal after it; keep the connection if neither fails."""
         self._check_hello(sock, hello)
         refusal = reader.peek_buffered()  # a refused connection gets hello + refusal at once
         if refusal is not None and _is_refusal(refusal, self.connection_id):
@@ -416,7 +469,7 @@ class WorkflowClient:
         self._reader = reader
         self.connections += 1
 
-    def _check_hello(self, sock: socket.socket, hello: dict[str, Any]) -> None:
+    def _check_hello(self, sock: socket.socket | RelayTransport, hello: dict[str, Any]) -> None:
         try:
             checked = client_message_from_wire(hello)
         except ProtocolViolation:

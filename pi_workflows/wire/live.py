@@ -141,6 +141,8 @@ class LiveViews:
         timeout: seconds to wait for one response.
         reconnect_timeout: seconds a lost connection may stay lost before
             `HostUnavailableError` (the outage, not the whole watch).
+        url: a `piw serve` relay (`ws://127.0.0.1:PORT/ws`) to connect through
+            instead of the state folder's socket (never starts a server).
 
     **Blocking:** every method blocks the calling thread. Not thread-safe: use one
     `LiveViews` per thread. Use it as a context manager, or call `close()`.
@@ -157,6 +159,7 @@ class LiveViews:
     autostart: bool = True
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
     reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT_S
+    url: str | None = None
     reconnects: int = 0
     """Connections made after a lost one (tests and displays read it)."""
     _client: WorkflowClient = field(init=False)
@@ -174,6 +177,7 @@ class LiveViews:
             autostart=self.autostart,
             timeout=self.timeout,
             connect_on_enter=False,
+            url=self.url,
             event_sink=self._events.append,
             **options,
         )
