@@ -9,7 +9,7 @@ run view's trace window, and `render_graph` draws both as rich `Text` lines.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from rich.text import Text
@@ -167,6 +167,8 @@ def layout_definition(snapshot: Mapping[str, Any]) -> GraphLayout:
     for node in order:  # within a layer, in depth-first discovery order
         rows.setdefault(layers[node], []).append(node)
     loops = sum(1 for edge in edges if edge.back)
+    # Room above the first layer only for loops back into it (the start card says start).
+    top = ROW_GAP if any(edge.back and layers[edge.target] == 0 for edge in edges) else 0
     left = GUTTER_LANE * loops + COLUMN_GAP
     exits = {str(node): str(name) for name, node in _mapping(snapshot.get("exits")).items()}
     cards: list[Card] = []
@@ -181,7 +183,7 @@ def layout_definition(snapshot: Mapping[str, Any]) -> GraphLayout:
                     layer=layer,
                     column=column,
                     x=left + column * (CARD_WIDTH + COLUMN_GAP),
-                    y=ROW_GAP + layer * (CARD_HEIGHT + ROW_GAP),
+                    y=top + layer * (CARD_HEIGHT + ROW_GAP),
                     start=node == start,
                     end=f"exit {exits[node]}" if node in exits else (
                         None if successors.get(node) else "end"
@@ -190,7 +192,7 @@ def layout_definition(snapshot: Mapping[str, Any]) -> GraphLayout:
             )
     columns = max((len(row) for row in rows.values()), default=0)
     width = left + columns * (CARD_WIDTH + COLUMN_GAP)
-    height = ROW_GAP + len(rows) * (CARD_HEIGHT + ROW_GAP)
+    height = top + len(rows) * (CARD_HEIGHT + ROW_GAP)
     by_node = {card.node: card for card in cards}
     canvas = _route(by_node, edges, width, height)
     return GraphLayout(
@@ -387,11 +389,7 @@ def _route(
             text = ("↺" if edge.back else "") + (edge.label or "")
             labels.setdefault(edge.target, []).append(text)
     for card in cards.values():
-        if card.start:
-            x = _centre(card)
-            grid.path([(x, card.y - 3), (x, card.y - 1)])
-            grid.put(x, card.y - 3, "● start")
-        if any(edge.target == card.node for edge in edges) or card.start:
+        if any(edge.target == card.node for edge in edges):
             grid.put(_centre(card), card.y - 1, "▼")
         if card.node in labels:
             text = ",".join(labels[card.node])
@@ -443,6 +441,10 @@ def node_states(
         node: NodeState(state, attempts, elapsed, node == current, replaying)
         for node, (attempts, elapsed, state) in tally.items()
     }
+    waiting = None if replaying else _mapping(view.get("display")).get("waitingOn")
+    if isinstance(waiting, str) and waiting in states:
+        # A checkpoint's attempt completes, then the run waits at it: show the wait.
+        states[waiting] = replace(states[waiting], state="waiting")
     if current is not None and current not in states:
         states[current] = NodeState("pending", 0, None, True, replaying)
     return states
