@@ -153,4 +153,3 @@ class GraphView(ScrollView, can_focus=True):
     def action_toggle_density(self) -> None:
         self.density = "compact" if self.density == "cards" else "cards"
         self._draw()
-

@@ -8,6 +8,7 @@ run view's trace window, and `render_graph` draws both as rich `Text` lines.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
@@ -185,9 +186,9 @@ def layout_definition(snapshot: Mapping[str, Any]) -> GraphLayout:
                     x=left + column * (CARD_WIDTH + COLUMN_GAP),
                     y=top + layer * (CARD_HEIGHT + ROW_GAP),
                     start=node == start,
-                    end=f"exit {exits[node]}" if node in exits else (
-                        None if successors.get(node) else "end"
-                    ),
+                    end=f"exit {exits[node]}"
+                    if node in exits
+                    else (None if successors.get(node) else "end"),
                 )
             )
     columns = max((len(row) for row in rows.values()), default=0)
@@ -326,7 +327,7 @@ class _Grid:
         self.text: dict[tuple[int, int], str] = {}
 
     def path(self, points: list[tuple[int, int]]) -> None:
-        for (x1, y1), (x2, y2) in zip(points, points[1:], strict=False):
+        for (x1, y1), (x2, y2) in itertools.pairwise(points):
             if (x1, y1) == (x2, y2):
                 continue
             if x1 == x2:
@@ -375,16 +376,32 @@ def _route(
         if edge.back:
             lane = 1 + GUTTER_LANE * loop
             loop += 1
-            grid.path([(sx, bus_below - 1), (sx, bus_below), (lane, bus_below),
-                       (lane, bus_above), (tx, bus_above), arrow])
+            grid.path(
+                [
+                    (sx, bus_below - 1),
+                    (sx, bus_below),
+                    (lane, bus_below),
+                    (lane, bus_above),
+                    (tx, bus_above),
+                    arrow,
+                ]
+            )
         elif target.layer == source.layer + 1:
             grid.path([(sx, bus_below - 1), (sx, bus_below), (tx, bus_below), arrow])
         else:  # skips layers: down a lane of the channel left of the target's column
             used = lanes.get(target.column, 0)
             lanes[target.column] = used + 1
             lane = target.x - COLUMN_GAP + 1 + used % LANES
-            grid.path([(sx, bus_below - 1), (sx, bus_below), (lane, bus_below),
-                       (lane, bus_above), (tx, bus_above), arrow])
+            grid.path(
+                [
+                    (sx, bus_below - 1),
+                    (sx, bus_below),
+                    (lane, bus_below),
+                    (lane, bus_above),
+                    (tx, bus_above),
+                    arrow,
+                ]
+            )
         if edge.label is not None or edge.back:
             text = ("↺" if edge.back else "") + (edge.label or "")
             labels.setdefault(edge.target, []).append(text)
@@ -458,7 +475,9 @@ def _spent(item: Mapping[str, Any], now_ms: int | None) -> int | None:
     return max(0, finished - started)
 
 
-def _current(view: Mapping[str, Any], items: list[Mapping[str, Any]], replaying: bool) -> str | None:
+def _current(
+    view: Mapping[str, Any], items: list[Mapping[str, Any]], replaying: bool
+) -> str | None:
     if replaying:
         return str(items[-1].get("node")) if items else None
     display = _mapping(view.get("display"))

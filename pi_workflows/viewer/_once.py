@@ -95,7 +95,9 @@ def _failure(exc: BaseException, run_id: str, timeout: float) -> int:
             EXIT_UNAVAILABLE,
         )
     if isinstance(exc, PiWorkflowsError | OSError | ValueError):
-        return _fail(f"the server refused or broke the protocol ({type(exc).__name__})", EXIT_FAILED)
+        return _fail(
+            f"the server refused or broke the protocol ({type(exc).__name__})", EXIT_FAILED
+        )
     raise exc
 
 
@@ -211,7 +213,8 @@ def _steps(view: Mapping[str, Any], layout: GraphLayout | None) -> list[str]:
     cards = {} if layout is None else layout.by_node
 
     def label(node: object) -> str:
-        return cards[node].label if node in cards else str(node)
+        card = cards.get(str(node))
+        return str(node) if card is None else card.label
 
     trace = view.get("trace") or {}
     items = [item for item in trace.get("items") or [] if isinstance(item, Mapping)]
@@ -219,11 +222,13 @@ def _steps(view: Mapping[str, Any], layout: GraphLayout | None) -> list[str]:
     lines = [title.ljust(FRAME_WIDTH, "─")]
     for item in reversed(items[-LAST_STEPS:]):
         started, finished = item.get("startedAt"), item.get("finishedAt")
-        spent = finished - started if isinstance(started, int) and isinstance(finished, int) else None
+        spent = (
+            finished - started if isinstance(started, int) and isinstance(finished, int) else None
+        )
         after = f"  → {label(item['next'])}" if isinstance(item.get("next"), str) else ""
         lines.append(
             f"  {label(item.get('node', '?')):<32} visit {item.get('visit', '?'):<3} "
-            f"attempt {item.get('attempt', '?'):<2} {str(item.get('outcome', '?')):<12}"
+            f"attempt {item.get('attempt', '?'):<2} {item.get('outcome', '?')!s:<12}"
             f" {format_elapsed(spent):>7}{after}"
         )
     return lines

@@ -47,7 +47,9 @@ REVIEW = define_workflow(
     name="review",
     start_at="look",
     nodes={name: compute(_noop) for name in ("look", "pass_", "fail_")},
-    edges=[{"from": "look", "switch": {"on": "$.ok", "cases": {"true": "pass_"}, "default": "fail_"}}],
+    edges=[
+        {"from": "look", "switch": {"on": "$.ok", "cases": {"true": "pass_"}, "default": "fail_"}}
+    ],
     exits={"passed": {"from": "pass_"}, "failed": {"from": "fail_"}},
 )
 SHIP = define_workflow(

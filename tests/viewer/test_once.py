@@ -207,7 +207,15 @@ def test_no_view_within_the_timeout_exits_6(
     os.kill(server.pid, signal.SIGSTOP)
     try:
         child = subprocess.Popen(
-            [str(PIW), "--state-dir", str(state_dir), "run-" + "0" * 32, "--once", "--timeout", "2"],
+            [
+                str(PIW),
+                "--state-dir",
+                str(state_dir),
+                "run-" + "0" * 32,
+                "--once",
+                "--timeout",
+                "2",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
