@@ -204,25 +204,18 @@ def test_no_view_within_the_timeout_exits_6(
 ) -> None:
     """A server that accepts connections but never answers (stopped by SIGSTOP)."""
     server = _start_server(processes, state_dir)
+    command = [str(PIW), "--state-dir", str(state_dir), "run-" + "0" * 32, "--once"]
     os.kill(server.pid, signal.SIGSTOP)
+    child = subprocess.Popen(
+        [*command, "--timeout", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent)),
+        start_new_session=True,
+    )
+    processes.started.append(child)
     try:
-        child = subprocess.Popen(
-            [
-                str(PIW),
-                "--state-dir",
-                str(state_dir),
-                "run-" + "0" * 32,
-                "--once",
-                "--timeout",
-                "2",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PI_CODING_AGENT_DIR=str(state_dir.parent)),
-            start_new_session=True,
-        )
-        processes.started.append(child)
         stdout, stderr = child.communicate(timeout=30)
     finally:
         with contextlib.suppress(ProcessLookupError):  # what it started to wake a server
