@@ -9,6 +9,7 @@ run view's trace window, and `render_graph` draws both as rich `Text` lines.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
@@ -282,9 +283,9 @@ def _layers(
             if (source, target) not in back:
                 incoming[target] += 1
     layer = dict.fromkeys(order, 0)
-    ready = [node for node in order if incoming[node] == 0]
+    ready = deque(node for node in order if incoming[node] == 0)
     while ready:
-        node = ready.pop(0)
+        node = ready.popleft()
         for target, _ in successors.get(node, ()):
             if (node, target) in back:
                 continue

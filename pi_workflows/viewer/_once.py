@@ -98,6 +98,8 @@ def _failure(exc: BaseException, run_id: str, timeout: float) -> int:
         return _fail(
             f"the server refused or broke the protocol ({type(exc).__name__})", EXIT_FAILED
         )
+    if isinstance(exc, NotImplementedError):  # a transport not built yet (--connect)
+        return _fail(str(exc), EXIT_FAILED)
     raise exc
 
 
