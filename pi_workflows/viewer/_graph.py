@@ -65,6 +65,7 @@ class GraphView(ScrollView, can_focus=True):
         self._view: Mapping[str, Any] | None = None
         self._states: dict[str, NodeState] = {}
         self._strips: list[Strip] = []
+        self._mounted = False
 
     @property
     def layout_of_graph(self) -> GraphLayout | None:
@@ -96,7 +97,14 @@ class GraphView(ScrollView, can_focus=True):
         self._states = states
         self._draw()
 
+    def on_mount(self) -> None:
+        self._mounted = True
+        if self._layout is not None or self._view is not None:
+            self._draw()  # `show_run` came before the pane was mounted
+
     def _draw(self) -> None:
+        if not self._mounted:
+            return
         self.renders += 1
         if self._layout is None:
             lines = [Text("(no graph: the definition is not available)", end="")]

@@ -21,6 +21,15 @@ class GraphApp(App[None]):
         yield GraphView(id="graph")
 
 
+class EarlyApp(App[None]):
+    """Calls `show_run` before the pane is mounted, as an app with a held view may."""
+
+    def compose(self) -> ComposeResult:
+        graph = GraphView()
+        graph.show_run(_view(currentNode="work"), definition_snapshot(LOOP))
+        yield graph
+
+
 def _screen(graph: GraphView) -> str:
     return "\n".join(graph.render_line(y).text for y in range(graph.size.height))
 
@@ -75,3 +84,15 @@ async def _density() -> None:
         graph.show_run(None, None)
         await pilot.pause()
         assert "no graph" in _screen(graph)
+
+
+def test_a_run_shown_before_mounting_is_drawn_once_mounted() -> None:
+    asyncio.run(_early())
+
+
+async def _early() -> None:
+    app = EarlyApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        graph = app.query_one(GraphView)
+        assert graph.renders == 1 and "work" in _screen(graph)
