@@ -146,6 +146,8 @@ class NodeState:
     elapsed_ms: int | None = None
     current: bool = False
     replay: bool = False
+    partial: bool = False
+    """Older attempts are outside the view's trace window: the counts are lower bounds."""
 
 
 # --- layout ---------------------------------------------------------------------------
@@ -455,8 +457,9 @@ def node_states(
         tally[node] = (attempts + 1, elapsed, str(item.get("outcome", "pending")))
     replaying = replay_attempt is not None
     current = _current(view, items, replaying)
+    partial = bool(_mapping(view.get("trace")).get("omitted"))
     states = {
-        node: NodeState(state, attempts, elapsed, node == current, replaying)
+        node: NodeState(state, attempts, elapsed, node == current, replaying, partial)
         for node, (attempts, elapsed, state) in tally.items()
     }
     waiting = None if replaying else _mapping(view.get("display")).get("waitingOn")
@@ -553,14 +556,22 @@ def _card_lines(card: Card, state: NodeState) -> list[str]:
     top = _border("┌", "┐", top_tag, "now" if state.current and not state.replay else "")
     bottom = _border("└", "┘", card.end or "", "")
     mark = STATE_MARKS.get(state.state, "?")
-    attempts = f"×{state.attempts}" if state.attempts else ""
+    attempts, elapsed = _counts(state)
     return [
         top,
         "│" + _fit(card.label, inner).ljust(inner) + "│",
         "│" + _pair(f"{mark} {state.state.replace('_', ' ')}", attempts, inner) + "│",
-        "│" + _pair(card.badge, format_elapsed(state.elapsed_ms), inner) + "│",
+        "│" + _pair(card.badge, elapsed, inner) + "│",
         bottom,
     ]
+
+
+def _counts(state: NodeState) -> tuple[str, str]:
+    """Attempts and time as shown; `+` when older attempts are outside the window."""
+    more = "+" if state.partial else ""
+    attempts = f"×{state.attempts}{more}" if state.attempts else ""
+    elapsed = format_elapsed(state.elapsed_ms)
+    return attempts, elapsed + more if elapsed else ""
 
 
 def _border(left: str, right: str, tag: str, suffix: str) -> str:
@@ -589,7 +600,7 @@ def _render_compact(layout: GraphLayout, states: Mapping[str, NodeState]) -> lis
         state = states.get(card.node, NodeState())
         mark = "⟲" if state.current and state.replay else ">" if state.current else " "
         status = f"{STATE_MARKS.get(state.state, '?')} {state.state.replace('_', ' ')}"
-        attempts = f"×{state.attempts}" if state.attempts else ""
+        attempts, elapsed = _counts(state)
         targets = ", ".join(outgoing.get(card.node, [])) or f"■ {card.end or 'end'}"
         start = "● " if card.start else "  "
         line = Text(end="")
@@ -597,6 +608,6 @@ def _render_compact(layout: GraphLayout, states: Mapping[str, NodeState]) -> lis
         line.append(_fit(card.label, width).ljust(width), "bold" if state.current else "")
         line.append(f" {card.badge:<10} ")
         line.append(f"{status:<13}", _style(state))
-        line.append(f" {attempts:>4} {format_elapsed(state.elapsed_ms):>6}  → {targets}")
+        line.append(f" {attempts:>6} {elapsed:>7}  → {targets}")
         lines.append(line)
     return lines

@@ -229,7 +229,7 @@ def _steps(view: Mapping[str, Any], layout: GraphLayout | None) -> list[str]:
         )
         after = f"  → {label(item['next'])}" if isinstance(item.get("next"), str) else ""
         lines.append(
-            f"  {label(item.get('node', '?')):<32} visit {item.get('visit', '?'):<3} "
+            f"  {label(item.get('node', '?')):<32} visit {item.get('visit', '?'):<5} "
             f"attempt {item.get('attempt', '?'):<2} {item.get('outcome', '?')!s:<12}"
             f" {format_elapsed(spent):>7}{after}"
         )

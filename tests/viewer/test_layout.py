@@ -184,3 +184,17 @@ def test_compact_density_is_one_line_per_node_with_its_targets() -> None:
     assert len(lines) == len(layout.cards)
     check = next(line for line in lines if line.split()[0] == "check")
     assert "↺ work [again]" in check and "done [ok]" in check and "give_up [default]" in check
+
+
+def test_counts_of_a_long_run_are_marked_as_lower_bounds() -> None:
+    """The view holds the newest attempts only: older ones are counted nowhere here."""
+    view = _view(
+        _attempt("work", "completed", 1, 0, 100), _attempt("work", "completed", 2, 100, 300)
+    )
+    view["trace"]["omitted"] = 29_998
+    states = node_states(view)
+    assert states["work"].partial and states["work"].attempts == 2
+    layout = layout_definition(definition_snapshot(LOOP))
+    card = layout.by_node["work"]
+    lines = _plain(render_graph(layout, states))
+    assert "×2+" in lines[card.y + 2] and "0.3s+" in lines[card.y + 3]
