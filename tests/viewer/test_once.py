@@ -188,11 +188,10 @@ def test_a_missing_run_exits_1(client: WorkflowClient) -> None:
     assert result.stderr.startswith("piw: no run") and result.stderr.count("\n") == 1
 
 
-def test_no_server_that_can_start_exits_3(short_tmp: Path, processes: Processes) -> None:
+def test_no_server_that_can_start_exits_3(short_tmp: Path) -> None:
     blocked = short_tmp / "agent"
     blocked.write_text("not a folder")  # the state folder cannot be made: no server starts
     result = piw(blocked / "workflows", "run-" + "0" * 32, "--once")
-    del processes  # nothing to clean: no server could start
     assert result.returncode == 3, result.stderr
     assert result.stdout == ""
     assert result.stderr.startswith("piw: no workflow server")
