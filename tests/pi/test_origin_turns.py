@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -259,6 +260,19 @@ def _run_show(rig: OriginRig, run_id: str) -> dict[str, Any]:
     return shown
 
 
+def _piw_frame(rig: OriginRig, run_id: str) -> str:
+    """`piw RUN_ID --once`: the viewer's one plain-text frame of the run."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "piw"), run_id, "--once"],
+        env={**os.environ, "PI_CODING_AGENT_DIR": str(rig.agent_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
+
+
 def _status_is(text: str, event: dict[str, Any]) -> bool:
     return event.get("method") == "setStatus" and event.get("statusText") == text
 
@@ -280,8 +294,8 @@ def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_contr
     origin_rig: OriginRig, origin_server: WorkflowServer
 ) -> None:
     """The widget projects the session view the coordinator subscribes to: what it shows
-    is the server's `display`, the same one `run show --json` and a bystander's session
-    view get."""
+    is the server's `display`, the same one `run show --json`, `piw RUN_ID --once` and a
+    bystander's session view get (conformance bullet 36)."""
     origin_rig.provider.script(Stall("Working"))
     origin = origin_rig.spawn()
     run_id = start(origin)
@@ -295,6 +309,10 @@ def test_the_widget_run_show_and_the_session_view_show_the_same_status_and_contr
         viewed = origin_rig.session_view(session)["activeRun"]["display"]
         assert shown["status"] == viewed["status"] == status
         assert shown["controls"] == viewed["controls"]
+        # piw's frame: the same status and controls, as the viewer's header line.
+        header = _piw_frame(origin_rig, run_id).splitlines()[1]
+        assert header.startswith(f"status: {status} ")
+        assert header.rstrip().endswith(f"controls: {', '.join(shown['controls'])}")
         assert (shown.get("currentNode"), shown.get("waitingOn")) == (
             ("ask", None) if status == "running" else (None, "ask")
         )
