@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from tests.cli.test_relay import _start_server
+from tests.cli.test_relay import _start_relay, _start_server
 from tests.conftest import Processes, write_workflow
 from tests.server.conftest import running_server  # noqa: F401 (a fixture)
 from tests.server.runs import TERMINAL, start_run, wait_for
@@ -224,3 +224,28 @@ def test_no_view_within_the_timeout_exits_6(
     assert stdout == ""
     assert stderr == "piw: no view of 'run-" + "0" * 32 + "' within 2 s\n"
     assert str(short_tmp) not in stderr
+
+
+def test_once_through_the_relay_is_the_frame_a_local_viewer_prints(
+    client: WorkflowClient, project: Path, processes: Processes
+) -> None:
+    """`piw --connect ws://…/ws` sees the same view as a local client (a settled run:
+    one revision), through a real `piw serve` process."""
+    run_id = start_run(client, project, "loop")
+    wait_for(client, run_id, TERMINAL)
+    _relay, url = _start_relay(processes, client.state_dir)
+    local = piw(client.state_dir, run_id, "--once")
+    relayed = piw(client.state_dir, "--connect", url, run_id, "--once")
+    assert local.returncode == relayed.returncode == 0, relayed.stderr
+    assert relayed.stdout == local.stdout
+    check_golden("loop", relayed.stdout)
+
+
+def test_once_through_a_relay_with_no_server_says_so(short_tmp: Path, processes: Processes) -> None:
+    """A relay cannot start a server: exit 3 and one sentence, never a started server."""
+    state_dir = short_tmp / "agent" / "workflows"
+    _relay, url = _start_relay(processes, state_dir)
+    result = piw(state_dir, "--connect", url, "run-" + "0" * 32, "--once", timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.startswith("piw: ") and result.stderr.count("\n") == 1
+    assert not (state_dir / "host" / "host.sock").exists(), "no server was started"
