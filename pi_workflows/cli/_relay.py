@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,7 +21,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from pi_workflows.wire import MAX_FRAME_BYTES, CanonicalJSONError, loads
+from pi_workflows.wire import (
+    LOOPBACK_HOSTS,
+    MAX_FRAME_BYTES,
+    CanonicalJSONError,
+    is_loopback,
+    loads,
+    normalize_host,
+)
 
 __all__ = [
     "DEFAULT_BIND",
@@ -36,7 +42,6 @@ __all__ = [
 
 DEFAULT_BIND = "127.0.0.1:9377"
 WS_PATH = "/ws"
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 """The only hosts the relay binds: remote viewers come through an SSH tunnel."""
 
 NO_SERVER_REASON = "the workflow server is not running; start it with `pi-workflows server start`"
@@ -73,20 +78,12 @@ def parse_bind(text: str) -> BindAddress:
     host = host.removeprefix("[").removesuffix("]")
     if not separator or not port_text.isdigit() or int(port_text) > 65535:
         raise NonLoopbackBindError(f"--bind takes HOST:PORT (such as {DEFAULT_BIND})")
-    if _normalized(host) not in LOOPBACK_HOSTS:
+    if not is_loopback(host):
         raise NonLoopbackBindError(
             "--bind accepts only a loopback address (127.0.0.1, ::1 or localhost); "
             "to view from another machine, forward the port with `ssh -L`"
         )
-    return BindAddress(_normalized(host), int(port_text))
-
-
-def _normalized(host: str) -> str:
-    """`0:0::1` → `::1`; names stay as written (only `localhost` is accepted)."""
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host.lower()
+    return BindAddress(normalize_host(host), int(port_text))
 
 
 def _refuse_other_paths(connection: ServerConnection, request: Request) -> Response | None:

@@ -13,6 +13,7 @@ from pi_workflows.wire._listener import (
     offer_event_frames,
     raise_descriptor_limit,
 )
+from pi_workflows.wire._websocket import LOOPBACK_HOSTS, is_loopback, normalize_host
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameError, encode_frame
 from pi_workflows.wire.protocol import (
@@ -33,6 +34,7 @@ from pi_workflows.wire.protocol import (
 __all__ = [
     "CLIENT_SCHEMA",
     "FIRST_FRAME_ENV",
+    "LOOPBACK_HOSTS",
     "MAX_CONNECTIONS_ENV",
     "MAX_FRAME_BYTES",
     "OUTCOMES",
@@ -52,7 +54,9 @@ __all__ = [
     "dumps",
     "encode_client_message",
     "encode_frame",
+    "is_loopback",
     "loads",
+    "normalize_host",
     "offer_event_frames",
     "raise_descriptor_limit",
     "validate",

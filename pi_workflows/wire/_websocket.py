@@ -28,6 +28,8 @@ __all__ = [
     "RelayTransport",
     "RelayURLError",
     "check_relay_url",
+    "is_loopback",
+    "normalize_host",
 ]
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -61,7 +63,7 @@ def check_relay_url(url: str) -> str:
         raise RelayURLError(
             "the relay URL must be ws://HOST:PORT/ws (such as ws://127.0.0.1:9377/ws)"
         )
-    if _normalized(parts.hostname) not in LOOPBACK_HOSTS:
+    if not is_loopback(parts.hostname):
         raise RelayURLError(
             "the relay URL must name a loopback host (127.0.0.1, ::1 or localhost); "
             "to reach another machine's relay, forward its port with `ssh -L`"
@@ -69,7 +71,14 @@ def check_relay_url(url: str) -> str:
     return url
 
 
-def _normalized(host: str) -> str:
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.1, ::1 (however written) and localhost: the only hosts a relay
+    listens on or a client connects to."""
+    return normalize_host(host) in LOOPBACK_HOSTS
+
+
+def normalize_host(host: str) -> str:
+    """`0:0::1` → `::1`; names stay as written (only `localhost` is accepted)."""
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
