@@ -1,9 +1,8 @@
 """Resource-manager files: discovery, loading with a source digest, and `apply` resolution.
 
-Implements the design's "apply through a resolver child": `resolve_manager_for_apply`
-(run only in a child: it executes manager code) checks discovery, the exported
-`resource_manager`, the spec against `spec_schema` and `initial_status(spec)`; the server
-re-checks the proposal with `verify_manager_source`, which reads bytes but runs no code.
+`resolve_manager_for_apply` (run only in a child: it executes manager code) checks
+discovery, the exported `resource_manager`, the spec and `initial_status(spec)`; the server
+re-checks its proposal with `verify_manager_source`, which reads bytes but runs no code.
 """
 
 from __future__ import annotations
