@@ -85,9 +85,7 @@ def test_the_root_and_the_public_module_name_the_api() -> None:
     assert set(rm.__all__) <= set(dir(rm))
 
 
-@pytest.mark.parametrize(
-    "name", ["", "dot.ted", "has space", "-lead", "_lead", "x" * 129, None, 3]
-)
+@pytest.mark.parametrize("name", ["", "dot.ted", "has space", "-lead", "_lead", "x" * 129, None, 3])
 def test_bad_names_are_refused(name: Any) -> None:
     with pytest.raises(ResourceManagerDefinitionError, match="not a valid resource manager name"):
         define_resource_manager(name=name, initial_status=_status, reconcile=_settle)
@@ -270,7 +268,7 @@ def test_a_pass_has_exactly_one_outcome() -> None:
 
 def test_finish_pass_accepts_only_the_contexts_own_outcome() -> None:
     ctx = context()
-    with pytest.raises(ReconcileResultError, match="must return ctx.settled"):
+    with pytest.raises(ReconcileResultError, match=r"must return ctx\.settled"):
         finish_pass(ctx, None)
     other = context().requeue()
     ctx.requeue()
