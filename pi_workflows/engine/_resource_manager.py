@@ -322,7 +322,7 @@ class Resource:
     new one)."""
     generation: int
     """Raised by the server on every spec change; conditions are stamped with it."""
-    resource_version: str
+    resource_version: int
     """Changes on every write: the compare-and-swap token the server checks at commit."""
     spec: Any
     status: Any
@@ -336,6 +336,55 @@ class Resource:
     def condition(self, type_: str) -> Condition | None:
         """The stored condition of this type, or None."""
         return next((c for c in self.conditions if c.type == type_), None)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON form a resource runner receives for its pass."""
+        return {
+            "manager": self.manager,
+            "key": self.key,
+            "uid": self.uid,
+            "generation": self.generation,
+            "resourceVersion": self.resource_version,
+            "spec": self.spec,
+            "status": self.status,
+            "conditions": [c.to_wire() for c in self.conditions],
+            "deletionRequested": self.deletion_requested,
+            "finalizers": list(self.finalizers),
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Resource:
+        """Parse the JSON form (`to_wire`'s; stored conditions may carry more keys).
+
+        Raises:
+            ValueError: a missing or malformed field.
+        """
+        try:
+            manager, key, uid = data["manager"], data["key"], data["uid"]
+            generation, version = data["generation"], data["resourceVersion"]
+            spec, status = data["spec"], data["status"]
+            conditions = tuple(Condition.from_wire(c) for c in data["conditions"])
+            deletion, finalizers = data["deletionRequested"], tuple(data["finalizers"])
+        except (KeyError, TypeError, ReconcileResultError) as exc:
+            raise ValueError(f"malformed resource: {exc}") from None
+        if not all(isinstance(v, str) and v for v in (manager, key, uid)):
+            raise ValueError("malformed resource: manager, key and uid must be non-empty text")
+        if not _is_generation(generation) or not _is_generation(version):
+            raise ValueError("malformed resource: generation and resourceVersion must be ≥ 1")
+        if not isinstance(deletion, bool) or not all(isinstance(f, str) for f in finalizers):
+            raise ValueError("malformed resource: deletionRequested or finalizers")
+        return cls(
+            manager=manager,
+            key=key,
+            uid=uid,
+            generation=generation,
+            resource_version=version,
+            spec=spec,
+            status=status,
+            conditions=conditions,
+            deletion_requested=deletion,
+            finalizers=finalizers,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -353,10 +402,11 @@ class ReconcileResult:
     outcome: Outcome
     generation: int
     """The generation the pass read (every condition carries it)."""
-    resource_version: str
+    resource_version: int
     """The resource version the pass read (the compare-and-swap token)."""
-    finalizers: tuple[str, ...]
-    """The finalizer list after this pass's `add_finalizer` / `remove_finalizer`."""
+    finalizers: tuple[str, ...] | None = None
+    """The finalizer list after this pass's `add_finalizer` / `remove_finalizer`, or
+    None when the pass left them as they were."""
     status: Any = None
     """`settled` only: the new status value (plain JSON, at most 1 MiB)."""
     conditions: tuple[Condition, ...] = ()
@@ -370,8 +420,9 @@ class ReconcileResult:
             "outcome": self.outcome,
             "generation": self.generation,
             "resourceVersion": self.resource_version,
-            "finalizers": list(self.finalizers),
         }
+        if self.finalizers is not None:
+            out["finalizers"] = list(self.finalizers)
         if self.outcome == "settled":
             out["status"] = self.status
             out["conditions"] = [c.to_wire() for c in self.conditions]
@@ -719,7 +770,7 @@ class ReconcileContext:
                 outcome="settled",
                 generation=self._resource.generation,
                 resource_version=self._resource.resource_version,
-                finalizers=tuple(self._finalizers),
+                finalizers=self._changed_finalizers(),
                 status=loads(dumps(status)),
                 conditions=stamped,
             )
@@ -759,9 +810,13 @@ class ReconcileContext:
             outcome=outcome,
             generation=self._resource.generation,
             resource_version=self._resource.resource_version,
-            finalizers=tuple(self._finalizers),
+            finalizers=self._changed_finalizers(),
             requeue_after_ms=after_ms,
         )
+
+    def _changed_finalizers(self) -> tuple[str, ...] | None:
+        after = tuple(self._finalizers)
+        return None if after == self._resource.finalizers else after
 
     def _stamp(self, conditions: object) -> tuple[Condition, ...]:
         if not isinstance(conditions, list | tuple):

@@ -48,7 +48,7 @@ def resource(**changes: Any) -> Resource:
         "key": "docs",
         "uid": "res-1",
         "generation": 3,
-        "resource_version": "7",
+        "resource_version": 7,
         "spec": {"path": "docs"},
         "status": {"seen": None},
     }
@@ -174,14 +174,13 @@ def test_settled_stamps_every_condition_with_the_generation_read() -> None:
     )
     assert result.outcome == "settled"
     assert result.generation == 5
-    assert result.resource_version == "7"
+    assert result.resource_version == 7
     assert [c.observed_generation for c in result.conditions] == [5, 5]
     assert finish_pass(ctx, result) is result
     assert result.to_wire() == {
         "outcome": "settled",
         "generation": 5,
-        "resourceVersion": "7",
-        "finalizers": [],
+        "resourceVersion": 7,
         "status": {"n": 1},
         "conditions": [
             {"type": "Ready", "status": "True", "reason": "Merged", "observedGeneration": 5},
@@ -238,8 +237,7 @@ def test_requeue_and_requeue_after() -> None:
     assert ctx.requeue().to_wire() == {
         "outcome": "requeue",
         "generation": 3,
-        "resourceVersion": "7",
-        "finalizers": [],
+        "resourceVersion": 7,
     }
     later = context().requeue_after(2.5)
     assert later.outcome == "requeueAfter"
@@ -287,7 +285,9 @@ def test_finalizers_are_added_once_and_travel_with_the_outcome() -> None:
     assert ctx.finalizers == ("worktree", "example.org/session")
     ctx.remove_finalizer("worktree")
     ctx.remove_finalizer("never-held")
-    assert ctx.requeue().finalizers == ("example.org/session",)
+    result = ctx.requeue()
+    assert result.finalizers == ("example.org/session",)
+    assert result.to_wire()["finalizers"] == ["example.org/session"]
 
 
 def test_finalizer_rules() -> None:
@@ -298,6 +298,11 @@ def test_finalizer_rules() -> None:
         deleting.add_finalizer("another")
     deleting.remove_finalizer("worktree")
     assert deleting.settled(status={}).finalizers == ()
+    unchanged = context(finalizers=("worktree",))
+    unchanged.add_finalizer("worktree")
+    left = unchanged.requeue()
+    assert left.finalizers is None
+    assert "finalizers" not in left.to_wire()
     full = context(finalizers=tuple(f"f{i}" for i in range(MAX_FINALIZERS)))
     with pytest.raises(ReconcileResultError, match="at most 16"):
         full.add_finalizer("one-more")
@@ -318,6 +323,18 @@ def test_the_resource_is_what_the_pass_read() -> None:
     assert ctx.resource.deletion_requested
     assert ctx.resource.condition("Ready") == stored[0]
     assert ctx.resource.condition("Missing") is None
+
+
+def test_the_resource_round_trips_its_wire_form() -> None:
+    read = resource(conditions=(rm.Condition("Ready", "True", "Merged", None, 2),))
+    wire = read.to_wire()
+    assert wire["resourceVersion"] == 7
+    assert Resource.from_wire(wire) == read
+    for change in ({"uid": ""}, {"generation": 0}, {"resourceVersion": True}, {"finalizers": [1]}):
+        with pytest.raises(ValueError, match="malformed resource"):
+            Resource.from_wire({**wire, **change})
+    with pytest.raises(ValueError, match="malformed resource"):
+        Resource.from_wire({"uid": "x"})
 
 
 # ---------------------------------------------------------------------------
