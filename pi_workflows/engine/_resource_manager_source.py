@@ -43,6 +43,7 @@ __all__ = [
     "LoadedManager",
     "ManagerSource",
     "ManagerSourceRef",
+    "apply_answer",
     "check_spec",
     "discover_managers",
     "find_manager",
@@ -59,6 +60,10 @@ RESOURCE_MANAGER_ATTRIBUTE = "resource_manager"
 """The module attribute of a manager file that holds its `define_resource_manager(...)`."""
 
 ManagerOrigin = Literal["project", "agent"]
+
+MAX_ANSWER_MESSAGE_CHARS = 1000
+"""Longest error message in an `apply_answer` (as the workflow resolver's)."""
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 _NAME = re.compile(MANAGER_NAME_PATTERN)
 
@@ -424,3 +429,25 @@ def resolve_manager_for_apply(
         spec_hash=spec_hash,
         initial_status=status,
     )
+
+
+def apply_answer(
+    project: Path | None, agent_dir: Path | None, name: str, spec: Any
+) -> dict[str, Any]:
+    """The source resolver child's one response for `apply` (never raises for a bad
+    manager, spec or status)::
+
+        {"ok": true, "manager", "path", "sourceDigest", "spec", "specHash", "initialStatus"}
+        {"ok": false, "code": "resourceManagerNotFound" | "definitionInvalid" |
+         "specInvalid" | "initialStatusInvalid", "message": bounded, path-free text}
+
+    Runs manager code: call it only in a child process.
+    """
+    try:
+        proposal = resolve_manager_for_apply(project, agent_dir, name, spec)
+    except ResourceManagerError as exc:
+        message = _UNSAFE.sub(" ", str(exc)).strip()
+        if len(message) > MAX_ANSWER_MESSAGE_CHARS:
+            message = message[: MAX_ANSWER_MESSAGE_CHARS - 1] + "…"
+        return {"ok": False, "code": exc.code, "message": message}
+    return {"ok": True, **proposal.to_wire()}

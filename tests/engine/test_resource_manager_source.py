@@ -19,6 +19,7 @@ from pi_workflows.engine import (
     ResourceManagerLoadError,
     ResourceManagerNotFoundError,
     SpecInvalidError,
+    apply_answer,
     discover_managers,
     find_manager,
     load_manager,
@@ -358,3 +359,21 @@ def test_verify_runs_no_code(roots: Roots, tmp_path: Path) -> None:
     ref = resolve_manager_source("m", None, roots.agent)
     verify_manager_source(None, roots.agent, "m", ref.path, ref.digest)
     assert not marker.exists()
+
+
+def test_apply_answer_is_the_resolver_response(roots: Roots) -> None:
+    roots.write("agent", "m", manager("m"))
+    answer = apply_answer(None, roots.agent, "m", {"path": "p"})
+    assert answer["ok"] is True
+    assert ApplyProposal.from_wire(answer).initial_status == {"files": {}, "root": "p"}
+    refused = apply_answer(None, roots.agent, "m", {"path": 1})
+    assert refused == {
+        "ok": False,
+        "code": "specInvalid",
+        "message": "spec of resource manager 'm' is invalid at /path: must be string",
+    }
+    missing = apply_answer(None, roots.agent, "nope\n", {})
+    assert missing["code"] == "resourceManagerNotFound"
+    assert "\n" not in missing["message"]
+    (roots.folder("agent") / "bad.resource_manager.py").write_text("raise ValueError('x')\n")
+    assert apply_answer(None, roots.agent, "bad", {})["code"] == "definitionInvalid"
