@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,14 +15,19 @@ import pytest
 from pi_workflows.engine import (
     MAX_SPEC_BYTES,
     ApplyProposal,
+    ChildRun,
+    ChildRunCall,
     InitialStatusError,
     ManagerSourceChangedError,
+    ReconcileContext,
+    Resource,
     ResourceManagerLoadError,
     ResourceManagerNotFoundError,
     SpecInvalidError,
     apply_answer,
     discover_managers,
     find_manager,
+    finish_pass,
     load_manager,
     manager_search_dirs,
     resolve_manager_for_apply,
@@ -377,3 +383,41 @@ def test_apply_answer_is_the_resolver_response(roots: Roots) -> None:
     assert "\n" not in missing["message"]
     (roots.folder("agent") / "bad.resource_manager.py").write_text("raise ValueError('x')\n")
     assert apply_answer(None, roots.agent, "bad", {})["code"] == "definitionInvalid"
+
+
+def test_the_documented_example_resolves_and_reconciles(roots: Roots) -> None:
+    """The manager in docs/authoring.md § Resource managers loads, applies and passes."""
+    page = (Path(__file__).parents[2] / "docs" / "authoring.md").read_text()
+    section = page[page.index("## Resource managers") :]
+    code = section[section.index("```python\n") + 10 : section.index("\n```\n")]
+    roots.write("project", "summaries", code + "\n")
+    folder = roots.project / "notes"
+    folder.mkdir()
+    (folder / "a.md").write_text("hello")
+    proposal = resolve_manager_for_apply(
+        roots.project, roots.agent, "summaries", {"folder": str(folder)}
+    )
+    assert proposal.initial_status == {"summarised": {}}
+    with pytest.raises(SpecInvalidError, match="at /folder: is required"):
+        resolve_manager_for_apply(roots.project, roots.agent, "summaries", {})
+
+    class Children:
+        def ensure_child(self, call: ChildRunCall) -> ChildRun:
+            return ChildRun(call.request_key, "run-1", "running")
+
+    definition = load_manager("summaries", proposal.path).definition
+    resource = Resource(
+        manager="summaries",
+        key="notes",
+        uid="res-1",
+        generation=1,
+        resource_version=1,
+        spec=proposal.spec,
+        status=proposal.initial_status,
+    )
+    ctx = ReconcileContext(resource, deadline=time.monotonic() + 60, workflows=Children())
+    result = finish_pass(ctx, definition.reconcile(ctx))
+    assert result.outcome == "settled"
+    assert [(c.type, c.status, c.observed_generation) for c in result.conditions] == [
+        ("Ready", "False", 1)
+    ]
