@@ -2,8 +2,9 @@
 
 The package root re-exports the names users need; everything else lives in the
 subpackages `wire`, `storage`, `actors`, `supervision`, `server`, `engine` and `cli`.
-The server, client and resource-manager names load on first use, so a workflow file that imports the
-authoring API (in a runner or resolver child) does not pay for the server's imports.
+The server, client and resource-manager names load on first use, so a workflow file
+that imports the authoring API (in a runner or resolver child) does not pay for the
+server's imports.
 """
 
 import importlib
