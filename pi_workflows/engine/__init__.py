@@ -142,7 +142,6 @@ from pi_workflows.engine._resource_manager import (
     condition_unknown,
     define_resource_manager,
     finish_pass,
-    json_size,
 )
 from pi_workflows.engine._resource_manager_services import (
     REQUEST_KEY_PATTERN,
@@ -310,7 +309,6 @@ __all__ = [
     "include_exit_output",
     "include_workflow",
     "js_string",
-    "json_size",
     "limits_env",
     "load_manager",
     "load_source",

@@ -50,7 +50,6 @@ __all__ = [
     "condition_unknown",
     "define_resource_manager",
     "finish_pass",
-    "json_size",
 ]
 
 MANAGER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
@@ -89,15 +88,6 @@ _FINALIZER = re.compile(FINALIZER_PATTERN)
 
 ConditionStatus: TypeAlias = Literal["True", "False", "Unknown"]
 Outcome: TypeAlias = Literal["settled", "requeue", "requeueAfter"]
-
-
-def json_size(value: Any) -> int:
-    """Bytes of `value`'s canonical JSON.
-
-    Raises:
-        CanonicalJSONError: `value` is not plain JSON.
-    """
-    return len(dumps(value))
 
 
 # ---------------------------------------------------------------------------
@@ -521,12 +511,12 @@ class ReconcileContext:
         """
         self._check_open("settled")
         try:
-            size = json_size(status)
+            data = dumps(status)
         except CanonicalJSONError as exc:
             raise ReconcileResultError(f"settled: status is not plain JSON: {exc}") from None
-        if size > MAX_STATUS_BYTES:
+        if len(data) > MAX_STATUS_BYTES:
             raise ReconcileResultError(
-                f"settled: status is {size} bytes of JSON; at most {MAX_STATUS_BYTES}"
+                f"settled: status is {len(data)} bytes of JSON; at most {MAX_STATUS_BYTES}"
             )
         stamped = self._stamp(conditions)
         return self._finish(
@@ -535,7 +525,7 @@ class ReconcileContext:
                 generation=self._resource.generation,
                 resource_version=self._resource.resource_version,
                 finalizers=self._changed_finalizers(),
-                status=loads(dumps(status)),
+                status=loads(data),
                 conditions=stamped,
             )
         )
