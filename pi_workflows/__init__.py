@@ -2,8 +2,9 @@
 
 The package root re-exports the names users need; everything else lives in the
 subpackages `wire`, `storage`, `actors`, `supervision`, `server`, `engine` and `cli`.
-The server and client names load on first use, so a workflow file that imports the
-authoring API (in a runner or resolver child) does not pay for the server's imports.
+The server, client and resource-manager names load on first use, so a workflow file
+that imports the authoring API (in a runner or resolver child) does not pay for the
+server's imports.
 """
 
 import importlib
@@ -25,6 +26,17 @@ from pi_workflows.engine import (
 from pi_workflows.errors import PiWorkflowsError
 
 if TYPE_CHECKING:
+    from pi_workflows.resource_managers import (
+        Condition,
+        ReconcileContext,
+        ReconcileResult,
+        Resource,
+        ResourceManagerDefinition,
+        condition_false,
+        condition_true,
+        condition_unknown,
+        define_resource_manager,
+    )
     from pi_workflows.server import WorkflowServer
     from pi_workflows.wire.client import (
         HostUnavailableError,
@@ -54,6 +66,15 @@ if TYPE_CHECKING:
     )
 
 _LAZY = {
+    "Condition": "pi_workflows.resource_managers",
+    "ReconcileContext": "pi_workflows.resource_managers",
+    "ReconcileResult": "pi_workflows.resource_managers",
+    "Resource": "pi_workflows.resource_managers",
+    "ResourceManagerDefinition": "pi_workflows.resource_managers",
+    "condition_false": "pi_workflows.resource_managers",
+    "condition_true": "pi_workflows.resource_managers",
+    "condition_unknown": "pi_workflows.resource_managers",
+    "define_resource_manager": "pi_workflows.resource_managers",
     "WorkflowServer": "pi_workflows.server",
     "HostUnavailableError": "pi_workflows.wire.client",
     "InvalidRequestError": "pi_workflows.wire.client",
@@ -88,6 +109,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Condition",
     "ContentRef",
     "Display",
     "HostUnavailableError",
@@ -95,7 +117,11 @@ __all__ = [
     "LiveViews",
     "PackageMismatchError",
     "PiWorkflowsError",
+    "ReconcileContext",
+    "ReconcileResult",
     "RequestFailedError",
+    "Resource",
+    "ResourceManagerDefinition",
     "RunListItem",
     "RunListPage",
     "RunNotFoundError",
@@ -116,6 +142,10 @@ __all__ = [
     "checkpoint",
     "choice",
     "compute",
+    "condition_false",
+    "condition_true",
+    "condition_unknown",
+    "define_resource_manager",
     "define_workflow",
     "human_decision",
     "include_workflow",

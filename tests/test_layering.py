@@ -48,8 +48,10 @@ FLOORS: dict[str, int] = {
     "testing": 6,
     "demo": 6,
     "viewer": 6,
-    # The package root: the public API, loaded lazily.
+    # The package root: the public API, loaded lazily; and the public resource-manager
+    # authoring module it names.
     "__init__": 7,
+    "resource_managers": 7,
 }
 """Each top-level part of `pi_workflows` and its floor (lower floors are imported)."""
 
@@ -59,6 +61,7 @@ SIBLINGS: frozenset[tuple[str, str]] = frozenset(
         ("cli", "server"),  # `server run` hosts the composition root in the CLI's process
         ("demo", "testing"),  # the demo runs against the fake model provider
         ("cli", "viewer"),  # `piw` is a command of the command line
+        ("__init__", "resource_managers"),  # the root names the resource-manager API lazily
     }
 )
 """Imports allowed between parts of the same floor (from, to)."""

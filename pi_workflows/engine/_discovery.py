@@ -8,9 +8,10 @@ the first file found wins.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pi_workflows._paths import agent_dir as default_agent_dir
 from pi_workflows.engine._errors import WorkflowNotFoundError
@@ -22,6 +23,7 @@ __all__ = [
     "WorkflowSource",
     "discover",
     "find_workflow",
+    "first_found",
     "search_dirs",
 ]
 
@@ -35,6 +37,7 @@ BUILTINS_DIR = Path(__file__).resolve().parent / "builtins"
 _COMMAND_NAME = re.compile(COMMAND_NAME_PATTERN)
 
 Origin = Literal["project", "agent", "builtin"]
+OriginT = TypeVar("OriginT", bound=str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +88,29 @@ def discover(project: Path | None, agent_dir: Path | None = None) -> dict[str, W
     Only regular files (or links to them) directly inside each folder count; a missing
     or unreadable folder contributes nothing. Within one folder names are sorted.
     """
-    found: dict[str, WorkflowSource] = {}
-    for origin, folder in search_dirs(project, agent_dir):
+    return {
+        name: WorkflowSource(name=name, path=path, origin=origin)
+        for name, (origin, path) in first_found(
+            search_dirs(project, agent_dir), command_name
+        ).items()
+    }
+
+
+def first_found(
+    folders: list[tuple[OriginT, Path]], name_of: Callable[[Path], str | None]
+) -> dict[str, tuple[OriginT, Path]]:
+    """The discovery rule shared by workflows and resource managers: scan `folders` in
+    precedence order; a file counts when `name_of` names it and it is a regular file (or a
+    link to one) directly inside the folder; the first file of a name wins. A missing or
+    unreadable folder contributes nothing. Returns name → (origin, resolved path)."""
+    found: dict[str, tuple[OriginT, Path]] = {}
+    for origin, folder in folders:
         try:
             entries = sorted(folder.iterdir())
         except OSError:
             continue
         for entry in entries:
-            name = command_name(entry)
+            name = name_of(entry)
             if name is None or name in found:
                 continue
             try:
@@ -101,7 +119,7 @@ def discover(project: Path | None, agent_dir: Path | None = None) -> dict[str, W
                 resolved = entry.resolve()
             except OSError:
                 continue
-            found[name] = WorkflowSource(name=name, path=resolved, origin=origin)
+            found[name] = (origin, resolved)
     return found
 
 

@@ -16,9 +16,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EffectKeyConflictError",
+    "EffectRejectedError",
+    "InitialStatusError",
     "InputInvalidError",
+    "ManagerSourceChangedError",
+    "ReconcileResultError",
+    "RequestKeyConflictError",
+    "ResourceManagerDefinitionError",
+    "ResourceManagerError",
+    "ResourceManagerLoadError",
+    "ResourceManagerNotFoundError",
+    "ResourceRunnerRequiredError",
     "RoutingError",
     "SourceChangedError",
+    "SpecInvalidError",
     "WorkflowDefinitionError",
     "WorkflowEngineError",
     "WorkflowLoadError",
@@ -140,3 +151,105 @@ class EffectKeyConflictError(WorkflowEngineError):
 
     code = "effectKeyConflict"
     failure_class = "nodeFailed"
+
+
+# ---------------------------------------------------------------------------
+# Resource managers. Their messages name the manager, never a path, a spec or a status
+# value: they reach the client, the stored receipt and the reconcile history.
+
+
+class ResourceManagerError(WorkflowEngineError):
+    """Base class of every error about a resource manager (its file, spec or pass)."""
+
+    code = "resourceManagerError"
+
+
+class ResourceManagerDefinitionError(ResourceManagerError, ValueError):
+    """`define_resource_manager(...)` was given something that breaks a rule."""
+
+    code = "definitionInvalid"
+
+
+class ResourceManagerNotFoundError(ResourceManagerError, LookupError):
+    """No resource manager with this name was discovered.
+
+    The message lists the names that exist, not the one asked for (the client chose it).
+    """
+
+    code = "resourceManagerNotFound"
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        self.available = available
+        shown = ", ".join(available[:50]) + (", …" if len(available) > 50 else "")
+        super().__init__(
+            f"no resource manager has this name; available: {shown or '(none)'}. Add "
+            "'<name>.resource_manager.py' to <project>/.pi/resource-managers/ or "
+            "<agent dir>/resource-managers/."
+        )
+
+
+class ResourceManagerLoadError(ResourceManagerError):
+    """A manager file could not be loaded: unreadable, raised on import, or its
+    `resource_manager` attribute is missing, of another type, or has another name."""
+
+    code = "definitionInvalid"
+
+
+class SpecInvalidError(ResourceManagerError, ValueError):
+    """A spec failed the manager's `spec_schema`, or is not plain JSON, or is too big.
+
+    Like `InputInvalidError`, it never quotes the spec: a schema refusal carries its
+    `violation` (the place and the rule).
+    """
+
+    code = "specInvalid"
+
+    def __init__(self, message: str, *, violation: Violation | None = None) -> None:
+        self.violation = violation
+        super().__init__(message)
+
+
+class InitialStatusError(ResourceManagerError, ValueError):
+    """`initial_status(spec)` raised, or returned something that is not plain JSON or
+    is larger than the status limit."""
+
+    code = "initialStatusInvalid"
+
+
+class ManagerSourceChangedError(ResourceManagerError):
+    """The manager file no longer follows discovery, or its bytes no longer have the
+    digest the resolver reported: the proposal must not be committed."""
+
+    code = "sourceChanged"
+    failure_class = "sourceChanged"
+
+
+class ReconcileResultError(ResourceManagerError, ValueError):
+    """A pass broke a rule of the reconcile context: a second outcome, a bad condition,
+    a status that is not plain JSON, a `requeue_after` out of bounds, a bad finalizer,
+    or a return value that is not an outcome of its own context."""
+
+    code = "reconcileInvalid"
+
+
+class ResourceRunnerRequiredError(ResourceManagerError, RuntimeError):
+    """`ctx.workflows.ensure` or `ctx.effects.ensure` was called on a context that no
+    resource runner serves (a test, a REPL): those services need the server."""
+
+    code = "resourceRunnerRequired"
+
+
+class RequestKeyConflictError(ResourceManagerError, ValueError):
+    """A child-run request key or an effect key was reused with another input or request
+    (another fingerprint). A changed input needs a new key."""
+
+    code = "requestKeyConflict"
+
+
+class EffectRejectedError(ResourceManagerError):
+    """Raised by a manager effect's `apply` to say the external system refused the
+    request for certain (nothing applied): the effect becomes `rejected`, not
+    `indeterminate`. Its message is stored; it must not quote private data."""
+
+    code = "effectRejected"
