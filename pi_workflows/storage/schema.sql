@@ -255,10 +255,12 @@ CREATE TABLE human_decision_answers (
     PRIMARY KEY (decision_id, idempotency_key)
 ) STRICT;
 
--- Managed side effects, reserved before execution and settled after.
+-- Managed side effects, reserved before execution and settled after. Owned by a run
+-- (`run_id`) or by a resource manager's resource (`resource_uid`), never both.
 CREATE TABLE effects (
     effect_id TEXT PRIMARY KEY,
-    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    run_id TEXT REFERENCES runs (run_id) ON DELETE CASCADE,
+    resource_uid TEXT REFERENCES resources (uid) ON DELETE CASCADE,
     attempt_id TEXT REFERENCES node_attempts (attempt_id) ON DELETE CASCADE,
     effect_type TEXT NOT NULL,
     idempotency_key TEXT NOT NULL UNIQUE,
@@ -275,9 +277,12 @@ CREATE TABLE effects (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     settled_at INTEGER,
-    CHECK ((settled_at IS NULL) = (state IN ('pending', 'applying')))
+    CHECK ((settled_at IS NULL) = (state IN ('pending', 'applying'))),
+    CHECK ((run_id IS NULL) <> (resource_uid IS NULL))
 ) STRICT;
 CREATE INDEX effects_by_run ON effects (run_id, state);
+CREATE INDEX effects_by_resource ON effects (resource_uid, state)
+    WHERE resource_uid IS NOT NULL;
 -- The runs with an ambiguous effect (the run list's `ambiguous` filter).
 CREATE INDEX effects_ambiguous ON effects (run_id) WHERE state = 'ambiguous';
 CREATE INDEX effects_by_attempt ON effects (attempt_id) WHERE attempt_id IS NOT NULL;
@@ -614,3 +619,113 @@ CREATE TRIGGER run_view_after_run_view_content_insert AFTER INSERT ON run_view_c
 BEGIN
     UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
 END;
+
+-- Resource managers (resource-managers.md): durable resources, their reconcile queue,
+-- claims, structured pass history and child-run reservations. The resource row is the
+-- source of truth; the queue only describes delivery and can be rebuilt from it.
+
+-- One resource per (manager, project, key). `resource_version` changes on every write
+-- (the compare-and-swap token of a pass); `generation` only when the spec changes.
+-- `claim_generation` is the fencing counter of resource claims, so it only grows.
+CREATE TABLE resources (
+    uid TEXT PRIMARY KEY CHECK (length(uid) BETWEEN 1 AND 200),
+    manager TEXT NOT NULL CHECK (length(manager) BETWEEN 1 AND 200),
+    project_path TEXT NOT NULL,
+    resource_key TEXT NOT NULL CHECK (length(resource_key) BETWEEN 1 AND 512),
+    resource_version INTEGER NOT NULL CHECK (resource_version >= 1),
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    claim_generation INTEGER NOT NULL DEFAULT 0 CHECK (claim_generation >= 0),
+    spec TEXT NOT NULL CHECK (json_valid(spec) AND length(CAST(spec AS BLOB)) <= 1048576),
+    spec_digest TEXT NOT NULL,
+    status TEXT NOT NULL
+        CHECK (json_valid(status) AND length(CAST(status AS BLOB)) <= 1048576),
+    observed_generation INTEGER NOT NULL DEFAULT 0 CHECK (observed_generation >= 0),
+    conditions TEXT NOT NULL DEFAULT '[]'
+        CHECK (json_valid(conditions) AND length(CAST(conditions AS BLOB)) <= 1048576),
+    finalizers TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(finalizers)),
+    deletion_requested_at INTEGER,
+    source_identity TEXT NOT NULL CHECK (json_valid(source_identity)),
+    source_digest TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    CHECK (observed_generation <= generation),
+    UNIQUE (manager, project_path, resource_key)
+) STRICT;
+CREATE INDEX resources_by_project ON resources (project_path, manager, resource_key);
+
+-- The immutable, gap-free change log of each resource: version N is its Nth write.
+CREATE TABLE resource_events (
+    uid TEXT NOT NULL REFERENCES resources (uid) ON DELETE CASCADE,
+    resource_version INTEGER NOT NULL CHECK (resource_version >= 1),
+    event_type TEXT NOT NULL,
+    payload TEXT NOT NULL CHECK (json_valid(payload) AND length(CAST(payload AS BLOB)) <= 65536),
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (uid, resource_version)
+) STRICT, WITHOUT ROWID;
+CREATE TRIGGER resource_events_are_immutable BEFORE UPDATE ON resource_events
+BEGIN
+    SELECT RAISE(ABORT, 'resource events are immutable');
+END;
+
+-- The reconcile queue: at most one row per resource. Enqueues update it (`hints` counts
+-- them, so a pass can tell that a wake-up arrived while it ran); `retries` counts the
+-- consecutive failed passes behind the backoff.
+CREATE TABLE resource_queue (
+    uid TEXT PRIMARY KEY REFERENCES resources (uid) ON DELETE CASCADE,
+    available_at INTEGER NOT NULL,
+    retries INTEGER NOT NULL DEFAULT 0 CHECK (retries >= 0),
+    reason TEXT NOT NULL CHECK (length(reason) BETWEEN 1 AND 200),
+    hints INTEGER NOT NULL DEFAULT 1 CHECK (hints >= 1),
+    enqueued_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+-- The scheduler's next due key.
+CREATE INDEX resource_queue_due ON resource_queue (available_at, enqueued_at, uid);
+
+-- Live resource claims, on the lease rules of run claims (owner, token hash, generation,
+-- expiry). Release deletes the row. `resource_version` is what the pass read (the CAS
+-- token of its commit); `hints` the queue's hint count when it was claimed.
+CREATE TABLE resource_claims (
+    uid TEXT PRIMARY KEY REFERENCES resources (uid) ON DELETE CASCADE,
+    owner_type TEXT NOT NULL CHECK (length(owner_type) BETWEEN 1 AND 64),
+    owner_id TEXT NOT NULL CHECK (length(owner_id) BETWEEN 1 AND 200),
+    token_hash TEXT NOT NULL,
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    reconcile_id TEXT NOT NULL,
+    resource_version INTEGER NOT NULL CHECK (resource_version >= 1),
+    hints INTEGER NOT NULL CHECK (hints >= 0),
+    acquired_at INTEGER NOT NULL,
+    heartbeat_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    CHECK (acquired_at <= heartbeat_at AND heartbeat_at < expires_at)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX resource_claims_by_owner ON resource_claims (owner_type, owner_id);
+
+-- One structured record per committed pass; the newest 50 per resource are kept.
+CREATE TABLE reconcile_history (
+    history_id INTEGER PRIMARY KEY,
+    uid TEXT NOT NULL REFERENCES resources (uid) ON DELETE CASCADE,
+    reconcile_id TEXT NOT NULL,
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    outcome TEXT NOT NULL CHECK (outcome IN ('settled', 'requeue', 'requeueAfter', 'error')),
+    requeue_reason TEXT CHECK (requeue_reason IS NULL OR length(requeue_reason) <= 200),
+    error_class TEXT CHECK (error_class IS NULL OR length(error_class) <= 200),
+    started_at INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL CHECK (duration_ms >= 0),
+    recorded_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX reconcile_history_by_resource ON reconcile_history (uid, history_id);
+
+-- Child runs a resource's passes reserved (`ctx.workflows.ensure`): one run ID per
+-- (resource, request key), with the fingerprint of the input it was reserved for. The
+-- run row may not exist yet (the scheduler creates it); retention keeps the run while
+-- this row does.
+CREATE TABLE resource_child_runs (
+    uid TEXT NOT NULL REFERENCES resources (uid) ON DELETE CASCADE,
+    request_key TEXT NOT NULL CHECK (length(request_key) BETWEEN 1 AND 512),
+    input_fingerprint TEXT NOT NULL,
+    workflow_name TEXT NOT NULL,
+    run_id TEXT NOT NULL UNIQUE,
+    reserved_at INTEGER NOT NULL,
+    PRIMARY KEY (uid, request_key)
+) STRICT, WITHOUT ROWID;

@@ -48,6 +48,12 @@ EXPECTED_TABLES = {
     "runner_messages",
     "run_view_content",
     "channel_messages",
+    "resources",
+    "resource_events",
+    "resource_queue",
+    "resource_claims",
+    "reconcile_history",
+    "resource_child_runs",
 }
 
 
