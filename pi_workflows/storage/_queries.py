@@ -54,6 +54,9 @@ __all__ = [
     "COUNT_RUN_AMBIGUOUS_EFFECTS",
     "COUNT_SCHEMA_OBJECTS",
     "DELETE_LEASE",
+    "DELETE_RESOURCE",
+    "DELETE_RESOURCE_CLAIM",
+    "DELETE_RESOURCE_QUEUE_ROW",
     "DRIVERS_OF_DISPLAY",
     "INSERT_BLOB",
     "INSERT_CHECKPOINT_DECISION",
@@ -67,6 +70,11 @@ __all__ = [
     "INSERT_NODE_ATTEMPT",
     "INSERT_PENDING_DECISION_CANCELLATIONS",
     "INSERT_QUEUE_ROW",
+    "INSERT_RECONCILE_HISTORY",
+    "INSERT_RESOURCE",
+    "INSERT_RESOURCE_CHILD_RUN",
+    "INSERT_RESOURCE_CLAIM",
+    "INSERT_RESOURCE_EVENT",
     "INSERT_RUN",
     "INSERT_RUNNER_EPOCH",
     "INSERT_RUNNER_MESSAGE",
@@ -81,6 +89,7 @@ __all__ = [
     "PRAGMA_SYNCHRONOUS_FULL",
     "RELEASE_PART",
     "RELEASE_UNIT",
+    "RENEW_RESOURCE_CLAIM",
     "ROLLBACK",
     "ROLLBACK_TO_PART",
     "ROLLBACK_TO_UNIT",
@@ -98,12 +107,15 @@ __all__ = [
     "SELECT_EFFECT_BY_KEY",
     "SELECT_EVENTS",
     "SELECT_EXPIRED_CLAIMED_RUNS",
+    "SELECT_EXPIRED_RESOURCE_CLAIMS",
     "SELECT_INTERACTIVE_ORIGIN_SESSION",
     "SELECT_INTERRUPTED_REQUEST_TURNS",
     "SELECT_LATEST_TERMINAL_RUN",
     "SELECT_LEASE",
     "SELECT_MESSAGE_TURN_ENDED",
+    "SELECT_NEXT_DUE_RESOURCE",
     "SELECT_NEXT_ELIGIBLE_MESSAGE",
+    "SELECT_NEXT_RESOURCE_DUE_AT",
     "SELECT_NEXT_SESSION_ORDER",
     "SELECT_NODE_ATTEMPT",
     "SELECT_OPEN_RUN_TURN",
@@ -111,6 +123,17 @@ __all__ = [
     "SELECT_PENDING_STEP_MESSAGE",
     "SELECT_PROTECTED_DECISION",
     "SELECT_QUEUE_ROW",
+    "SELECT_RECONCILE_HISTORY",
+    "SELECT_RESOURCE_BY_KEY",
+    "SELECT_RESOURCE_BY_UID",
+    "SELECT_RESOURCE_CHILD_RUN",
+    "SELECT_RESOURCE_CHILD_RUNS",
+    "SELECT_RESOURCE_CLAIM",
+    "SELECT_RESOURCE_CLAIM_GENERATION",
+    "SELECT_RESOURCE_EFFECTS",
+    "SELECT_RESOURCE_EVENTS",
+    "SELECT_RESOURCE_QUEUE_ROW",
+    "SELECT_RESOURCE_SUMMARIES",
     "SELECT_RESUME_ATTEMPTS",
     "SELECT_RUN",
     "SELECT_RUNNER_EPOCH",
@@ -121,6 +144,7 @@ __all__ = [
     "SELECT_RUN_EFFECTS",
     "SELECT_RUN_HEAD",
     "SELECT_RUN_LIST_REVISION",
+    "SELECT_RUN_PARENT_RESOURCE",
     "SELECT_RUN_PAUSED",
     "SELECT_RUN_PENDING_MESSAGES",
     "SELECT_RUN_PROTECTED_DECISION",
@@ -130,6 +154,7 @@ __all__ = [
     "SELECT_RUN_SUMMARY",
     "SELECT_RUN_VIEW_REVISION",
     "SELECT_RUN_WAITS_AT_AGENT_STEP",
+    "SELECT_SCHEDULED_RECONCILES",
     "SELECT_SCHEMA_INFO",
     "SELECT_SCHEMA_INFO_TABLE",
     "SELECT_SERVER_HAS_WORK",
@@ -149,6 +174,7 @@ __all__ = [
     "SELECT_UNPRODUCTIVE_TURN_ENDS",
     "SELECT_VIEW_CONTENTS",
     "SELECT_VIEW_CONTENT_LOCATION",
+    "TRIM_RECONCILE_HISTORY",
     "UPDATE_APPLYING_EFFECTS_AMBIGUOUS",
     "UPDATE_APPLYING_EFFECT_ATTEMPTS_AMBIGUOUS",
     "UPDATE_ATTEMPT_FINISH",
@@ -182,6 +208,10 @@ __all__ = [
     "UPDATE_REQUEST_TIME_OUT",
     "UPDATE_REQUEST_TURNS_CARRIED",
     "UPDATE_REQUEST_UNPRODUCTIVE_TURNS",
+    "UPDATE_RESOURCE_CLAIM_GENERATION",
+    "UPDATE_RESOURCE_DELETION",
+    "UPDATE_RESOURCE_SPEC",
+    "UPDATE_RESOURCE_STATUS",
     "UPDATE_RUNNER_EPOCH_FINISH",
     "UPDATE_RUNNER_EPOCH_READY",
     "UPDATE_RUNNING_ATTEMPTS_INTERRUPTED",
@@ -198,6 +228,8 @@ __all__ = [
     "UPDATE_STEP_MESSAGES_CANCEL",
     "UPDATE_UNFINISHED_ATTEMPTS_CLOSE",
     "UPSERT_LEASE",
+    "UPSERT_RESOURCE_QUEUE",
+    "UPSERT_RESOURCE_QUEUE_AFTER_RECONCILE",
     "UPSERT_SERVER_LEASE",
 ]
 
@@ -1457,4 +1489,199 @@ VALUES (:message_id, :run_id, :session_id, 'decision', NULL, :source_id, :digest
 SELECT_RUN_WAITS_AT_AGENT_STEP = """
 SELECT 1 FROM runs AS r JOIN interactive_requests AS i ON i.run_id = r.run_id
 WHERE r.run_id = :run_id AND r.status = 'waiting' AND i.status = 'pending' AND i.kind = 'agent'
+"""
+
+# --- resource managers (`_resources.py`) ---------------------------------------------------
+
+_RESOURCE_COLUMNS = """
+r.uid, r.manager, r.project_path, r.resource_key, r.resource_version, r.generation,
+r.spec, r.spec_digest, r.status, r.observed_generation, r.conditions, r.finalizers,
+r.deletion_requested_at, r.source_identity, r.source_digest, r.created_at, r.updated_at
+"""
+# One resource by its identity.
+SELECT_RESOURCE_BY_KEY = (
+    "SELECT" + _RESOURCE_COLUMNS + "FROM resources AS r"
+    " WHERE r.manager = :manager AND r.project_path = :project_path"
+    " AND r.resource_key = :resource_key"
+)
+# One resource by its uid.
+SELECT_RESOURCE_BY_UID = "SELECT" + _RESOURCE_COLUMNS + "FROM resources AS r WHERE r.uid = :uid"
+# The resource list (no spec, no status value), filtered by manager and/or project.
+SELECT_RESOURCE_SUMMARIES = """
+SELECT r.uid, r.manager, r.project_path, r.resource_key, r.resource_version, r.generation,
+       r.observed_generation, r.conditions, r.finalizers, r.deletion_requested_at,
+       r.updated_at, q.available_at, q.retries, q.reason AS queue_reason,
+       c.expires_at AS claim_expires_at
+FROM resources AS r
+LEFT JOIN resource_queue AS q ON q.uid = r.uid
+LEFT JOIN resource_claims AS c ON c.uid = r.uid
+WHERE (:manager IS NULL OR r.manager = :manager)
+  AND (:project_path IS NULL OR r.project_path = :project_path)
+ORDER BY r.manager, r.project_path, r.resource_key
+LIMIT :limit
+"""
+INSERT_RESOURCE = """
+INSERT INTO resources (
+    uid, manager, project_path, resource_key, resource_version, generation, spec,
+    spec_digest, status, observed_generation, conditions, finalizers, source_identity,
+    source_digest, created_at, updated_at
+) VALUES (
+    :uid, :manager, :project_path, :resource_key, 1, 1, :spec, :spec_digest, :status, 0,
+    '[]', :finalizers, :source_identity, :source_digest, :now, :now
+)
+"""
+# A new spec (and source) from `apply`; the generation moves only when the spec changes.
+UPDATE_RESOURCE_SPEC = """
+UPDATE resources
+SET spec = :spec, spec_digest = :spec_digest, generation = :generation,
+    source_identity = :source_identity, source_digest = :source_digest,
+    resource_version = :resource_version, updated_at = :now
+WHERE uid = :uid
+"""
+# A committed pass's status, conditions and finalizers.
+UPDATE_RESOURCE_STATUS = """
+UPDATE resources
+SET status = :status, conditions = :conditions, observed_generation = :observed_generation,
+    finalizers = :finalizers, resource_version = :resource_version, updated_at = :now
+WHERE uid = :uid
+"""
+UPDATE_RESOURCE_DELETION = """
+UPDATE resources
+SET deletion_requested_at = :now, resource_version = :resource_version, updated_at = :now
+WHERE uid = :uid
+"""
+UPDATE_RESOURCE_CLAIM_GENERATION = (
+    "UPDATE resources SET claim_generation = :claim_generation WHERE uid = :uid"
+)
+SELECT_RESOURCE_CLAIM_GENERATION = "SELECT claim_generation FROM resources WHERE uid = :uid"
+DELETE_RESOURCE = "DELETE FROM resources WHERE uid = :uid"
+INSERT_RESOURCE_EVENT = """
+INSERT INTO resource_events (uid, resource_version, event_type, payload, recorded_at)
+VALUES (:uid, :resource_version, :event_type, :payload, :now)
+"""
+SELECT_RESOURCE_EVENTS = """
+SELECT uid, resource_version, event_type, payload, recorded_at FROM resource_events
+WHERE uid = :uid AND resource_version > :after ORDER BY resource_version LIMIT :limit
+"""
+# An enqueue: one row per resource. A hint never delays a row that is due earlier.
+UPSERT_RESOURCE_QUEUE = """
+INSERT INTO resource_queue (uid, available_at, retries, reason, hints, enqueued_at, updated_at)
+VALUES (:uid, :available_at, 0, :reason, 1, :now, :now)
+ON CONFLICT (uid) DO UPDATE SET
+    available_at = min(available_at, excluded.available_at),
+    reason = CASE WHEN excluded.available_at < available_at THEN excluded.reason ELSE reason END,
+    hints = hints + 1,
+    updated_at = excluded.updated_at
+"""
+# A committed pass's next delivery (requeue, requeue_after, backoff, or a wake-up seen).
+UPSERT_RESOURCE_QUEUE_AFTER_RECONCILE = """
+INSERT INTO resource_queue (uid, available_at, retries, reason, hints, enqueued_at, updated_at)
+VALUES (:uid, :available_at, :retries, :reason, 1, :now, :now)
+ON CONFLICT (uid) DO UPDATE SET
+    available_at = excluded.available_at, retries = excluded.retries,
+    reason = excluded.reason, updated_at = excluded.updated_at
+"""
+DELETE_RESOURCE_QUEUE_ROW = "DELETE FROM resource_queue WHERE uid = :uid"
+SELECT_RESOURCE_QUEUE_ROW = """
+SELECT uid, available_at, retries, reason, hints, enqueued_at, updated_at
+FROM resource_queue WHERE uid = :uid
+"""
+# The next due key without a live claim (an expired claim does not hold it back).
+SELECT_NEXT_DUE_RESOURCE = """
+SELECT q.uid FROM resource_queue AS q
+WHERE q.available_at <= :now
+  AND NOT EXISTS (SELECT 1 FROM resource_claims AS c WHERE c.uid = q.uid AND c.expires_at > :now)
+ORDER BY q.available_at, q.enqueued_at, q.uid
+LIMIT 1
+"""
+# The earliest time a queued key without a live claim becomes due (the scheduler's timer).
+SELECT_NEXT_RESOURCE_DUE_AT = """
+SELECT min(q.available_at) FROM resource_queue AS q
+WHERE NOT EXISTS (SELECT 1 FROM resource_claims AS c WHERE c.uid = q.uid AND c.expires_at > :now)
+"""
+# Scheduled reconcile work (recovery step 7), soonest first.
+SELECT_SCHEDULED_RECONCILES = """
+SELECT q.uid, r.manager, r.project_path, r.resource_key, q.available_at, q.retries, q.reason,
+       c.expires_at AS claim_expires_at
+FROM resource_queue AS q
+JOIN resources AS r ON r.uid = q.uid
+LEFT JOIN resource_claims AS c ON c.uid = q.uid
+ORDER BY q.available_at, q.enqueued_at, q.uid
+LIMIT :limit
+"""
+SELECT_RESOURCE_CLAIM = """
+SELECT uid, owner_type, owner_id, token_hash, generation, reconcile_id, resource_version,
+       hints, acquired_at, heartbeat_at, expires_at
+FROM resource_claims WHERE uid = :uid
+"""
+INSERT_RESOURCE_CLAIM = """
+INSERT INTO resource_claims (
+    uid, owner_type, owner_id, token_hash, generation, reconcile_id, resource_version, hints,
+    acquired_at, heartbeat_at, expires_at
+) VALUES (
+    :uid, :owner_type, :owner_id, :token_hash, :generation, :reconcile_id, :resource_version,
+    :hints, :now, :now, :expires_at
+)
+"""
+# Renew the exact live claim; returns the new expiry, or no row.
+RENEW_RESOURCE_CLAIM = """
+UPDATE resource_claims SET heartbeat_at = :now, expires_at = :expires_at
+WHERE uid = :uid AND generation = :generation AND owner_type = :owner_type
+  AND owner_id = :owner_id AND token_hash = :token_hash AND expires_at > :now
+RETURNING expires_at
+"""
+DELETE_RESOURCE_CLAIM = "DELETE FROM resource_claims WHERE uid = :uid"
+# Claims whose holder stopped renewing them (recovery returns their keys to the queue).
+SELECT_EXPIRED_RESOURCE_CLAIMS = """
+SELECT uid FROM resource_claims WHERE expires_at <= :now ORDER BY expires_at, uid
+"""
+INSERT_RECONCILE_HISTORY = """
+INSERT INTO reconcile_history (
+    uid, reconcile_id, generation, outcome, requeue_reason, error_class, started_at,
+    duration_ms, recorded_at
+) VALUES (
+    :uid, :reconcile_id, :generation, :outcome, :requeue_reason, :error_class, :started_at,
+    :duration_ms, :now
+)
+"""
+# Keep the newest :keep records of one resource.
+TRIM_RECONCILE_HISTORY = """
+DELETE FROM reconcile_history
+WHERE uid = :uid AND history_id <= (
+    SELECT history_id FROM reconcile_history WHERE uid = :uid
+    ORDER BY history_id DESC LIMIT 1 OFFSET :keep
+)
+"""
+SELECT_RECONCILE_HISTORY = """
+SELECT reconcile_id, generation, outcome, requeue_reason, error_class, started_at,
+       duration_ms, recorded_at
+FROM reconcile_history WHERE uid = :uid ORDER BY history_id DESC LIMIT :limit
+"""
+SELECT_RESOURCE_CHILD_RUN = """
+SELECT uid, request_key, input_fingerprint, workflow_name, run_id, reserved_at
+FROM resource_child_runs WHERE uid = :uid AND request_key = :request_key
+"""
+INSERT_RESOURCE_CHILD_RUN = """
+INSERT INTO resource_child_runs (
+    uid, request_key, input_fingerprint, workflow_name, run_id, reserved_at
+) VALUES (:uid, :request_key, :input_fingerprint, :workflow_name, :run_id, :now)
+"""
+# A resource's child runs, with the run's status once the scheduler created it.
+SELECT_RESOURCE_CHILD_RUNS = """
+SELECT c.request_key, c.input_fingerprint, c.workflow_name, c.run_id, c.reserved_at,
+       r.status AS run_status
+FROM resource_child_runs AS c LEFT JOIN runs AS r ON r.run_id = c.run_id
+WHERE c.uid = :uid ORDER BY c.reserved_at, c.request_key
+"""
+# The resource that reserved a run (a run view shows its parent resource).
+SELECT_RUN_PARENT_RESOURCE = """
+SELECT r.uid, r.manager, r.project_path, r.resource_key, c.request_key
+FROM resource_child_runs AS c JOIN resources AS r ON r.uid = c.uid
+WHERE c.run_id = :run_id
+"""
+# A resource's managed effects, in reservation order.
+SELECT_RESOURCE_EFFECTS = """
+SELECT effect_id, effect_type, idempotency_key, state, error, created_at, updated_at,
+       settled_at
+FROM effects WHERE resource_uid = :uid ORDER BY rowid
 """

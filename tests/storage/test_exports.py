@@ -128,6 +128,21 @@ PINNED = {
     "StaleChannelResultError", "channel_counts", "channel_message_ids", "delivered_decisions",
     "interrupt_channel_attempts", "recover_channel_effect", "reserve_channel_attempt",
     "settle_channel_attempt", "RETRY_BOUND_MS", "ChannelTrouble", "channel_trouble", "chat_hold",
+    # resource managers
+    "BACKOFF_BASE_MS", "BACKOFF_CAP_MS", "CONDITION_STATUSES", "HISTORY_KEPT",
+    "MAX_RESOURCE_EVENT_BYTES", "MAX_RESOURCE_JSON_BYTES", "RESOURCE_OWNER",
+    "ChildRunConflictError", "ChildRunRecord", "ChildRunReservation", "ClaimedReconcile",
+    "DeleteOutcome", "ParentResource", "PassOutcome", "PassRecord", "ReconcileCommit",
+    "ReconcileResult", "ResourceApplied", "ResourceClaim", "ResourceDeletingError",
+    "ResourceEffectRow", "ResourceEventRow", "ResourceLimitError", "ResourceNotFoundError",
+    "ResourceQueueRow", "ResourceRecord", "ResourceSummary", "ResourceVersionConflictError",
+    "ScheduledReconcile", "apply_resource", "claim_next_resource", "commit_reconcile",
+    "enqueue_resource", "get_resource", "get_resource_by_uid", "get_resource_queue_row",
+    "list_reconcile_history", "list_resource_child_runs", "list_resource_effects",
+    "list_resource_events", "list_resources", "next_reconcile_due_at", "reconcile_backoff_ms",
+    "recover_resource_claims", "release_resource_claim", "renew_resource_claim",
+    "request_resource_deletion", "reserve_child_run", "run_parent_resource",
+    "scheduled_reconciles",
 }  # fmt: skip
 
 
