@@ -114,6 +114,9 @@ _BLOCKERS: tuple[tuple[str, str], ...] = (
         "SELECT 1 FROM runs WHERE root_run_id != :root AND ("
         f"parent_run_id IN {_TREE} OR restart_of IN {_TREE} OR continuation_of IN {_TREE})",
     ),
+    # A run a resource manager's resource reserved (`ctx.workflows.ensure`): the resource
+    # owns it while the resource exists, so a repeated pass finds the same run.
+    ("resourceChildRun", f"SELECT 1 FROM resource_child_runs WHERE run_id IN {_TREE}"),
     (
         "decisionFromOutside",
         f"SELECT 1 FROM human_decisions WHERE continuation_run_id IN {_TREE}"
@@ -267,8 +270,8 @@ def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
     queue row, an active lease, runner epoch or registered process, a pending
     interaction, decision or workflow message (a terminal result not yet delivered), an
     open workflow turn, a queued follow-up, a validating submission, an unsettled or
-    ambiguous effect, or a run, decision, follow-up or channel message outside the tree
-    that points into it.
+    ambiguous effect, a run a resource manager's resource reserved as its child, or a
+    run, decision, follow-up or channel message outside the tree that points into it.
     """
     trees: list[PruneTree] = []
     kept = 0

@@ -1563,13 +1563,14 @@ SELECT_RESOURCE_EVENTS = """
 SELECT uid, resource_version, event_type, payload, recorded_at FROM resource_events
 WHERE uid = :uid AND resource_version > :after ORDER BY resource_version LIMIT :limit
 """
-# An enqueue: one row per resource. A hint never delays a row that is due earlier.
+# An enqueue: one row per resource. A hint never delays a row that is due earlier; the
+# reason is the latest hint's.
 UPSERT_RESOURCE_QUEUE = """
 INSERT INTO resource_queue (uid, available_at, retries, reason, hints, enqueued_at, updated_at)
 VALUES (:uid, :available_at, 0, :reason, 1, :now, :now)
 ON CONFLICT (uid) DO UPDATE SET
     available_at = min(available_at, excluded.available_at),
-    reason = CASE WHEN excluded.available_at < available_at THEN excluded.reason ELSE reason END,
+    reason = excluded.reason,
     hints = hints + 1,
     updated_at = excluded.updated_at
 """

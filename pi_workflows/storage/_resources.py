@@ -488,9 +488,9 @@ def reconcile_backoff_ms(
     """The delay before the pass after `retries` consecutive failed passes (>= 1).
 
     Exponential with "equal jitter": the ceiling `min(cap, base * 2**(retries-1))`, of
-    which the upper half is scaled by `jitter` in [0, 1). Each step's range starts at
-    the previous step's ceiling, so delays never shrink as failures go on, and none
-    exceeds `cap_ms`.
+    which the upper half is scaled by `jitter` in [0, 1). Below the cap, each step's
+    range starts at the previous step's ceiling, so delays grow whatever the draws;
+    once capped they stay in [cap/2, cap], and none exceeds `cap_ms`.
     """
     if retries < 1:
         raise ValueError("backoff needs at least one failed pass")
