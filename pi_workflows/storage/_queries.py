@@ -1493,19 +1493,22 @@ WHERE r.run_id = :run_id AND r.status = 'waiting' AND i.status = 'pending' AND i
 
 # --- resource managers (`_resources.py`) ---------------------------------------------------
 
-_RESOURCE_COLUMNS = """
-r.uid, r.manager, r.project_path, r.resource_key, r.resource_version, r.generation,
-r.spec, r.spec_digest, r.status, r.observed_generation, r.conditions, r.finalizers,
-r.deletion_requested_at, r.source_identity, r.source_digest, r.created_at, r.updated_at
-"""
 # One resource by its identity.
-SELECT_RESOURCE_BY_KEY = (
-    "SELECT" + _RESOURCE_COLUMNS + "FROM resources AS r"
-    " WHERE r.manager = :manager AND r.project_path = :project_path"
-    " AND r.resource_key = :resource_key"
-)
+SELECT_RESOURCE_BY_KEY = """
+SELECT r.uid, r.manager, r.project_path, r.resource_key, r.resource_version, r.generation,
+       r.spec, r.spec_digest, r.status, r.observed_generation, r.conditions, r.finalizers,
+       r.deletion_requested_at, r.source_identity, r.source_digest, r.created_at, r.updated_at
+FROM resources AS r
+WHERE r.manager = :manager AND r.project_path = :project_path
+  AND r.resource_key = :resource_key
+"""
 # One resource by its uid.
-SELECT_RESOURCE_BY_UID = "SELECT" + _RESOURCE_COLUMNS + "FROM resources AS r WHERE r.uid = :uid"
+SELECT_RESOURCE_BY_UID = """
+SELECT r.uid, r.manager, r.project_path, r.resource_key, r.resource_version, r.generation,
+       r.spec, r.spec_digest, r.status, r.observed_generation, r.conditions, r.finalizers,
+       r.deletion_requested_at, r.source_identity, r.source_digest, r.created_at, r.updated_at
+FROM resources AS r WHERE r.uid = :uid
+"""
 # The resource list (no spec, no status value), filtered by manager and/or project.
 SELECT_RESOURCE_SUMMARIES = """
 SELECT r.uid, r.manager, r.project_path, r.resource_key, r.resource_version, r.generation,
