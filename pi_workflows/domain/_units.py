@@ -49,6 +49,19 @@ from pi_workflows.domain._operations import (
     start_run,
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
+from pi_workflows.domain._resource_work import (
+    RECENT_PASSES,
+    apply_resource_spec,
+    claim_reconcile,
+    commit_reconcile_pass,
+    delete_resource,
+    enqueue_resource_key,
+    recover_reconcile_claims,
+    release_reconcile_claim,
+    reserve_resource_child_run,
+    resource_list_view,
+    resource_view,
+)
 from pi_workflows.domain._retention import (
     checkpoint_sweep_wal,
     collect_sweep_blobs,
@@ -78,12 +91,15 @@ from pi_workflows.domain._state_prune import (
 from pi_workflows.domain._view_subscriptions import read_view
 from pi_workflows.domain._view_types import ViewSpec
 from pi_workflows.storage import (
+    DEFAULT_CLAIM_TTL_MS,
     RETRY_BOUND_MS,
     ChannelResult,
     Claim,
     Database,
     PruneTree,
     QueueKind,
+    ReconcileResult,
+    ResourceClaim,
     ServerClaim,
     run_view_revision,
     server_has_work,
@@ -99,21 +115,27 @@ __all__ = [
     "AnswerDecision",
     "AnswerFromChannel",
     "AnswerFromSession",
+    "ApplyResource",
     "ApplyRunnerMessage",
     "Barrier",
     "CheckpointSweepWal",
+    "ClaimReconcile",
     "ClearTerminalView",
     "ClientOperation",
     "CollectSweepBlobs",
+    "CommitReconcile",
     "CompactAfterSweep",
     "CountChannelWork",
     "DeletePruneTree",
+    "DeleteResource",
+    "EnqueueResource",
     "ExpireDue",
     "FindChannelWork",
     "FindOrphanFiles",
     "HandBackRun",
     "InterruptAdapter",
     "ListDecisions",
+    "ListResources",
     "LookUpRestart",
     "NextDeadline",
     "Perform",
@@ -125,11 +147,15 @@ __all__ = [
     "RecordRunnerExit",
     "RecordSpawn",
     "RecoverChannel",
+    "RecoverResourceClaims",
+    "ReleaseReconcileClaim",
     "ReleaseServerClaim",
     "RenewServerClaims",
     "ReportBranch",
     "ReportTurn",
     "ReserveChannelWork",
+    "ReserveChildRun",
+    "ResourceView",
     "RestartRun",
     "ResumeHeadless",
     "RetakeServerClaims",
@@ -665,3 +691,120 @@ class InterruptAdapter:
 class CountChannelWork:
     label: ClassVar[str] = "channel.status"
     channels: Sequence[str]
+
+
+# --- resource managers -------------------------------------------------------------------
+
+
+@_runs(apply_resource_spec)
+@dataclass(frozen=True, slots=True)
+class ApplyResource:
+    """`resource-manager apply`, after the resolver child and the source check: create
+    the resource or give it a new spec, and enqueue it."""
+
+    label: ClassVar[str] = "resource.apply"
+    manager: str
+    project_path: str
+    key: str
+    spec: Any
+    initial_status: Any
+    source_identity: Mapping[str, Any]
+    source_digest: str
+    finalizers: tuple[str, ...] = ()
+
+
+@_runs(enqueue_resource_key)
+@dataclass(frozen=True, slots=True)
+class EnqueueResource:
+    """A wake-up hint for one key (`reconcile`, a child run's completion, a timer)."""
+
+    label: ClassVar[str] = "resource.enqueue"
+    manager: str
+    project_path: str
+    key: str
+    reason: str
+    delay_ms: int = 0
+
+
+@_runs(claim_reconcile)
+@dataclass(frozen=True, slots=True)
+class ClaimReconcile:
+    """Claim the next due key for a resource runner (None: nothing is due)."""
+
+    label: ClassVar[str] = "resource.claim"
+    owner_id: str
+    ttl_ms: int = DEFAULT_CLAIM_TTL_MS
+
+
+@_runs(commit_reconcile_pass)
+@dataclass(frozen=True, slots=True)
+class CommitReconcile:
+    """Commit a pass's proposed result under its claim and the version it read."""
+
+    label: ClassVar[str] = "resource.commit"
+    claim: ResourceClaim
+    result: ReconcileResult
+    jitter: float | None = None
+
+
+@_runs(release_reconcile_claim)
+@dataclass(frozen=True, slots=True)
+class ReleaseReconcileClaim:
+    """Give a pass's claim up without a result; the key stays queued."""
+
+    label: ClassVar[str] = "resource.release"
+    claim: ResourceClaim
+
+
+@_runs(delete_resource)
+@dataclass(frozen=True, slots=True)
+class DeleteResource:
+    """`resource-manager delete`: remove now, or mark and enqueue the cleanup pass."""
+
+    label: ClassVar[str] = "resource.delete"
+    manager: str
+    project_path: str
+    key: str
+
+
+@_runs(reserve_resource_child_run)
+@dataclass(frozen=True, slots=True)
+class ReserveChildRun:
+    """`ctx.workflows.ensure`: find or reserve the child run of a request key."""
+
+    label: ClassVar[str] = "resource.ensure_run"
+    claim: ResourceClaim
+    request_key: str
+    input_fingerprint: str
+    workflow_name: str
+
+
+@_runs(recover_reconcile_claims)
+@dataclass(frozen=True, slots=True)
+class RecoverResourceClaims:
+    """Recovery step 7: expired resource claims return their keys to the queue."""
+
+    label: ClassVar[str] = "resource.recover"
+
+
+@_runs(resource_view)
+@dataclass(frozen=True, slots=True)
+class ResourceView:
+    """`resource-manager get`: one resource with its child runs, effects and passes."""
+
+    label: ClassVar[str] = "resource.get"
+    manager: str
+    project_path: str
+    key: str
+    history: int = RECENT_PASSES
+
+
+@_runs(resource_list_view)
+@dataclass(frozen=True, slots=True)
+class ListResources:
+    """`resource-manager list`, optionally of one manager or project."""
+
+    label: ClassVar[str] = "resource.list"
+    now: int
+    manager: str | None = None
+    project_path: str | None = None

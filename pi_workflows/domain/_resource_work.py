@@ -1,0 +1,268 @@
+"""Resource managers' units of work and views: data in, data out, each write in one
+transaction of the database actor (workflow-server.md § Resource managers).
+
+The scheduler and the resource runner host call these through `_units.py` records; the
+`resource-manager list` and `get` views are built here from storage reads.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from pi_workflows.storage import (
+    DEFAULT_CLAIM_TTL_MS,
+    RESOURCE_OWNER,
+    ChildRunReservation,
+    ClaimedReconcile,
+    Database,
+    DeleteOutcome,
+    Reader,
+    ReconcileCommit,
+    ReconcileResult,
+    ResourceApplied,
+    ResourceClaim,
+    ResourceNotFoundError,
+    ResourceQueueRow,
+    ResourceRecord,
+    ResourceSummary,
+    apply_resource,
+    claim_next_resource,
+    commit_reconcile,
+    enqueue_resource,
+    get_resource,
+    get_resource_queue_row,
+    list_reconcile_history,
+    list_resource_child_runs,
+    list_resource_effects,
+    list_resources,
+    recover_resource_claims,
+    release_resource_claim,
+    request_resource_deletion,
+    reserve_child_run,
+)
+
+__all__ = [
+    "RECENT_PASSES",
+    "apply_resource_spec",
+    "claim_reconcile",
+    "commit_reconcile_pass",
+    "delete_resource",
+    "enqueue_resource_key",
+    "recover_reconcile_claims",
+    "release_reconcile_claim",
+    "reserve_resource_child_run",
+    "resource_list_view",
+    "resource_view",
+]
+
+RECENT_PASSES = 20
+"""How many passes `resource-manager get` shows (storage keeps more)."""
+
+
+def _find(reader: Reader, manager: str, project_path: str, key: str) -> ResourceRecord:
+    resource = get_resource(reader, manager, project_path, key)
+    if resource is None:
+        # Names the manager and key the caller gave, never the project path.
+        raise ResourceNotFoundError(f"{manager}/{key}")
+    return resource
+
+
+# --- units of work ---------------------------------------------------------------------------
+
+
+def apply_resource_spec(
+    db: Database,
+    *,
+    manager: str,
+    project_path: str,
+    key: str,
+    spec: Any,
+    initial_status: Any,
+    source_identity: Mapping[str, Any],
+    source_digest: str,
+    finalizers: Sequence[str] = (),
+) -> ResourceApplied:
+    """`apply`, once the resolver child checked the manager and the server checked its
+    source: create the resource or give it a new spec (see `apply_resource`)."""
+    with db.write() as tx:
+        return apply_resource(
+            tx,
+            manager=manager,
+            project_path=project_path,
+            key=key,
+            spec=spec,
+            initial_status=initial_status,
+            source_identity=source_identity,
+            source_digest=source_digest,
+            finalizers=finalizers,
+        )
+
+
+def enqueue_resource_key(
+    db: Database, *, manager: str, project_path: str, key: str, reason: str, delay_ms: int = 0
+) -> ResourceQueueRow:
+    """A wake-up hint (`reconcile`, a child run's completion, a timer) for one key."""
+    with db.write() as tx:
+        resource = _find(tx, manager, project_path, key)
+        return enqueue_resource(tx, resource.uid, reason=reason, delay_ms=delay_ms)
+
+
+def claim_reconcile(
+    db: Database, owner_id: str, ttl_ms: int = DEFAULT_CLAIM_TTL_MS
+) -> ClaimedReconcile | None:
+    """Claim the next due key for a resource runner (None: nothing is due)."""
+    with db.write() as tx:
+        return claim_next_resource(tx, owner_id=owner_id, owner_type=RESOURCE_OWNER, ttl_ms=ttl_ms)
+
+
+def commit_reconcile_pass(
+    db: Database, claim: ResourceClaim, result: ReconcileResult, jitter: float | None = None
+) -> ReconcileCommit:
+    """Commit the result a resource runner proposed, under its claim and the version it
+    read (see `commit_reconcile`). `jitter` None draws the backoff's jitter here."""
+    drawn = random.random() if jitter is None else jitter  # noqa: S311 (spreading retries, not a secret)
+    with db.write() as tx:
+        return commit_reconcile(tx, claim, result, jitter=drawn)
+
+
+def release_reconcile_claim(db: Database, claim: ResourceClaim) -> None:
+    """Give a pass's claim up without a result (its commit was refused, its runner
+    stopped): the key stays queued."""
+    with db.write() as tx:
+        release_resource_claim(tx, claim)
+
+
+def delete_resource(db: Database, manager: str, project_path: str, key: str) -> DeleteOutcome:
+    """`delete`: remove the resource now, or mark it and enqueue its cleanup pass."""
+    with db.write() as tx:
+        return request_resource_deletion(tx, _find(tx, manager, project_path, key).uid)
+
+
+def reserve_resource_child_run(
+    db: Database,
+    claim: ResourceClaim,
+    request_key: str,
+    input_fingerprint: str,
+    workflow_name: str,
+) -> ChildRunReservation:
+    """`ctx.workflows.ensure`'s durable half: find or reserve the child run's ID."""
+    with db.write() as tx:
+        return reserve_child_run(
+            tx,
+            claim,
+            request_key=request_key,
+            input_fingerprint=input_fingerprint,
+            workflow_name=workflow_name,
+        )
+
+
+def recover_reconcile_claims(db: Database) -> tuple[str, ...]:
+    """Recovery step 7 (and the scheduler's sweep): expired claims return their keys to
+    the queue; returns their uids."""
+    with db.write() as tx:
+        return tuple(recover_resource_claims(tx))
+
+
+# --- views -----------------------------------------------------------------------------------
+
+
+def _queue_wire(available_at: int | None, retries: int | None, reason: str | None) -> Any:
+    if available_at is None:
+        return None
+    return {"availableAt": available_at, "retries": retries or 0, "reason": reason}
+
+
+def _summary_wire(summary: ResourceSummary, now: int) -> dict[str, Any]:
+    reconciling = summary.claim_expires_at is not None and summary.claim_expires_at > now
+    return {
+        "uid": summary.uid,
+        "manager": summary.manager,
+        "project": summary.project_path,
+        "key": summary.resource_key,
+        "resourceVersion": summary.resource_version,
+        "generation": summary.generation,
+        "observedGeneration": summary.observed_generation,
+        "conditions": orjson.loads(summary.conditions),
+        "finalizers": orjson.loads(summary.finalizers),
+        "deletionRequestedAt": summary.deletion_requested_at,
+        "updatedAt": summary.updated_at,
+        "queue": _queue_wire(summary.available_at, summary.retries, summary.queue_reason),
+        "reconciling": reconciling,
+    }
+
+
+def resource_list_view(
+    db: Database, now: int, manager: str | None = None, project_path: str | None = None
+) -> dict[str, Any]:
+    """`resource-manager list`: `{resources: [...]}` by manager, project and key, each
+    with its versions, conditions, delivery state and whether a pass holds it at `now`."""
+    summaries = list_resources(db, manager=manager, project_path=project_path)
+    return {"resources": [_summary_wire(s, now) for s in summaries]}
+
+
+def resource_view(
+    db: Database, manager: str, project_path: str, key: str, history: int = RECENT_PASSES
+) -> dict[str, Any]:
+    """`resource-manager get MANAGER KEY`: the resource (spec, status, conditions,
+    finalizers), its delivery state, child runs, managed effects and recent passes
+    (newest first). Raises `ResourceNotFoundError`."""
+    resource = _find(db, manager, project_path, key)
+    queue = get_resource_queue_row(db, resource.uid)
+    return {
+        "resource": {
+            "uid": resource.uid,
+            "manager": resource.manager,
+            "project": resource.project_path,
+            "key": resource.key,
+            "resourceVersion": resource.resource_version,
+            "generation": resource.generation,
+            "observedGeneration": resource.observed_generation,
+            "spec": resource.spec,
+            "status": resource.status,
+            "conditions": list(resource.conditions),
+            "finalizers": list(resource.finalizers),
+            "deletionRequestedAt": resource.deletion_requested_at,
+            "sourceDigest": resource.source_digest,
+            "createdAt": resource.created_at,
+            "updatedAt": resource.updated_at,
+        },
+        "queue": None
+        if queue is None
+        else _queue_wire(queue.available_at, queue.retries, queue.reason),
+        "childRuns": [
+            {
+                "requestKey": child.request_key,
+                "workflow": child.workflow_name,
+                "runId": child.run_id,
+                "status": child.run_status or "reserved",
+                "reservedAt": child.reserved_at,
+            }
+            for child in list_resource_child_runs(db, resource.uid)
+        ],
+        "effects": [
+            {
+                "effectId": effect.effect_id,
+                "kind": effect.effect_type,
+                "key": effect.idempotency_key,
+                "state": effect.state,
+                "updatedAt": effect.updated_at,
+            }
+            for effect in list_resource_effects(db, resource.uid)
+        ],
+        "recentPasses": [
+            {
+                "reconcileId": record.reconcile_id,
+                "generation": record.generation,
+                "outcome": record.outcome,
+                "requeueReason": record.requeue_reason,
+                "errorClass": record.error_class,
+                "startedAt": record.started_at,
+                "durationMs": record.duration_ms,
+            }
+            for record in list_reconcile_history(db, resource.uid, limit=history)
+        ],
+    }
