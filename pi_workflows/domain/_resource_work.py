@@ -160,11 +160,11 @@ def reserve_resource_child_run(
         )
 
 
-def recover_reconcile_claims(db: Database) -> tuple[str, ...]:
-    """Recovery step 7 (and the scheduler's sweep): expired claims return their keys to
-    the queue; returns their uids."""
+def recover_reconcile_claims(db: Database, every: bool = False) -> tuple[str, ...]:
+    """The scheduler's sweep: expired claims return their keys to the queue; with
+    `every` (recovery step 7 at startup), all claims. Returns their uids."""
     with db.write() as tx:
-        return tuple(recover_resource_claims(tx))
+        return tuple(recover_resource_claims(tx, every=every))
 
 
 # --- views -----------------------------------------------------------------------------------

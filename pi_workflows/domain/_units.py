@@ -782,9 +782,11 @@ class ReserveChildRun:
 @_runs(recover_reconcile_claims)
 @dataclass(frozen=True, slots=True)
 class RecoverResourceClaims:
-    """Recovery step 7: expired resource claims return their keys to the queue."""
+    """Expired resource claims (with `every`, at startup: all) return their keys to the
+    queue."""
 
     label: ClassVar[str] = "resource.recover"
+    every: bool = False
 
 
 @_runs(resource_view)

@@ -1635,9 +1635,11 @@ WHERE uid = :uid AND generation = :generation AND owner_type = :owner_type
 RETURNING expires_at
 """
 DELETE_RESOURCE_CLAIM = "DELETE FROM resource_claims WHERE uid = :uid"
-# Claims whose holder stopped renewing them (recovery returns their keys to the queue).
+# Claims whose holder stopped renewing them (recovery returns their keys to the queue);
+# :every = 1 at startup, when no pass of an earlier server can still be running.
 SELECT_EXPIRED_RESOURCE_CLAIMS = """
-SELECT uid FROM resource_claims WHERE expires_at <= :now ORDER BY expires_at, uid
+SELECT uid FROM resource_claims WHERE expires_at <= :now OR :every = 1
+ORDER BY expires_at, uid
 """
 INSERT_RECONCILE_HISTORY = """
 INSERT INTO reconcile_history (

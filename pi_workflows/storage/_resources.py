@@ -903,10 +903,13 @@ def release_resource_claim(tx: Tx, claim: ResourceClaim) -> None:
     tx.execute(q.DELETE_RESOURCE_CLAIM, {"uid": claim.uid})
 
 
-def recover_resource_claims(tx: Tx) -> list[str]:
-    """Return every key whose claim expired to the queue, due now (recovery step 7, and
-    the scheduler's sweep). Deletes those claims; returns their uids."""
-    expired = [r.uid for r in tx.fetch_all(q.SELECT_EXPIRED_RESOURCE_CLAIMS, {"now": tx.now}, _Uid)]
+def recover_resource_claims(tx: Tx, *, every: bool = False) -> list[str]:
+    """Return every key whose claim expired to the queue, due now (the scheduler's
+    sweep); with `every`, all claims (recovery step 7 at startup: the processes of an
+    earlier server are gone, so none of its passes can still commit). Deletes those
+    claims; returns their uids."""
+    params = {"now": tx.now, "every": 1 if every else 0}
+    expired = [r.uid for r in tx.fetch_all(q.SELECT_EXPIRED_RESOURCE_CLAIMS, params, _Uid)]
     for uid in expired:
         tx.execute(q.DELETE_RESOURCE_CLAIM, {"uid": uid})
         enqueue_resource(tx, uid, reason="claimExpired")

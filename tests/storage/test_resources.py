@@ -197,6 +197,10 @@ def test_recovery_returns_expired_claims_to_the_queue(db: Database, clock: Manua
     assert (scheduled.uid, scheduled.claim_expires_at) == (uid, None)
     assert scheduled.available_at <= clock.now_ms()
     assert next_reconcile_due_at(db, clock.now_ms()) == scheduled.available_at
+    assert _claim(db) is not None  # live again
+    with db.write() as tx:
+        assert recover_resource_claims(tx) == []  # a live claim stays
+        assert recover_resource_claims(tx, every=True) == [uid]  # startup: all of them
 
 
 def test_settled_writes_status_and_conditions_for_the_read_generation_and_dequeues(
