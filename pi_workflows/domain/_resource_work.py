@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -25,6 +25,7 @@ from pi_workflows.storage import (
     ReconcileResult,
     ResourceApplied,
     ResourceClaim,
+    ResourceEffect,
     ResourceNotFoundError,
     ResourceQueueRow,
     ResourceRecord,
@@ -43,6 +44,9 @@ from pi_workflows.storage import (
     release_resource_claim,
     request_resource_deletion,
     reserve_child_run,
+    reserve_resource_effect,
+    retry_resource_effect,
+    settle_resource_effect,
 )
 
 __all__ = [
@@ -54,9 +58,12 @@ __all__ = [
     "enqueue_resource_key",
     "recover_reconcile_claims",
     "release_reconcile_claim",
+    "reserve_pass_effect",
     "reserve_resource_child_run",
     "resource_list_view",
     "resource_view",
+    "retry_pass_effect",
+    "settle_pass_effect",
 ]
 
 RECENT_PASSES = 20
@@ -158,6 +165,38 @@ def reserve_resource_child_run(
             input_fingerprint=input_fingerprint,
             workflow_name=workflow_name,
         )
+
+
+def reserve_pass_effect(
+    db: Database, claim: ResourceClaim, key: str, kind: str, request: Any
+) -> ResourceEffect:
+    """`ctx.effects.ensure`'s record before `apply` (see `reserve_resource_effect`):
+    the answer says apply, observe first, or adopt the stored outcome."""
+    with db.write() as tx:
+        return reserve_resource_effect(tx, claim, key=key, kind=kind, request=request)
+
+
+def settle_pass_effect(
+    db: Database,
+    *,
+    claim: ResourceClaim,
+    key: str,
+    outcome: Literal["applied", "rejected"],
+    result: Any = None,
+    error: str | None = None,
+    observed: bool = False,
+) -> ResourceEffect:
+    """Record what `apply` (or, with `observed`, `observe`) established."""
+    with db.write() as tx:
+        return settle_resource_effect(
+            tx, claim, key=key, outcome=outcome, result=result, error=error, observed=observed
+        )
+
+
+def retry_pass_effect(db: Database, claim: ResourceClaim, key: str) -> ResourceEffect:
+    """`observe` proved the earlier attempt did not apply: open this pass's attempt."""
+    with db.write() as tx:
+        return retry_resource_effect(tx, claim, key=key)
 
 
 def recover_reconcile_claims(db: Database, every: bool = False) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pi_workflows.domain._admission import admit
 from pi_workflows.domain._channel_ops import recover_channel
@@ -58,9 +58,12 @@ from pi_workflows.domain._resource_work import (
     enqueue_resource_key,
     recover_reconcile_claims,
     release_reconcile_claim,
+    reserve_pass_effect,
     reserve_resource_child_run,
     resource_list_view,
     resource_view,
+    retry_pass_effect,
+    settle_pass_effect,
 )
 from pi_workflows.domain._retention import (
     checkpoint_sweep_wal,
@@ -155,14 +158,17 @@ __all__ = [
     "ReportTurn",
     "ReserveChannelWork",
     "ReserveChildRun",
+    "ReserveResourceEffect",
     "ResourceView",
     "RestartRun",
     "ResumeHeadless",
     "RetakeServerClaims",
+    "RetryResourceEffect",
     "RunViewRevision",
     "SelectAndBackUp",
     "SelectExpired",
     "ServerHasWork",
+    "SettleResourceEffect",
     "SettleValidation",
     "StartRun",
     "SubmitInteraction",
@@ -777,6 +783,42 @@ class ReserveChildRun:
     request_key: str
     input_fingerprint: str
     workflow_name: str
+
+
+@_runs(reserve_pass_effect)
+@dataclass(frozen=True, slots=True)
+class ReserveResourceEffect:
+    """`ctx.effects.ensure`: record the effect before `apply`, or find it."""
+
+    label: ClassVar[str] = "resource.effect_reserve"
+    claim: ResourceClaim
+    key: str
+    kind: str
+    request: Any
+
+
+@_runs(settle_pass_effect)
+@dataclass(frozen=True, slots=True)
+class SettleResourceEffect:
+    """Record an effect's outcome, from `apply` or (`observed`) from `observe`."""
+
+    label: ClassVar[str] = "resource.effect_settle"
+    claim: ResourceClaim
+    key: str
+    outcome: Literal["applied", "rejected"]
+    result: Any = None
+    error: str | None = None
+    observed: bool = False
+
+
+@_runs(retry_pass_effect)
+@dataclass(frozen=True, slots=True)
+class RetryResourceEffect:
+    """`observe` proved nothing applied: this pass opens the next attempt."""
+
+    label: ClassVar[str] = "resource.effect_retry"
+    claim: ResourceClaim
+    key: str
 
 
 @_runs(recover_reconcile_claims)

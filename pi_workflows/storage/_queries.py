@@ -74,6 +74,7 @@ __all__ = [
     "INSERT_RESOURCE",
     "INSERT_RESOURCE_CHILD_RUN",
     "INSERT_RESOURCE_CLAIM",
+    "INSERT_RESOURCE_EFFECT",
     "INSERT_RESOURCE_EVENT",
     "INSERT_RUN",
     "INSERT_RUNNER_EPOCH",
@@ -131,6 +132,7 @@ __all__ = [
     "SELECT_RESOURCE_CLAIM",
     "SELECT_RESOURCE_CLAIM_GENERATION",
     "SELECT_RESOURCE_EFFECTS",
+    "SELECT_RESOURCE_EFFECT_BY_KEY",
     "SELECT_RESOURCE_EVENTS",
     "SELECT_RESOURCE_QUEUE_ROW",
     "SELECT_RESOURCE_SUMMARIES",
@@ -1690,4 +1692,23 @@ SELECT_RESOURCE_EFFECTS = """
 SELECT effect_id, effect_type, idempotency_key, state, error, created_at, updated_at,
        settled_at
 FROM effects WHERE resource_uid = :uid ORDER BY rowid
+"""
+# One resource-owned effect by its stored key, with its latest attempt.
+SELECT_RESOURCE_EFFECT_BY_KEY = """
+SELECT e.effect_id, e.resource_uid, e.effect_type, e.idempotency_key, e.request_fingerprint,
+       e.state, e.result_hash, e.error,
+       (SELECT max(a.attempt_number) FROM effect_attempts AS a WHERE a.effect_id = e.effect_id) AS last_attempt_number,
+       (SELECT a.executor_epoch FROM effect_attempts AS a WHERE a.effect_id = e.effect_id
+        ORDER BY a.attempt_number DESC LIMIT 1) AS last_executor_epoch
+FROM effects AS e WHERE e.idempotency_key = :idempotency_key
+"""
+# Reserve a resource's effect, already applying (its first attempt is inserted with it).
+INSERT_RESOURCE_EFFECT = """
+INSERT INTO effects (
+    effect_id, run_id, resource_uid, attempt_id, effect_type, idempotency_key,
+    request_fingerprint, request_hash, idempotent, state, created_at, updated_at
+) VALUES (
+    :effect_id, NULL, :resource_uid, NULL, :effect_type, :idempotency_key,
+    :request_fingerprint, :request_hash, 0, 'applying', :now, :now
+)
 """

@@ -57,6 +57,7 @@ __all__ = [
     "ResourceVersionConflictError",
     "ScheduledReconcile",
     "apply_resource",
+    "check_resource_claim",
     "claim_next_resource",
     "commit_reconcile",
     "enqueue_resource",
@@ -866,6 +867,17 @@ def _check(tx: Tx, claim: ResourceClaim, *, require_live: bool = True) -> _Claim
         raise ClaimLostError(claim.uid, claim.generation, reason)
     assert row is not None
     return row
+
+
+def check_resource_claim(tx: Tx, claim: ResourceClaim, *, require_live: bool = True) -> None:
+    """Verify that `claim` is the resource's current (live) claim, changing nothing.
+
+    Raises:
+        ClaimLostError: with the first failing check, in the order of run claims:
+            `missingAuthority`, `generationChanged`, `ownerChanged`, `tokenChanged`,
+            `expired`.
+    """
+    _check(tx, claim, require_live=require_live)
 
 
 def renew_resource_claim(tx: Tx, claim: ResourceClaim) -> int:

@@ -20,7 +20,10 @@ from pi_workflows.domain import (
     RecoverResourceClaims,
     ReleaseReconcileClaim,
     ReserveChildRun,
+    ReserveResourceEffect,
     ResourceView,
+    RetryResourceEffect,
+    SettleResourceEffect,
     perform,
     unit_label,
 )
@@ -32,6 +35,7 @@ from pi_workflows.storage import (
     Database,
     ManualClock,
     ReconcileResult,
+    ResourceEffectDecision,
     ResourceNotFoundError,
     ResourceVersionConflictError,
     open_database,
@@ -204,3 +208,32 @@ def test_an_error_pass_backs_off_and_a_hint_wakes_it(db: Database, clock: Manual
     )
     assert row.available_at == clock.now_ms() and row.retries == 1
     assert _claim(db).retries == 1
+
+
+def test_an_effect_interrupted_mid_apply_is_observed_by_the_next_pass_and_shown(
+    db: Database, clock: ManualClock
+) -> None:
+    _apply(db, {"dir": "docs"})
+    dead = _claim(db)
+    reserve = ReserveResourceEffect(
+        claim=dead.claim, key="publish", kind="site.publish", request={"rev": 1}
+    )
+    assert perform(db, reserve).decision is ResourceEffectDecision.APPLY
+    clock.advance(DEFAULT_CLAIM_TTL_MS + 1)  # the pass died between reservation and settlement
+    nxt = _claim(db)
+    again = perform(
+        db,
+        ReserveResourceEffect(
+            claim=nxt.claim, key="publish", kind="site.publish", request={"rev": 1}
+        ),
+    )
+    assert again.decision is ResourceEffectDecision.OBSERVE
+    opened = perform(db, RetryResourceEffect(claim=nxt.claim, key="publish"))
+    assert (opened.decision, opened.attempt) == (ResourceEffectDecision.APPLY, 2)
+    settled = perform(
+        db,
+        SettleResourceEffect(claim=nxt.claim, key="publish", outcome="applied", result={"ok": 1}),
+    )
+    assert (settled.state, settled.result) == ("applied", {"ok": 1})
+    view = perform(db, ResourceView(manager="docs", project_path="/p", key="readme"))
+    assert [(e["kind"], e["state"]) for e in view["effects"]] == [("site.publish", "applied")]

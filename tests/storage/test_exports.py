@@ -143,6 +143,8 @@ PINNED = {
     "recover_resource_claims", "release_resource_claim", "renew_resource_claim",
     "request_resource_deletion", "reserve_child_run", "run_parent_resource",
     "scheduled_reconciles",
+    "check_resource_claim", "ResourceEffect", "ResourceEffectDecision", "reserve_resource_effect",
+    "retry_resource_effect", "settle_resource_effect",
 }  # fmt: skip
 
 
