@@ -45,8 +45,10 @@ __all__ = [
     "COUNT_ACTIVE_QUEUE_ROWS",
     "COUNT_ACTIVE_RUNNER_EPOCHS",
     "COUNT_AMBIGUOUS_EFFECTS",
+    "COUNT_DUE_RESOURCES",
     "COUNT_EXPIRED_LEASES",
     "COUNT_FINISHED_VISITS",
+    "COUNT_LIVE_RESOURCE_CLAIMS",
     "COUNT_PENDING_REQUESTS",
     "COUNT_QUEUE_BY_STATE",
     "COUNT_RUNNER_OUTCOMES",
@@ -1711,4 +1713,12 @@ INSERT INTO effects (
     :effect_id, NULL, :resource_uid, NULL, :effect_type, :idempotency_key,
     :request_fingerprint, :request_hash, 0, 'applying', :now, :now
 )
+"""
+# Passes running now (live resource claims): the scheduler's capacity counts them.
+COUNT_LIVE_RESOURCE_CLAIMS = "SELECT count(*) FROM resource_claims WHERE expires_at > :now"
+# Keys due now without a live claim: whether reconciles wait for admission.
+COUNT_DUE_RESOURCES = """
+SELECT count(*) FROM resource_queue AS q
+WHERE q.available_at <= :now
+  AND NOT EXISTS (SELECT 1 FROM resource_claims AS c WHERE c.uid = q.uid AND c.expires_at > :now)
 """

@@ -60,6 +60,8 @@ __all__ = [
     "check_resource_claim",
     "claim_next_resource",
     "commit_reconcile",
+    "count_due_reconciles",
+    "count_reconciling",
     "enqueue_resource",
     "get_resource",
     "get_resource_by_uid",
@@ -655,6 +657,16 @@ def next_reconcile_due_at(reader: Reader, now: int) -> int | None:
     """The earliest time an unclaimed (or expired-claim) queued key is due, or None."""
     value = reader.fetch_value(q.SELECT_NEXT_RESOURCE_DUE_AT, {"now": now})
     return None if value is None else int(value)
+
+
+def count_reconciling(reader: Reader, now: int) -> int:
+    """Passes running at `now` (live resource claims): they use scheduler capacity."""
+    return int(reader.fetch_value(q.COUNT_LIVE_RESOURCE_CLAIMS, {"now": now}))
+
+
+def count_due_reconciles(reader: Reader, now: int) -> int:
+    """Keys due at `now` that no live claim holds: reconciles waiting for admission."""
+    return int(reader.fetch_value(q.COUNT_DUE_RESOURCES, {"now": now}))
 
 
 # --- apply, enqueue, delete -----------------------------------------------------------------

@@ -144,7 +144,7 @@ PINNED = {
     "request_resource_deletion", "reserve_child_run", "run_parent_resource",
     "scheduled_reconciles",
     "check_resource_claim", "ResourceEffect", "ResourceEffectDecision", "reserve_resource_effect",
-    "retry_resource_effect", "settle_resource_effect",
+    "retry_resource_effect", "settle_resource_effect", "count_due_reconciles", "count_reconciling",
 }  # fmt: skip
 
 

@@ -31,6 +31,8 @@ from pi_workflows.storage import (
     claim_next_resource,
     commit_reconcile,
     complete_run,
+    count_due_reconciles,
+    count_reconciling,
     enqueue_resource,
     finish_node_attempt,
     get_resource,
@@ -166,6 +168,9 @@ def test_two_claims_of_one_key_never_both_succeed(
     finally:
         other.close()
     assert first is not None and second is None
+    assert count_reconciling(db, clock.now_ms()) == 1
+    assert count_due_reconciles(db, clock.now_ms()) == 0
+    assert count_due_reconciles(db, clock.now_ms() + DEFAULT_CLAIM_TTL_MS) == 1  # expired
     assert first.claim.resource_version == 1 and first.claim.resource_generation == 1
 
 
