@@ -5,6 +5,7 @@ backoff, child-run reservations, deletion with finalizers, retention and history
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,33 @@ def test_two_claims_of_one_key_never_both_succeed(
     assert count_due_reconciles(db, clock.now_ms()) == 0
     assert count_due_reconciles(db, clock.now_ms() + DEFAULT_CLAIM_TTL_MS) == 1  # expired
     assert first.claim.resource_version == 1 and first.claim.resource_generation == 1
+
+
+def test_racing_claimers_on_their_own_connections_win_each_key_once(
+    db: Database, db_path: Path, clock: ManualClock
+) -> None:
+    """Four threads, each with its own connection, claim until nothing is due: every key
+    is claimed exactly once (claims are taken under the writer's BEGIN IMMEDIATE)."""
+    for n in range(20):
+        _apply(db, {"n": n}, key=f"k{n}")
+    won: list[str] = []
+    lock = threading.Lock()
+
+    def claimer(owner: str) -> None:
+        conn = open_database(db_path, clock=clock)
+        try:
+            while (claimed := _claim(conn, owner)) is not None:
+                with lock:
+                    won.append(claimed.claim.uid)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=claimer, args=(f"server-{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(won) == sorted(s.uid for s in list_resources(db)) and len(won) == 20
 
 
 def test_an_expired_claim_returns_the_key_and_fences_the_old_holder(
