@@ -988,6 +988,8 @@ def commit_reconcile(
             claim.uid, claim.resource_version, current.resource_version
         )
     _check_result(result)
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError("jitter must be in [0, 1)")
     now, uid = tx.now, claim.uid
     generation = current.generation
     status_text = None if result.status is None else _json_text(result.status, "status")
