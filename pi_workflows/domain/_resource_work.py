@@ -20,9 +20,9 @@ from pi_workflows.storage import (
     ClaimedReconcile,
     Database,
     DeleteOutcome,
+    PassResult,
     Reader,
     ReconcileCommit,
-    ReconcileResult,
     ResourceApplied,
     ResourceClaim,
     ResourceEffect,
@@ -127,7 +127,7 @@ def claim_reconcile(
 
 
 def commit_reconcile_pass(
-    db: Database, claim: ResourceClaim, result: ReconcileResult, jitter: float | None = None
+    db: Database, claim: ResourceClaim, result: PassResult, jitter: float | None = None
 ) -> ReconcileCommit:
     """Commit the result a resource runner proposed, under its claim and the version it
     read (see `commit_reconcile`). `jitter` None draws the backoff's jitter here."""

@@ -99,9 +99,9 @@ from pi_workflows.storage import (
     ChannelResult,
     Claim,
     Database,
+    PassResult,
     PruneTree,
     QueueKind,
-    ReconcileResult,
     ResourceClaim,
     ServerClaim,
     run_view_revision,
@@ -749,7 +749,7 @@ class CommitReconcile:
 
     label: ClassVar[str] = "resource.commit"
     claim: ResourceClaim
-    result: ReconcileResult
+    result: PassResult
     jitter: float | None = None
 
 

@@ -42,8 +42,8 @@ __all__ = [
     "ParentResource",
     "PassOutcome",
     "PassRecord",
+    "PassResult",
     "ReconcileCommit",
-    "ReconcileResult",
     "ResourceApplied",
     "ResourceClaim",
     "ResourceDeletingError",
@@ -100,8 +100,8 @@ BACKOFF_CAP_MS = 300_000
 RESOURCE_OWNER = "resourceRunner"
 """The owner type of the claim a reconcile pass holds."""
 
-CONDITION_STATUSES = frozenset({"true", "false", "unknown"})
-"""The values of a condition's `status`."""
+CONDITION_STATUSES = frozenset({"True", "False", "Unknown"})
+"""The values of a condition's `status` (as `pi_workflows.resource_managers` writes them)."""
 
 PassOutcome = Literal["settled", "requeue", "requeueAfter", "error"]
 """How a pass ended: settled (done until a wake-up), requeue (as soon as capacity
@@ -204,7 +204,7 @@ class ResourceRecord:
     observed_generation: int
     """The generation the last status or conditions were written for."""
     conditions: tuple[dict[str, Any], ...]
-    """Each: type, status (true/false/unknown), reason, message?, observedGeneration,
+    """Each: type, status (True/False/Unknown), reason, message?, observedGeneration,
     lastTransitionTime."""
     finalizers: tuple[str, ...]
     deletion_requested_at: int | None
@@ -348,11 +348,11 @@ class _ClaimRow:
 
 
 @dataclass(frozen=True, slots=True)
-class ReconcileResult:
+class PassResult:
     """What a resource runner proposes at the end of one pass.
 
     `status`, `conditions` and `finalizers` are None when the pass leaves them as they
-    are. Conditions are mappings with `type`, `status` (true/false/unknown), `reason`
+    are. Conditions are mappings with `type`, `status` (True/False/Unknown), `reason`
     and an optional `message`; storage stamps `observedGeneration` (the generation the
     pass read) and `lastTransitionTime` (kept while a type's status stays the same).
     An `error` pass writes no status or conditions.
@@ -546,7 +546,7 @@ def _stamp_conditions(
         if not isinstance(kind, str) or not 1 <= len(kind) <= 200 or kind in seen:
             raise ResourceLimitError("each condition needs a distinct type of 1 to 200 characters")
         if status not in CONDITION_STATUSES:
-            raise ResourceLimitError("a condition's status is true, false or unknown")
+            raise ResourceLimitError("a condition's status is True, False or Unknown")
         if not isinstance(reason, str) or not 1 <= len(reason) <= 200:
             raise ResourceLimitError("each condition needs a reason of 1 to 200 characters")
         if message is not None and not isinstance(message, str):
@@ -943,7 +943,7 @@ def recover_resource_claims(tx: Tx, *, every: bool = False) -> list[str]:
 # --- the pass commit ------------------------------------------------------------------------
 
 
-def _check_result(result: ReconcileResult) -> None:
+def _check_result(result: PassResult) -> None:
     if result.outcome not in _OUTCOMES:
         raise ResourceLimitError(f"unknown pass outcome {result.outcome!r}")
     if result.outcome == "requeueAfter" and (
@@ -960,7 +960,7 @@ def _check_result(result: ReconcileResult) -> None:
 
 
 def commit_reconcile(
-    tx: Tx, claim: ResourceClaim, result: ReconcileResult, *, jitter: float
+    tx: Tx, claim: ResourceClaim, result: PassResult, *, jitter: float
 ) -> ReconcileCommit:
     """Commit one pass's result, checked against its claim and the version it read.
 
@@ -1061,9 +1061,7 @@ def commit_reconcile(
     return ReconcileCommit(uid, version, removed=False, available_at=available_at, retries=retries)
 
 
-def _deliver(
-    tx: Tx, held: _ClaimRow, result: ReconcileResult, jitter: float
-) -> tuple[int | None, int]:
+def _deliver(tx: Tx, held: _ClaimRow, result: PassResult, jitter: float) -> tuple[int | None, int]:
     """Write the queue row a pass's outcome asks for; returns (available_at, retries)."""
     now, uid = tx.now, held.uid
     queue = get_resource_queue_row(tx, uid)

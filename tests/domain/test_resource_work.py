@@ -34,7 +34,7 @@ from pi_workflows.storage import (
     ClaimLostError,
     Database,
     ManualClock,
-    ReconcileResult,
+    PassResult,
     ResourceEffectDecision,
     ResourceNotFoundError,
     ResourceVersionConflictError,
@@ -99,10 +99,10 @@ def test_a_pass_through_the_units_settles_and_shows_in_the_views(
         ),
     )
     clock.advance(40)
-    result = ReconcileResult(
+    result = PassResult(
         "settled",
         status={"summaries": 1},
-        conditions=[{"type": "Ready", "status": "false", "reason": "ChildRunning"}],
+        conditions=[{"type": "Ready", "status": "False", "reason": "ChildRunning"}],
     )
     perform(db, CommitReconcile(claim=claimed.claim, result=result))
 
@@ -160,10 +160,10 @@ def test_the_units_refuse_a_stale_pass_a_lost_claim_and_another_input(
         )
     _apply(db, {"dir": "docs", "depth": 2})
     with pytest.raises(ResourceVersionConflictError):
-        perform(db, CommitReconcile(claim=claimed.claim, result=ReconcileResult("settled")))
+        perform(db, CommitReconcile(claim=claimed.claim, result=PassResult("settled")))
     perform(db, ReleaseReconcileClaim(claim=claimed.claim))
     with pytest.raises(ClaimLostError):
-        perform(db, CommitReconcile(claim=claimed.claim, result=ReconcileResult("settled")))
+        perform(db, CommitReconcile(claim=claimed.claim, result=PassResult("settled")))
     again = _claim(db)
     assert again.claim.resource_generation == 2
 
@@ -181,7 +181,7 @@ def test_recovery_returns_an_abandoned_pass_and_deletion_waits_for_its_finalizer
     assert cleanup.resource.deletion_requested_at is not None
     done = perform(
         db,
-        CommitReconcile(claim=cleanup.claim, result=ReconcileResult("settled", finalizers=())),
+        CommitReconcile(claim=cleanup.claim, result=PassResult("settled", finalizers=())),
     )
     assert done.removed
     with pytest.raises(ResourceNotFoundError):
@@ -197,7 +197,7 @@ def test_an_error_pass_backs_off_and_a_hint_wakes_it(db: Database, clock: Manual
         db,
         CommitReconcile(
             claim=claimed.claim,
-            result=ReconcileResult("error", error_class="OSError"),
+            result=PassResult("error", error_class="OSError"),
             jitter=0.0,
         ),
     )

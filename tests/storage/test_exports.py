@@ -133,7 +133,7 @@ PINNED = {
     "MAX_RESOURCE_EVENT_BYTES", "MAX_RESOURCE_JSON_BYTES", "RESOURCE_OWNER",
     "ChildRunConflictError", "ChildRunRecord", "ChildRunReservation", "ClaimedReconcile",
     "DeleteOutcome", "ParentResource", "PassOutcome", "PassRecord", "ReconcileCommit",
-    "ReconcileResult", "ResourceApplied", "ResourceClaim", "ResourceDeletingError",
+    "PassResult", "ResourceApplied", "ResourceClaim", "ResourceDeletingError",
     "ResourceEffectRow", "ResourceEventRow", "ResourceLimitError", "ResourceNotFoundError",
     "ResourceQueueRow", "ResourceRecord", "ResourceSummary", "ResourceVersionConflictError",
     "ScheduledReconcile", "apply_resource", "claim_next_resource", "commit_reconcile",

@@ -14,7 +14,7 @@ from pi_workflows.storage import (
     Database,
     EffectConflictError,
     ManualClock,
-    ReconcileResult,
+    PassResult,
     ResourceEffect,
     ResourceEffectDecision,
     apply_resource,
@@ -74,7 +74,7 @@ def test_an_effect_is_recorded_before_apply_and_adopted_after_it_settles(
         settle_resource_effect(
             tx, first.claim, key="merge", outcome="applied", result={"merged": True}
         )
-        commit_reconcile(tx, first.claim, ReconcileResult("requeue"), jitter=0.0)
+        commit_reconcile(tx, first.claim, PassResult("requeue"), jitter=0.0)
     later = _reserve(db, _pass(db))
     assert later.decision is ResourceEffectDecision.ADOPT
     assert (later.state, later.result, later.attempt) == ("applied", {"merged": True}, 1)

@@ -22,7 +22,7 @@ from pi_workflows.storage import (
     ClaimLostReason,
     Database,
     ManualClock,
-    ReconcileResult,
+    PassResult,
     ResourceApplied,
     ResourceDeletingError,
     ResourceLimitError,
@@ -96,7 +96,7 @@ def _claim(db: Database, owner: str = "server-1") -> ClaimedReconcile | None:
         return claim_next_resource(tx, owner_id=owner)
 
 
-def _commit(db: Database, claimed: ClaimedReconcile, result: ReconcileResult) -> Any:
+def _commit(db: Database, claimed: ClaimedReconcile, result: PassResult) -> Any:
     with db.write() as tx:
         return commit_reconcile(tx, claimed.claim, result, jitter=0.5)
 
@@ -105,7 +105,7 @@ def _snapshot(db: Database) -> dict[str, list[tuple[Any, ...]]]:
     return {t: db.connection.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in TABLES}
 
 
-READY = [{"type": "Ready", "status": "true", "reason": "Done"}]
+READY = [{"type": "Ready", "status": "True", "reason": "Done"}]
 
 
 def test_apply_creates_then_a_spec_change_raises_the_generation_and_the_same_spec_is_a_no_op(
@@ -214,7 +214,7 @@ def test_an_expired_claim_returns_the_key_and_fences_the_old_holder(
     assert fresh.claim.generation == stale.claim.generation + 1
     before = _snapshot(db)
     with pytest.raises(ClaimLostError) as lost:
-        _commit(db, stale, ReconcileResult("settled", status={"phase": "stale"}))
+        _commit(db, stale, PassResult("settled", status={"phase": "stale"}))
     assert lost.value.reason is ClaimLostReason.GENERATION_CHANGED
     assert _snapshot(db) == before
 
@@ -243,7 +243,7 @@ def test_settled_writes_status_and_conditions_for_the_read_generation_and_dequeu
     claimed = _claim(db)
     assert claimed is not None
     clock.advance(250)
-    done = _commit(db, claimed, ReconcileResult("settled", status={"ok": 1}, conditions=READY))
+    done = _commit(db, claimed, PassResult("settled", status={"ok": 1}, conditions=READY))
     assert (done.resource_version, done.available_at, done.removed) == (2, None, False)
     resource = get_resource_by_uid(db, uid)
     assert resource is not None
@@ -251,7 +251,7 @@ def test_settled_writes_status_and_conditions_for_the_read_generation_and_dequeu
     assert resource.conditions == (
         {
             "type": "Ready",
-            "status": "true",
+            "status": "True",
             "reason": "Done",
             "observedGeneration": 1,
             "lastTransitionTime": clock.now_ms(),
@@ -275,7 +275,7 @@ def test_a_wake_up_during_a_pass_keeps_the_key_queued_after_it_settles(db: Datab
     assert claimed is not None
     with db.write() as tx:
         enqueue_resource(tx, uid, reason="childFinished")
-    _commit(db, claimed, ReconcileResult("settled"))
+    _commit(db, claimed, PassResult("settled"))
     row = get_resource_queue_row(db, uid)
     assert row is not None and row.reason == "childFinished"
 
@@ -287,14 +287,14 @@ def test_a_pass_on_an_old_generation_is_refused_and_changes_nothing(db: Database
     _apply(db, {"n": 2})  # a spec change while the pass runs
     before = _snapshot(db)
     with pytest.raises(ResourceVersionConflictError) as stale:
-        _commit(db, old_pass, ReconcileResult("settled", conditions=READY))
+        _commit(db, old_pass, PassResult("settled", conditions=READY))
     assert (stale.value.expected, stale.value.actual) == (1, 2)
     assert _snapshot(db) == before
     with db.write() as tx:
         release_resource_claim(tx, old_pass.claim)
     new_pass = _claim(db)
     assert new_pass is not None and new_pass.claim.resource_generation == 2
-    _commit(db, new_pass, ReconcileResult("settled", conditions=READY))
+    _commit(db, new_pass, PassResult("settled", conditions=READY))
     resource = get_resource_by_uid(db, uid)
     assert resource is not None and resource.observed_generation == 2
     assert resource.conditions[0]["observedGeneration"] == 2
@@ -308,7 +308,7 @@ def test_failed_passes_back_off_with_growing_capped_delays(
     for _ in range(14):
         claimed = _claim(db)
         assert claimed is not None
-        outcome = _commit(db, claimed, ReconcileResult("error", error_class="RuntimeError"))
+        outcome = _commit(db, claimed, PassResult("error", error_class="RuntimeError"))
         delays.append(outcome.available_at - clock.now_ms())
         clock.advance(outcome.available_at - clock.now_ms())
     assert delays == sorted(delays) and delays[0] < delays[-1]
@@ -317,7 +317,7 @@ def test_failed_passes_back_off_with_growing_capped_delays(
     assert row is not None and row.retries == 14
     claimed = _claim(db)
     assert claimed is not None and claimed.retries == 14
-    _commit(db, claimed, ReconcileResult("requeue"))
+    _commit(db, claimed, PassResult("requeue"))
     row = get_resource_queue_row(db, uid)
     assert row is not None and row.retries == 0 and row.available_at == clock.now_ms()
 
@@ -339,7 +339,7 @@ def test_requeue_after_sets_the_next_time(db: Database, clock: ManualClock) -> N
     uid = _apply(db, {"n": 1}).resource.uid
     claimed = _claim(db)
     assert claimed is not None
-    _commit(db, claimed, ReconcileResult("requeueAfter", requeue_after_ms=90_000))
+    _commit(db, claimed, PassResult("requeueAfter", requeue_after_ms=90_000))
     row = get_resource_queue_row(db, uid)
     assert row is not None and row.available_at == clock.now_ms() + 90_000
     assert _claim(db) is None
@@ -371,7 +371,7 @@ def test_a_child_run_reservation_is_idempotent_and_refuses_another_input(
     with pytest.raises(ChildRunConflictError):
         reserve("sha256:b")
     assert _snapshot(db) == before
-    _commit(db, claimed, ReconcileResult("requeue"))
+    _commit(db, claimed, PassResult("requeue"))
     with pytest.raises(ClaimLostError):  # the pass is over: its claim is gone
         reserve("sha256:a")
     next_pass = _claim(db)
@@ -387,7 +387,7 @@ def test_deletion_honours_finalizers_and_removal_waits_for_the_cleanup_pass(
     uid = _apply(db, {"n": 1}, finalizers=("worktree",)).resource.uid
     claimed = _claim(db)
     assert claimed is not None
-    _commit(db, claimed, ReconcileResult("settled"))
+    _commit(db, claimed, PassResult("settled"))
     with db.write() as tx:
         marked = request_resource_deletion(tx, uid)
     assert not marked.removed
@@ -397,7 +397,7 @@ def test_deletion_honours_finalizers_and_removal_waits_for_the_cleanup_pass(
         _apply(db, {"n": 2})
     cleanup = _claim(db)
     assert cleanup is not None and cleanup.resource.deletion_requested_at is not None
-    done = _commit(db, cleanup, ReconcileResult("settled", finalizers=()))
+    done = _commit(db, cleanup, PassResult("settled", finalizers=()))
     assert done.removed
     assert get_resource(db, "m", "/p", "k1") is None
     assert all(rows == [] for rows in _snapshot(db).values())
@@ -417,7 +417,7 @@ def test_history_keeps_the_newest_records(db: Database, clock: ManualClock) -> N
         claimed = _claim(db)
         assert claimed is not None
         ids.append(claimed.claim.reconcile_id)
-        _commit(db, claimed, ReconcileResult("requeue", requeue_reason="more"))
+        _commit(db, claimed, PassResult("requeue", requeue_reason="more"))
         clock.advance(1)
     history = list_reconcile_history(db, uid, limit=1000)
     assert [h.reconcile_id for h in history] == list(reversed(ids[-HISTORY_KEPT:]))
