@@ -355,7 +355,9 @@ class PassResult:
     are. Conditions are mappings with `type`, `status` (True/False/Unknown), `reason`
     and an optional `message`; storage stamps `observedGeneration` (the generation the
     pass read) and `lastTransitionTime` (kept while a type's status stays the same).
-    An `error` pass writes no status or conditions.
+    An `error` pass writes no status or conditions. The server builds it from the
+    runner's proposal (`pi_workflows.resource_managers.ReconcileResult`, conditions as
+    their `to_wire()`), or as `error` when the pass raised.
     """
 
     outcome: PassOutcome
