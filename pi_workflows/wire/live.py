@@ -218,6 +218,12 @@ class LiveViews:
                 self._client.autostart = False
                 self._client.request("view.unsubscribe", {"subscriptionId": held.subscription_id})
 
+    @property
+    def lost_since(self) -> float | None:
+        """When the connection was lost (`time.monotonic()`), None while it is not: a
+        display marks what it shows as reconnecting, never current, until then."""
+        return self._lost_at
+
     def view(self, key: ViewKey) -> Any:
         """The last view held for `key`, or None."""
         held = self._held.get(key)
