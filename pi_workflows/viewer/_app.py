@@ -110,8 +110,8 @@ class PiwApp(App[int]):
     #connection { height: 1; background: $primary-background; padding: 0 1; }
     #main { height: 1fr; }
     #center { width: 1fr; }
-    #graph { height: 1fr; border-bottom: solid $primary; }
-    #inspector { height: 1fr; }
+    #graph { height: 3fr; border-bottom: solid $primary; }
+    #inspector { height: 2fr; }
     .hidden { display: none; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
