@@ -8,6 +8,7 @@ bound; `close` kills the command and the tmux server by PID.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import time
@@ -38,6 +39,11 @@ class TmuxPane:
     lines: int = 40
     tmux: str = field(default_factory=tmux_binary)
     processes: list[psutil.Process] = field(default_factory=list)
+    environment: dict[str, str] = field(
+        default_factory=lambda: {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+    )
+    """The tmux server's own environment, built from scratch: the caller's may hold
+    `COLUMNS`/`LINES` (pytest's), which would pin the pane's program to that size."""
 
     @property
     def socket(self) -> Path:
@@ -51,6 +57,7 @@ class TmuxPane:
             text=True,
             timeout=30,
             check=False,
+            env=self.environment,
         )
         if check and done.returncode != 0:
             raise AssertionError(f"tmux {args[0]} failed: {done.stderr.strip()}")
