@@ -1421,7 +1421,8 @@ def _announce(url: str) -> None:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
 # `run watch` (_run_watch), `state prune` (_state_prune), `state backup`
 # (_state_backup), `decision list|answer` (_decision), `channel` (_channel), `run
-# recover` and `channel recover` (_recover), `completion`; then every
+# recover` and `channel recover` (_recover), `resource-manager` (_resource_manager),
+# `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _channel,
@@ -1429,6 +1430,7 @@ from pi_workflows.cli import (  # noqa: E402, F401
     _decision,
     _pi_extension,
     _recover,
+    _resource_manager,
     _run_list,
     _run_show,
     _run_watch,
