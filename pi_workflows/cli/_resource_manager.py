@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
+from click.types import StringParamType
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pi_workflows.cli._completion import _state_dir as _completion_state_dir
 from pi_workflows.cli._main import (
     EXIT_USAGE,
     _client,
@@ -30,9 +33,33 @@ from pi_workflows.cli._main import (
     json_option,
     main,
 )
+from pi_workflows.engine import discover_managers
 from pi_workflows.wire.client import RequestFailedError
 
-__all__ = ["get_lines", "resource_manager"]
+__all__ = ["ManagerNameType", "get_lines", "resource_manager"]
+
+
+class ManagerNameType(StringParamType):
+    """A manager name: any string; completes from discovery (files listed, never
+    imported; no server needed)."""
+
+    name = "manager"
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        try:
+            project = ctx.params.get("project")
+            root = Path(project) if project else Path.cwd()
+            found = discover_managers(root.resolve(), _completion_state_dir(ctx).parent)
+        except Exception:  # noqa: BLE001  (completion completes nothing rather than fail)
+            return []
+        return [
+            CompletionItem(name, help=source.origin)
+            for name, source in found.items()
+            if name.startswith(incomplete)
+        ]
+
 
 _project_option = click.option(
     "--project",
@@ -243,7 +270,7 @@ def _show_rich(view: dict[str, Any]) -> None:
 
 
 @resource_manager.command("get")
-@click.argument("manager")
+@click.argument("manager", type=ManagerNameType())
 @click.argument("key")
 @_project_option
 @json_option
@@ -268,7 +295,7 @@ def rm_get(ctx: click.Context, manager: str, key: str, project: Path | None, as_
 
 
 @resource_manager.command("apply")
-@click.argument("manager")
+@click.argument("manager", type=ManagerNameType())
 @click.argument("key")
 @click.option("--spec-json", required=True, help="The resource's spec as JSON.")
 @_project_option
@@ -318,7 +345,7 @@ def rm_apply(
 
 
 @resource_manager.command("reconcile")
-@click.argument("manager")
+@click.argument("manager", type=ManagerNameType())
 @click.argument("key")
 @_project_option
 @json_option
@@ -339,7 +366,7 @@ def rm_reconcile(
 
 
 @resource_manager.command("delete")
-@click.argument("manager")
+@click.argument("manager", type=ManagerNameType())
 @click.argument("key")
 @_project_option
 @json_option
