@@ -209,6 +209,12 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "verification, or the run kept changing between pages",
     ("channel reload", EXIT_FAILED): "the server refused the request, or refused "
     "channels.json (readable by others, or not valid): no profile is served",
+    ("resource-manager apply", EXIT_FAILED): "the server refused: no such manager, a "
+    "manager that does not load, an invalid spec, or a conflict (its file changed since it "
+    "was resolved: apply again; an idempotency key reused with another spec)",
+    ("resource-manager get", EXIT_FAILED): "no such resource, or the server refused",
+    ("resource-manager reconcile", EXIT_FAILED): "no such resource, or the server refused",
+    ("resource-manager delete", EXIT_FAILED): "no such resource, or the server refused",
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", 0): "the viewer was quit",

@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 from click.shell_completion import CompletionItem
@@ -33,10 +33,17 @@ from pi_workflows.cli._main import (
     json_option,
     main,
 )
-from pi_workflows.engine import discover_managers
+from pi_workflows.engine import MAX_SPEC_BYTES, discover_managers
+from pi_workflows.wire.canonical import CanonicalJSONError, dumps
 from pi_workflows.wire.client import RequestFailedError
+from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
-__all__ = ["ManagerNameType", "get_lines", "resource_manager"]
+__all__ = ["SPEC_SEND_LIMIT", "ManagerNameType", "get_lines", "resource_manager"]
+
+ENVELOPE_ROOM = 8192
+"""Bytes of one request frame kept for the envelope, the manager, key and project."""
+SPEC_SEND_LIMIT = min(MAX_SPEC_BYTES, MAX_FRAME_BYTES - ENVELOPE_ROOM)
+"""The largest spec `apply` sends: a spec is at most 1 MiB, and it travels in one frame."""
 
 
 class ManagerNameType(StringParamType):
@@ -294,10 +301,39 @@ def rm_get(ctx: click.Context, manager: str, key: str, project: Path | None, as_
 # --- commands --------------------------------------------------------------------------
 
 
+def _read_spec(spec_json: str | None, spec_file: BinaryIO | None) -> Any:
+    """The spec from --spec-json or --spec-file, checked for size before it is sent."""
+    if (spec_json is None) == (spec_file is None):
+        _fail("give the spec with exactly one of --spec-json and --spec-file", EXIT_USAGE)
+    text = spec_json if spec_file is None else spec_file.read(SPEC_SEND_LIMIT * 2 + 1)
+    try:
+        spec = json.loads(text or "")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        _fail("the spec is not valid JSON; pass a value such as '{\"pr\": 42}'", EXIT_USAGE)
+    try:
+        size = len(dumps(spec))
+    except CanonicalJSONError as exc:
+        _fail(f"the spec is not plain JSON: {exc}", EXIT_USAGE)
+    if size > SPEC_SEND_LIMIT:
+        _fail(
+            f"the spec is {size} bytes of JSON; apply sends at most {SPEC_SEND_LIMIT} bytes "
+            f"(a spec is at most {MAX_SPEC_BYTES})",
+            EXIT_USAGE,
+        )
+    return spec
+
+
 @resource_manager.command("apply")
 @click.argument("manager", type=ManagerNameType())
 @click.argument("key")
-@click.option("--spec-json", required=True, help="The resource's spec as JSON.")
+@click.option("--spec-json", default=None, help="The resource's spec as JSON.")
+@click.option(
+    "--spec-file",
+    type=click.File("rb"),
+    default=None,
+    help="Read the spec's JSON from this file instead ('-': standard input); for a spec "
+    "too long for one command-line argument.",
+)
 @_project_option
 @json_option
 @click.pass_context
@@ -307,7 +343,8 @@ def rm_apply(
     *,
     manager: str,
     key: str,
-    spec_json: str,
+    spec_json: str | None,
+    spec_file: BinaryIO | None,
     project: Path | None,
     as_json: bool,
 ) -> None:
@@ -316,14 +353,12 @@ def rm_apply(
     The server loads the manager in a resolver child (its spec_schema and
     initial_status), then checks the file is still the one discovery finds. The same
     spec again changes nothing; another spec raises the generation. Prints
-    `MANAGER/KEY generation N` (--json: the receipt).
+    `MANAGER/KEY generation N` (--json: the receipt). Give the spec with --spec-json
+    or --spec-file.
 
     Example: pi-workflows resource-manager apply review-pr pr-42 --spec-json '{"pr": 42}'
     """
-    try:
-        spec = json.loads(spec_json)
-    except json.JSONDecodeError:
-        _fail("--spec-json is not valid JSON; pass a value such as '{\"pr\": 42}'", EXIT_USAGE)
+    spec = _read_spec(spec_json, spec_file)
     payload = {**_payload(manager, key, project), "spec": spec}
     receipt = _call(ctx, "resourceManager.apply", payload)
     if as_json:

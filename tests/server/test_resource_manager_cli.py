@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
-from pi_workflows.domain import OperationContext
+from pi_workflows.domain import OperationContext, OperationError, apply_spec, resource_ref
 from pi_workflows.domain._resource_ops import apply_resource_manager
-from pi_workflows.engine import apply_answer
+from pi_workflows.engine import MAX_SPEC_BYTES, apply_answer
 from pi_workflows.storage import Database, get_resource
 from pi_workflows.wire.protocol import CLIENT_SCHEMA
 from tests.conftest import Processes
@@ -144,7 +144,24 @@ def test_refusals_name_the_rule_and_the_names_that_exist(
     assert "available: review" in unknown.stderr
 
     not_json = cli(processes, server, rm_project, "apply", "review", "k", "--spec-json", "{")
-    assert not_json.returncode == 2 and "--spec-json is not valid JSON" in not_json.stderr
+    assert not_json.returncode == 2 and "the spec is not valid JSON" in not_json.stderr
+    neither = cli(processes, server, rm_project, "apply", "review", "k")
+    assert (
+        neither.returncode == 2 and "exactly one of --spec-json and --spec-file" in neither.stderr
+    )
+
+    # A spec over the limit is refused before it is sent, by its size and the rule.
+    big = rm_project / "big.json"
+    big.write_text(json.dumps({"pr": 1, "pad": "x" * (1100 * 1024)}))
+    too_big = cli(processes, server, rm_project, "apply", "review", "k", "--spec-file", str(big))
+    assert too_big.returncode == 2
+    assert "bytes of JSON; apply sends at most" in too_big.stderr and "xxx" not in too_big.stderr
+    small = rm_project / "small.json"
+    small.write_text('{"pr": 7}')
+    from_file = cli(
+        processes, server, rm_project, "apply", "review", "f", "--spec-file", str(small)
+    )
+    assert from_file.returncode == 0, from_file.stderr
 
     missing = cli(processes, server, rm_project, "get", "review", "absent")
     assert missing.returncode == 1
@@ -203,8 +220,8 @@ def test_a_retried_apply_adopts_its_receipt(client: WorkflowClient, rm_project: 
 
 
 def test_bad_requests_get_one_clear_error(client: WorkflowClient, rm_project: Path) -> None:
-    base = {"manager": "review", "key": "k", "projectPath": str(rm_project)}
-    cases = [
+    base: dict[str, Any] = {"manager": "review", "key": "k", "projectPath": str(rm_project)}
+    cases: list[tuple[dict[str, Any], str]] = [
         ({**base, "manager": "../x", "spec": {}}, "managerInvalid"),
         ({**base, "key": "", "spec": {}}, "keyInvalid"),
         ({**base, "projectPath": "relative", "spec": {}}, "projectPathInvalid"),
@@ -216,6 +233,18 @@ def test_bad_requests_get_one_clear_error(client: WorkflowClient, rm_project: Pa
         assert answer["error"]["code"] == code
         assert str(rm_project) not in answer["error"]["message"]
     assert client.call("server.status")["outcome"] == "accepted"
+
+
+def test_the_server_refuses_a_spec_over_one_mebibyte_by_its_size() -> None:
+    ctx = OperationContext(epoch=1, owner_id="test", agent_dir=Path("/nowhere"))
+    payload = {"manager": "m", "key": "k", "spec": "x" * (MAX_SPEC_BYTES + 1)}
+    request = _request("resourceManager.apply", payload)
+    assert resource_ref(request, ctx).project_path == "/nowhere"
+    with pytest.raises(OperationError) as caught:
+        apply_spec(request)
+    assert caught.value.code == "specTooLarge"
+    assert str(caught.value).endswith(f"a spec is at most {MAX_SPEC_BYTES} bytes")
+    assert "xxx" not in str(caught.value)
 
 
 def _request(operation: str, payload: dict[str, Any]) -> Any:
