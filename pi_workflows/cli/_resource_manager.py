@@ -38,7 +38,7 @@ from pi_workflows.wire.canonical import CanonicalJSONError, dumps
 from pi_workflows.wire.client import RequestFailedError
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
-__all__ = ["SPEC_SEND_LIMIT", "ManagerNameType", "get_lines", "resource_manager"]
+__all__ = ["SPEC_SEND_LIMIT", "ManagerNameType", "get_lines", "resource_manager", "show_rich"]
 
 ENVELOPE_ROOM = 8192
 """Bytes of one request frame kept for the envelope, the manager, key and project."""
@@ -254,8 +254,9 @@ def get_lines(view: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _show_rich(view: dict[str, Any]) -> None:
-    console = Console()
+def show_rich(view: dict[str, Any], console: Console | None = None) -> None:
+    """The terminal form of `get`: a summary and one table per non-empty section."""
+    console = console or Console()
     resource = view["resource"]
     console.print(Text(f"resource {resource['manager']}/{resource['key']}", style="bold"))
     summary = Table(show_header=False, box=None, pad_edge=False)
@@ -292,7 +293,7 @@ def rm_get(ctx: click.Context, manager: str, key: str, project: Path | None, as_
     if as_json:
         _print_json(view)
     elif sys.stdout.isatty():
-        _show_rich(view)
+        show_rich(view)
     else:
         for line in get_lines(view):
             click.echo(line)

@@ -10,13 +10,16 @@ its receipt; and the server's own source check refuses a file changed after reso
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from pi_workflows import WorkflowClient, WorkflowServer
+from pi_workflows.cli._resource_manager import show_rich
 from pi_workflows.domain import OperationContext, OperationError, apply_spec, resource_ref
 from pi_workflows.domain._resource_ops import apply_resource_manager
 from pi_workflows.engine import MAX_SPEC_BYTES, apply_answer
@@ -217,6 +220,32 @@ def test_a_retried_apply_adopts_its_receipt(client: WorkflowClient, rm_project: 
     twice = client.request("resourceManager.reconcile", reconcile, idempotency_key="wake-1")
     assert (once["outcome"], twice["outcome"]) == ("accepted", "adopted")
     assert twice["receipt"] == once["receipt"]
+
+
+def test_get_renders_with_rich_and_manager_code_runs_only_in_children(
+    client: WorkflowClient, rm_project: Path
+) -> None:
+    """The terminal form of `get` renders every section; and the manager file, which
+    records the PID of every process that imports it, was never imported by the server
+    (this process hosts the embedded server): only by its resolver child."""
+    marks = rm_project / "imported-by"
+    path = rm_project / ".pi" / "resource-managers" / "review.resource_manager.py"
+    path.write_text(
+        f"import os\nwith open({str(marks)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n"
+        + manager_source("review")
+    )
+    payload = {"manager": "review", "key": "k", "projectPath": str(rm_project), "spec": {"pr": 5}}
+    assert client.call("resourceManager.apply", payload)["receipt"]["generation"] == 1
+    importers = {int(line) for line in marks.read_text().split()}
+    assert importers and os.getpid() not in importers
+
+    del payload["spec"]
+    view = client.call("resourceManager.get", payload)["receipt"]
+    console = Console(record=True, width=120, force_terminal=False)
+    show_rich(view, console)
+    text = console.export_text()
+    assert "resource review/k" in text
+    assert "generation" in text and "conditions: none" in text
 
 
 def test_bad_requests_get_one_clear_error(client: WorkflowClient, rm_project: Path) -> None:
