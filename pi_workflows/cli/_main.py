@@ -209,6 +209,12 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     "verification, or the run kept changing between pages",
     ("channel reload", EXIT_FAILED): "the server refused the request, or refused "
     "channels.json (readable by others, or not valid): no profile is served",
+    ("resource-manager apply", EXIT_FAILED): "the server refused: no such manager, a "
+    "manager that does not load, an invalid spec, or a conflict (its file changed since it "
+    "was resolved: apply again; an idempotency key reused with another spec)",
+    ("resource-manager get", EXIT_FAILED): "no such resource, or the server refused",
+    ("resource-manager reconcile", EXIT_FAILED): "no such resource, or the server refused",
+    ("resource-manager delete", EXIT_FAILED): "no such resource, or the server refused",
     ("state verify", 0): "consistent",
     ("state verify", EXIT_STATE): "inconsistencies were found",
     ("piw", 0): "the viewer was quit",
@@ -1421,7 +1427,8 @@ def _announce(url: str) -> None:
 # `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
 # `run watch` (_run_watch), `state prune` (_state_prune), `state backup`
 # (_state_backup), `decision list|answer` (_decision), `channel` (_channel), `run
-# recover` and `channel recover` (_recover), `completion`; then every
+# recover` and `channel recover` (_recover), `resource-manager` (_resource_manager),
+# `completion`; then every
 # run-ID and workflow-name parameter gets its shell completion (_completion).
 from pi_workflows.cli import (  # noqa: E402, F401
     _channel,
@@ -1429,6 +1436,7 @@ from pi_workflows.cli import (  # noqa: E402, F401
     _decision,
     _pi_extension,
     _recover,
+    _resource_manager,
     _run_list,
     _run_show,
     _run_watch,

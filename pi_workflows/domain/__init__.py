@@ -63,6 +63,13 @@ from pi_workflows.domain._operations import (
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
 from pi_workflows.domain._recovery import RecoveryReport, recover_at_startup
+from pi_workflows.domain._resource_ops import (
+    RESOURCE_MANAGER_COMMANDS,
+    RESOURCE_MANAGER_READS,
+    ResourceRef,
+    apply_spec,
+    resource_ref,
+)
 from pi_workflows.domain._retention import (
     RETENTION_DAYS_ENV,
     YIELDED,
@@ -115,6 +122,7 @@ from pi_workflows.domain._units import (
     AnswerFromChannel,
     AnswerFromSession,
     ApplyResource,
+    ApplyResourceManager,
     ApplyRunnerMessage,
     Barrier,
     CheckpointSweepWal,
@@ -156,6 +164,8 @@ from pi_workflows.domain._units import (
     ReserveChannelWork,
     ReserveChildRun,
     ReserveResourceEffect,
+    ResourceManagerCommand,
+    ResourceManagerRead,
     ResourceView,
     RestartRun,
     ResumeHeadless,
@@ -186,6 +196,8 @@ __all__ = [
     "FENCING_COMMANDS",
     "LAUNCH_IN_FLIGHT",
     "READS",
+    "RESOURCE_MANAGER_COMMANDS",
+    "RESOURCE_MANAGER_READS",
     "RETENTION_DAYS_ENV",
     "RUNNER_COMMANDS",
     "SNAPSHOT_READS",
@@ -199,6 +211,7 @@ __all__ = [
     "AnswerFromSession",
     "AnswerOutcome",
     "ApplyResource",
+    "ApplyResourceManager",
     "ApplyRunnerMessage",
     "BackupOutcome",
     "BackupQuery",
@@ -259,6 +272,9 @@ __all__ = [
     "ReserveChannelWork",
     "ReserveChildRun",
     "ReserveResourceEffect",
+    "ResourceManagerCommand",
+    "ResourceManagerRead",
+    "ResourceRef",
     "ResourceView",
     "RestartLookup",
     "RestartRun",
@@ -297,6 +313,7 @@ __all__ = [
     "answer_from_channel",
     "answer_from_session",
     "apply_message",
+    "apply_spec",
     "as_adopted",
     "back_up",
     "backup_receipt",
@@ -340,6 +357,7 @@ __all__ = [
     "report_branch",
     "report_turn",
     "reserve_work",
+    "resource_ref",
     "response",
     "retake_server_claims",
     "retention_days_from_env",

@@ -49,6 +49,11 @@ from pi_workflows.domain._operations import (
     start_run,
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
+from pi_workflows.domain._resource_ops import (
+    apply_resource_manager,
+    resource_manager_command,
+    resource_manager_read,
+)
 from pi_workflows.domain._resource_work import (
     RECENT_PASSES,
     apply_resource_spec,
@@ -119,6 +124,7 @@ __all__ = [
     "AnswerFromChannel",
     "AnswerFromSession",
     "ApplyResource",
+    "ApplyResourceManager",
     "ApplyRunnerMessage",
     "Barrier",
     "CheckpointSweepWal",
@@ -159,6 +165,8 @@ __all__ = [
     "ReserveChannelWork",
     "ReserveChildRun",
     "ReserveResourceEffect",
+    "ResourceManagerCommand",
+    "ResourceManagerRead",
     "ResourceView",
     "RestartRun",
     "ResumeHeadless",
@@ -700,6 +708,44 @@ class CountChannelWork:
 
 
 # --- resource managers -------------------------------------------------------------------
+
+
+@_runs(resource_manager_read)
+@dataclass(frozen=True, slots=True)
+class ResourceManagerRead:
+    """`resourceManager.list` or `resourceManager.get` (the reader actor)."""
+
+    request: RequestMessage
+    ctx: OperationContext
+
+    @property
+    def label(self) -> str:
+        return str(self.request["operation"])
+
+
+@_runs(resource_manager_command)
+@dataclass(frozen=True, slots=True)
+class ResourceManagerCommand:
+    """`resourceManager.reconcile` or `resourceManager.delete`, with its receipt."""
+
+    request: RequestMessage
+    ctx: OperationContext
+
+    @property
+    def label(self) -> str:
+        return str(self.request["operation"])
+
+
+@_runs(apply_resource_manager)
+@dataclass(frozen=True, slots=True)
+class ApplyResourceManager:
+    """`resourceManager.apply` once the resolver child answered: the source check, the
+    resource's new spec and the receipt, in one transaction."""
+
+    label: ClassVar[str] = "resourceManager.apply"
+    request: RequestMessage
+    ctx: OperationContext
+    resolved: Mapping[str, Any]
 
 
 @_runs(apply_resource_spec)

@@ -27,6 +27,7 @@ from pi_workflows.engine._errors import (
     WorkflowNotFoundError,
 )
 from pi_workflows.engine._loader import load_workflow
+from pi_workflows.engine._resource_manager_source import apply_answer
 from pi_workflows.supervision import set_process_name
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
 
@@ -58,6 +59,8 @@ MAX_REUSE_MODULE_BYTES = 4 * 1024 * 1024
 not offered for reuse: checking them all on every `run.start` would cost too much."""
 
 _REQUEST_KEYS = frozenset({"workflow", "projectPath", "agentDir", "input"})
+_APPLY_KEYS = frozenset({"resourceManager", "projectPath", "agentDir", "spec"})
+"""A `resourceManager.apply` request names a manager and a spec instead of a workflow."""
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -81,18 +84,20 @@ def parse_request(line: bytes) -> dict[str, Any]:
         raise RequestError(f"the request is not one canonical JSON line: {exc}") from None
     if not isinstance(request, dict):
         raise RequestError("the request must be a JSON object")
-    extra = set(request) - _REQUEST_KEYS
+    apply = "resourceManager" in request
+    extra = set(request) - (_APPLY_KEYS if apply else _REQUEST_KEYS)
     if extra:
         raise RequestError(f"unknown request keys {sorted(extra)}")
-    if not isinstance(request.get("workflow"), str) or not request["workflow"]:
-        raise RequestError("'workflow' must be a non-empty string")
+    subject = "resourceManager" if apply else "workflow"
+    if not isinstance(request.get(subject), str) or not request[subject]:
+        raise RequestError(f"'{subject}' must be a non-empty string")
     project = request.get("projectPath")
     if project is not None and (not isinstance(project, str) or not Path(project).is_absolute()):
         raise RequestError("'projectPath' must be an absolute path or null")
     agent = request.get("agentDir")
     if not isinstance(agent, str) or not Path(agent).is_absolute():
         raise RequestError("'agentDir' must be an absolute path")
-    request.setdefault("input", None)
+    request.setdefault("spec" if apply else "input", None)
     request.setdefault("projectPath", None)
     return request
 
@@ -125,11 +130,14 @@ def _failure(code: str, message: str) -> dict[str, Any]:
 def resolve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     """Resolve one checked request to its response (see the module docstring).
 
-    Runs workflow code (module import, `input`, `title`): call it only in a child process.
+    Runs workflow code (module import, `input`, `title`), or for a `resourceManager`
+    request manager code (`apply_answer`): call it only in a child process.
     """
-    name: str = request["workflow"]
     project = Path(request["projectPath"]) if request["projectPath"] is not None else None
     agent_dir = Path(request["agentDir"])
+    if "resourceManager" in request:
+        return apply_answer(project, agent_dir, request["resourceManager"], request["spec"])
+    name: str = request["workflow"]
     try:
         source = find_workflow(name, project, agent_dir)
     except WorkflowNotFoundError as exc:
@@ -231,6 +239,7 @@ def main() -> int:
     **Input:** one canonical JSON line on stdin::
 
         {"workflow": NAME, "projectPath": PATH | null, "agentDir": PATH, "input": JSON}
+        {"resourceManager": NAME, "projectPath": PATH | null, "agentDir": PATH, "spec": JSON}
 
     **Output:** one canonical JSON line on stdout, and nothing else (workflow code that
     prints at import writes to stderr)::
@@ -243,6 +252,9 @@ def main() -> int:
                    "modules": [{"path", "hash"}]}}
         {"ok": false, "code": "workflowNotFound" | "definitionInvalid" | "inputInvalid",
          "message": bounded safe text (≤ 1000 characters, no stack trace)}
+
+    A `resourceManager` request is answered by `apply_answer` (its proposal, or
+    `resourceManagerNotFound`, `definitionInvalid`, `specInvalid`, `initialStatusInvalid`).
 
     **Exit status:** 0 whenever a response was written; 2 for a malformed request (a server
     bug; nothing on stdout); 1 if the resolver itself crashed.

@@ -27,6 +27,7 @@ __all__ = [
     "RESOLVE_TIMEOUT_S",
     "ResolverChildren",
     "ResolverPort",
+    "resolve_apply",
     "resolve_start",
     "resolver_spawns",
 ]
@@ -76,14 +77,41 @@ def resolve_start(
     Never raises for a bad workflow: failures come back as `{"ok": false, ...}`. Runs on
     a resolver thread, never on an actor; it waits for the child, bounded in time.
     """
-    request = dumps(
-        {
-            "workflow": workflow,
-            "projectPath": project_path,
-            "agentDir": str(agent_dir),
-            "input": workflow_input,
-        }
-    )
+    request = {
+        "workflow": workflow,
+        "projectPath": project_path,
+        "agentDir": str(agent_dir),
+        "input": workflow_input,
+    }
+    return _ask(request, project_path, children, "the workflow")
+
+
+def resolve_apply(
+    manager: str,
+    project_path: str | None,
+    agent_dir: Path,
+    spec: Any,
+    children: ResolverChildren,
+) -> dict[str, Any]:
+    """`resourceManager.apply`'s resolution: the child's `apply_answer` (the manager's
+    proposal, or a refusal). The server still re-checks the source before it commits.
+
+    Never raises for a bad manager or spec; runs on a resolver thread, like `resolve_start`.
+    """
+    request = {
+        "resourceManager": manager,
+        "projectPath": project_path,
+        "agentDir": str(agent_dir),
+        "spec": spec,
+    }
+    return _ask(request, project_path, children, "the resource manager")
+
+
+def _ask(
+    request: dict[str, Any], project_path: str | None, children: ResolverChildren, what: str
+) -> dict[str, Any]:
+    """Send one request line to a new resolver child and read its one answer line."""
+    line = dumps(request)
     cwd = Path(project_path) if project_path and Path(project_path).is_dir() else None
     _count_spawn()
     server_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -91,18 +119,18 @@ def resolve_start(
         try:
             identity = children.start(cwd, child_end)
         except OSError:
-            return _failure("definitionInvalid", "the workflow could not be loaded")
+            return _failure("definitionInvalid", f"{what} could not be loaded")
         try:
             server_end.settimeout(RESOLVE_TIMEOUT_S)
-            server_end.sendall(request + b"\n")
+            server_end.sendall(line + b"\n")
             out = _read_line(server_end)
         except TimeoutError:
-            return _failure("definitionInvalid", "loading the workflow took too long")
+            return _failure("definitionInvalid", f"loading {what} took too long")
         except OSError:
             out = b""
         finally:
             children.kill(identity)
-    return _answer(out)
+    return _answer(out, what)
 
 
 def _read_line(sock: socket.socket) -> bytes:
@@ -119,14 +147,14 @@ def _read_line(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-def _answer(out: bytes) -> dict[str, Any]:
+def _answer(out: bytes, what: str) -> dict[str, Any]:
     line = out[:MAX_RESOLVER_OUTPUT].split(b"\n", 1)[0]
     try:
         answer = loads(line)
     except CanonicalJSONError:
-        return _failure("definitionInvalid", "the workflow could not be loaded")
+        return _failure("definitionInvalid", f"{what} could not be loaded")
     if not isinstance(answer, dict) or "ok" not in answer:
-        return _failure("definitionInvalid", "the workflow could not be loaded")
+        return _failure("definitionInvalid", f"{what} could not be loaded")
     return answer
 
 

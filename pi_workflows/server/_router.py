@@ -48,6 +48,8 @@ from pi_workflows.actors import (
 from pi_workflows.domain import (
     COMMANDS,
     READS,
+    RESOURCE_MANAGER_COMMANDS,
+    RESOURCE_MANAGER_READS,
     RUNNER_COMMANDS,
     SNAPSHOT_READS,
     ActiveEpochs,
@@ -55,6 +57,7 @@ from pi_workflows.domain import (
     AdoptRun,
     AnswerDecision,
     AnswerFromSession,
+    ApplyResourceManager,
     ClearTerminalView,
     ClientOperation,
     CoordinatorGrant,
@@ -66,6 +69,9 @@ from pi_workflows.domain import (
     RecoverChannel,
     ReportBranch,
     ReportTurn,
+    ResourceManagerCommand,
+    ResourceManagerRead,
+    ResourceRef,
     RestartLookup,
     RestartRun,
     ResumeHeadless,
@@ -75,14 +81,16 @@ from pi_workflows.domain import (
     StartRun,
     UpdateInteraction,
     ViewSpec,
+    apply_spec,
     failure_response,
     internal_error,
     rejected,
+    resource_ref,
     response,
     start_request_fields,
 )
 from pi_workflows.server._definition_cache import DefinitionCache
-from pi_workflows.server._resolver import ResolverChildren, resolve_start
+from pi_workflows.server._resolver import ResolverChildren, resolve_apply, resolve_start
 from pi_workflows.wire import Connection
 from pi_workflows.wire.protocol import RequestMessage, client_operations
 
@@ -193,6 +201,15 @@ class _ReceiptLooked:
 
 
 @dataclass(frozen=True, slots=True)
+class _ApplyLooked:
+    """`resourceManager.apply`'s receipt lookup: answer from it, or resolve the manager."""
+
+    pending: Pending
+    ref: ResourceRef
+    spec: Any
+
+
+@dataclass(frozen=True, slots=True)
 class _RestartLooked:
     """`run.restart`'s lookup: answer from it, or resolve the current source."""
 
@@ -274,6 +291,11 @@ class Router:
         table["run.restart"] = self._restart_run
         for operation in RUNNER_COMMANDS:
             table[operation] = self._runner_command
+        for operation in RESOURCE_MANAGER_READS:
+            table[operation] = self._resource_manager_read
+        for operation in RESOURCE_MANAGER_COMMANDS:
+            table[operation] = self._resource_manager_command
+        table["resourceManager.apply"] = self._apply_resource
         for operation in SNAPSHOT_READS:
             table[operation] = self._snapshot_read
         self._table = table
@@ -343,6 +365,8 @@ class Router:
                 self._after_receipt_lookup(pending, start, reply)
             case _RestartLooked(pending=pending):
                 self._after_restart_lookup(pending, reply)
+            case _ApplyLooked():
+                self._after_apply_lookup(tag, reply)
             case _RunFound(pending=pending, spec=spec, revision=revision):
                 self._after_run_found(pending, spec, revision, reply)
             case _Reserved():
@@ -562,6 +586,62 @@ class Router:
         return resolved
 
     def _commit_resolved(self, pending: Pending, unit: StartRun | RestartRun) -> None:
+        try:
+            self._write(unit, _Answer(pending, True))
+        except pykka.ActorDeadError:  # the server is stopping
+            self._address.tell(Done(_Answer(pending, False), Reply(error=_stopping())))
+
+    def _resource_manager_read(self, pending: Pending) -> None:
+        """`resourceManager.list|get`: one read transaction on the reader actor."""
+        unit = ResourceManagerRead(pending.request, self._ports.context)
+        self._read(unit, _Answer(pending, False))
+
+    def _resource_manager_command(self, pending: Pending) -> None:
+        """`resourceManager.reconcile|delete`: a command on the database actor; its
+        commit may make a key due, so the scheduler is woken."""
+        unit = ResourceManagerCommand(pending.request, self._ports.context)
+        self._write(unit, _Answer(pending, True))
+
+    def _apply_resource(self, pending: Pending) -> None:
+        """`resourceManager.apply`: check the request, look up its receipt, resolve the
+        manager in a resolver child (the server never loads manager code), then commit
+        after the server's source check (`ApplyResourceManager`)."""
+        request = pending.request
+        try:
+            ref = resource_ref(request, self._ports.context)
+            spec = apply_spec(request)
+        except OperationError as exc:
+            pending.respond(rejected(request, exc.outcome, exc.code, str(exc)))
+            return
+        self._read(PriorAnswer(request), _ApplyLooked(pending, ref, spec))
+
+    def _after_apply_lookup(self, tag: _ApplyLooked, found: Reply) -> None:
+        pending = tag.pending
+        if found.error is None and found.value is not None:
+            pending.respond(found.value)
+            return
+        try:
+            self._ports.resolvers.submit(self._resolve_and_apply, pending, tag.ref, tag.spec)
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            pending.respond(
+                rejected(pending.request, "unavailable", "serverStopping", "the server is stopping")
+            )
+
+    def _resolve_and_apply(self, pending: Pending, ref: ResourceRef, spec: Any) -> None:
+        """On a resolver thread: the resolver child's proposal, then the commit."""
+        ports = self._ports
+        try:
+            resolved = resolve_apply(
+                ref.manager, ref.discovery_project, ports.agent_dir, spec, ports.resolver_children
+            )
+        except Exception:
+            log.exception("resolver failed", extra={"action": "resolver.error"})
+            resolved = {
+                "ok": False,
+                "code": "definitionInvalid",
+                "message": "the resource manager could not be loaded",
+            }
+        unit = ApplyResourceManager(pending.request, ports.context, resolved)
         try:
             self._write(unit, _Answer(pending, True))
         except pykka.ActorDeadError:  # the server is stopping
