@@ -63,6 +63,7 @@ from pi_workflows.domain._operations import (
 )
 from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
 from pi_workflows.domain._recovery import RecoveryReport, recover_at_startup
+from pi_workflows.domain._resource_work import ReconcilePlan, pass_result_from_proposal
 from pi_workflows.domain._retention import (
     RETENTION_DAYS_ENV,
     YIELDED,
@@ -138,6 +139,7 @@ from pi_workflows.domain._units import (
     LookUpRestart,
     NextDeadline,
     Perform,
+    PlanReconciles,
     PriorAnswer,
     PruneDryRun,
     ReadView,
@@ -235,6 +237,7 @@ __all__ = [
     "OperationContext",
     "OperationError",
     "Perform",
+    "PlanReconciles",
     "PriorAnswer",
     "ProfileScope",
     "PruneDryRun",
@@ -243,6 +246,7 @@ __all__ = [
     "PruneQueryError",
     "PruneSelection",
     "ReadView",
+    "ReconcilePlan",
     "RecordBackup",
     "RecordChannelResult",
     "RecordPrune",
@@ -318,6 +322,7 @@ __all__ = [
     "next_deadline",
     "parse_backup_query",
     "parse_prune_query",
+    "pass_result_from_proposal",
     "perform",
     "plan_admissions",
     "prepare_launch",
