@@ -294,3 +294,24 @@ def test_a_manager_file_changed_after_apply_refuses_to_run(
     current = wait_view(reconciling_server, project, "greet", lambda v: bool(v["recentPasses"]))
     assert outcomes(current)[0] == ("error", "sourceChanged")
     assert current["resource"]["status"] == {}
+
+
+def test_a_pass_cut_by_a_server_stop_runs_again_after_the_restart(
+    state_dir: Path, project: Path
+) -> None:
+    os.mkfifo(project / "fifo")
+    source = write_manager(project, "blocker", BLOCKER)
+    with WorkflowServer(
+        state_dir, idle_exit_s=None, tick_s=0.05, units=perform_with_calls
+    ) as first:
+        apply(first, project, "blocker", {"dir": str(project)}, source)
+        pid = int(wait_fifo(project / "fifo", timeout=WAIT_S))
+        (project / "killed").touch()  # the next pass settles
+    # The stop killed the child and left its claim; recovery step 7 returns it.
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    with WorkflowServer(
+        state_dir, idle_exit_s=None, tick_s=0.05, units=perform_with_calls
+    ) as second:
+        current = wait_view(second, project, "blocker", lambda v: bool(v["resource"]["conditions"]))
+        assert outcomes(current) == [("settled", None)]
+        assert current["resource"]["status"] == {"after": "kill"}
