@@ -3,6 +3,7 @@ deadline, crashes and backoff, through an embedded server and its database actor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -239,18 +240,23 @@ def test_a_manager_that_raises_backs_off_with_growing_gaps_and_no_message(
 def test_a_pass_that_ignores_its_deadline_is_killed_and_requeued(
     state_dir: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(RECONCILE_DEADLINE_ENV, "1")
+    monkeypatch.setenv(RECONCILE_DEADLINE_ENV, "2")
     source = write_manager(project, "forever", FOREVER)
+    pids = project / "pid"
     with WorkflowServer(
         state_dir, idle_exit_s=None, tick_s=0.05, units=perform_with_calls
     ) as server:
         apply(server, project, "forever", {"dir": str(project)}, source)
-        current = wait_view(server, project, "forever", lambda v: bool(v["recentPasses"]))
-        assert outcomes(current)[0] == ("error", "deadlineExceeded")
+        # On a loaded machine a pass may be stopped before its code even ran: the pass
+        # that wrote its PID is stopped at its deadline too, whatever its code does.
+        current = wait_view(
+            server, project, "forever", lambda v: pids.exists() and bool(v["recentPasses"])
+        )
+        assert set(outcomes(current)) == {("error", "deadlineExceeded")}
         assert current["queue"] is not None and current["queue"]["retries"] >= 1
-        pid = int((project / "pid").read_text().split()[0])
-        # Committed only after the child was reaped: it is gone, whatever it did.
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        pid = int(pids.read_text().split()[0])
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(timeout=WAIT_S)  # stopped, whatever its code does
 
 
 def test_a_runner_killed_mid_pass_fails_that_pass_and_the_next_one_settles(
