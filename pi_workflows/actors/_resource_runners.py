@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -73,6 +74,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""A server-made resource uid usable as a file name (they always are)."""
 
 RESOURCE_RUNNER_MODULE = "pi_workflows.engine.resource_runner"
 DEFAULT_RECONCILE_DEADLINE_S = 60.0
@@ -311,7 +315,9 @@ class ResourceRunnersActor(ServerActor):
                 dict(os.environ),
                 RESOURCE_RUNNER_FD_ENV,
                 cwd=project if project.is_dir() else config.state_dir,
-                log_path=logs / f"{key}.log",
+                # One file per resource, truncated by each pass: the last pass's log
+                # (a manager's traceback) stays, and a polling key never piles up files.
+                log_path=logs / f"{_log_name(resource.uid)}.log",
                 preloaded=RESOURCE_RUNNER_MODULE,
                 name="resource-runner",
             )
@@ -425,6 +431,10 @@ class ResourceRunnersActor(ServerActor):
         if self._scheduler is not None:  # a slot of the shared capacity is free again
             with contextlib.suppress(pykka.ActorDeadError):
                 self._scheduler.tell(Wake())
+
+
+def _log_name(uid: str) -> str:
+    return uid if _SAFE_NAME.fullmatch(uid) else "resource"
 
 
 def _error(error_class: str, duration_ms: int) -> PassResult:
