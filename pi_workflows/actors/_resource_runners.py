@@ -54,6 +54,7 @@ from pi_workflows.supervision import (
     ChildFrame,
     ChildSpec,
 )
+from pi_workflows.wire.framing import FrameError
 from pi_workflows.wire.resource_runner import (
     PassFailed,
     PassProposed,
@@ -333,7 +334,11 @@ class ResourceRunnersActor(ServerActor):
             return
         match frame.message:
             case RunnerReadyForPass():
-                frame.channel.send(self._start_frame(running).to_wire())
+                try:
+                    frame.channel.send(self._start_frame(running).to_wire())
+                except FrameError:  # a spec and status past one frame: never a crash here
+                    running.outcome = PassFailed("resourceTooLarge")
+                    self._channels.kill(frame.key)
             case PassProposed() | PassFailed():
                 running.outcome = frame.message
                 self._channels.kill(frame.key)  # its work is done; nothing it started stays

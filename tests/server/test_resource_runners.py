@@ -321,3 +321,23 @@ def test_a_pass_cut_by_a_server_stop_runs_again_after_the_restart(
         current = wait_view(second, project, "blocker", lambda v: bool(v["resource"]["conditions"]))
         assert outcomes(current) == [("settled", None)]
         assert current["resource"]["status"] == {"after": "kill"}
+
+
+def test_a_resource_past_one_frame_is_an_error_pass_not_a_crash(
+    reconciling_server: WorkflowServer, project: Path
+) -> None:
+    path, digest = write_manager(project, "greet", GREET)
+    reconciling_server.call_database(
+        ApplyResource(
+            manager="greet",
+            project_path=str(project),
+            key="k1",
+            spec={"name": "x" * 600_000},
+            initial_status={"blob": "y" * 600_000},
+            source_identity={"kind": "file", "path": str(path)},
+            source_digest=digest,
+        )
+    )
+    current = wait_view(reconciling_server, project, "greet", lambda v: bool(v["recentPasses"]))
+    assert outcomes(current)[0] == ("error", "resourceTooLarge")
+    assert reconciling_server.running
