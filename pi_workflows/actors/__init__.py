@@ -20,6 +20,14 @@ from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._deadlines import DeadlinesActor
 from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
 from pi_workflows.actors._reader import Read, ReaderActor
+from pi_workflows.actors._resource_runners import (
+    RECONCILE_DEADLINE_ENV,
+    RESOURCE_RUNNER_MODULE,
+    ResourceRunnersActor,
+    ResourceRunnersConfig,
+    StartReconciling,
+    reconcile_deadline_from_env,
+)
 from pi_workflows.actors._retention import (
     VACUUM_MIN_BYTES,
     RequestSweep,
@@ -61,6 +69,8 @@ from pi_workflows.actors._validations import (
 
 __all__ = [
     "POLL_SECONDS_ENV",
+    "RECONCILE_DEADLINE_ENV",
+    "RESOURCE_RUNNER_MODULE",
     "RETRY_BOUND_ENV",
     "RUNNER_MODULE",
     "VACUUM_MIN_BYTES",
@@ -93,6 +103,8 @@ __all__ = [
     "Reply",
     "RequestSweep",
     "ReserveSubscription",
+    "ResourceRunnersActor",
+    "ResourceRunnersConfig",
     "ResumeValidations",
     "RetentionActor",
     "RetentionConfig",
@@ -102,6 +114,7 @@ __all__ = [
     "ScanChannels",
     "SchedulerActor",
     "ServerEpochTaken",
+    "StartReconciling",
     "StateBackupActor",
     "StatePruneActor",
     "StopAdapters",
@@ -116,6 +129,7 @@ __all__ = [
     "ValidationsConfig",
     "Wake",
     "WatchCommits",
+    "reconcile_deadline_from_env",
     "validate_timeout_from_env",
     "wait_reply",
 ]

@@ -70,6 +70,7 @@ from pi_workflows.domain._resource_ops import (
     apply_spec,
     resource_ref,
 )
+from pi_workflows.domain._resource_work import ReconcilePlan, pass_result_from_proposal
 from pi_workflows.domain._retention import (
     RETENTION_DAYS_ENV,
     YIELDED,
@@ -146,6 +147,7 @@ from pi_workflows.domain._units import (
     LookUpRestart,
     NextDeadline,
     Perform,
+    PlanReconciles,
     PriorAnswer,
     PruneDryRun,
     ReadView,
@@ -248,6 +250,7 @@ __all__ = [
     "OperationContext",
     "OperationError",
     "Perform",
+    "PlanReconciles",
     "PriorAnswer",
     "ProfileScope",
     "PruneDryRun",
@@ -256,6 +259,7 @@ __all__ = [
     "PruneQueryError",
     "PruneSelection",
     "ReadView",
+    "ReconcilePlan",
     "RecordBackup",
     "RecordChannelResult",
     "RecordPrune",
@@ -335,6 +339,7 @@ __all__ = [
     "next_deadline",
     "parse_backup_query",
     "parse_prune_query",
+    "pass_result_from_proposal",
     "perform",
     "plan_admissions",
     "prepare_launch",

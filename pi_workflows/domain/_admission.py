@@ -17,6 +17,7 @@ from pi_workflows.storage import (
     QueueRow,
     active_queue_count,
     admissible_runs,
+    count_reconciling,
     holds_server_lease,
 )
 
@@ -55,7 +56,8 @@ def admit(
     Admission and claim are one unit of database work, so a later planning round always
     counts these launches as `starting` and capacity is never exceeded.
     """
-    free = capacity - active_queue_count(db)
+    # One capacity: resource passes in flight (live resource claims) use slots too.
+    free = capacity - active_queue_count(db) - count_reconciling(db, db.clock.now_ms())
     if free <= 0:
         return []
     waiting = {kind: admissible_runs(db, kind, limit=free) for kind in QueueKind}

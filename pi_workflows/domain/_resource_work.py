@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -30,9 +31,11 @@ from pi_workflows.storage import (
     ResourceQueueRow,
     ResourceRecord,
     ResourceSummary,
+    active_queue_count,
     apply_resource,
     claim_next_resource,
     commit_reconcile,
+    count_reconciling,
     enqueue_resource,
     get_resource,
     get_resource_queue_row,
@@ -40,6 +43,7 @@ from pi_workflows.storage import (
     list_resource_child_runs,
     list_resource_effects,
     list_resources,
+    next_reconcile_due_at,
     recover_resource_claims,
     release_resource_claim,
     request_resource_deletion,
@@ -51,11 +55,14 @@ from pi_workflows.storage import (
 
 __all__ = [
     "RECENT_PASSES",
+    "ReconcilePlan",
     "apply_resource_spec",
     "claim_reconcile",
     "commit_reconcile_pass",
     "delete_resource",
     "enqueue_resource_key",
+    "pass_result_from_proposal",
+    "plan_reconciles",
     "recover_reconcile_claims",
     "release_reconcile_claim",
     "reserve_pass_effect",
@@ -124,6 +131,78 @@ def claim_reconcile(
     """Claim the next due key for a resource runner (None: nothing is due)."""
     with db.write() as tx:
         return claim_next_resource(tx, owner_id=owner_id, owner_type=RESOURCE_OWNER, ttl_ms=ttl_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePlan:
+    """One planning round of the resource runners: the passes claimed now, and when the
+    next unclaimed key is due (None: none is queued; at or before now: due, but the
+    capacity is full)."""
+
+    claimed: tuple[ClaimedReconcile, ...]
+    next_due_at: int | None
+
+
+def plan_reconciles(
+    db: Database, owner_id: str, capacity: int, ttl_ms: int = DEFAULT_CLAIM_TTL_MS
+) -> ReconcilePlan:
+    """Claim due keys while the one capacity shared with workflow runners (starting and
+    running runs, live resource claims) has room, in one transaction, so two planning
+    rounds never hand out the same slot."""
+    with db.write() as tx:
+        now = tx.now
+        free = capacity - active_queue_count(tx) - count_reconciling(tx, now)
+        claimed: list[ClaimedReconcile] = []
+        while free > len(claimed):
+            next_pass = claim_next_resource(
+                tx, owner_id=owner_id, owner_type=RESOURCE_OWNER, ttl_ms=ttl_ms
+            )
+            if next_pass is None:
+                break
+            claimed.append(next_pass)
+        return ReconcilePlan(tuple(claimed), next_reconcile_due_at(tx, now))
+
+
+_OUTCOMES = frozenset({"settled", "requeue", "requeueAfter"})
+
+
+def pass_result_from_proposal(
+    claim: ResourceClaim, proposal: Mapping[str, Any], duration_ms: int
+) -> PassResult:
+    """The `PassResult` to commit from a resource runner's `ReconcileResult` wire form.
+
+    Raises:
+        ValueError: the proposal is malformed or answers another read of the resource
+            (storage checks sizes and condition shapes as it commits).
+    """
+    outcome = proposal.get("outcome")
+    if outcome not in _OUTCOMES:
+        raise ValueError("a pass proposes settled, requeue or requeueAfter")
+    if proposal.get("resourceVersion") != claim.resource_version:
+        raise ValueError("the proposal answers another resource version")
+    finalizers = proposal.get("finalizers")
+    if finalizers is not None and not (
+        isinstance(finalizers, list) and all(isinstance(f, str) for f in finalizers)
+    ):
+        raise ValueError("finalizers must be a list of names")
+    after = proposal.get("requeueAfterMs")
+    if outcome == "requeueAfter" and (
+        isinstance(after, bool) or not isinstance(after, int) or after < 1
+    ):
+        raise ValueError("requeueAfter needs a positive requeueAfterMs")
+    conditions = proposal.get("conditions") if outcome == "settled" else None
+    if conditions is not None and not (
+        isinstance(conditions, list) and all(isinstance(c, Mapping) for c in conditions)
+    ):
+        raise ValueError("conditions must be a list of objects")
+    return PassResult(
+        outcome=outcome,
+        status=proposal.get("status") if outcome == "settled" else None,
+        conditions=conditions,
+        finalizers=finalizers,
+        requeue_after_ms=after if outcome == "requeueAfter" else None,
+        duration_ms=duration_ms,
+    )
 
 
 def commit_reconcile_pass(

@@ -61,6 +61,7 @@ from pi_workflows.domain._resource_work import (
     commit_reconcile_pass,
     delete_resource,
     enqueue_resource_key,
+    plan_reconciles,
     recover_reconcile_claims,
     release_reconcile_claim,
     reserve_pass_effect,
@@ -148,6 +149,7 @@ __all__ = [
     "LookUpRestart",
     "NextDeadline",
     "Perform",
+    "PlanReconciles",
     "PriorAnswer",
     "PruneDryRun",
     "ReadView",
@@ -785,6 +787,18 @@ class ClaimReconcile:
 
     label: ClassVar[str] = "resource.claim"
     owner_id: str
+    ttl_ms: int = DEFAULT_CLAIM_TTL_MS
+
+
+@_runs(plan_reconciles)
+@dataclass(frozen=True, slots=True)
+class PlanReconciles:
+    """The resource runners' planning round: claim due keys within the shared capacity
+    and say when the next key is due (a `ReconcilePlan`)."""
+
+    label: ClassVar[str] = "resource.plan"
+    owner_id: str
+    capacity: int
     ttl_ms: int = DEFAULT_CLAIM_TTL_MS
 
 

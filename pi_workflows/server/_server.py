@@ -24,6 +24,7 @@ import pykka
 from pi_workflows._version import __version__
 from pi_workflows.actors import (
     POLL_SECONDS_ENV,
+    RESOURCE_RUNNER_MODULE,
     RETRY_BOUND_ENV,
     RUNNER_MODULE,
     VACUUM_MIN_BYTES,
@@ -43,6 +44,8 @@ from pi_workflows.actors import (
     ProcessSupervisorActor,
     ReaderActor,
     RequestSweep,
+    ResourceRunnersActor,
+    ResourceRunnersConfig,
     ResumeValidations,
     RetentionActor,
     RetentionConfig,
@@ -50,6 +53,7 @@ from pi_workflows.actors import (
     RunnerHostConfig,
     SchedulerActor,
     ServerEpochTaken,
+    StartReconciling,
     StateBackupActor,
     StatePruneActor,
     StopAdapters,
@@ -60,6 +64,7 @@ from pi_workflows.actors import (
     ValidationsActor,
     ValidationsConfig,
     WatchCommits,
+    reconcile_deadline_from_env,
     validate_timeout_from_env,
     wait_reply,
 )
@@ -371,7 +376,7 @@ class WorkflowServer:
         if os.environ.get(ZYGOTE_ENV) == "0":
             return
         self._zygote = Zygote(
-            [RUNNER_MODULE, RESOLVER_MODULE, VALIDATOR_MODULE],
+            [RUNNER_MODULE, RESOLVER_MODULE, VALIDATOR_MODULE, RESOURCE_RUNNER_MODULE],
             log_path=self.state_dir / "logs" / "zygote.log",
             warm=WARM_MODULE,
         )
@@ -486,6 +491,7 @@ class WorkflowServer:
         )
         database.tell(WatchCommits(channels))  # a new decision or answer is work at once
         self._channels = channels
+        resource_runners = self._start_resource_runners(database, supervisor)
         retention = RetentionActor.start(
             RetentionConfig(
                 self.retention.days,
@@ -531,6 +537,7 @@ class WorkflowServer:
             retention,
             state_backup,
             state_prune,
+            *resource_runners,
         ]
         self._ticker = Ticker(self.tick_s)
         for ref in (
@@ -544,6 +551,8 @@ class WorkflowServer:
             channels,
             retention,
         ):
+            self._ticker.register(ref)
+        for ref in resource_runners:
             self._ticker.register(ref)
         self._ticker.register(database)  # retries the writes a full disk held
         self._resolvers = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolver")
@@ -580,6 +589,33 @@ class WorkflowServer:
                 )
             )
         )
+
+    def _start_resource_runners(
+        self, database: pykka.ActorRef[Any], supervisor: pykka.ActorRef[Any]
+    ) -> tuple[pykka.ActorRef[Any], ...]:
+        """The resource runners (none in a server that only records runs): recovery step 7
+        once children can start, then a pass for every due key within the capacity."""
+        if not self.execute_runs:
+            return ()
+        assert self._listener is not None
+        try:
+            deadline_s = reconcile_deadline_from_env()
+        except ValueError as exc:
+            raise ServerStartError(str(exc)) from None
+        config = ResourceRunnersConfig(
+            self.owner_id, self.state_dir, self.max_workers, self.clock, deadline_s
+        )
+        runners = ResourceRunnersActor.start(
+            config,
+            self._on_actor_failure,
+            database=database,
+            supervisor=supervisor,
+            listener=self._listener,
+            scheduler=self._scheduler,
+        )
+        database.tell(WatchCommits(runners))  # an apply, an enqueue or a freed slot is work
+        runners.tell(StartReconciling())
+        return (runners,)
 
     def _start_listener(self) -> None:
         assert self._listener is not None and self._ticker is not None

@@ -543,6 +543,8 @@ SELECT EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_i
     OR EXISTS (SELECT 1 FROM human_decisions AS d
                WHERE d.status = 'pending' AND (d.expires_at IS NOT NULL OR EXISTS (
                    SELECT 1 FROM channel_messages AS c WHERE c.decision_id = d.decision_id)))
+    OR EXISTS (SELECT 1 FROM resource_queue)
+    OR EXISTS (SELECT 1 FROM resource_claims)
 """
 # Queue counts per state, for server status.
 COUNT_QUEUE_BY_STATE = "SELECT state AS key, count(*) AS n FROM run_queue GROUP BY state"

@@ -217,7 +217,8 @@ def server_has_work(reader: Reader) -> bool:
     True while a run is admissible (queued, unpaused), starting or running; a claim or
     an active runner epoch exists; a waiting attempt has a deadline; an effect is
     unsettled; a submission is validating; or a pending decision has a deadline or an
-    external channel. Connected clients are the caller's part of the rule.
+    external channel; or a resource key is queued or a reconcile pass holds a claim.
+    Connected clients are the caller's part of the rule.
     """
     return bool(reader.fetch_value(q.SELECT_SERVER_HAS_WORK, {}))
 
