@@ -1,0 +1,103 @@
+"""Resource managers end to end: `apply` through the CLI, a pass in a resource runner
+child of a real server, and the settled status read back through `get`.
+
+A spec change raises the generation, and the next pass stamps its conditions with the
+generation it read, so a condition never claims readiness for a spec it did not see.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pi_workflows import WorkflowServer
+from tests.conftest import Processes
+from tests.server.conftest import running_server  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.timeout(120)
+
+WAIT_S = 60.0
+
+READY = textwrap.dedent(
+    """\
+    from pi_workflows.resource_managers import condition_true, define_resource_manager
+
+
+    def reconcile(ctx):
+        seen = ctx.resource.spec["pr"]
+        return ctx.settled(
+            status={"phase": "reviewed", "pr": seen},
+            conditions=[condition_true("Ready", "Reviewed", message=f"pr {seen}")],
+        )
+
+
+    resource_manager = define_resource_manager(
+        name="review",
+        initial_status=lambda spec: {"phase": "new", "pr": spec["pr"]},
+        reconcile=reconcile,
+        spec_schema={"type": "object", "required": ["pr"]},
+    )
+    """
+)
+
+
+def _get(processes: Processes, state_dir: Path, project: Path) -> dict[str, Any]:
+    done = processes.cli(
+        state_dir, "resource-manager", "get", "review", "pr", "--project", str(project), "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    shown: dict[str, Any] = json.loads(done.stdout)
+    return shown
+
+
+def _until(check: Callable[[], dict[str, Any] | None], what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while (found := check()) is None:
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)  # polling the CLI, a separate process, for a condition
+    return found
+
+
+def test_apply_runs_a_pass_that_settles_and_a_new_spec_is_reconciled_again(
+    running_server: WorkflowServer,  # noqa: F811
+    processes: Processes,
+    short_tmp: Path,
+) -> None:
+    state_dir, project = running_server.state_dir, (short_tmp / "project")
+    folder = project / ".pi" / "resource-managers"
+    folder.mkdir(parents=True)
+    (folder / "review.resource_manager.py").write_text(READY)
+
+    def apply(pr: int) -> None:
+        done = processes.cli(
+            state_dir, "resource-manager", "apply", "review", "pr",
+            "--spec-json", json.dumps({"pr": pr}), "--project", str(project),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    def observed(generation: int) -> Callable[[], dict[str, Any] | None]:
+        def check() -> dict[str, Any] | None:
+            shown = _get(processes, state_dir, project)
+            resource = shown["resource"]
+            return shown if resource.get("observedGeneration") == generation else None
+
+        return check
+
+    apply(1)
+    first = _until(observed(1), "the first pass")["resource"]
+    assert first["status"] == {"phase": "reviewed", "pr": 1}
+    [ready] = first["conditions"]
+    assert (ready["type"], ready["status"], ready["observedGeneration"]) == ("Ready", "True", 1)
+
+    apply(2)
+    second = _until(observed(2), "the pass of the new spec")
+    resource = second["resource"]
+    assert resource["generation"] == 2 and resource["status"]["pr"] == 2
+    assert [c["observedGeneration"] for c in resource["conditions"]] == [2]
+    assert second["queue"] is None, "a settled resource leaves the queue"
