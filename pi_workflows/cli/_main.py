@@ -1256,7 +1256,7 @@ class ViewerGroup(DocumentedGroup):
         return super().parse_args(ctx, _run_id_last(args, set(self.commands)))
 
 
-VALUED_OPTIONS = frozenset({"--connect", "--theme", "--timeout", "--state-dir"})
+VALUED_OPTIONS = frozenset({"--connect", "--theme", "--timeout", "--state-dir", "--session"})
 """`piw` options that take a value (the word after them is not a run ID)."""
 
 
@@ -1300,6 +1300,14 @@ VIEW_COMMAND = "view"
 @click.option("--theme", metavar="NAME", default=None, help="Colour theme (see --list-themes).")
 @click.option("--list-themes", is_flag=True, help="Print the theme names, then exit.")
 @click.option(
+    "--session",
+    "session_id",
+    metavar="SESSION_ID",
+    default=None,
+    help="The Pi origin session piw was opened from (`/piw` passes it): "
+    "Clear (d) stops retaining that session's finished run.",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
     default=30.0,
@@ -1319,6 +1327,7 @@ def piw_main(  # noqa: PLR0917 (one parameter per option, as click passes them)
     connect: str | None,
     theme: str | None,
     list_themes: bool,
+    session_id: str | None,
     timeout: float,
     state_dir: Path | None,
 ) -> None:
@@ -1335,6 +1344,7 @@ def piw_main(  # noqa: PLR0917 (one parameter per option, as click passes them)
         connect=connect,
         theme=theme,
         list_themes=list_themes,
+        session_id=session_id,
         timeout=timeout,
         state_dir=state_dir,
     )
@@ -1374,7 +1384,7 @@ def _run_viewer(options: dict[str, Any], run_id: str | None) -> NoReturn:
         if run_id is None:
             _fail("--once needs a RUN_ID: piw RUN_ID --once", EXIT_USAGE)
         sys.exit(print_once(target, run_id, timeout=options["timeout"]))
-    sys.exit(run_app(target, run_id, theme=theme))
+    sys.exit(run_app(target, run_id, theme=theme, session_id=options["session_id"]))
 
 
 def _is_ws_url(url: str) -> bool:

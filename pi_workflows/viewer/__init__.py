@@ -17,11 +17,14 @@ def print_once(target: Target, run_id: str, *, timeout: float) -> int:
     return _print_once(target, run_id, timeout=timeout)
 
 
-def run_app(target: Target, run_id: str | None, *, theme: str | None) -> int:
-    """`piw` and `piw RUN_ID`: the textual app until the user quits; return the exit code."""
+def run_app(
+    target: Target, run_id: str | None, *, theme: str | None, session_id: str | None = None
+) -> int:
+    """`piw` and `piw RUN_ID`: the textual app until the user quits; return the exit code.
+    `session_id`: the Pi origin session piw was opened from (Clear acts on its view)."""
     from pi_workflows.viewer._app import run_app as _run_app  # noqa: PLC0415
 
-    return _run_app(target, run_id, theme=theme)
+    return _run_app(target, run_id, theme=theme, session_id=session_id)
 
 
 def list_themes() -> list[str]:

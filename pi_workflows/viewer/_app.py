@@ -103,7 +103,9 @@ def _control_bindings() -> list[BindingType]:
 
 
 class PiwApp(App[int]):
-    """The viewer; `run_id` keeps that run selected (the browser starts hidden)."""
+    """The viewer; `run_id` keeps that run selected (the browser starts hidden).
+    `session_id` is the Pi origin session piw was opened from: Clear stops that
+    session's view retaining its finished run."""
 
     TITLE = "piw"
     CSS = """
@@ -128,9 +130,18 @@ class PiwApp(App[int]):
         *_control_bindings(),
     ]
 
-    def __init__(self, target: Target, run_id: str | None, *, theme: str | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        run_id: str | None,
+        *,
+        theme: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
         super().__init__()
         self.target = target
+        self.session_id = session_id
+        """Never shown: it names the user's Pi session (only `clearTerminal` gets it)."""
         self.fixed_run = run_id
         self.selected: str | None = run_id
         self.view: dict[str, Any] | None = None
@@ -340,12 +351,17 @@ class PiwApp(App[int]):
         view = self.view
         display = (view or {}).get("display") or {}
         self.query_one(ControlsBar).show(
-            list(display.get("controls") or []),
-            clearable=view is not None and "originSessionId" in view,
+            list(display.get("controls") or []), clearable=self._clearable()
         )
         self._render_graph()
         self._render_timeline()
         self._pace_clocks()
+
+    def _clearable(self) -> bool:
+        """Clear is offered for a finished run, when piw was opened from a Pi session
+        (`/piw` passes `--session`): only a finished run is retained in a session's view."""
+        status = ((self.view or {}).get("display") or {}).get("status")
+        return self.session_id is not None and status in TERMINAL
 
     def _pace_clocks(self) -> None:
         """Tick each second while a shown run runs, each minute while one is unfinished,
@@ -495,7 +511,7 @@ class PiwApp(App[int]):
             if spec is not None and spec.key == key:
                 self.run_control(control)
                 return
-        if key == CLEAR_KEY and self.view is not None and "originSessionId" in self.view:
+        if key == CLEAR_KEY and self._clearable():
             self.run_control("clear")
 
     def run_control(self, control: str) -> None:
@@ -504,8 +520,9 @@ class PiwApp(App[int]):
         if view is None or run_id is None:
             return
         if control == "clear":
-            session = {"sessionId": view["originSessionId"]}
-            self._send(control, "sessionView.clearTerminal", session, None)
+            if self.session_id is not None:
+                session = {"sessionId": self.session_id}
+                self._send(control, "sessionView.clearTerminal", session, None)
             return
         spec = CONTROLS.get(control)
         if spec is None:
@@ -540,8 +557,24 @@ class PiwApp(App[int]):
             self.notify(done.error, title=f"{control} refused", severity="error", timeout=10)
             return
         self.answers[control] = done.value
+        if control == "clear":
+            self._clear_done(done.value or {})
+            return
         adopted = " (already done)" if (done.value or {}).get("outcome") == "adopted" else ""
         self.notify(f"{control}: sent{adopted}", timeout=4)
+
+    def _clear_done(self, answer: Mapping[str, Any]) -> None:
+        """The server's answer to Clear: which run the session no longer retains, or
+        that it retained none (already cleared, or an unfinished run is shown there)."""
+        cleared = (answer.get("receipt") or {}).get("clearedRunId")
+        if isinstance(cleared, str):
+            self.notify(f"clear: {cleared} is no longer retained in its Pi session", timeout=6)
+        else:
+            self.notify(
+                "clear: nothing to clear, the Pi session retains no finished run",
+                severity="warning",
+                timeout=6,
+            )
 
     def _answer(self, control: str, view: Mapping[str, Any]) -> None:
         display = view.get("display") or {}
@@ -641,10 +674,14 @@ def _attempt_texts(client: WorkflowClient, run_id: str, item: Mapping[str, Any])
     return texts
 
 
-def run_app(target: Target, run_id: str | None, *, theme: str | None) -> int:
+def run_app(
+    target: Target, run_id: str | None, *, theme: str | None, session_id: str | None = None
+) -> int:
     """Run the viewer until the user quits; return the exit code."""
     chosen = theme if theme is not None else load_theme()
-    app = PiwApp(target, run_id, theme=chosen if chosen in THEMES else THEMES[0])
+    app = PiwApp(
+        target, run_id, theme=chosen if chosen in THEMES else THEMES[0], session_id=session_id
+    )
     try:
         code = app.run()
     finally:

@@ -16,6 +16,7 @@ import { canOpenPiw, findPiw, openInTmux, parsePiwArgs, PIW_WINDOW, planPiw, she
 import { PIW_LINE, widgetText } from "../../pi_workflows/pi/extension/render.ts";
 
 const RUN = "run-0a1b2c3d";
+const SESSION = "0b9c7e52-5d1a-4f7e-9a0e-3c2b1d4e5f60";
 const TMUX_BIN = "/usr/bin/tmux";
 const WAIT_MS = 10_000;
 
@@ -75,6 +76,9 @@ test("outside tmux, /piw gives the exact command: piw on PATH, the state folder 
     // The default folder named explicitly is still the default: no option.
     assert.equal(planPiw(RUN, "window", { ...env, PI_CODING_AGENT_DIR: join(homedir(), ".pi", "agent") }, at.empty).command, `piw ${RUN}`);
     assert.equal(canOpenPiw(env, at.empty), false, "the widget does not name /piw outside tmux");
+    // The session's own run: piw gets the session, so its Clear acts on that session's view.
+    assert.equal(planPiw(RUN, "window", env, at.empty, SESSION).command, `piw --session ${SESSION} ${RUN}`);
+    assert.equal(planPiw(RUN, "split", { ...env, PI_WORKFLOWS_STATE_DIR: state }, at.empty, SESSION).command, `piw --state-dir ${state} --session ${SESSION} ${RUN}`);
   } finally {
     rmSync(at.root, { recursive: true, force: true });
   }
@@ -115,6 +119,9 @@ test("inside tmux, /piw plans tmux new-window -n piw (or a split) running piw by
       command: `piw --state-dir ${state} ${RUN}`,
     });
     assert.deepEqual(tmuxArgs("split", ["piw", RUN]), ["split-window", "-v", "--", "piw", RUN]);
+    const own = planPiw(RUN, "split", env, at.empty, SESSION);
+    assert.deepEqual(own.kind === "tmux" ? own.args : [], ["split-window", "-v", "--", join(at.bin, "piw"), "--state-dir", state, "--session", SESSION, RUN]);
+    assert.equal(own.command, `piw --state-dir ${state} --session ${SESSION} ${RUN}`);
     assert.equal(canOpenPiw(env, at.empty), true);
     assert.equal(canOpenPiw({ ...env, TMUX: "" }, at.empty), false, "an empty $TMUX is not tmux");
     assert.equal(canOpenPiw({ ...env, PATH: at.bin }, at.empty), false, "no tmux program");

@@ -19,6 +19,7 @@ import re
 import shlex
 import shutil
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -232,11 +233,26 @@ def test_list_and_status_show_the_servers_runs(rig: Rig, server: WorkflowServer)
     said = f"Pi is not running inside tmux. To watch {run_id} in piw, run this in a terminal:"
     assert viewer[0] == said, viewer
     command = shlex.split(viewer[1])
-    assert command[1:] == ["--state-dir", str(rig.state_dir), run_id], viewer
+    # The session's own run: piw gets the session, so its Clear acts on this session's view.
+    session = _origin_session(rig.state_dir, run_id)
+    assert command[1:] == ["--state-dir", str(rig.state_dir), "--session", session, run_id], viewer
     assert shutil.which(command[0]) is not None and Path(command[0]).name == "piw", viewer
     assert origin.notice(f"/piw split {run_id}", level="info").splitlines() == viewer
     refused = origin.notice("/piw now", level="error")
     assert refused.startswith('/piw does not take "now".'), refused
+
+
+def _origin_session(state_dir: Path, run_id: str) -> str:
+    """The Pi session a run was started from (its binding, read directly)."""
+    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        row = conn.execute(
+            "SELECT origin_session_id FROM run_bindings WHERE run_id = ?", (run_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert row is not None and isinstance(row[0], str), row
+    return row[0]
 
 
 # --- pause, resume, answer, cancel ---------------------------------------------------

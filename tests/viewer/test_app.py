@@ -25,10 +25,13 @@ from pi_workflows.testing import perform_with_calls
 from pi_workflows.viewer import Target
 from pi_workflows.viewer._app import PiwApp
 from pi_workflows.viewer._browser import RunBrowser
-from pi_workflows.viewer._controls import AnswerForm
+from pi_workflows.viewer._controls import AnswerForm, ControlsBar
 from pi_workflows.viewer._inspector import Inspector
 from tests.conftest import SLEEPY_WORKFLOW, write_workflow
+from tests.server.origin import AGENT_WORKFLOW, SESSION, rows, session_snapshot, start
 from tests.server.runs import TERMINAL, start_run, wait_for
+from tests.server.watchers import Watcher
+from tests.server.watchers import wait_for as poll
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,6 +95,7 @@ def project(short_tmp: Path) -> Path:
     write_workflow(folder, "boom", BOOM)
     write_workflow(folder, "approval", APPROVAL)
     write_workflow(folder, "loop", LOOP)
+    write_workflow(folder, "ask", AGENT_WORKFLOW)
     return folder
 
 
@@ -117,9 +121,11 @@ def drive(
     state_dir: Path,
     run_id: str | None,
     scenario: Callable[[PiwApp, Pilot[int]], Coroutine[Any, Any, None]],
+    *,
+    session_id: str | None = None,
 ) -> PiwApp:
     """Run the app headless on `state_dir` and play `scenario`; the threads must stop."""
-    app = PiwApp(Target(state_dir), run_id, theme="textual-dark")
+    app = PiwApp(Target(state_dir), run_id, theme="textual-dark", session_id=session_id)
 
     async def main() -> None:
         async with app.run_test(size=SIZE) as pilot:
@@ -442,6 +448,63 @@ def test_answer_a_protected_decision_through_the_form(
         await until(pilot, lambda: status(app) == "completed", "the decided run")
 
     drive(server.state_dir, run_id, scenario)
+
+
+def test_clear_stops_the_sessions_view_retaining_its_finished_run_and_nothing_else(
+    server: WorkflowServer, client: WorkflowClient, project: Path
+) -> None:
+    """`piw --session SESSION_ID RUN_ID` (what `/piw` opens): Clear is offered for the
+    session's finished run and sends `sessionView.clearTerminal`; the run is unchanged.
+    An interactive run parks at its agent step without a pi; cancelled, its pending
+    terminal message keeps it retained in the session's view."""
+    run_id = start(client, project, "ask", SESSION)["receipt"]["runId"]
+    wait_for(client, run_id, {"waiting"})
+    # Parked, its runner exits by itself; once it has, nothing else moves the run.
+    epochs = "SELECT status FROM runner_epochs WHERE run_id = ?"
+    poll(lambda: rows(server.state_dir, epochs, run_id) == [("exited",)], "the runner's exit")
+    client.call("run.cancel", {"reason": "test"}, run_id=run_id)
+    wait_for(client, run_id, TERMINAL)
+    watcher = Watcher(server.socket_path)
+    try:
+        watcher.subscribe({"kind": "sessionView", "sessionId": SESSION})
+        shown = session_snapshot(watcher, lambda v: v["activeRun"] is not None, "the run")
+        assert shown["activeRun"]["runId"] == run_id
+        state = "SELECT status, revision FROM runs WHERE run_id = ?"
+        before = rows(server.state_dir, state, run_id)
+
+        async def without_session(app: PiwApp, pilot: Pilot[int]) -> None:
+            await until(pilot, lambda: status(app) == "cancelled", "the cancelled run")
+            bar = app.query_one(ControlsBar)
+            await until(pilot, lambda: bar.controls == tuple(controls(app)), "the controls bar")
+            assert not app.query("#control-clear"), "no session given: nothing to clear"
+            await pilot.press("d")
+            await pilot.pause(0.2)
+            assert "clear" not in app.answers
+
+        drive(server.state_dir, run_id, without_session)
+
+        async def with_session(app: PiwApp, pilot: Pilot[int]) -> None:
+            await until(pilot, lambda: status(app) == "cancelled", "the cancelled run")
+            await click_control(app, pilot, "clear")
+            answer = await until(pilot, lambda: app.answers.get("clear"), "the clear answer")
+            assert answer["outcome"] == "accepted", answer
+            assert answer["receipt"] == {"clearedRunId": run_id}
+            assert SESSION not in text_of(app, "#connection")
+            app.answers.pop("clear")
+            await pilot.press("d")  # again: the server says nothing is retained
+            again = await until(pilot, lambda: app.answers.get("clear"), "the second answer")
+            assert again["receipt"] == {"clearedRunId": None}, again
+            assert status(app) == "cancelled"
+
+        drive(server.state_dir, run_id, with_session, session_id=SESSION)
+        gone = session_snapshot(watcher, lambda v: v["activeRun"] is None, "no retained run")
+        assert gone["revision"] > shown["revision"]
+    finally:
+        watcher.close()
+    # No workflow state changed: the run's status and its event revision are as they
+    # were (only its view moved: the view shows the binding).
+    assert rows(server.state_dir, state, run_id) == before
+    assert before[0][0] == "cancelled"
 
 
 def test_controls_are_exactly_the_views_and_unknown_ones_show_as_text() -> None:

@@ -43,7 +43,7 @@ import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type Coordi
 import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
-import { canOpenPiw, openInTmux, parsePiwArgs, planPiw, type PiwArgs } from "./piw.ts";
+import { canOpenPiw, EXTENSION_DIR, openInTmux, parsePiwArgs, planPiw, type PiwArgs } from "./piw.ts";
 import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
 import { carryEntries, reopenHint, savedMarker, sessionState } from "./saved-session.ts";
 import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll, WINDOW_LINES } from "./widget.ts";
@@ -374,12 +374,15 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     }
     // A named run must exist: a mistyped ID gets the server's refusal, not a window.
     if (parsed.runId !== null) await client.call("run.get", {}, { runId: parsed.runId });
-    const id = parsed.runId ?? sessionRun();
+    const own = sessionRun();
+    const id = parsed.runId ?? own;
     if (id === null) {
       notify("No workflow run in this Pi session to watch: start one with /workflow start NAME, or name one: /piw RUN_ID (see /workflow list).", "warning");
       return;
     }
-    const plan = planPiw(id, parsed.place, process.env);
+    // The session's own run: piw gets the session, so its Clear acts on this session's view.
+    const session = id === own && coordinator !== null ? coordinator.sessionId : null;
+    const plan = planPiw(id, parsed.place, process.env, EXTENSION_DIR, session);
     if (plan.kind === "print") {
       notify(`${plan.why} To watch ${id} in piw, run this in a terminal:\n  ${plan.command}`);
       return;

@@ -5,7 +5,8 @@
  *
  * The new window gets the tmux server's environment, not Pi's, so the command names what
  * Pi's environment chose: the `piw` program by its path, and `--state-dir DIR` when the
- * extension's state folder is not the default one.
+ * extension's state folder is not the default one. On the session's own run it passes
+ * `--session SESSION_ID`, so piw's Clear stops this session retaining the finished run.
  */
 
 import { spawn } from "node:child_process";
@@ -91,11 +92,15 @@ export function defaultStateDir(): string {
   return join(homedir(), ".pi", "agent", "workflows");
 }
 
-/** `piw`'s argv for a run: `--state-dir DIR` first when the extension's folder is not the default. */
-export function piwArgv(program: string, runId: string, env: NodeJS.ProcessEnv): string[] {
+/**
+ * `piw`'s argv for a run: `--state-dir DIR` first when the extension's folder is not the
+ * default, then `--session SESSION_ID` when the run is the Pi session's own (`sessionId`).
+ */
+export function piwArgv(program: string, runId: string, env: NodeJS.ProcessEnv, sessionId: string | null = null): string[] {
   const state = stateDir(env);
   const options = resolve(state) === resolve(defaultStateDir()) ? [] : ["--state-dir", state];
-  return [program, ...options, runId];
+  const session = sessionId === null ? [] : ["--session", sessionId];
+  return [program, ...options, ...session, runId];
 }
 
 /** One word as a POSIX shell reads it. */
@@ -129,17 +134,26 @@ export function canOpenPiw(env: NodeJS.ProcessEnv, extensionDir: string = EXTENS
   return tmuxProgram(env) !== null && findPiw(env, extensionDir) !== null;
 }
 
-/** The plan for `/piw` on `runId` in `place`, from Pi's environment. */
-export function planPiw(runId: string, place: PiwPlace, env: NodeJS.ProcessEnv, extensionDir: string = EXTENSION_DIR): PiwPlan {
+/**
+ * The plan for `/piw` on `runId` in `place`, from Pi's environment; `sessionId` is the Pi
+ * session's ID when `runId` is that session's own run (else null).
+ */
+export function planPiw(
+  runId: string,
+  place: PiwPlace,
+  env: NodeJS.ProcessEnv,
+  extensionDir: string = EXTENSION_DIR,
+  sessionId: string | null = null,
+): PiwPlan {
   const piw = findPiw(env, extensionDir);
   // A shell finds `piw` on its PATH; a tmux window may not have Pi's PATH, so it gets the path.
-  const command = shellCommand(piwArgv(piw?.onPath ? PIW_PROGRAM : (piw?.path ?? PIW_PROGRAM), runId, env));
+  const command = shellCommand(piwArgv(piw?.onPath ? PIW_PROGRAM : (piw?.path ?? PIW_PROGRAM), runId, env, sessionId));
   const tmux = tmuxProgram(env);
   if (piw === null) {
     return { kind: "print", command, why: "The piw program was not found (it comes with pi-workflows)." };
   }
   if (tmux === null) return { kind: "print", command, why: "Pi is not running inside tmux." };
-  return { kind: "tmux", tmux, args: tmuxArgs(place, piwArgv(piw.path, runId, env)), command };
+  return { kind: "tmux", tmux, args: tmuxArgs(place, piwArgv(piw.path, runId, env, sessionId)), command };
 }
 
 /** What opening a tmux window gave: done, or the first line of why not. */
