@@ -32,7 +32,6 @@ from pi_workflows.domain import (
     CommitReconcile,
     PlanReconciles,
     ReconcilePlan,
-    RecoverResourceClaims,
     ReleaseReconcileClaim,
     pass_result_from_proposal,
 )
@@ -120,12 +119,8 @@ class ResourceRunnersConfig:
 
 @dataclass(frozen=True, slots=True)
 class StartReconciling:
-    """From the server once children can start: recovery step 7, then the first plan."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Recovered:
-    """Tag: recovery step 7's unit."""
+    """From the server once children can start (after startup recovery returned every
+    claim, step 7): the first plan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +156,7 @@ class ResourceRunnersActor(ServerActor):
     Receives: `StartReconciling`, `Tick`, `Wake`, `Committed` (any commit may have
         enqueued a key or freed a slot), `ChildFrame`, `ChildChannelClosed`,
         `ChildExited`, and `Done` (its units' and spawns' answers).
-    Sends: `Transact` (`RecoverResourceClaims`, `PlanReconciles`, `CommitReconcile`,
+    Sends: `Transact` (`PlanReconciles`, `CommitReconcile`,
         `ReleaseReconcileClaim`) to the database; `Spawn`, `KillChild` to the process
         supervisor (through its `ChildChannels`); `Wake` to the workflow scheduler.
     Invariants: one planning round at a time; a pass commits only once its child is
@@ -216,9 +211,10 @@ class ResourceRunnersActor(ServerActor):
     def on_receive(self, message: Any) -> Any:
         match message:
             case StartReconciling():
-                self._transact(RecoverResourceClaims(every=True), _Recovered())
-            case Done(tag=_Recovered(), reply=reply):
-                self._on_recovered(reply)
+                # Startup recovery (step 7) already returned every claim a dead server
+                # held: the passes start from the queue.
+                self._started = True
+                self._plan()
             case Done(tag=_Planned(), reply=reply):
                 self._on_planned(reply)
             case Done(tag=_Committed(key=key, result=result), reply=reply):
@@ -242,17 +238,6 @@ class ResourceRunnersActor(ServerActor):
         self._database.tell(Transact(unit, self.actor_ref, tag, hold_when_full=True))
 
     # --- planning --------------------------------------------------------------------------
-
-    def _on_recovered(self, reply: Reply) -> None:
-        if reply.error is not None:
-            raise reply.error  # recovery must not be skipped: the server stops
-        if reply.value:
-            log.info(
-                "resource claims returned at startup",
-                extra={"action": "resource.recovered", "count": len(reply.value)},
-            )
-        self._started = True
-        self._plan()
 
     def _plan(self) -> None:
         if not self._started:

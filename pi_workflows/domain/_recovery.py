@@ -25,7 +25,8 @@ inside recovery (a crash point sits there) is recovered by the next start:
    passed (design step 7: due decision timeouts run first).
 5. Later parts plug in at `LATER_STEPS`: first channels (every Telegram attempt a dead
    server left applying becomes `ambiguous`, never sent again automatically:
-   `domain/_channel_work.py`), later retention.
+   `domain/_channel_work.py`), then resource claims (step 7: every claim returns its
+   key to the queue, `domain/_resource_work.py`).
 
 Design step 9 (validate every `validating` submission again in a new child) needs the
 actors, so it runs after them: `WorkflowServer` tells the validations actor
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 
 from pi_workflows.domain._channel_work import recover_channels_at_startup
 from pi_workflows.domain._deadlines import expire_due
+from pi_workflows.domain._resource_work import recover_reconcile_claims
 from pi_workflows.domain._runner_exits import MAX_RUNNER_CRASHES
 from pi_workflows.storage import (
     Database,
@@ -65,7 +67,23 @@ RECOVERY_CLAIM_TTL_MS = 30_000
 RECOVERY_BATCH = 100
 """Runs recovered per transaction."""
 
-LATER_STEPS: list[Callable[[Database], None]] = [recover_channels_at_startup]
+
+def _recover_resource_claims(db: Database) -> None:
+    """Design step 7 for resource managers: every claim a dead server's passes held
+    returns its key to the queue (this server holds the global lock, so none of those
+    passes can still commit)."""
+    returned = recover_reconcile_claims(db, every=True)
+    if returned:
+        log.info(
+            "resource claims returned at startup",
+            extra={"action": "resource.recovered", "count": len(returned)},
+        )
+
+
+LATER_STEPS: list[Callable[[Database], None]] = [
+    recover_channels_at_startup,
+    _recover_resource_claims,
+]
 """Recovery steps of later parts (design steps 7–12), run in order after the runs."""
 
 

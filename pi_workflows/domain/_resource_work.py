@@ -35,10 +35,12 @@ from pi_workflows.storage import (
     apply_resource,
     claim_next_resource,
     commit_reconcile,
+    count_due_reconciles,
     count_reconciling,
     enqueue_resource,
     get_resource,
     get_resource_queue_row,
+    has_expired_resource_claims,
     list_reconcile_history,
     list_resource_child_runs,
     list_resource_effects,
@@ -148,7 +150,16 @@ def plan_reconciles(
 ) -> ReconcilePlan:
     """Claim due keys while the one capacity shared with workflow runners (starting and
     running runs, live resource claims) has room, in one transaction, so two planning
-    rounds never hand out the same slot."""
+    rounds never hand out the same slot.
+
+    It reads first: with no free slot or no due key it opens no write transaction, so a
+    server without resource work commits nothing for it (a planning round follows every
+    commit that wrote)."""
+    with db.read():
+        now = db.clock.now_ms()
+        free = capacity - active_queue_count(db) - count_reconciling(db, now)
+        if free <= 0 or count_due_reconciles(db, now) == 0:
+            return ReconcilePlan((), next_reconcile_due_at(db, now))
     with db.write() as tx:
         now = tx.now
         free = capacity - active_queue_count(tx) - count_reconciling(tx, now)
@@ -280,7 +291,11 @@ def retry_pass_effect(db: Database, claim: ResourceClaim, key: str) -> ResourceE
 
 def recover_reconcile_claims(db: Database, every: bool = False) -> tuple[str, ...]:
     """The scheduler's sweep: expired claims return their keys to the queue; with
-    `every` (recovery step 7 at startup), all claims. Returns their uids."""
+    `every` (recovery step 7 at startup), all claims. Returns their uids. With none to
+    return it opens no write transaction."""
+    with db.read():
+        if not has_expired_resource_claims(db, db.clock.now_ms(), every=every):
+            return ()
     with db.write() as tx:
         return tuple(recover_resource_claims(tx, every=every))
 

@@ -1643,6 +1643,9 @@ RETURNING expires_at
 DELETE_RESOURCE_CLAIM = "DELETE FROM resource_claims WHERE uid = :uid"
 # Claims whose holder stopped renewing them (recovery returns their keys to the queue);
 # :every = 1 at startup, when no pass of an earlier server can still be running.
+ANY_EXPIRED_RESOURCE_CLAIM = """
+SELECT EXISTS (SELECT 1 FROM resource_claims WHERE expires_at <= :now OR :every = 1)
+"""
 SELECT_EXPIRED_RESOURCE_CLAIMS = """
 SELECT uid FROM resource_claims WHERE expires_at <= :now OR :every = 1
 ORDER BY expires_at, uid

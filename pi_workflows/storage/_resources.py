@@ -66,6 +66,7 @@ __all__ = [
     "get_resource",
     "get_resource_by_uid",
     "get_resource_queue_row",
+    "has_expired_resource_claims",
     "list_reconcile_history",
     "list_resource_child_runs",
     "list_resource_effects",
@@ -927,6 +928,13 @@ def release_resource_claim(tx: Tx, claim: ResourceClaim) -> None:
     """
     _check(tx, claim, require_live=False)
     tx.execute(q.DELETE_RESOURCE_CLAIM, {"uid": claim.uid})
+
+
+def has_expired_resource_claims(reader: Reader, now: int, *, every: bool = False) -> bool:
+    """True when `recover_resource_claims` would return a key (read first, so a server
+    with nothing to recover opens no write transaction)."""
+    params = {"now": now, "every": 1 if every else 0}
+    return bool(reader.fetch_value(q.ANY_EXPIRED_RESOURCE_CLAIM, params))
 
 
 def recover_resource_claims(tx: Tx, *, every: bool = False) -> list[str]:
