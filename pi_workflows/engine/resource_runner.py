@@ -1,9 +1,8 @@
 """The resource runner child (`python -m pi_workflows.engine.resource_runner`): one pass.
 
-Implements workflow-server.md § Resource managers, runner side: it loads the manager's
-exact applied bytes (`load_manager(..., expected_digest=)`), runs `reconcile(ctx)` and
-proposes the outcome over `resource-runner.v1`. It never opens the database; the server
-commits the proposal under the pass's claim, and stops this child at the deadline.
+It loads the manager's exact applied bytes (`load_manager(..., expected_digest=)`), runs
+`reconcile(ctx)` and proposes the outcome over `resource-runner.v1`; it never opens the
+database (workflow-server.md § Resource managers: the server commits under the claim).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ def test_implementation_modules_are_private_and_declare_all() -> None:
             "channel_adapter",
             "resolve",
             "runner",
+            "resource_runner",
             "validate",
         ), info.name
         module = importlib.import_module(f"pi_workflows.engine.{info.name}")
