@@ -100,11 +100,16 @@ class SchedulerActor(ServerActor):
         self._planning = False
         self._last_kind: QueueKind | None = None
         self._reconciles: AdmitReconciles | None = None
+        self._replan = False
 
     def on_receive(self, message: Any) -> Any:
         match message:
             case Tick() | Wake():
-                if not self._planning and self._runner_host is not None:
+                if self._planning:
+                    # A wake (a commit, a freed slot) during a round: one more round after
+                    # it, so a due key or run does not wait for the next tick.
+                    self._replan = self._replan or isinstance(message, Wake)
+                elif self._runner_host is not None:
                     self._plan()
             case AdmitReconciles():
                 self._reconciles = message
@@ -113,12 +118,16 @@ class SchedulerActor(ServerActor):
             case Done(tag=AdmissionPlan(), reply=reply):
                 self._planning = False
                 if reply.error is not None:
+                    self._replan = False
                     log.warning(
                         "admission read failed",
                         extra={"action": "scheduler.error", "reason": type(reply.error).__name__},
                     )
                     return None
                 self._hand_out(reply.value)
+                if self._replan and self._runner_host is not None:
+                    self._replan = False
+                    self._plan()
             case _:
                 raise TypeError(f"scheduler got {type(message).__name__}")
         return None
