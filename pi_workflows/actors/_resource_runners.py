@@ -1,7 +1,8 @@
 """The resource-runners actor: claims due resource keys and runs each pass in a child.
 
 Implements workflow-server.md § Resource managers and § Worker scheduling, server side:
-a planning round claims due keys within the capacity shared with workflow runners, each
+the scheduler (the one decider) claims due keys within the capacity shared with workflow
+runners, alternating with workflow admissions, and hands them here (`StartPasses`); each
 pass runs in its own resource runner child (`pi_workflows.engine.resource_runner`, forked
 by the zygote, on a private `ChildChannels` channel), and the child's proposal commits
 under the pass's claim and CAS (`CommitReconcile`). A child that dies without an outcome,
@@ -26,12 +27,10 @@ import pykka
 
 from pi_workflows.actors._base import ActorFailureHandler, Done, Reply, ServerActor
 from pi_workflows.actors._database import Committed, Transact
-from pi_workflows.actors._scheduler import Wake
+from pi_workflows.actors._scheduler import AdmitReconciles, StartPasses, Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain import (
     CommitReconcile,
-    PlanReconciles,
-    ReconcilePlan,
     ReleaseReconcileClaim,
     pass_result_from_proposal,
 )
@@ -124,11 +123,6 @@ class StartReconciling:
 
 
 @dataclass(frozen=True, slots=True)
-class _Planned:
-    """Tag: a planning round's unit."""
-
-
-@dataclass(frozen=True, slots=True)
 class _Committed:
     """Tag: a pass's commit (or the release after a refused commit)."""
 
@@ -151,17 +145,20 @@ class _Pass:
 
 class ResourceRunnersActor(ServerActor):
     """Owns: every resource pass in flight (`_Pass`, by reconcile ID) and its child's
-    channel (`ChildChannels`), the planning state and the next due time.
+    channel (`ChildChannels`).
 
-    Receives: `StartReconciling`, `Tick`, `Wake`, `Committed` (any commit may have
-        enqueued a key or freed a slot), `ChildFrame`, `ChildChannelClosed`,
-        `ChildExited`, and `Done` (its units' and spawns' answers).
-    Sends: `Transact` (`PlanReconciles`, `CommitReconcile`,
+    Receives: `StartReconciling`, `StartPasses` (keys the scheduler admitted and
+        claimed), `Tick`, `Wake`, `Committed` (any commit may have enqueued a key),
+        `ChildFrame`, `ChildChannelClosed`, `ChildExited`, and `Done` (its units' and
+        spawns' answers).
+    Sends: `Transact` (`CommitReconcile`,
         `ReleaseReconcileClaim`) to the database; `Spawn`, `KillChild` to the process
-        supervisor (through its `ChildChannels`); `Wake` to the workflow scheduler.
-    Invariants: one planning round at a time; a pass commits only once its child is
-        reaped and its channel drained, so two passes of a key never run at once; every
-        claimed pass commits one outcome or releases its claim.
+        supervisor (through its `ChildChannels`); `AdmitReconciles` and `Wake` to the
+        scheduler, which alone decides which keys start.
+    Invariants: no pass starts before startup recovery returned the claims (step 7); a
+        pass commits only once its child is reaped and its channel drained, so two
+        passes of a key never run at once; every claimed pass commits one outcome or
+        releases its claim.
     On failure: reported to the server, which stops; claims expire (or the next start
         returns them) and the keys are reconciled again.
     """
@@ -188,10 +185,6 @@ class ResourceRunnersActor(ServerActor):
         self._children: ChildChannels | None = None
         """Made in `on_start`, once this actor's own address exists."""
         self._started = False
-        self._planning = False
-        self._replan = False
-        self._next_due_at: int | None = None
-        """When the planning round should run again on its own (None: on a wake-up)."""
 
     def on_start(self) -> None:
         self._children = ChildChannels(
@@ -212,17 +205,18 @@ class ResourceRunnersActor(ServerActor):
         match message:
             case StartReconciling():
                 # Startup recovery (step 7) already returned every claim a dead server
-                # held: the passes start from the queue.
+                # held: the scheduler may admit due keys now.
                 self._started = True
-                self._plan()
-            case Done(tag=_Planned(), reply=reply):
-                self._on_planned(reply)
+                self._admit_reconciles()
+            case StartPasses(claimed=claimed):
+                for each in claimed:
+                    self._start(each)
             case Done(tag=_Committed(key=key, result=result), reply=reply):
                 self._on_committed(key, result, reply)
             case Tick():
-                self._on_tick()
+                self._stop_overdue()
             case Wake() | Committed():
-                self._plan()
+                self._wake_scheduler()
             case ChildFrame():
                 self._on_frame(message)
             case Done() | ChildExited() | ChildChannelClosed():
@@ -239,45 +233,19 @@ class ResourceRunnersActor(ServerActor):
 
     # --- planning --------------------------------------------------------------------------
 
-    def _plan(self) -> None:
-        if not self._started:
+    def _admit_reconciles(self) -> None:
+        """Recovery step 7 is done: the scheduler may admit (and claim) due keys."""
+        if self._scheduler is None:
             return
-        if self._planning:
-            self._replan = True  # once the round in flight is answered
-            return
-        self._planning = True
         ttl_ms = round(self._config.deadline_s * 1000) + CLAIM_GRACE_MS
-        self._transact(
-            PlanReconciles(self._config.owner_id, self._config.capacity, ttl_ms), _Planned()
-        )
+        with contextlib.suppress(pykka.ActorDeadError):
+            self._scheduler.tell(AdmitReconciles(self.actor_ref, ttl_ms))
 
-    def _on_planned(self, reply: Reply) -> None:
-        self._planning = False
-        if reply.error is not None:
-            log.warning(
-                "reconcile planning failed",
-                extra={"action": "resource.plan_failed", "reason": type(reply.error).__name__},
-            )
-            self._next_due_at = None
-        else:
-            plan: ReconcilePlan = reply.value
-            for claimed in plan.claimed:
-                self._start(claimed)
-            now = self._config.clock.now_ms()
-            # A key due now that was not claimed waits for a slot: a commit (a runner's
-            # exit, a pass's end) wakes this actor then, not the ticker.
-            due = plan.next_due_at
-            self._next_due_at = due if due is not None and due > now else None
-        if self._replan:
-            self._replan = False
-            self._plan()
-
-    def _on_tick(self) -> None:
-        self._stop_overdue()
-        due = self._next_due_at
-        if due is not None and self._config.clock.now_ms() >= due:
-            self._next_due_at = None
-            self._plan()
+    def _wake_scheduler(self) -> None:
+        """A key may be due, or a slot free: the scheduler decides (one decider)."""
+        if self._started and self._scheduler is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._scheduler.tell(Wake())
 
     # --- passes ----------------------------------------------------------------------------
 
@@ -417,10 +385,7 @@ class ResourceRunnersActor(ServerActor):
                 "reconcile pass committed",
                 extra={"action": "resource.pass_committed", "reconcile_id": key, "reason": outcome},
             )
-        self._plan()
-        if self._scheduler is not None:  # a slot of the shared capacity is free again
-            with contextlib.suppress(pykka.ActorDeadError):
-                self._scheduler.tell(Wake())
+        self._wake_scheduler()  # a slot of the shared capacity is free again
 
 
 def _log_name(uid: str) -> str:

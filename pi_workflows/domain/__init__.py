@@ -70,7 +70,7 @@ from pi_workflows.domain._resource_ops import (
     apply_spec,
     resource_ref,
 )
-from pi_workflows.domain._resource_work import ReconcilePlan, pass_result_from_proposal
+from pi_workflows.domain._resource_work import pass_result_from_proposal
 from pi_workflows.domain._retention import (
     RETENTION_DAYS_ENV,
     YIELDED,
@@ -147,7 +147,6 @@ from pi_workflows.domain._units import (
     LookUpRestart,
     NextDeadline,
     Perform,
-    PlanReconciles,
     PriorAnswer,
     PruneDryRun,
     ReadView,
@@ -250,7 +249,6 @@ __all__ = [
     "OperationContext",
     "OperationError",
     "Perform",
-    "PlanReconciles",
     "PriorAnswer",
     "ProfileScope",
     "PruneDryRun",
@@ -259,7 +257,6 @@ __all__ = [
     "PruneQueryError",
     "PruneSelection",
     "ReadView",
-    "ReconcilePlan",
     "RecordBackup",
     "RecordChannelResult",
     "RecordPrune",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -31,12 +30,9 @@ from pi_workflows.storage import (
     ResourceQueueRow,
     ResourceRecord,
     ResourceSummary,
-    active_queue_count,
     apply_resource,
     claim_next_resource,
     commit_reconcile,
-    count_due_reconciles,
-    count_reconciling,
     enqueue_resource,
     get_resource,
     get_resource_queue_row,
@@ -45,7 +41,6 @@ from pi_workflows.storage import (
     list_resource_child_runs,
     list_resource_effects,
     list_resources,
-    next_reconcile_due_at,
     recover_resource_claims,
     release_resource_claim,
     request_resource_deletion,
@@ -57,14 +52,12 @@ from pi_workflows.storage import (
 
 __all__ = [
     "RECENT_PASSES",
-    "ReconcilePlan",
     "apply_resource_spec",
     "claim_reconcile",
     "commit_reconcile_pass",
     "delete_resource",
     "enqueue_resource_key",
     "pass_result_from_proposal",
-    "plan_reconciles",
     "recover_reconcile_claims",
     "release_reconcile_claim",
     "reserve_pass_effect",
@@ -133,45 +126,6 @@ def claim_reconcile(
     """Claim the next due key for a resource runner (None: nothing is due)."""
     with db.write() as tx:
         return claim_next_resource(tx, owner_id=owner_id, owner_type=RESOURCE_OWNER, ttl_ms=ttl_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcilePlan:
-    """One planning round of the resource runners: the passes claimed now, and when the
-    next unclaimed key is due (None: none is queued; at or before now: due, but the
-    capacity is full)."""
-
-    claimed: tuple[ClaimedReconcile, ...]
-    next_due_at: int | None
-
-
-def plan_reconciles(
-    db: Database, owner_id: str, capacity: int, ttl_ms: int = DEFAULT_CLAIM_TTL_MS
-) -> ReconcilePlan:
-    """Claim due keys while the one capacity shared with workflow runners (starting and
-    running runs, live resource claims) has room, in one transaction, so two planning
-    rounds never hand out the same slot.
-
-    It reads first: with no free slot or no due key it opens no write transaction, so a
-    server without resource work commits nothing for it (a planning round follows every
-    commit that wrote)."""
-    with db.read():
-        now = db.clock.now_ms()
-        free = capacity - active_queue_count(db) - count_reconciling(db, now)
-        if free <= 0 or count_due_reconciles(db, now) == 0:
-            return ReconcilePlan((), next_reconcile_due_at(db, now))
-    with db.write() as tx:
-        now = tx.now
-        free = capacity - active_queue_count(tx) - count_reconciling(tx, now)
-        claimed: list[ClaimedReconcile] = []
-        while free > len(claimed):
-            next_pass = claim_next_resource(
-                tx, owner_id=owner_id, owner_type=RESOURCE_OWNER, ttl_ms=ttl_ms
-            )
-            if next_pass is None:
-                break
-            claimed.append(next_pass)
-        return ReconcilePlan(tuple(claimed), next_reconcile_due_at(tx, now))
 
 
 _OUTCOMES = frozenset({"settled", "requeue", "requeueAfter"})

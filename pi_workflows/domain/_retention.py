@@ -89,7 +89,7 @@ def select_expired(
     """A read: the next page of the trees `state prune --older-than days` would list
     (`prunable_tree_page`, after root `after`; `cutoff` None: now minus `days`), or
     `YIELDED` when runner work is pending (the sweep waits for idle)."""
-    if runner_work_pending(db):
+    if runner_work_pending(db, db.clock.now_ms()):
         return YIELDED
     if cutoff is None:
         cutoff = db.clock.now_ms() - days * DAY_MS
@@ -103,7 +103,7 @@ def sweep_tree(
     """A write: `YIELDED` if runner work is pending (nothing deleted); else delete the
     tree if the recheck keeps it expired (None when it changed and is kept)."""
     with db.write() as tx:
-        if runner_work_pending(tx):
+        if runner_work_pending(tx, tx.now):
             return YIELDED
         return delete_one_tree(tx, tree, cutoff)
 

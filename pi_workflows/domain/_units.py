@@ -61,7 +61,6 @@ from pi_workflows.domain._resource_work import (
     commit_reconcile_pass,
     delete_resource,
     enqueue_resource_key,
-    plan_reconciles,
     recover_reconcile_claims,
     release_reconcile_claim,
     reserve_pass_effect,
@@ -149,7 +148,6 @@ __all__ = [
     "LookUpRestart",
     "NextDeadline",
     "Perform",
-    "PlanReconciles",
     "PriorAnswer",
     "PruneDryRun",
     "ReadView",
@@ -289,12 +287,14 @@ class Barrier:
 @_runs(admit)
 @dataclass(frozen=True, slots=True)
 class AdmitRuns:
-    """Choose the runs to admit now and claim each for a new runner generation."""
+    """Choose the runs and due reconciles to admit now, alternating kinds, and claim each
+    (`reconcile_ttl_ms` None: no reconcile is admitted)."""
 
     label: ClassVar[str] = "plan"
     capacity: int
     last_kind: QueueKind | None
     owner_id: str
+    reconcile_ttl_ms: int | None = None
 
 
 # --- the server lease --------------------------------------------------------------------
@@ -787,18 +787,6 @@ class ClaimReconcile:
 
     label: ClassVar[str] = "resource.claim"
     owner_id: str
-    ttl_ms: int = DEFAULT_CLAIM_TTL_MS
-
-
-@_runs(plan_reconciles)
-@dataclass(frozen=True, slots=True)
-class PlanReconciles:
-    """The resource runners' planning round: claim due keys within the shared capacity
-    and say when the next key is due (a `ReconcilePlan`)."""
-
-    label: ClassVar[str] = "resource.plan"
-    owner_id: str
-    capacity: int
     ttl_ms: int = DEFAULT_CLAIM_TTL_MS
 
 

@@ -18,7 +18,12 @@ from typing import Final
 from pi_workflows.engine._errors import ManagerSourceChangedError, ResourceManagerLoadError
 from pi_workflows.engine._resource_manager import ReconcileContext, Resource, finish_pass
 from pi_workflows.engine._resource_manager_source import load_manager
-from pi_workflows.supervision import become_subreaper, set_process_name, stop_descendants
+from pi_workflows.supervision import (
+    become_subreaper,
+    crash_point,
+    set_process_name,
+    stop_descendants,
+)
 from pi_workflows.wire.framing import FrameDecoder, FrameError, encode_frame
 from pi_workflows.wire.protocol import ProtocolViolation
 from pi_workflows.wire.resource_runner import (
@@ -54,6 +59,7 @@ def run_pass(start: PassStart) -> PassProposed | PassFailed:
     except ResourceManagerLoadError:
         traceback.print_exc()  # to this child's private log, never to the server's
         return PassFailed("loadFailed")
+    crash_point("runner.reconcile.after_load")
     try:
         resource = Resource.from_wire(start.resource)
     except ValueError:
@@ -95,7 +101,9 @@ def main() -> int:
         if frame is None:
             return EXIT_BAD_START
         start = PassStart.from_wire(frame)
-        sock.sendall(encode_frame(run_pass(start).to_wire()))
+        outcome = run_pass(start)
+        crash_point("runner.reconcile.before_result")
+        sock.sendall(encode_frame(outcome.to_wire()))
         return 0
     except (FrameError, ProtocolViolation, OSError):
         traceback.print_exc()

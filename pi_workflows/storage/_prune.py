@@ -220,6 +220,8 @@ SELECT EXISTS (SELECT 1 FROM run_queue WHERE state IN ('starting', 'running'))
     OR EXISTS (SELECT 1 FROM run_queue AS q JOIN runs AS r ON r.run_id = q.run_id
                WHERE q.state = 'queued' AND r.paused = 0)
     OR EXISTS (SELECT 1 FROM runner_epochs WHERE status IN ('starting', 'ready'))
+    OR EXISTS (SELECT 1 FROM resource_claims)
+    OR EXISTS (SELECT 1 FROM resource_queue WHERE available_at <= :now)
 """
 _TREE_RUNNER_EPOCHS = (
     "SELECT runner_epoch AS run_id FROM runner_epochs"
@@ -430,10 +432,11 @@ def known_runner_epochs(reader: Reader, epochs: Iterable[str]) -> set[str]:
     )
 
 
-def runner_work_pending(reader: Reader) -> bool:
-    """Whether a run is admitted (queued, unpaused), starting or running, or a runner
-    epoch has not ended: automatic retention yields to it."""
-    return bool(reader.fetch_value(_RUNNER_WORK_PENDING, {}))
+def runner_work_pending(reader: Reader, now: int) -> bool:
+    """Whether a run is admitted (queued, unpaused), starting or running, a runner epoch
+    has not ended, a reconcile pass holds a claim (live, or a dead pass's until the key
+    is claimed again) or a resource key is due at `now`: automatic retention yields."""
+    return bool(reader.fetch_value(_RUNNER_WORK_PENDING, {"now": now}))
 
 
 def collect_unreferenced_blobs(tx: Tx, candidates: Iterable[str]) -> int:
@@ -533,7 +536,7 @@ def compact_state(
     their free pages stay reusable by the next inserts.
     """
     conn = db.connection
-    if conn.in_transaction or runner_work_pending(db):
+    if conn.in_transaction or runner_work_pending(db, db.clock.now_ms()):
         return CompactOutcome(False, False, 0, skipped="busy")
     crash_point("server.retention.before_wal_truncate")
     truncated = db.reclaim_wal()
@@ -542,7 +545,7 @@ def compact_state(
     free = int(db.fetch_value("PRAGMA freelist_count", {}))
     reclaimable = free * page_size
     worth = reclaimable >= vacuum_min_bytes and pages > 0 and free / pages >= vacuum_min_free_ratio
-    if not worth or conn.in_transaction or runner_work_pending(db):
+    if not worth or conn.in_transaction or runner_work_pending(db, db.clock.now_ms()):
         return CompactOutcome(truncated, False, reclaimable)
     crash_point("server.retention.before_vacuum")
     try:

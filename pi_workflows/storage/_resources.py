@@ -843,6 +843,7 @@ def _claim(tx: Tx, uid: str, *, owner_type: str, owner_id: str, ttl_ms: int) -> 
         token=token,
         ttl_ms=ttl_ms,
     )
+    tx.lifecycle.append("reconcile_claim")  # its COMMIT passes the claim's crash points
     if held is not None:
         tx.execute(q.DELETE_RESOURCE_CLAIM, {"uid": uid})
     tx.execute(q.UPDATE_RESOURCE_CLAIM_GENERATION, {"uid": uid, "claim_generation": generation})
@@ -1000,6 +1001,7 @@ def commit_reconcile(
     _check_result(result)
     if not 0.0 <= jitter < 1.0:
         raise ValueError("jitter must be in [0, 1)")
+    tx.lifecycle.append("reconcile_commit")  # its COMMIT passes the pass's crash points
     now, uid = tx.now, claim.uid
     generation = current.generation
     status_text = None if result.status is None else _json_text(result.status, "status")

@@ -292,6 +292,32 @@ _declare(
     "Startup recovery after a batch of stale runs was recovered and committed (the first "
     "batch holds the first 100), before the remaining runs are recovered.",
 )
+# Server: a resource reconcile pass's claim (made by the scheduler's admission) and the
+# commit of its result, each a transaction whose COMMIT passes its pair.
+_declare(
+    "server.lifecycle.reconcile_claim.before_commit",
+    "server",
+    "A reconcile pass's claim of a due resource key before its COMMIT, so the key stays "
+    "queued and unclaimed.",
+)
+_declare(
+    "server.lifecycle.reconcile_claim.after_commit",
+    "server",
+    "A reconcile pass's claim of a due resource key right after its COMMIT, before its "
+    "resource runner child is started.",
+)
+_declare(
+    "server.lifecycle.reconcile_commit.before_commit",
+    "server",
+    "A reconcile pass's result commit before its COMMIT, so the pass ran but its result "
+    "is lost and its claim is still held.",
+)
+_declare(
+    "server.lifecycle.reconcile_commit.after_commit",
+    "server",
+    "A reconcile pass's result commit right after its COMMIT (status, queue and claim "
+    "release durable), before the server acts on it.",
+)
 # Runner: the ready handshake, managed effects, and every message it sends.
 _declare(
     "runner.ready.before_send",
@@ -340,6 +366,20 @@ _declare(
     "runner",
     "A managed effect after its read-back observed the external system and before that "
     "proof is sent to the server.",
+)
+
+# Runner: a resource runner child's one pass (the server commits what it proposes).
+_declare(
+    "runner.reconcile.after_load",
+    "runner",
+    "A resource runner after it loaded the manager's applied source and before its "
+    "reconcile runs, so no manager code ran.",
+)
+_declare(
+    "runner.reconcile.before_result",
+    "runner",
+    "A resource runner after its reconcile returned and before the proposed result is "
+    "sent, so the pass has no outcome and its code ran.",
 )
 
 

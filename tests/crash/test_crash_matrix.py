@@ -1576,6 +1576,145 @@ def _backup_after_link(lab: Lab) -> None:
     lab.finish({crashed.run_id: "completed"})
 
 
+# --- a resource manager's reconcile pass ------------------------------------------------
+# One resource of a manager that counts every run of its code and settles. Whatever dies
+# (the server around a claim or a result commit, the resource runner after loading or
+# before proposing), the next pass settles it once: one `settled` pass in its history,
+# no claim left, and `state verify` clean. Manager code may run again; a committed
+# result never commits twice.
+
+TALLY = """
+import os
+from pi_workflows.resource_managers import condition_true, define_resource_manager
+
+def reconcile(ctx):
+    with open(__COUNTS__, "a") as f:
+        f.write("pass\\n")
+    return ctx.settled(status={"done": True}, conditions=[condition_true("Ready", "Done")])
+
+resource_manager = define_resource_manager(
+    name="tally", initial_status=lambda spec: {}, reconcile=reconcile
+)
+"""
+
+
+def _tally_passes(lab: Lab) -> int:
+    counts = lab.root / "counts" / "reconcile"
+    return len(counts.read_text().splitlines()) if counts.exists() else 0
+
+
+def _apply_tally(lab: Lab) -> Command:
+    folder = lab.project / ".pi" / "resource-managers"
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = repr(str(lab.root / "counts" / "reconcile"))
+    (folder / "tally.resource_manager.py").write_text(TALLY.replace("__COUNTS__", counts))
+    payload = {"manager": "tally", "key": "k", "spec": {"n": 1}, "projectPath": str(lab.project)}
+    return lab.command("resourceManager.apply", payload)
+
+
+def _tally_view(lab: Lab) -> dict[str, Any]:
+    payload = {"manager": "tally", "key": "k", "projectPath": str(lab.project)}
+    return dict(lab.call("resourceManager.get", payload))
+
+
+def _wait_settled(lab: Lab) -> dict[str, Any]:
+    deadline = time.monotonic() + SETTLE_S
+    pause = threading.Event()
+    while True:
+        view = _tally_view(lab)
+        if any(p["outcome"] == "settled" for p in view["recentPasses"]):
+            return view
+        assert time.monotonic() < deadline, view
+        pause.wait(0.05)
+
+
+def _check_settled_once(lab: Lab) -> list[tuple[str, str | None]]:
+    """The resource settled by exactly one committed pass; returns its passes, oldest first."""
+    view = _wait_settled(lab)
+    passes = [(p["outcome"], p["errorClass"]) for p in reversed(view["recentPasses"])]
+    assert passes.count(("settled", None)) == 1, passes
+    resource = view["resource"]
+    assert resource["status"] == {"done": True}
+    assert resource["observedGeneration"] == resource["generation"] == 1
+    assert view["queue"] is None, "settled: nothing is due"
+    with lab.database() as db:
+        assert _row(db, "SELECT COUNT(*) FROM resource_claims") == 0
+    return passes
+
+
+def _reconcile_server_crash(lab: Lab, point: str) -> tuple[int, int]:
+    """Apply, die at `point`; returns (passes of manager code at the crash, after)."""
+    armed = lab.start_server(point)
+    _apply_tally(lab)
+    lab.expect_server_crash(armed)
+    at_crash = _tally_passes(lab)
+    with lab.database() as db:  # a reader of what the crash left
+        claims = _row(db, "SELECT COUNT(*) FROM resource_claims")
+        settled = _row(db, "SELECT COUNT(*) FROM reconcile_history WHERE outcome = 'settled'")
+    committed = point.startswith("server.lifecycle.reconcile_commit.after")
+    assert settled == (1 if committed else 0)
+    assert claims == (1 if point.endswith("claim.after_commit") or "commit.before" in point else 0)
+    lab.start_server()
+    lab.resend_lost()  # an apply whose answer the crash swallowed adopts its receipt
+    _check_settled_once(lab)
+    after = _tally_passes(lab)
+    lab.finish({})
+    return at_crash, after
+
+
+@scenario("server.lifecycle.reconcile_claim.before_commit", "apply")
+def _reconcile_claim_before_commit(lab: Lab) -> None:
+    at_crash, after = _reconcile_server_crash(lab, "server.lifecycle.reconcile_claim.before_commit")
+    assert (at_crash, after) == (0, 1), "no pass started; the next server's pass runs once"
+
+
+@scenario("server.lifecycle.reconcile_claim.after_commit", "apply")
+def _reconcile_claim_after_commit(lab: Lab) -> None:
+    at_crash, after = _reconcile_server_crash(lab, "server.lifecycle.reconcile_claim.after_commit")
+    assert (at_crash, after) == (0, 1), "recovery step 7 returned the claim; one pass ran"
+
+
+@scenario("server.lifecycle.reconcile_commit.before_commit", "settled")
+def _reconcile_commit_before_commit(lab: Lab) -> None:
+    at_crash, after = _reconcile_server_crash(
+        lab, "server.lifecycle.reconcile_commit.before_commit"
+    )
+    assert (at_crash, after) == (1, 2), "the lost result's pass runs again, once"
+
+
+@scenario("server.lifecycle.reconcile_commit.after_commit", "settled")
+def _reconcile_commit_after_commit(lab: Lab) -> None:
+    at_crash, after = _reconcile_server_crash(lab, "server.lifecycle.reconcile_commit.after_commit")
+    assert (at_crash, after) == (1, 1), "a committed result is never reconciled again"
+
+
+def _reconcile_runner_crash(lab: Lab, point: str) -> list[tuple[str, str | None]]:
+    armed = lab.start_server(point)
+    _apply_tally(lab)
+    deadline = time.monotonic() + SETTLE_S
+    pause = threading.Event()
+    while armed.marker is not None and not armed.marker.exists():
+        assert time.monotonic() < deadline, f"{point} was never reached"
+        pause.wait(0.05)
+    passes = _check_settled_once(lab)
+    assert armed.alive(), "a resource runner point must not kill the server"
+    assert passes == [("error", "runnerExited"), ("settled", None)], passes
+    lab.finish({})
+    return passes
+
+
+@scenario("runner.reconcile.after_load", "apply")
+def _reconcile_runner_after_load(lab: Lab) -> None:
+    _reconcile_runner_crash(lab, "runner.reconcile.after_load")
+    assert _tally_passes(lab) == 1, "the dead child ran no manager code"
+
+
+@scenario("runner.reconcile.before_result", "apply")
+def _reconcile_runner_before_result(lab: Lab) -> None:
+    _reconcile_runner_crash(lab, "runner.reconcile.before_result")
+    assert _tally_passes(lab) == 2, "the pass without an outcome ran again, once"
+
+
 # --- the matrix -------------------------------------------------------------------------
 
 

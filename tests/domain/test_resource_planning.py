@@ -7,6 +7,7 @@ the `PassResult` committed only if it answers the version the pass read.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,15 @@ import pytest
 from pi_workflows.domain import (
     AdmitRuns,
     ApplyResource,
-    PlanReconciles,
-    ReconcilePlan,
     pass_result_from_proposal,
     perform,
 )
 from pi_workflows.storage import (
+    ClaimedReconcile,
     Database,
     ManualClock,
     acquire_server_epoch,
+    count_due_reconciles,
     open_database,
 )
 from tests.storage.storage_helpers import enqueue
@@ -60,10 +61,16 @@ def _apply(db: Database, *keys: str) -> None:
         )
 
 
-def _plan(db: Database, capacity: int) -> ReconcilePlan:
-    plan = perform(db, PlanReconciles(OWNER, capacity))
-    assert isinstance(plan, ReconcilePlan)
-    return plan
+@dataclass(frozen=True)
+class _Round:
+    """The reconciles one admission round claimed."""
+
+    claimed: tuple[ClaimedReconcile, ...]
+
+
+def _plan(db: Database, capacity: int) -> _Round:
+    admitted = perform(db, AdmitRuns(capacity, None, OWNER, reconcile_ttl_ms=60_000))
+    return _Round(tuple(item for _, item in admitted if isinstance(item, ClaimedReconcile)))
 
 
 def test_a_round_claims_due_keys_up_to_the_capacity_and_says_one_still_waits(
@@ -72,7 +79,7 @@ def test_a_round_claims_due_keys_up_to_the_capacity_and_says_one_still_waits(
     _apply(db, "a", "b", "c")
     first = _plan(db, capacity=2)
     assert len(first.claimed) == 2
-    assert first.next_due_at is not None and first.next_due_at <= db.clock.now_ms()
+    assert count_due_reconciles(db, db.clock.now_ms()) == 1
     again = _plan(db, capacity=2)
     assert again.claimed == (), "live passes hold both slots"
     assert len(_plan(db, capacity=3).claimed) == 1
@@ -82,9 +89,9 @@ def test_live_passes_hold_slots_against_workflow_runs_and_runs_against_passes(
     db: Database,
 ) -> None:
     _apply(db, "a")
+    assert len(_plan(db, capacity=2).claimed) == 1  # before the runs queue: one round
     enqueue(db, "run-1")
     enqueue(db, "run-2")
-    assert len(_plan(db, capacity=2).claimed) == 1
     admitted = perform(db, AdmitRuns(2, None, OWNER))
     assert [plan.run_id for _, plan in admitted] == ["run-1"], "one slot is the pass's"
     _apply(db, "b")

@@ -53,6 +53,7 @@ from pi_workflows.storage import (
     request_resource_deletion,
     reserve_child_run,
     run_parent_resource,
+    runner_work_pending,
     scheduled_reconciles,
     start_node_attempt,
     tree_blockers,
@@ -455,3 +456,15 @@ def test_a_run_reserved_by_a_resource_is_protected_from_retention(
     assert run_parent_resource(db, child.run_id) is None
     trees, kept = prunable_trees(db, cutoff)
     assert [t.root_run_id for t in trees] == [child.run_id] and kept == 0
+
+
+def test_a_due_key_or_a_pass_holding_a_claim_is_runner_work_the_sweep_waits_for(
+    db: Database, clock: ManualClock
+) -> None:
+    _apply(db, {"n": 1})
+    assert runner_work_pending(db, clock.now_ms()), "a due key: a pending pass"
+    claimed = _claim(db)
+    assert claimed is not None
+    assert runner_work_pending(db, clock.now_ms()), "a pass in flight"
+    _commit(db, claimed, PassResult("settled", status={}))
+    assert not runner_work_pending(db, clock.now_ms())
