@@ -70,7 +70,11 @@ from pi_workflows.domain._resource_ops import (
     apply_spec,
     resource_ref,
 )
-from pi_workflows.domain._resource_work import ReconcilePlan, pass_result_from_proposal
+from pi_workflows.domain._resource_work import (
+    ChildRunAnswer,
+    ReconcilePlan,
+    pass_result_from_proposal,
+)
 from pi_workflows.domain._retention import (
     RETENTION_DAYS_ENV,
     YIELDED,
@@ -137,6 +141,7 @@ from pi_workflows.domain._units import (
     DeletePruneTree,
     DeleteResource,
     EnqueueResource,
+    EnsureChildRun,
     ExpireDue,
     FindChannelWork,
     FindOrphanFiles,
@@ -222,6 +227,7 @@ __all__ = [
     "ChannelConfig",
     "ChannelProfile",
     "CheckpointSweepWal",
+    "ChildRunAnswer",
     "ClaimReconcile",
     "ClearTerminalView",
     "ClientOperation",
@@ -235,6 +241,7 @@ __all__ = [
     "DeletedTree",
     "Delta",
     "EnqueueResource",
+    "EnsureChildRun",
     "ExitFacts",
     "ExpireDue",
     "FindChannelWork",

@@ -292,6 +292,13 @@ _declare(
     "Startup recovery after a batch of stale runs was recovered and committed (the first "
     "batch holds the first 100), before the remaining runs are recovered.",
 )
+# Server: a resource manager's pass.
+_declare(
+    "server.resource.ensure.child_reserved",
+    "server",
+    "A resource pass's ctx.workflows.ensure after the child run's reservation and its "
+    "queued run committed, before the answer is sent to the resource runner.",
+)
 # Runner: the ready handshake, managed effects, and every message it sends.
 _declare(
     "runner.ready.before_send",
