@@ -364,7 +364,9 @@ def ensure_resource_child_run(
     """
     try:
         with db.write() as tx:
-            return _ensure_child(tx, claim, request_key, input_fingerprint, workflow_name, resolved)
+            return _ensure_child(
+                tx, claim, request_key, input_fingerprint, workflow=workflow_name, resolved=resolved
+            )
     except _RefusedError as refused:
         return refused.answer
 
