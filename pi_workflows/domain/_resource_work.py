@@ -490,7 +490,8 @@ def resource_view(
             {
                 "effectId": effect.effect_id,
                 "kind": effect.effect_type,
-                "key": effect.idempotency_key,
+                # The manager's key, without the scope the database adds.
+                "key": effect.idempotency_key.removeprefix(f"resource:{resource.uid}:"),
                 "state": effect.state,
                 "updatedAt": effect.updated_at,
             }
