@@ -33,7 +33,6 @@ from pi_workflows.storage._errors import (
 )
 from pi_workflows.storage._follow_ups import cancel_chain_follow_ups
 from pi_workflows.storage._messages import present_terminal
-from pi_workflows.storage._resources import enqueue_resource, run_parent_resource
 from pi_workflows.storage._phases import (
     NONTERMINAL_PHASES,
     TRANSITIONS,
@@ -45,6 +44,7 @@ from pi_workflows.storage._phases import (
     check_transition,
     phase_of,
 )
+from pi_workflows.storage._resources import enqueue_resource, run_parent_resource
 from pi_workflows.storage._rows import QueueRow
 from pi_workflows.storage._view_reads import (
     VIEW_JSON_MEDIA_TYPE,
