@@ -165,6 +165,8 @@ def test_a_child_run_completes_and_wakes_its_parent_which_settles_with_its_outpu
     assert child["runId"] == status["runId"] and child["status"] == "completed"
     runs = _cli_json(processes, state_dir, "run", "list")
     assert [item["runId"] for item in runs["items"]] == [child["runId"]], "one real run"
+    view = _cli_json(processes, state_dir, "run", "show", child["runId"])
+    assert view["parentResource"] == {"manager": "parent", "key": "k", "requestKey": "double/1"}
 
     passes = len(done["recentPasses"])
     done2 = processes.cli(
