@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
+from pi_workflows.domain._operations import OperationError, check_resolved_start
 from pi_workflows.storage import (
     DEFAULT_CLAIM_TTL_MS,
     RESOURCE_OWNER,
@@ -50,7 +51,6 @@ from pi_workflows.storage import (
     list_resource_effects,
     list_resources,
     next_reconcile_due_at,
-    put_json_blob,
     recover_resource_claims,
     release_resource_claim,
     request_resource_deletion,
@@ -286,12 +286,10 @@ def _queue_child(
 ) -> ChildRunAnswer | None:
     """Create the reserved child as a headless queued run, as `run.start` does from the
     resolver's answer; a refusal (None: queued) rolls the reservation back with it."""
-    if not resolved.get("ok"):
-        code = str(resolved.get("code") or "definitionInvalid")
-        return ChildRunAnswer(None, error_code=code, error=str(resolved.get("message") or code))
-    definition = resolved.get("definition")
-    if definition is not None and put_json_blob(tx, definition) != resolved.get("definitionDigest"):
-        return ChildRunAnswer(None, error_code="definitionInvalid", error="digest mismatch")
+    try:
+        check_resolved_start(tx, resolved)  # the refusals of a headless `run.start`
+    except OperationError as exc:
+        return ChildRunAnswer(None, error_code=exc.code, error=str(exc))
     enqueue_run(
         tx,
         NewRun(
