@@ -5,7 +5,10 @@ the scheduler (the one decider) claims due keys within the capacity shared with 
 runners, alternating with workflow admissions, and hands them here (`StartPasses`); each
 pass runs in its own resource runner child (`pi_workflows.engine.resource_runner`, forked
 by the zygote, on a private `ChildChannels` channel), and the child's proposal commits
-under the pass's claim and CAS (`CommitReconcile`). A child that dies without an outcome,
+under the pass's claim and CAS (`CommitReconcile`). A pass's `ctx.workflows.ensure` and
+`ctx.effects.ensure` requests are answered through the database actor under the same
+claim (`EnsureChildRun`, `ReserveResourceEffect`, `SettleResourceEffect`,
+`RetryResourceEffect`). A child that dies without an outcome,
 or overruns its deadline (stopped through the process supervisor), commits an `error`
 pass, so the key backs off. Recovery step 7 returns every claim a dead server left.
 """
@@ -21,7 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 
@@ -30,15 +33,23 @@ from pi_workflows.actors._database import Committed, Transact
 from pi_workflows.actors._scheduler import AdmitReconciles, StartPasses, Wake
 from pi_workflows.actors._ticker import Tick
 from pi_workflows.domain import (
+    ChildRunAnswer,
     CommitReconcile,
+    EnsureChildRun,
     ReleaseReconcileClaim,
+    ReserveResourceEffect,
+    RetryResourceEffect,
+    SettleResourceEffect,
     pass_result_from_proposal,
 )
 from pi_workflows.engine.resource_runner import RESOURCE_RUNNER_FD_ENV
 from pi_workflows.storage import (
     ClaimedReconcile,
+    ClaimLostError,
     Clock,
+    EffectConflictError,
     PassResult,
+    ResourceEffect,
     ResourceLimitError,
     ResourceVersionConflictError,
     ensure_private_dir,
@@ -51,9 +62,14 @@ from pi_workflows.supervision import (
     ChildExited,
     ChildFrame,
     ChildSpec,
+    crash_point,
 )
 from pi_workflows.wire.framing import FrameError
 from pi_workflows.wire.resource_runner import (
+    ChildRunAnswered,
+    ChildRunRequested,
+    EffectAnswered,
+    EffectRequested,
     PassFailed,
     PassProposed,
     PassStart,
@@ -114,6 +130,8 @@ class ResourceRunnersConfig:
     """`PI_WORKFLOWS_MAX_WORKERS`: shared with workflow runners."""
     clock: Clock
     deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S
+    agent_dir: Path | None = None
+    """Pi's agent folder, where a pass's child workflows are discovered too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +148,20 @@ class _Committed:
     result: PassResult | None
 
 
+@dataclass(frozen=True, slots=True)
+class _ChildEnsured:
+    """Tag: a pass's `ctx.workflows.ensure`, answered to its child."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class _EffectStepped:
+    """Tag: a pass's `ctx.effects.ensure` step, answered to its child."""
+
+    key: str
+
+
 @dataclass
 class _Pass:
     """One pass in flight: its claim, its child's deadline and what the child said."""
@@ -139,6 +171,8 @@ class _Pass:
     """`time.monotonic()` at which the child is stopped."""
     started_ms: int
     outcome: PassProposed | PassFailed | None = None
+    channel: Any = None
+    """The child's channel once it said ready: the pass's requests are answered on it."""
     timed_out: bool = False
     committing: bool = False
 
@@ -213,6 +247,8 @@ class ResourceRunnersActor(ServerActor):
                     self._start(each)
             case Done(tag=_Committed(key=key, result=result), reply=reply):
                 self._on_committed(key, result, reply)
+            case Done(tag=_ChildEnsured() | _EffectStepped()):
+                self._on_request_done(message)
             case Tick():
                 self._stop_overdue()
             case Wake() | Committed():
@@ -286,7 +322,20 @@ class ResourceRunnersActor(ServerActor):
         if running is None or running.outcome is not None or running.timed_out:
             return
         match frame.message:
+            case ChildRunRequested():
+                claim = running.claimed.claim
+                unit = EnsureChildRun(
+                    claim,
+                    request_key=frame.message.request_key,
+                    input_fingerprint=frame.message.input_fingerprint,
+                    workflow_name=frame.message.workflow,
+                    resolved=frame.message.resolved,
+                )
+                self._transact(unit, _ChildEnsured(frame.key))
+            case EffectRequested():
+                self._transact(_effect_unit(running, frame.message), _EffectStepped(frame.key))
             case RunnerReadyForPass():
+                running.channel = frame.channel
                 try:
                     frame.channel.send(self._start_frame(running).to_wire())
                 except FrameError:  # a spec and status past one frame: never a crash here
@@ -298,6 +347,44 @@ class ResourceRunnersActor(ServerActor):
             case _:
                 running.outcome = PassFailed("protocolError")
                 self._channels.kill(frame.key)
+
+    def _on_request_done(self, done: Done) -> None:
+        """A pass's request was answered by the database: pass the answer on."""
+        tag, reply = done.tag, done.reply
+        if isinstance(tag, _ChildEnsured):
+            self._on_child_ensured(tag.key, reply)
+        elif isinstance(tag, _EffectStepped):
+            self._answer(tag.key, _effect_answer(reply))
+
+    def _on_child_ensured(self, key: str, reply: Reply) -> None:
+        answer: ChildRunAnswer | None = reply.value if reply.error is None else None
+        if answer is not None and answer.created:
+            # Durable: the reservation and the queued run committed together.
+            crash_point("server.resource.ensure.child_reserved")
+            if self._scheduler is not None:  # the new run waits in the queue
+                with contextlib.suppress(pykka.ActorDeadError):
+                    self._scheduler.tell(Wake())
+        if answer is None:
+            code = "claimLost" if isinstance(reply.error, ClaimLostError) else "ensureFailed"
+            self._answer(key, ChildRunAnswered(None, error_code=code, error=code))
+            return
+        self._answer(
+            key,
+            ChildRunAnswered(
+                answer.run_id, answer.state, answer.output, answer.error_code, answer.error
+            ),
+        )
+
+    def _answer(self, key: str, answer: ChildRunAnswered | EffectAnswered) -> None:
+        """Send an answer to a pass still waiting for it (a stopped one gets nothing)."""
+        running = self._passes.get(key)
+        if running is None or running.outcome is not None or running.channel is None:
+            return
+        try:
+            running.channel.send(answer.to_wire())
+        except (FrameError, OSError):  # too large, or the child is gone: the pass fails
+            running.outcome = PassFailed("answerFailed")
+            self._channels.kill(key)
 
     def _start_frame(self, running: _Pass) -> PassStart:
         resource = running.claimed.resource
@@ -320,6 +407,8 @@ class ResourceRunnersActor(ServerActor):
                 "finalizers": list(resource.finalizers),
             },
             deadline_ms=remaining,
+            project_path=resource.project_path,
+            agent_dir=None if self._config.agent_dir is None else str(self._config.agent_dir),
         )
 
     def _stop_overdue(self) -> None:
@@ -386,6 +475,34 @@ class ResourceRunnersActor(ServerActor):
                 extra={"action": "resource.pass_committed", "reconcile_id": key, "reason": outcome},
             )
         self._wake_scheduler()  # a slot of the shared capacity is free again
+
+
+def _effect_unit(
+    running: _Pass, step: EffectRequested
+) -> ReserveResourceEffect | SettleResourceEffect | RetryResourceEffect:
+    claim = running.claimed.claim
+    if step.op == "reserve":
+        return ReserveResourceEffect(claim, step.key, step.kind, step.request)
+    if step.op == "retry":
+        return RetryResourceEffect(claim, step.key)
+    outcome: Literal["applied", "rejected"] = "applied" if step.outcome == "applied" else "rejected"
+    return SettleResourceEffect(
+        claim, step.key, outcome, step.result, step.error, observed=step.observed
+    )
+
+
+def _effect_answer(reply: Reply) -> EffectAnswered:
+    if reply.error is not None:
+        error = reply.error
+        if isinstance(error, EffectConflictError):
+            code = str(getattr(error, "reason", "effectConflict"))
+        elif isinstance(error, ClaimLostError):
+            code = "claimLost"
+        else:
+            code = "effectFailed"
+        return EffectAnswered(None, error_code=code, error=code)
+    effect: ResourceEffect = reply.value
+    return EffectAnswered(effect.decision.value, effect.state, effect.result, effect.error)
 
 
 def _log_name(uid: str) -> str:

@@ -70,7 +70,7 @@ from pi_workflows.domain._resource_ops import (
     apply_spec,
     resource_ref,
 )
-from pi_workflows.domain._resource_work import pass_result_from_proposal
+from pi_workflows.domain._resource_work import ChildRunAnswer, pass_result_from_proposal
 from pi_workflows.domain._retention import (
     RETENTION_DAYS_ENV,
     YIELDED,
@@ -137,6 +137,7 @@ from pi_workflows.domain._units import (
     DeletePruneTree,
     DeleteResource,
     EnqueueResource,
+    EnsureChildRun,
     ExpireDue,
     FindChannelWork,
     FindOrphanFiles,
@@ -221,6 +222,7 @@ __all__ = [
     "ChannelConfig",
     "ChannelProfile",
     "CheckpointSweepWal",
+    "ChildRunAnswer",
     "ClaimReconcile",
     "ClearTerminalView",
     "ClientOperation",
@@ -234,6 +236,7 @@ __all__ = [
     "DeletedTree",
     "Delta",
     "EnqueueResource",
+    "EnsureChildRun",
     "ExitFacts",
     "ExpireDue",
     "FindChannelWork",

@@ -103,6 +103,7 @@ __all__ = [
     "RestartLookup",
     "StartRequest",
     "build_run_list",
+    "check_resolved_start",
     "display_status",
     "failure_response",
     "handle_operation",
@@ -813,6 +814,16 @@ def _restart_change(
         return run_id, result.revision, body
 
     return change
+
+
+def check_resolved_start(tx: Tx, resolved: Mapping[str, Any]) -> None:
+    """A headless start's checks of the resolver's answer (as `run.start` makes them),
+    for a resource manager's child run.
+
+    Raises:
+        OperationError: the workflow did not resolve, or cannot run headless.
+    """
+    _check_resolved(tx, resolved, interactive=False)
 
 
 def _check_resolved(tx: Tx, resolved: Mapping[str, Any], *, interactive: bool) -> None:

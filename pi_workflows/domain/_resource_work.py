@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
+from pi_workflows.domain._operations import OperationError, check_resolved_start
 from pi_workflows.storage import (
     DEFAULT_CLAIM_TTL_MS,
     RESOURCE_OWNER,
+    ChildRunConflictError,
     ChildRunReservation,
     ClaimedReconcile,
     Database,
     DeleteOutcome,
+    ExecutionMode,
+    NewRun,
     PassResult,
     Reader,
     ReconcileCommit,
@@ -34,8 +39,11 @@ from pi_workflows.storage import (
     claim_next_resource,
     commit_reconcile,
     enqueue_resource,
+    enqueue_run,
     get_resource,
+    get_resource_by_uid,
     get_resource_queue_row,
+    get_run,
     has_expired_resource_claims,
     list_reconcile_history,
     list_resource_child_runs,
@@ -47,16 +55,19 @@ from pi_workflows.storage import (
     reserve_child_run,
     reserve_resource_effect,
     retry_resource_effect,
+    run_result_payload,
     settle_resource_effect,
 )
 
 __all__ = [
     "RECENT_PASSES",
+    "ChildRunAnswer",
     "apply_resource_spec",
     "claim_reconcile",
     "commit_reconcile_pass",
     "delete_resource",
     "enqueue_resource_key",
+    "ensure_resource_child_run",
     "pass_result_from_proposal",
     "recover_reconcile_claims",
     "release_reconcile_claim",
@@ -211,6 +222,119 @@ def reserve_resource_child_run(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ChildRunAnswer:
+    """`ctx.workflows.ensure`'s answer to the resource runner: the child run's ID and
+    state (`created` when this call queued it), or a refusal (`error_code`)."""
+
+    run_id: str | None
+    state: str | None = None
+    """The run's stored status (`queued`, `running`, `completed`, `failed`, ...)."""
+    output: Any = None
+    created: bool = False
+    error_code: str | None = None
+    """`requestKeyConflict` or the resolver's code (`definitionInvalid`, ...)."""
+    error: str | None = None
+
+
+def _child_state(reader: Reader, run_id: str, created: bool) -> ChildRunAnswer:
+    run = get_run(reader, run_id)
+    assert run is not None
+    output = None
+    if run.status == "completed":
+        payload = run_result_payload(reader, run_id) or {}
+        output = payload.get("output")
+    return ChildRunAnswer(run_id, run.status, output, created, error=run.failure_class)
+
+
+def _queue_child(
+    tx: Any, run_id: str, workflow: str, project_path: str, resolved: Mapping[str, Any]
+) -> ChildRunAnswer | None:
+    """Create the reserved child as a headless queued run, as `run.start` does from the
+    resolver's answer; a refusal (None: queued) rolls the reservation back with it."""
+    try:
+        check_resolved_start(tx, resolved)  # the refusals of a headless `run.start`
+    except OperationError as exc:
+        return ChildRunAnswer(None, error_code=exc.code, error=str(exc))
+    enqueue_run(
+        tx,
+        NewRun(
+            run_id=run_id,
+            workflow_name=workflow,
+            project_path=project_path,
+            source_identity=resolved["sourceIdentity"],
+            definition_digest=resolved["definitionDigest"],
+            input_hash=resolved["inputHash"],
+            input=resolved["input"],
+            title=resolved.get("title"),
+            execution_mode=ExecutionMode.HEADLESS,
+        ),
+    )
+    return None
+
+
+class _RefusedError(Exception):
+    """Rolls the reservation's transaction back with the refusal as its answer."""
+
+    def __init__(self, answer: ChildRunAnswer) -> None:
+        super().__init__(answer.error_code)
+        self.answer = answer
+
+
+_CONFLICT = ChildRunAnswer(
+    None,
+    error_code="requestKeyConflict",
+    error="the request key was used with another workflow or input",
+)
+
+
+def _ensure_child(
+    tx: Any, claim: ResourceClaim, key: str, fingerprint: str, *, workflow: str, resolved: Any
+) -> ChildRunAnswer:
+    try:
+        reserved = reserve_child_run(
+            tx, claim, request_key=key, input_fingerprint=fingerprint, workflow_name=workflow
+        )
+    except ChildRunConflictError:
+        raise _RefusedError(_CONFLICT) from None
+    if get_run(tx, reserved.run_id) is not None:
+        return _child_state(tx, reserved.run_id, created=False)
+    resource = get_resource_by_uid(tx, claim.uid)
+    assert resource is not None  # the live claim holds it
+    refused = _queue_child(tx, reserved.run_id, workflow, resource.project_path, resolved)
+    if refused is not None:
+        raise _RefusedError(refused)
+    return _child_state(tx, reserved.run_id, created=True)
+
+
+def ensure_resource_child_run(
+    db: Database,
+    claim: ResourceClaim,
+    *,
+    request_key: str,
+    input_fingerprint: str,
+    workflow_name: str,
+    resolved: Mapping[str, Any],
+) -> ChildRunAnswer:
+    """`ctx.workflows.ensure` in one transaction under the pass's claim: find the child
+    run of `request_key`, or reserve its run ID and queue the run under that ID (a
+    headless run of the resource's project, from the resolver's answer the resource
+    runner made). Never two children for one key: the reservation and the queued run
+    commit together, and a later pass finds the same ID. A refusal (a key reused with
+    another input, a workflow that does not resolve) commits nothing.
+
+    Raises:
+        ClaimLostError: the claim is not the live claim.
+    """
+    try:
+        with db.write() as tx:
+            return _ensure_child(
+                tx, claim, request_key, input_fingerprint, workflow=workflow_name, resolved=resolved
+            )
+    except _RefusedError as refused:
+        return refused.answer
+
+
 def reserve_pass_effect(
     db: Database, claim: ResourceClaim, key: str, kind: str, request: Any
 ) -> ResourceEffect:
@@ -334,7 +458,8 @@ def resource_view(
             {
                 "effectId": effect.effect_id,
                 "kind": effect.effect_type,
-                "key": effect.idempotency_key,
+                # The manager's key, without the scope the database adds.
+                "key": effect.idempotency_key.removeprefix(f"resource:{resource.uid}:"),
                 "state": effect.state,
                 "updatedAt": effect.updated_at,
             }

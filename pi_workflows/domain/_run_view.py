@@ -58,6 +58,7 @@ from pi_workflows.storage import (
     pending_decision,
     pending_requests,
     read_json_blob,
+    run_parent_resource,
     run_result_payload,
     run_view_revision,
     unfinished_attempt,
@@ -316,6 +317,13 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
             for s in newest_steps(db, run.run_id, STEPS_SHOWN)
         ],
     }
+    parent = run_parent_resource(db, run.run_id)
+    if parent is not None:  # a resource manager's child run (`ctx.workflows.ensure`)
+        view["parentResource"] = {
+            "manager": parent.manager,
+            "key": parent.resource_key,
+            "requestKey": parent.request_key,
+        }
     if facts.queue is not None:
         view["queue"] = _queue(facts.queue)
     if facts.execution_mode is not None:

@@ -61,6 +61,7 @@ from pi_workflows.domain._resource_work import (
     commit_reconcile_pass,
     delete_resource,
     enqueue_resource_key,
+    ensure_resource_child_run,
     recover_reconcile_claims,
     release_reconcile_claim,
     reserve_pass_effect,
@@ -138,6 +139,7 @@ __all__ = [
     "DeletePruneTree",
     "DeleteResource",
     "EnqueueResource",
+    "EnsureChildRun",
     "ExpireDue",
     "FindChannelWork",
     "FindOrphanFiles",
@@ -831,6 +833,20 @@ class ReserveChildRun:
     request_key: str
     input_fingerprint: str
     workflow_name: str
+
+
+@_runs(ensure_resource_child_run)
+@dataclass(frozen=True, slots=True)
+class EnsureChildRun:
+    """`ctx.workflows.ensure` over the resource runner's channel: find the child run
+    of a request key, or reserve its ID and queue it in the same transaction."""
+
+    label: ClassVar[str] = "resource.ensure_child"
+    claim: ResourceClaim
+    request_key: str
+    input_fingerprint: str
+    workflow_name: str
+    resolved: Mapping[str, Any]
 
 
 @_runs(reserve_pass_effect)

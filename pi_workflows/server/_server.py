@@ -603,7 +603,12 @@ class WorkflowServer:
         except ValueError as exc:
             raise ServerStartError(str(exc)) from None
         config = ResourceRunnersConfig(
-            self.owner_id, self.state_dir, self.max_workers, self.clock, deadline_s
+            self.owner_id,
+            self.state_dir,
+            self.max_workers,
+            self.clock,
+            deadline_s,
+            agent_dir=self.state_dir.parent,
         )
         runners = ResourceRunnersActor.start(
             config,

@@ -44,6 +44,7 @@ from pi_workflows.storage._phases import (
     check_transition,
     phase_of,
 )
+from pi_workflows.storage._resources import enqueue_resource, run_parent_resource
 from pi_workflows.storage._rows import QueueRow
 from pi_workflows.storage._view_reads import (
     VIEW_JSON_MEDIA_TYPE,
@@ -603,6 +604,14 @@ def requeue_run(
 # --- (g) complete, (h) fail, (i) time out, (j) cancel -------------------------------
 
 
+def _wake_parent_resource(tx: Tx, run_id: str) -> None:
+    """A resource's child run ended: enqueue its resource in the same transaction (a
+    wake-up hint, not a transition), so its manager reads the outcome."""
+    parent = run_parent_resource(tx, run_id)
+    if parent is not None:
+        enqueue_resource(tx, parent.uid, reason="childRunFinished")
+
+
 def _finish(
     tx: Tx,
     run_id: str,
@@ -629,6 +638,7 @@ def _finish(
             cancel_chain_follow_ups(tx, run_id)
         # An interactive run's final leaf tells its origin session, same transaction.
         present_terminal(tx, run_id, target.value, reason=reason, event_payload=payload)
+        _wake_parent_resource(tx, run_id)
         if change is not None:
             change(tx)
 

@@ -318,6 +318,13 @@ _declare(
     "A reconcile pass's result commit right after its COMMIT (status, queue and claim "
     "release durable), before the server acts on it.",
 )
+# Server: a resource manager's pass.
+_declare(
+    "server.resource.ensure.child_reserved",
+    "server",
+    "A resource pass's ctx.workflows.ensure after the child run's reservation and its "
+    "queued run committed, before the answer is sent to the resource runner.",
+)
 # Runner: the ready handshake, managed effects, and every message it sends.
 _declare(
     "runner.ready.before_send",

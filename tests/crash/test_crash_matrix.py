@@ -604,6 +604,45 @@ def _recovery_after_first_batch(lab: Lab) -> None:
         assert _effect_states(db, paying) == ["applied"]
 
 
+KEEPER = """\
+from pi_workflows.resource_managers import define_resource_manager
+
+
+def reconcile(ctx):
+    child = ctx.workflows.ensure(request_key="pure/1", workflow="pure", input={})
+    return ctx.settled(status={"phase": child.state, "runId": child.run_id})
+
+
+resource_manager = define_resource_manager(
+    name="keeper", initial_status=lambda spec: {"phase": "new"}, reconcile=reconcile
+)
+"""
+
+
+@scenario("server.resource.ensure.child_reserved", "one-child-per-key")
+def _resource_child_reserved(lab: Lab) -> None:
+    folder = lab.project / ".pi" / "resource-managers"
+    folder.mkdir(parents=True)
+    (folder / "keeper.resource_manager.py").write_text(KEEPER)
+    ref = {"manager": "keeper", "key": "k", "projectPath": str(lab.project)}
+    armed = lab.start_server("server.resource.ensure.child_reserved")
+    lab.command("resourceManager.apply", {**ref, "spec": {}})
+    lab.expect_server_crash(armed)
+    with lab.database() as db:  # the reservation and its queued run committed together
+        [(run_id,)] = db.execute("SELECT run_id FROM resource_child_runs").fetchall()
+        assert _queue(db, run_id) == "queued"
+    lab.start_server()
+    lab.wait_status(run_id, "completed")
+    deadline = time.monotonic() + SETTLE_S
+    while lab.call("resourceManager.get", ref)["resource"]["status"].get("phase") != "done":
+        assert time.monotonic() < deadline, "the parent never read its child's end"
+        time.sleep(0.1)  # polling the server for a condition
+    with lab.database() as db:
+        children = db.execute("SELECT run_id FROM resource_child_runs").fetchall()
+        assert children == [(run_id,)], "the pass after the crash found the same run"
+    lab.finish({run_id: "completed"})
+
+
 # --- runner.*: a runner dies; the server lives and decides -----------------------------
 
 

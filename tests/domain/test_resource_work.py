@@ -16,6 +16,7 @@ from pi_workflows.domain import (
     CommitReconcile,
     DeleteResource,
     EnqueueResource,
+    EnsureChildRun,
     ListResources,
     RecoverResourceClaims,
     ReleaseReconcileClaim,
@@ -237,3 +238,43 @@ def test_an_effect_interrupted_mid_apply_is_observed_by_the_next_pass_and_shown(
     assert (settled.state, settled.result) == ("applied", {"ok": 1})
     view = perform(db, ResourceView(manager="docs", project_path="/p", key="readme"))
     assert [(e["kind"], e["state"]) for e in view["effects"]] == [("site.publish", "applied")]
+
+
+def test_ensure_child_run_refuses_without_reserving_and_a_conflict_keeps_the_first(
+    db: Database,
+) -> None:
+    _apply(db, {"path": "README.md"})
+    claim = _claim(db).claim
+    refused = perform(
+        db,
+        EnsureChildRun(
+            claim,
+            request_key="sum/1",
+            input_fingerprint="sha256:a",
+            workflow_name="summarise",
+            resolved={"ok": False, "code": "workflowNotFound", "message": "no such workflow"},
+        ),
+    )
+    assert (refused.run_id, refused.error_code) == (None, "workflowNotFound")
+    view = perform(db, ResourceView(manager="docs", project_path="/p", key="readme"))
+    assert view["childRuns"] == [], "a refusal reserves nothing"
+
+    first = perform(
+        db,
+        ReserveChildRun(
+            claim, request_key="sum/1", input_fingerprint="sha256:a", workflow_name="summarise"
+        ),
+    )
+    other = perform(
+        db,
+        EnsureChildRun(
+            claim,
+            request_key="sum/1",
+            input_fingerprint="sha256:b",
+            workflow_name="summarise",
+            resolved={"ok": False},
+        ),
+    )
+    assert (other.run_id, other.error_code) == (None, "requestKeyConflict")
+    view = perform(db, ResourceView(manager="docs", project_path="/p", key="readme"))
+    assert [c["runId"] for c in view["childRuns"]] == [first.run_id]
