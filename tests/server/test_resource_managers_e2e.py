@@ -3,11 +3,13 @@ child of a real server, and the settled status read back through `get`.
 
 A spec change raises the generation, and the next pass stamps its conditions with the
 generation it read, so a condition never claims readiness for a spec it did not see.
+Manager code runs only in resource runner children, one per pass.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import time
 from collections.abc import Callable
@@ -26,10 +28,14 @@ WAIT_S = 60.0
 
 READY = textwrap.dedent(
     """\
+    import os
+
     from pi_workflows.resource_managers import condition_true, define_resource_manager
 
 
     def reconcile(ctx):
+        with open(ctx.resource.spec["marks"], "a") as marks:  # who runs manager code
+            marks.write(f"{os.getpid()}\\n")
         seen = ctx.resource.spec["pr"]
         return ctx.settled(
             status={"phase": "reviewed", "pr": seen},
@@ -74,10 +80,13 @@ def test_apply_runs_a_pass_that_settles_and_a_new_spec_is_reconciled_again(
     folder.mkdir(parents=True)
     (folder / "review.resource_manager.py").write_text(READY)
 
+    marks = short_tmp / "reconciled-by"
+
     def apply(pr: int) -> None:
+        spec = {"pr": pr, "marks": str(marks)}
         done = processes.cli(
             state_dir, "resource-manager", "apply", "review", "pr",
-            "--spec-json", json.dumps({"pr": pr}), "--project", str(project),
+            "--spec-json", json.dumps(spec), "--project", str(project),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
 
@@ -101,3 +110,9 @@ def test_apply_runs_a_pass_that_settles_and_a_new_spec_is_reconciled_again(
     assert resource["generation"] == 2 and resource["status"]["pr"] == 2
     assert [c["observedGeneration"] for c in resource["conditions"]] == [2]
     assert second["queue"] is None, "a settled resource leaves the queue"
+
+    # Conformance bullet 33 for manager code: each pass ran in a child of its own, never
+    # in the server (this test process hosts the embedded server).
+    runners = [int(line) for line in marks.read_text().split()]
+    assert len(runners) == 2 and len(set(runners)) == 2
+    assert os.getpid() not in runners
