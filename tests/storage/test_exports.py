@@ -145,6 +145,7 @@ PINNED = {
     "scheduled_reconciles",
     "check_resource_claim", "ResourceEffect", "ResourceEffectDecision", "reserve_resource_effect",
     "retry_resource_effect", "settle_resource_effect", "count_due_reconciles", "count_reconciling",
+    "has_expired_resource_claims",
 }  # fmt: skip
 
 
