@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,9 @@ import pytest
 from pi_workflows import WorkflowServer
 from tests.conftest import Processes
 from tests.server.conftest import running_server  # noqa: F401 (a fixture)
+from tests.server.test_resource_ensure_e2e import _cli_json, _manager, _until
 
 pytestmark = pytest.mark.timeout(120)
-
-WAIT_S = 60.0
 
 READY = textwrap.dedent(
     """\
@@ -54,20 +52,9 @@ READY = textwrap.dedent(
 
 
 def _get(processes: Processes, state_dir: Path, project: Path) -> dict[str, Any]:
-    done = processes.cli(
-        state_dir, "resource-manager", "get", "review", "pr", "--project", str(project), "--json"
+    return _cli_json(
+        processes, state_dir, "resource-manager", "get", "review", "pr", "--project", str(project)
     )
-    assert done.returncode == 0, done.stderr
-    shown: dict[str, Any] = json.loads(done.stdout)
-    return shown
-
-
-def _until(check: Callable[[], dict[str, Any] | None], what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while (found := check()) is None:
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)  # polling the CLI, a separate process, for a condition
-    return found
 
 
 def test_apply_runs_a_pass_that_settles_and_a_new_spec_is_reconciled_again(
@@ -76,9 +63,7 @@ def test_apply_runs_a_pass_that_settles_and_a_new_spec_is_reconciled_again(
     short_tmp: Path,
 ) -> None:
     state_dir, project = running_server.state_dir, (short_tmp / "project")
-    folder = project / ".pi" / "resource-managers"
-    folder.mkdir(parents=True)
-    (folder / "review.resource_manager.py").write_text(READY)
+    _manager(project, "review", READY)
 
     marks = short_tmp / "reconciled-by"
 
