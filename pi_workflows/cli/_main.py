@@ -1253,14 +1253,16 @@ class ViewerGroup(DocumentedGroup):
     so `piw RUN_ID` and `piw serve` share one program."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, _run_id_last(args, set(self.commands)))
+        valued = {
+            name
+            for param in self.params
+            if isinstance(param, click.Option) and not param.is_flag
+            for name in param.opts
+        }  # the word after one of these is its value, not a run ID
+        return super().parse_args(ctx, _run_id_last(args, set(self.commands), valued))
 
 
-VALUED_OPTIONS = frozenset({"--connect", "--theme", "--timeout", "--state-dir", "--session"})
-"""`piw` options that take a value (the word after them is not a run ID)."""
-
-
-def _run_id_last(args: list[str], commands: set[str]) -> list[str]:
+def _run_id_last(args: list[str], commands: set[str], valued: set[str]) -> list[str]:
     """`piw RUN_ID --once` → `piw --once view RUN_ID`: the group parses every option,
     and the hidden `view` command gets the run ID."""
     index = 0
@@ -1269,7 +1271,7 @@ def _run_id_last(args: list[str], commands: set[str]) -> list[str]:
         if word == "--":
             return args
         if word.startswith("-"):
-            index += 2 if word in VALUED_OPTIONS else 1
+            index += 2 if word in valued else 1
             continue
         if word in commands:
             return args
