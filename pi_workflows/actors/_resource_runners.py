@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -41,6 +40,8 @@ from pi_workflows.domain import (
     RetryResourceEffect,
     SettleResourceEffect,
     pass_result_from_proposal,
+    remove_resource_log,
+    resource_log_path,
 )
 from pi_workflows.engine.resource_runner import RESOURCE_RUNNER_FD_ENV
 from pi_workflows.storage import (
@@ -49,6 +50,7 @@ from pi_workflows.storage import (
     Clock,
     EffectConflictError,
     PassResult,
+    ReconcileCommit,
     ResourceEffect,
     ResourceLimitError,
     ResourceVersionConflictError,
@@ -89,9 +91,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
-"""A server-made resource uid usable as a file name (they always are)."""
 
 RESOURCE_RUNNER_MODULE = "pi_workflows.engine.resource_runner"
 DEFAULT_RECONCILE_DEADLINE_S = 60.0
@@ -307,7 +306,7 @@ class ResourceRunnersActor(ServerActor):
                 cwd=project if project.is_dir() else config.state_dir,
                 # One file per resource, truncated by each pass: the last pass's log
                 # (a manager's traceback) stays, and a polling key never piles up files.
-                log_path=logs / f"{_log_name(resource.uid)}.log",
+                log_path=resource_log_path(config.state_dir, resource.uid),
                 preloaded=RESOURCE_RUNNER_MODULE,
                 name="resource-runner",
             )
@@ -463,6 +462,9 @@ class ResourceRunnersActor(ServerActor):
             self._transact(ReleaseReconcileClaim(claim), _Committed(key, None))
             return
         del self._passes[key]
+        if isinstance(reply.value, ReconcileCommit) and reply.value.removed:
+            # The last finalizer went: the resource is gone, and so is its pass log.
+            remove_resource_log(self._config.state_dir, reply.value.uid)
         outcome = result.outcome if result is not None else "released"
         if error is not None:
             log.warning(
@@ -503,10 +505,6 @@ def _effect_answer(reply: Reply) -> EffectAnswered:
         return EffectAnswered(None, error_code=code, error=code)
     effect: ResourceEffect = reply.value
     return EffectAnswered(effect.decision.value, effect.state, effect.result, effect.error)
-
-
-def _log_name(uid: str) -> str:
-    return uid if _SAFE_NAME.fullmatch(uid) else "resource"
 
 
 def _error(error_class: str, duration_ms: int) -> PassResult:

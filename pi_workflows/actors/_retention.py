@@ -350,7 +350,7 @@ class RetentionActor(ServerActor):
         """Files of trees deleted by a server that died before it removed them: listed
         first, then checked against the rows (which always exist before their files)."""
         files = list_tree_files(self._config.state_dir)
-        if not files.run_ids and not files.runner_epochs:
+        if not (files.run_ids or files.runner_epochs or files.resource_uids):
             self._compact(sweep)
             return
         self._ask(self._reader, Read, FindOrphanFiles(files), _Orphans(sweep.number))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from pi_workflows.storage import (
     collect_unnamed_blobs,
     collect_unreferenced_blobs,
     delete_tree,
+    known_resource_uids,
     known_run_ids,
     known_runner_epochs,
     lookup_receipt,
@@ -81,11 +83,15 @@ __all__ = [
     "prune_dry_run",
     "record_prune",
     "remove_orphan_files",
+    "remove_resource_log",
     "remove_tree_files",
+    "resource_log_path",
     "select_and_back_up",
 ]
 
 log = logging.getLogger(__name__)
+_SAFE_LOG_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""A resource UID that can name its log file as it is (a UID is generated, never a path)."""
 
 DEFAULT_OLDER_THAN_DAYS: Final = 30
 """The retention period of workflow-server.md § State retention."""
@@ -253,10 +259,12 @@ def collect_blobs(tx: Tx, digests: Iterable[str], blob_grace_ms: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TreeFiles:
-    """Run folders (pi folders, validator logs) and runner logs on disk, by name."""
+    """Run folders (pi folders, validator logs), runner logs and resource-runner logs on
+    disk, by name."""
 
     run_ids: frozenset[str]
     runner_epochs: frozenset[str]
+    resource_uids: frozenset[str] = frozenset()
 
 
 def list_tree_files(state_dir: Path) -> TreeFiles:
@@ -271,24 +279,44 @@ def list_tree_files(state_dir: Path) -> TreeFiles:
     with contextlib.suppress(OSError):
         logs = (state_dir / "logs" / "runners").iterdir()
         epochs.update(entry.stem for entry in logs if entry.suffix == ".log")
-    return TreeFiles(frozenset(runs), frozenset(epochs))
+    uids: set[str] = set()
+    with contextlib.suppress(OSError):
+        logs = (state_dir / "logs" / "resource-runners").iterdir()
+        uids.update(entry.stem for entry in logs if entry.suffix == ".log")
+    return TreeFiles(frozenset(runs), frozenset(epochs), frozenset(uids))
 
 
 def orphan_files(db: Database, *, files: TreeFiles) -> TreeFiles:
-    """A read: the files of `files` whose run or runner epoch no longer exists (a tree
-    deleted by a server that died before it removed them)."""
+    """A read: the files of `files` whose run, runner epoch or resource no longer exists
+    (a tree deleted by a server that died before it removed them, a deleted resource)."""
     return TreeFiles(
         files.run_ids - known_run_ids(db, files.run_ids),
         files.runner_epochs - known_runner_epochs(db, files.runner_epochs),
+        files.resource_uids - known_resource_uids(db, files.resource_uids),
     )
 
 
 def remove_orphan_files(state_dir: Path, orphans: TreeFiles) -> None:
-    """Remove the files of runs and runner epochs that no longer exist."""
+    """Remove the files of runs, runner epochs and resources that no longer exist."""
     runs = tuple(sorted(orphans.run_ids))
     epochs = tuple(sorted(orphans.runner_epochs))
     tree = PruneTree("", runs, 0)
     remove_tree_files(state_dir, DeletedTree(tree, runs, frozenset(), epochs))
+    for uid in sorted(orphans.resource_uids):
+        remove_resource_log(state_dir, uid)
+
+
+def resource_log_path(state_dir: Path, uid: str) -> Path:
+    """The one log file of a resource's passes (each pass truncates it)."""
+    name = uid if _SAFE_LOG_NAME.fullmatch(uid) else "resource"
+    return state_dir / "logs" / "resource-runners" / f"{name}.log"
+
+
+def remove_resource_log(state_dir: Path, uid: str) -> None:
+    """Remove a removed resource's pass log; best effort (it names no live row)."""
+    if _SAFE_LOG_NAME.fullmatch(uid):
+        with contextlib.suppress(OSError):
+            resource_log_path(state_dir, uid).unlink()
 
 
 def remove_tree_files(state_dir: Path, deleted: DeletedTree) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "collect_unreferenced_blobs",
     "compact_state",
     "delete_tree",
+    "known_resource_uids",
     "known_run_ids",
     "known_runner_epochs",
     "prunable_tree_page",
@@ -430,6 +431,11 @@ def known_runner_epochs(reader: Reader, epochs: Iterable[str]) -> set[str]:
     return _known(
         reader, "SELECT runner_epoch FROM runner_epochs WHERE runner_epoch IN ({})", epochs
     )
+
+
+def known_resource_uids(reader: Reader, uids: Iterable[str]) -> set[str]:
+    """Which of `uids` name a resource that exists (a deleted one leaves only its log)."""
+    return _known(reader, "SELECT uid FROM resources WHERE uid IN ({})", uids)
 
 
 def runner_work_pending(reader: Reader, now: int) -> bool:

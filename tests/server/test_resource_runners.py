@@ -18,7 +18,8 @@ import pytest
 
 from pi_workflows import WorkflowServer
 from pi_workflows.actors import RECONCILE_DEADLINE_ENV
-from pi_workflows.domain import ApplyResource, EnqueueResource, ResourceView
+from pi_workflows.domain import ApplyResource, DeleteResource, EnqueueResource, ResourceView
+from pi_workflows.storage import ResourceNotFoundError
 from pi_workflows.testing import perform_with_calls
 from tests.server.runs import wait_fifo
 
@@ -123,6 +124,24 @@ def reconcile(ctx):
 
 resource_manager = define_resource_manager(
     name="slow", initial_status=lambda spec: {}, reconcile=reconcile
+)
+"""
+
+CLEANER = """
+import os
+from pi_workflows.resource_managers import condition_true, define_resource_manager
+
+def reconcile(ctx):
+    if ctx.resource.deletion_requested:
+        with open(os.path.join(ctx.resource.spec["dir"], "cleanups"), "a") as f:
+            f.write("cleanup\\n")
+        ctx.remove_finalizer("worktree")
+        return ctx.settled(status={"cleaned": True})
+    ctx.add_finalizer("worktree")
+    return ctx.settled(status={"made": True}, conditions=[condition_true("Ready", "Made")])
+
+resource_manager = define_resource_manager(
+    name="cleaner", initial_status=lambda spec: {}, reconcile=reconcile
 )
 """
 
@@ -341,3 +360,26 @@ def test_a_resource_past_one_frame_is_an_error_pass_not_a_crash(
     current = wait_view(reconciling_server, project, "greet", lambda v: bool(v["recentPasses"]))
     assert outcomes(current)[0] == ("error", "resourceTooLarge")
     assert reconciling_server.running
+
+
+def test_deletion_with_a_finalizer_runs_the_cleanup_pass_once_then_removes_the_resource(
+    reconciling_server: WorkflowServer, project: Path, state_dir: Path
+) -> None:
+    source = write_manager(project, "cleaner", CLEANER)
+    apply(reconciling_server, project, "cleaner", {"dir": str(project)}, source)
+    made = wait_view(reconciling_server, project, "cleaner", lambda v: bool(v["recentPasses"]))
+    assert made["resource"]["finalizers"] == ["worktree"]
+    log = state_dir / "logs" / "resource-runners" / f"{made['resource']['uid']}.log"
+    assert log.exists()
+    reconciling_server.call_database(DeleteResource("cleaner", str(project), "k1"))
+    deadline = time.monotonic() + WAIT_S
+    pause = threading.Event()
+    while True:  # marked for deletion, then removed by the cleanup pass's commit
+        try:
+            view(reconciling_server, project, "cleaner")
+        except ResourceNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the resource was never removed"
+        pause.wait(0.05)
+    assert (project / "cleanups").read_text().split() == ["cleanup"]
+    assert not log.exists(), "a removed resource's pass log goes with it"

@@ -124,6 +124,10 @@ def _seed(state_dir: Path) -> None:
         validators = state_dir / "logs" / "validators" / run_id
         validators.mkdir(parents=True)
         (validators / "validator-0123.log").write_text("validator log")
+    # The pass log of a resource deleted by a server that died before it removed the file.
+    resource_logs = state_dir / "logs" / "resource-runners"
+    resource_logs.mkdir(parents=True)
+    (resource_logs / "res-deleted.log").write_text("pass log")
 
 
 def _rows(state_dir: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -206,6 +210,7 @@ def test_startup_sweeps_exactly_what_state_prune_lists_and_keeps_the_rest(
         assert (state / "logs" / "validators" / "kept-r" / "validator-0123.log").exists()
         assert (state / "pi" / "kept-r" / "kept-r-a1").is_dir()
         assert (state / "logs" / "runners" / "kept-r-e1.log").exists()
+        assert not (state / "logs" / "resource-runners" / "res-deleted.log").exists()
         assert sorted(p.name for p in state.iterdir()) == files_before, "no backup file"
         with WorkflowClient(state, autostart=False, timeout=30) as client:
             assert client.call("state.verify")["receipt"]["findingCount"] == 0

@@ -44,6 +44,7 @@ PINNED = {
     # retention (the automatic sweep, and state status)
     "CompactOutcome", "compact_state", "runner_work_pending", "tree_runner_epochs",
     "retained_trees", "runs_by_state", "known_run_ids", "known_runner_epochs",
+    "known_resource_uids",
     # the verified backup (state backup, and state prune --apply first)
     "BACKUP_STEP_PAGES", "BackupCopy", "BackupProgress", "check_backup_path",
     "list_runs", "list_runs_filtered", "list_runner_epochs", "RunListFilter",
