@@ -501,3 +501,52 @@ def test_a_restarted_pi_on_the_same_session_follows_the_run_it_started(
     assert status.splitlines()[0] == f"{run_id}  waiting  approval", status
     answered = again.notice('/workflow answer {"approved": false}', level="info")
     assert answered.startswith(f"Answered {run_id}; the workflow continues as run-"), answered
+
+
+# --- conformance bullet 33: no workflow code in pi ------------------------------------
+
+MARKED = """
+import os
+from pathlib import Path
+
+import psutil
+
+from pi_workflows import compute, define_workflow
+
+_chain = [os.getpid(), *(p.pid for p in psutil.Process().parents())]
+with open(Path(__file__).resolve().parents[2] / "marks", "a") as _marks:
+    _marks.write(" ".join(map(str, _chain)) + "\\n")
+
+workflow = define_workflow(
+    name="marked",
+    start_at="work",
+    nodes={"work": compute(lambda ctx: {"pid": os.getpid()})},
+)
+"""
+
+
+def _importers(project: Path) -> list[list[int]]:
+    """Each importing process's PID followed by its ancestors' PIDs."""
+    lines = (project / "marks").read_text().splitlines()
+    return [[int(pid) for pid in line.split()] for line in lines]
+
+
+def test_a_run_started_from_pi_runs_its_code_only_in_the_servers_children(
+    rig: Rig, server: WorkflowServer
+) -> None:
+    """The workflow file records each importing process and its ancestors: it must be
+    imported (by the server's resolver and runner children), never by pi, its keeper,
+    or a process below them."""
+    write_workflow(rig.project, "marked", MARKED)
+    origin = rig.spawn()
+    keeper, pi = origin.child.pid, origin.child.pi_pid
+    assert pi is not None
+    run_id = origin.start("marked")
+    final = _settle(rig.state_dir, run_id, TERMINAL)
+    assert final["display"]["status"] == "completed", final
+    importers = _importers(rig.project)
+    assert len(importers) >= 2, "the start's resolver and the runner import the file"
+    for chain in importers:
+        assert keeper not in chain and pi not in chain, (
+            "workflow code ran in pi or in a process pi started"
+        )
