@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
+import type { JsonValue } from "../../pi_workflows/pi/common/canonical.ts";
 import {
   applyReport,
   deleteReport,
@@ -23,6 +24,8 @@ import {
 } from "../../pi_workflows/pi/extension/resource-commands.ts";
 
 const T0 = Date.UTC(2026, 11, 3, 19, 0, 0);
+
+type JsonObject = { [key: string]: JsonValue };
 
 function message(parsed: ReturnType<typeof parseResourceManagerArgs>): string {
   assert.equal(parsed.kind, "error", JSON.stringify(parsed));
@@ -83,7 +86,7 @@ test("a bad spec gets one clear error that never repeats the spec", () => {
 });
 
 test("list shows manager, key, generation, the Ready condition, updated and delivery", () => {
-  const receipt = {
+  const receipt: JsonObject = {
     resources: [
       {
         manager: "review",
@@ -134,7 +137,7 @@ test("list shows manager, key, generation, the Ready condition, updated and deli
 });
 
 test("get is a short summary: versions, delivery, conditions, child runs, the last passes; no spec", () => {
-  const passes = Array.from({ length: GET_PASSES + 2 }, (_, i) => ({
+  const passes: JsonObject[] = Array.from({ length: GET_PASSES + 2 }, (_, i) => ({
     reconcileId: `rec-${i}`,
     generation: 2,
     outcome: i === 0 ? "requeued" : "settled",
@@ -143,24 +146,25 @@ test("get is a short summary: versions, delivery, conditions, child runs, the la
     startedAt: T0 - i * 1000,
     durationMs: i === 1 ? null : 12,
   }));
-  const view = {
-    resource: {
-      uid: "res-1",
-      manager: "review",
-      project: "/work/proj",
-      key: "pr-1",
-      resourceVersion: 7,
-      generation: 2,
-      observedGeneration: 2,
-      spec: { token: "sk-secret" },
-      status: { phase: "reviewing" },
-      conditions: [{ type: "Ready", status: "Unknown", reason: "Reviewing", message: "one child run\nsecond line" }],
-      finalizers: ["cleanup"],
-      deletionRequestedAt: null,
-      sourceDigest: "sha256:00",
-      createdAt: T0,
-      updatedAt: T0,
-    },
+  const resource: JsonObject = {
+    uid: "res-1",
+    manager: "review",
+    project: "/work/proj",
+    key: "pr-1",
+    resourceVersion: 7,
+    generation: 2,
+    observedGeneration: 2,
+    spec: { token: "sk-secret" },
+    status: { phase: "reviewing" },
+    conditions: [{ type: "Ready", status: "Unknown", reason: "Reviewing", message: "one child run\nsecond line" }],
+    finalizers: ["cleanup"],
+    deletionRequestedAt: null,
+    sourceDigest: "sha256:00",
+    createdAt: T0,
+    updatedAt: T0,
+  };
+  const view: JsonObject = {
+    resource,
     queue: null,
     childRuns: [{ requestKey: "review", workflow: "review-pr", runId: "run-00ab", status: "running", reservedAt: T0 }],
     effects: [],
@@ -183,7 +187,7 @@ test("get is a short summary: versions, delivery, conditions, child runs, the la
   assert.equal(lines.length, 9 + GET_PASSES + 1);
   assert.equal(lines.at(-1), "  … 2 more: pi-workflows resource-manager get");
   assert.ok(!lines.join("\n").includes("sk-secret"));
-  const empty = resourceReport({ ...view, childRuns: [], recentPasses: [], resource: { ...view.resource, conditions: [], finalizers: [] } });
+  const empty = resourceReport({ ...view, childRuns: [], recentPasses: [], resource: { ...resource, conditions: [], finalizers: [] } });
   assert.ok(empty.includes("conditions: none\nchild runs: none\nlast passes: none"), empty);
 });
 
