@@ -121,6 +121,6 @@ def test_real_pi_discovers_the_installed_extension(
     finally:
         child.stop()
     ours = {c["name"]: c["sourceInfo"] for c in commands if c["source"] == "extension"}
-    assert set(ours) == {"workflow", "piw"}, commands
+    assert set(ours) == {"workflow", "piw", "resource-manager"}, commands
     assert ours["workflow"]["path"] == str(agent / "extensions" / "pi-workflows" / "index.ts")
     assert ours["workflow"]["scope"] == "user"

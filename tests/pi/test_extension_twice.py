@@ -62,7 +62,9 @@ def test_pi_e_beside_the_installed_extension_loads_one_working_copy(
     finally:
         child.stop()
     ours = [c for c in commands if c["source"] == "extension"]
-    assert sorted(c["name"] for c in ours) == ["piw", "workflow"], "one copy registered"
+    assert sorted(c["name"] for c in ours) == ["piw", "resource-manager", "workflow"], (
+        "one copy registered"
+    )
     # The -e copy loads first and is the one that runs.
     assert {c["sourceInfo"]["path"] for c in ours} == {str(path)}
     assert "conflicts" not in log.read_text(errors="replace")

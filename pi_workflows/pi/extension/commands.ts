@@ -18,6 +18,7 @@ export const USAGE = [
   "  /workflow clear                  remove the finished run from this session's view",
   "  /workflow adopt RUN_ID           take over a run whose own Pi session cannot come back",
   "  /piw [split] [RUN_ID]            watch the run in piw: a new tmux window (or a split), else the command to run",
+  "  /resource-manager help           resources of resource managers: list, get, apply, reconcile, delete",
 ].join("\n");
 
 export type Parsed =

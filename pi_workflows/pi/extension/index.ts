@@ -1,6 +1,6 @@
 /**
- * pi-workflows' Pi extension: `/workflow` and `/piw` commands, and a widget and status
- * line for the run this session started.
+ * pi-workflows' Pi extension: `/workflow`, `/piw` and `/resource-manager` commands, and a
+ * widget and status line for the run this session started.
  *
  * Install it with `pi-workflows pi-extension install` (a link in Pi's extensions folder)
  * or load it once with `pi -e "$(pi-workflows pi-extension path)"`. pi compiles it with
@@ -29,26 +29,48 @@
  *
  * `/piw` opens the `piw` viewer on the session's run in a new tmux window when Pi runs
  * inside tmux, else it prints the command to run (piw.ts).
+ *
+ * `/resource-manager` lists, shows, applies, reconciles and deletes resources of this
+ * project through the server's `resourceManager.*` operations (resource-commands.ts).
  */
 
 import { randomUUID } from "node:crypto";
-import { rmSync } from "node:fs";
+import { realpathSync, rmSync } from "node:fs";
 
 import { SessionManager, type ExtensionAPI, type ExtensionCommandContext, type ExtensionContext } from "@mariozechner/pi-coding-agent";
 import { Type } from "typebox";
 
 import type { JsonValue } from "../common/canonical.ts";
-import { ServerClient } from "./client.ts";
+import { CommandFailedError, ServerClient } from "./client.ts";
 import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type CoordinatorEvents, type PiSide } from "./coordinator.ts";
 import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
 import { canOpenPiw, EXTENSION_DIR, openInTmux, parsePiwArgs, planPiw, type PiwArgs } from "./piw.ts";
+import {
+  applyReport,
+  deleteReport,
+  parseResourceManagerArgs,
+  reconcileReport,
+  resourceListReport,
+  resourceReport,
+  RM_USAGE,
+  type RmParsed,
+} from "./resource-commands.ts";
 import { displayOf, listReport, STATUS_KEY, statusReport, statusText, WIDGET_KEY, widgetText } from "./render.ts";
 import { carryEntries, reopenHint, savedMarker, sessionState } from "./saved-session.ts";
 import { SCROLL_DOWN_KEY, SCROLL_UP_KEY, WidgetScroll, WINDOW_LINES } from "./widget.ts";
 
 type Ui = ExtensionContext["ui"];
+
+/** The project a resource belongs to: the folder's real path, as the CLI resolves it. */
+function projectPath(cwd: string): string {
+  try {
+    return realpathSync(cwd);
+  } catch {
+    return cwd; // gone or unreadable: the server answers for the path as given
+  }
+}
 
 const LIST_LIMIT = 20;
 /** The custom session entry naming the run this session follows (`pi.appendEntry`; not model context). */
@@ -395,6 +417,42 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     notify(`tmux did not open piw: ${opened.reason}. To watch ${id} in piw, run this in a terminal:\n  ${plan.command}`, "warning");
   }
 
+  /**
+   * `/resource-manager ...`: one `resourceManager.*` request. The project is Pi's cwd as
+   * the CLI names it (its real path), so Pi and `pi-workflows resource-manager` in the
+   * same folder see the same resources. A refusal is prefixed with MANAGER/KEY (the
+   * server never echoes them); no message carries the spec.
+   */
+  async function runResourceCommand(parsed: RmParsed, ctx: ExtensionCommandContext): Promise<void> {
+    if (parsed.kind === "help") return notify(RM_USAGE);
+    if (parsed.kind === "error") return notify(parsed.message, "error");
+    const project = projectPath(ctx.cwd);
+    if (parsed.kind === "list") {
+      const payload: { [key: string]: JsonValue } = parsed.all ? {} : { projectPath: project };
+      const { receipt } = await client.call("resourceManager.list", payload);
+      return notify(resourceListReport(receipt, parsed.all));
+    }
+    const target = { manager: parsed.manager, key: parsed.key };
+    const payload: { [key: string]: JsonValue } = { ...target, projectPath: project };
+    try {
+      switch (parsed.kind) {
+        case "get":
+          return notify(resourceReport((await client.call("resourceManager.get", payload)).receipt));
+        case "apply": {
+          const { receipt } = await client.call("resourceManager.apply", { ...payload, spec: parsed.spec });
+          return notify(applyReport(target, receipt));
+        }
+        case "reconcile":
+          return notify(reconcileReport(target, (await client.call("resourceManager.reconcile", payload)).receipt));
+        case "delete":
+          return notify(deleteReport(target, (await client.call("resourceManager.delete", payload)).receipt));
+      }
+    } catch (error) {
+      if (error instanceof CommandFailedError) throw new Error(`${parsed.manager}/${parsed.key}: ${error.message}`);
+      throw error;
+    }
+  }
+
   async function guarded(work: () => Promise<void>): Promise<void> {
     try {
       await work();
@@ -448,6 +506,15 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
       ui = ctx.ui;
       context = ctx;
       await guarded(() => runCommand(parseWorkflowArgs(args), ctx));
+    },
+  });
+
+  pi.registerCommand("resource-manager", {
+    description: "Resources of pi-workflows resource managers: /resource-manager list [all], get MANAGER KEY, apply MANAGER KEY JSON, reconcile, delete",
+    handler: async (args, ctx) => {
+      ui = ctx.ui;
+      context = ctx;
+      await guarded(() => runResourceCommand(parseResourceManagerArgs(args), ctx));
     },
   });
 
