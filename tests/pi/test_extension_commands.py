@@ -503,19 +503,23 @@ def test_a_restarted_pi_on_the_same_session_follows_the_run_it_started(
     assert answered.startswith(f"Answered {run_id}; the workflow continues as run-"), answered
 
 
-# --- conformance bullet 33: no workflow code in pi ------------------------------------
+# --- conformance bullet 33: no workflow or manager code in pi ---------------------------
 
-MARKED = """
+MARK = """
 import os
 from pathlib import Path
 
 import psutil
 
-from pi_workflows import compute, define_workflow
-
 _chain = [os.getpid(), *(p.pid for p in psutil.Process().parents())]
 with open(Path(__file__).resolve().parents[2] / "marks", "a") as _marks:
     _marks.write(" ".join(map(str, _chain)) + "\\n")
+"""
+
+MARKED = (
+    MARK
+    + """
+from pi_workflows import compute, define_workflow
 
 workflow = define_workflow(
     name="marked",
@@ -523,6 +527,21 @@ workflow = define_workflow(
     nodes={"work": compute(lambda ctx: {"pid": os.getpid()})},
 )
 """
+)
+
+MARKED_MANAGER = (
+    MARK
+    + """
+from pi_workflows.resource_managers import condition_true, define_resource_manager
+
+resource_manager = define_resource_manager(
+    name="marker",
+    initial_status=lambda spec: {},
+    reconcile=lambda ctx: ctx.settled(status={"pid": os.getpid()},
+                                      conditions=[condition_true("Ready", "Marked")]),
+)
+"""
+)
 
 
 def _importers(project: Path) -> list[list[int]]:
@@ -531,22 +550,43 @@ def _importers(project: Path) -> list[list[int]]:
     return [[int(pid) for pid in line.split()] for line in lines]
 
 
-def test_a_run_started_from_pi_runs_its_code_only_in_the_servers_children(
+def _settled_pass(state_dir: Path, project: Path) -> dict[str, Any]:
+    """The `marker/k` resource once a pass has settled it."""
+    ref = {"manager": "marker", "key": "k", "projectPath": str(project.resolve())}
+    deadline = time.monotonic() + UI_TIMEOUT_S
+    with WorkflowClient(state_dir, autostart=False) as client:
+        while True:
+            view: dict[str, Any] = client.call("resourceManager.get", ref)["receipt"]
+            if view["resource"]["conditions"]:
+                return view
+            assert time.monotonic() < deadline, view
+            time.sleep(0.05)
+
+
+def test_code_started_from_pi_runs_only_in_the_servers_children(
     rig: Rig, server: WorkflowServer
 ) -> None:
-    """The workflow file records each importing process and its ancestors: it must be
-    imported (by the server's resolver and runner children), never by pi, its keeper,
-    or a process below them."""
+    """The workflow and manager files record each importing process and its ancestors:
+    they must be imported (by the server's resolver, runner and resource runner
+    children), never by pi, its keeper, or a process below them."""
     write_workflow(rig.project, "marked", MARKED)
+    managers = rig.project / ".pi" / "resource-managers"
+    managers.mkdir(parents=True)
+    (managers / "marker.resource_manager.py").write_text(MARKED_MANAGER)
     origin = rig.spawn()
     keeper, pi = origin.child.pid, origin.child.pi_pid
     assert pi is not None
     run_id = origin.start("marked")
     final = _settle(rig.state_dir, run_id, TERMINAL)
     assert final["display"]["status"] == "completed", final
+    applied = origin.notice("/resource-manager apply marker k {}", level="info")
+    assert applied == "marker/k generation 1 version 1 (created)"
+    settled = _settled_pass(rig.state_dir, rig.project)
+    assert settled["resource"]["status"]["pid"] not in (keeper, pi)
     importers = _importers(rig.project)
-    assert len(importers) >= 2, "the start's resolver and the runner import the file"
+    # The start's resolver and the runner; the apply's resolver and the pass's child.
+    assert len(importers) >= 4, importers
     for chain in importers:
         assert keeper not in chain and pi not in chain, (
-            "workflow code ran in pi or in a process pi started"
+            "workflow or manager code ran in pi or in a process pi started"
         )
