@@ -42,11 +42,13 @@ FLOORS: dict[str, int] = {
     "domain": 4,
     # One pykka actor per module.
     "actors": 5,
-    # The composition root and router; the command line; the test fakes; the demo.
+    # The composition root and router; the command line; the test fakes; the demo and
+    # the examples it installs.
     "server": 6,
     "cli": 6,
     "testing": 6,
     "demo": 6,
+    "examples": 6,
     "viewer": 6,
     # The package root: the public API, loaded lazily; and the public resource-manager
     # authoring module it names.
@@ -60,14 +62,16 @@ SIBLINGS: frozenset[tuple[str, str]] = frozenset(
         ("_paths", "errors"),
         ("cli", "server"),  # `server run` hosts the composition root in the CLI's process
         ("demo", "testing"),  # the demo runs against the fake model provider
+        ("demo", "examples"),  # the demo installs the shipped example manager
         ("cli", "viewer"),  # `piw` is a command of the command line
         ("__init__", "resource_managers"),  # the root names the resource-manager API lazily
     }
 )
 """Imports allowed between parts of the same floor (from, to)."""
 
-EXEMPT_DIRS = ("engine/builtins",)
-"""Built-in workflows are workflow files: they use the public authoring API (the root)."""
+EXEMPT_DIRS = ("engine/builtins", "examples/")
+"""Built-in workflows and shipped examples (each in a folder of `examples/`) are workflow
+and manager files: they use the public authoring API (the root)."""
 
 
 @dataclass(frozen=True, slots=True)
