@@ -23,7 +23,6 @@ from typing import Any
 
 from pi_workflows.examples import install_example
 from pi_workflows.pi import PI_BINARY_ENV
-from pi_workflows.server import MAX_WORKERS_ENV
 from pi_workflows.testing import (
     FAKE_MODEL,
     FAKE_PROVIDER,
@@ -112,6 +111,7 @@ NOTES = {"summary": "Release 1.2.0 fixes three bugs and adds run status.", "vers
 MODEL_TURNS = 32
 """Turns scripted for the fake model: two per agent step (submit, then end the turn)."""
 WAIT_S = 120.0
+MAX_WORKERS = "PI_WORKFLOWS_MAX_WORKERS"  # read by the server the demo starts
 
 
 def _pi_binary() -> str:
@@ -246,7 +246,7 @@ def main() -> None:
         os.environ["PI_CODING_AGENT_DIR"] = str(agent_dir)
         # Set before the server starts: its runners, and their pi children, inherit it.
         os.environ[PI_BINARY_ENV] = _pi_binary()
-        os.environ[MAX_WORKERS_ENV] = "2"  # at most two runs (two pi children) at once
+        os.environ[MAX_WORKERS] = "2"  # at most two runs (two pi children) at once
         provider = FakeProvider().start()
         try:
             _write_pi_agent_dir(provider, agent_dir)

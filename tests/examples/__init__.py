@@ -1,0 +1,1 @@
+"""Tests of the examples shipped with the package."""
