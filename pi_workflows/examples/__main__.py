@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pi_workflows.examples",
         description="Copy an example shipped with pi-workflows into a project's .pi/ folder.",
     )
-    parser.add_argument("name", choices=sorted(EXAMPLES))
+    parser.add_argument("name", choices=sorted(EXAMPLES), help="the example to install")
     parser.add_argument(
         "--project", type=Path, default=Path(), help="the project folder (default: this one)"
     )

@@ -13,7 +13,8 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,12 @@ from pi_workflows.testing import (
 )
 from tests.conftest import Processes
 from tests.pi.agents import running_server
-from tests.server.test_resource_ensure_e2e import _cli_json, _until
+from tests.server.test_resource_ensure_e2e import _cli_json
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(420)
+
+WAIT_S = 180.0
+"""For each phase: real pi children, one at a time, on a machine other tests load too."""
 
 CONTRACT = re.compile(
     r"Workflow step contract \(workflow: summarise, step: summarise, "
@@ -88,6 +92,14 @@ def _install(project: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 2 and "installed" in done.stdout
+
+
+def _until(check: Callable[[], dict[str, Any] | None], what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while (found := check()) is None:
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)  # polling the CLI, a separate process, for a condition
+    return found
 
 
 def _sha256(path: Path) -> str:
