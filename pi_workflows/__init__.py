@@ -14,6 +14,7 @@ from pi_workflows._version import __version__
 from pi_workflows.engine import (
     action,
     agent,
+    assistant_message,
     checkpoint,
     choice,
     compute,
@@ -139,6 +140,7 @@ __all__ = [
     "__version__",
     "action",
     "agent",
+    "assistant_message",
     "checkpoint",
     "choice",
     "compute",
