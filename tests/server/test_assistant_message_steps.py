@@ -166,6 +166,41 @@ def test_a_turn_without_a_reply_is_unproductive_and_gets_a_visible_reminder(
     assert content["contract"]["visible"] is True
 
 
+def test_an_aborted_turn_pauses_and_its_reply_is_not_taken_then_resume_presents_it_again(
+    parked: Visible,
+) -> None:
+    sent(parked)
+    parked.turn("started", "turn-1")
+    aborted = _ended(parked, "turn-1", stopReason="aborted", assistantText="half a plan")
+    assert aborted["receipt"]["turn"]["status"] == "aborted"
+    assert parked.display()["status"] == "paused"
+    assert rows(
+        parked.server.state_dir,
+        "SELECT count(*) FROM interactive_submissions WHERE request_id = ?",
+        parked.request_id,
+    ) == [(0,)]
+    with WorkflowClient(parked.server.state_dir, autostart=False, timeout=30) as client:
+        assert client.request("run.resume", run_id=parked.run_id)["outcome"] == "accepted"
+    [(message, reason, _, _)] = [row for row in parked.messages() if row[2] == "pending"]
+    assert reason == "resumed"
+    parked.branch([(parked.message_id, "entry-1"), (message, "entry-2")], idle=False)
+    fresh = parked.turn("started", "turn-2", message_id=message)
+    assert fresh["receipt"]["visibleReply"] is True
+    payload = {
+        "sessionId": SESSION,
+        "messageId": message,
+        "turnId": "turn-2",
+        "phase": "ended",
+        "stopReason": "completed",
+        "responseEntryId": None,
+        "assistantText": "Whole plan",
+    }
+    parked.coordinator.request("workflowTurn.report", payload, runId=parked.run_id)
+    with WorkflowClient(parked.server.state_dir, autostart=False, timeout=60) as client:
+        wait_for(client, parked.run_id, {"completed"})
+    assert _output(parked.server.state_dir, parked.run_id, "propose") == {"text": "Whole plan"}
+
+
 def test_the_workflow_tool_cannot_answer_it(parked: Visible) -> None:
     epoch = parked.epoch
     answer = parked.coordinator.request(
@@ -180,7 +215,7 @@ def test_the_workflow_tool_cannot_answer_it(parked: Visible) -> None:
         runId=parked.run_id,
     )
     assert answer["outcome"] == "rejected", answer
-    assert "takes no agent submission" in answer["error"]["message"]
+    assert "answer with a normal visible reply" in answer["error"]["message"]
 
 
 @pytest.mark.parametrize(
