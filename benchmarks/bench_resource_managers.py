@@ -480,8 +480,8 @@ def report_latency(figures: dict[str, list[float]]) -> None:
             f"p90 {ms(percentile(samples, 0.9))}   min {ms(min(samples))}"
         )
     print(
-        f"  of which claimed pass -> its result (resource runner forked, manager loaded "
-        f"and run; the history's durationMs) p50 {ms(percentile(figures['held'], 0.5))}"
+        f"  of it, claim -> runner's result (fork, load, reconcile; durationMs) "
+        f"p50 {ms(percentile(figures['held'], 0.5))}"
     )
     ratio = percentile(passes, 0.5) / percentile(runs, 0.5)
     print(f"p50 pass / p50 run: {verdict(ratio, 1.0, lower_is_better=True)}")
