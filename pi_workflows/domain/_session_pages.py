@@ -11,7 +11,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pi_workflows.domain._session_fold import empty_state
 from pi_workflows.domain._view_content import ViewRequestError, stored_ref
 from pi_workflows.storage import (
     VIEW_JSON_MEDIA_TYPE,
@@ -29,6 +28,7 @@ from pi_workflows.storage import (
     session_event_range,
     session_page_of,
 )
+from pi_workflows.wire.session_fold import empty_state
 
 __all__ = [
     "SEGMENTS_SHOWN",

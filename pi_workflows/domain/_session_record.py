@@ -17,7 +17,6 @@ from typing import Any, Final
 
 from pi_workflows.domain._epochs import ActiveEpochs
 from pi_workflows.domain._operations import OperationError, rejected, response
-from pi_workflows.domain._session_fold import EVENT_TYPES, empty_state, fold
 from pi_workflows.domain._session_pages import event_item, page_checkpoint, segment_view
 from pi_workflows.storage import (
     SESSION_EVENT_BYTES,
@@ -42,6 +41,7 @@ from pi_workflows.storage import (
 )
 from pi_workflows.wire.canonical import NotSerializableError, dumps
 from pi_workflows.wire.protocol import RequestMessage
+from pi_workflows.wire.session_fold import EVENT_TYPES, empty_state, fold
 
 __all__ = [
     "MAX_BATCH_EVENTS",
