@@ -21,6 +21,7 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire import protocol
 from pi_workflows.wire.session_fold import conversation, empty_state, fold
+from tests.conftest import Processes
 from tests.server import origin
 from tests.server.origin import SESSION, rows, session_snapshot, start
 from tests.server.runs import wait_for
@@ -326,3 +327,43 @@ def test_two_thousand_events_page_under_a_mib_and_every_checkpoint_folds_equal(
     assert len([m for m in shown if m["role"] == "assistant"]) == len(
         [e for e in events if e["type"] == "messageStart" and e["role"] == "assistant"]
     )
+
+
+# --- run show ------------------------------------------------------------------------------
+
+
+def test_run_show_prints_the_conversation_of_the_step_bounded_unless_full(
+    turn: Turn, processes: Processes
+) -> None:
+    long_text = "word " * 2000  # 10,000 characters: longer than run show's head
+    events = reply(0, "Here is the plan.", "entry-a")
+    events += [
+        {"seq": 4, "type": "messageStart", "role": "assistant"},
+        {"seq": 5, "type": "thinkingDelta", "contentIndex": 0, "delta": "Look first."},
+        {
+            "seq": 6,
+            "type": "toolCallEnd",
+            "contentIndex": 1,
+            "toolCallId": "call-1",
+            "name": "bash",
+            "arguments": {"command": "ls"},
+        },
+        {"seq": 7, "type": "messageEnd", "entryId": "entry-b", "role": "assistant"},
+        {"seq": 8, "type": "toolStart", "toolCallId": "call-1", "name": "bash"},
+        {"seq": 9, "type": "toolEnd", "toolCallId": "call-1", "isError": False, "result": "a.txt"},
+        {"seq": 10, "type": "messageStart", "role": "assistant"},
+        {"seq": 11, "type": "textDelta", "contentIndex": 0, "delta": long_text},
+    ]
+    assert turn.record(events)["outcome"] == "accepted"
+    shown = processes.cli(turn.server.state_dir, "run", "show", turn.run_id)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "conversation: 1 recorded turns" in out
+    assert "step ask, turn turn-1: capture recording" in out
+    assert "assistant:  Here is the plan." in out
+    assert "thinking: Look first." in out
+    assert 'tool call bash {"command": "ls"}' in out
+    assert "→ done: a.txt" in out
+    assert long_text.strip() not in out and "--full prints everything" in out
+    full = processes.cli(turn.server.state_dir, "run", "show", turn.run_id, "--full")
+    assert long_text.strip() in full.stdout
