@@ -105,7 +105,9 @@ def turn(running: WorkflowServer, ask_project: Path) -> Iterator[Turn]:
             runId=run_id,
         )
         assert started["receipt"]["ownership"] == "active", started
-        yield Turn(running, run_id, message_id, "turn-1", coordinator)
+        made = Turn(running, run_id, message_id, "turn-1", coordinator)
+        yield made
+        made.coordinator.close()  # a test may have replaced it (a reconnect)
     finally:
         coordinator.close()
 
@@ -367,3 +369,24 @@ def test_run_show_prints_the_conversation_of_the_step_bounded_unless_full(
     assert long_text.strip() not in out and "--full prints everything" in out
     full = processes.cli(turn.server.state_dir, "run", "show", turn.run_id, "--full")
     assert long_text.strip() in full.stdout
+
+
+def test_a_reconnected_coordinator_resends_without_duplicates_and_nothing_is_logged(
+    turn: Turn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    secret = reply(0, "PRIVATE-REPLY-TEXT", "entry-a")
+    assert turn.record(secret[:3])["receipt"]["stored"] == 3
+    # The extension reconnects: a new connection takes the epoch and re-sends all it has.
+    turn.coordinator.close()
+    again = Watcher(turn.server.socket_path)
+    turn.coordinator = again
+    again.subscribe({"kind": "sessionView", "sessionId": SESSION, "coordinator": True})
+    resent = turn.record(secret, final={"count": 4})
+    assert (resent["receipt"]["stored"], resent["receipt"]["duplicates"]) == (1, 3), resent
+    assert [seq for seq, _ in turn.stored()] == [0, 1, 2, 3]
+    assert segment(turn.view())["status"] == "complete"
+    with WorkflowClient(turn.server.state_dir, autostart=False, timeout=30) as client:
+        status = client.call("server.status")
+    assert "PRIVATE" not in json.dumps(status)
+    assert "PRIVATE" not in caplog.text
