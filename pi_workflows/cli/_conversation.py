@@ -1,8 +1,8 @@
 """`run show`'s conversation: what the model said in each interactive step's turns.
 
-The newest session-event page and the replay checkpoint before it fold to the whole
-recorded conversation (wire/session_fold.py), so one page is read, however long the
-record. Lines are bounded (each text's head) unless `--full` is given.
+Every session-event page, oldest first, with its replay checkpoint, replays to the whole
+recorded conversation (wire/session_fold.py `replay`). Lines are bounded (each text's
+head) unless `--full` is given.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pi_workflows.wire.client import WorkflowClient
-from pi_workflows.wire.session_fold import conversation, fold
+from pi_workflows.wire.session_fold import conversation, replay
 
 __all__ = ["conversation_lines", "load_conversation"]
 
@@ -21,14 +21,19 @@ def load_conversation(client: WorkflowClient, view: dict[str, Any]) -> list[dict
     """The folded messages of the run's session record (empty when it has none)."""
     if "sessionRecord" not in view:
         return []
-    payload = {"list": "sessionEvents", "revision": view["revision"]}
-    page = client.call("view.page", payload, run_id=view["runId"])["receipt"]
-    checkpoint = page["checkpoint"]
-    if "stateContent" in checkpoint:
-        state = json.loads(client.run_content(view["runId"], checkpoint["stateContent"]))
-    else:
-        state = checkpoint.get("state") or {}
-    return conversation(fold(state, page["items"]))
+    pages: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    cursor: str | None = "sessionEvents>0"
+    while cursor is not None:  # stored pages never change: no revision to match
+        payload = {"list": "sessionEvents", "revision": view["revision"], "cursor": cursor}
+        page = client.call("view.page", payload, run_id=view["runId"])["receipt"]
+        checkpoint = page["checkpoint"]
+        if "stateContent" in checkpoint:
+            state = json.loads(client.run_content(view["runId"], checkpoint["stateContent"]))
+        else:
+            state = checkpoint.get("state") or {}
+        pages.append((state, page["items"]))
+        cursor = page.get("previousCursor")
+    return conversation(replay(pages))
 
 
 def _step_heading(segment: dict[str, Any]) -> str:

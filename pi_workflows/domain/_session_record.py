@@ -41,7 +41,7 @@ from pi_workflows.storage import (
 )
 from pi_workflows.wire.canonical import NotSerializableError, dumps
 from pi_workflows.wire.protocol import RequestMessage
-from pi_workflows.wire.session_fold import EVENT_TYPES, empty_state, fold
+from pi_workflows.wire.session_fold import EVENT_TYPES, checkpoint, empty_state, fold
 
 __all__ = [
     "MAX_BATCH_EVENTS",
@@ -354,7 +354,9 @@ class _Pages:
             events = session_event_range(
                 self._tx, self._run_id, page.first_position, page.item_count
             )
-            state = fold(page_checkpoint(self._tx, page), [event_item(e) for e in events])
+            state = checkpoint(
+                fold(page_checkpoint(self._tx, page), [event_item(e) for e in events])
+            )
             page = self._open(page.page_index + 1, position, state)
         grow_session_page(self._tx, self._run_id, page.page_index, 1, size)
         self._page = replace(

@@ -1,8 +1,9 @@
 """The session fold: recorded session events to the conversation they describe.
 
-A pure function over JSON values (client-protocol.md § Run and session views): the
-state after some events is the replay checkpoint of the next page, so folding a page
-from its checkpoint gives what folding every event from the start gives. `conversation`
+Pure functions over JSON values (client-protocol.md § Run and session views). A page's
+replay checkpoint is `checkpoint` of the fold before it: the messages still streaming
+and the tools still running, so it stays small however long the conversation. `replay`
+over pages from the first gives what `fold` over every event gives; `conversation`
 turns a state into messages with text, thinking, tool calls and their results.
 """
 
@@ -14,9 +15,11 @@ from typing import Any, Final
 
 __all__ = [
     "EVENT_TYPES",
+    "checkpoint",
     "conversation",
     "empty_state",
     "fold",
+    "replay",
 ]
 
 EVENT_TYPES: Final = frozenset(
@@ -79,6 +82,7 @@ def _apply(state: dict[str, Any], item: Mapping[str, Any]) -> None:
 def _start(state: dict[str, Any], item: Mapping[str, Any], role: str) -> dict[str, Any]:
     message: dict[str, Any] = {
         "turnId": item.get("turnId"),
+        "start": item.get("position"),
         "role": role,
         "content": [],
         "settled": False,
@@ -156,6 +160,52 @@ def _end(state: dict[str, Any], item: Mapping[str, Any]) -> None:
         if isinstance(item.get(key), str):
             message[key] = item[key]
     state["open"] = None
+
+
+def checkpoint(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What a page's checkpoint keeps of the state before it: the messages not settled
+    (with which one streams) and the tools still running. Settled messages and ended
+    tools are in the pages where they settled and ended (`replay` collects them)."""
+    messages = state.get("messages", [])
+    kept = [index for index, message in enumerate(messages) if not message["settled"]]
+    open_index = state.get("open")
+    return copy.deepcopy(
+        {
+            "messages": [messages[index] for index in kept],
+            "open": kept.index(open_index) if open_index in kept else None,
+            "tools": {
+                call: tool
+                for call, tool in state.get("tools", {}).items()
+                if tool.get("status") == "running"
+            },
+        }
+    )
+
+
+def replay(
+    pages: Iterable[tuple[Mapping[str, Any], Iterable[Mapping[str, Any]]]],
+) -> dict[str, Any]:
+    """The state after the pages' items, from each page's checkpoint and items, in
+    page order from the first page (the last may be cut short at a replay position):
+    what `fold` from `empty_state()` over the same items gives."""
+    settled: list[dict[str, Any]] = []
+    tools: dict[str, Any] = {}
+    last = empty_state()
+    for state, items in pages:
+        last = fold(state, items)
+        settled += [message for message in last["messages"] if message["settled"]]
+        tools.update(last["tools"])
+    active = [message for message in last["messages"] if not message["settled"]]
+    streaming = last["messages"][last["open"]] if last["open"] is not None else None
+    messages = sorted(settled + active, key=lambda message: _order(message.get("start")))
+    open_index = next(
+        (index for index, message in enumerate(messages) if message is streaming), None
+    )
+    return {"messages": messages, "open": open_index, "tools": tools}
+
+
+def _order(start: object) -> int:
+    return start if isinstance(start, int) else -1
 
 
 def conversation(state: Mapping[str, Any]) -> list[dict[str, Any]]:

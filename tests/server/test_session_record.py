@@ -20,7 +20,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire import protocol
-from pi_workflows.wire.session_fold import conversation, empty_state, fold
+from pi_workflows.wire.session_fold import conversation, empty_state, fold, replay
 from tests.conftest import Processes
 from tests.server import origin
 from tests.server.origin import SESSION, rows, session_snapshot, start
@@ -313,22 +313,57 @@ def test_two_thousand_events_page_under_a_mib_and_every_checkpoint_folds_equal(
     pages.reverse()
     assert len(pages) > 2000 // 256 + 1  # some pages were cut by their bytes
     assert any(len(page["items"]) < 256 for page, _ in pages[:-1])
-    assert any("stateContent" in page["checkpoint"] for page, _ in pages)
+    # A checkpoint holds what still streams or runs: it stays small in a 5 MiB record.
+    assert all(len(json.dumps(state)) < 16 * 1024 for _, state in pages)
     items = [item for page, _ in pages for item in page["items"]]
     assert [item["position"] for item in items] == list(range(2000))
     assert [item["seq"] for item in items] == list(range(2000))
     whole = fold(empty_state(), items)
-    for page, state in pages:
-        first = page["first"]
-        # From this page's checkpoint to the end, and to positions inside the page.
-        assert fold(state, items[first:]) == whole
+    assert replay([(state, page["items"]) for page, state in pages]) == whole
+    for number, (page, state) in enumerate(pages):
+        # To positions inside this page: the pages before it, then this one cut short.
+        before = [(earlier_state, earlier["items"]) for earlier, earlier_state in pages[:number]]
         for cut in (0, len(page["items"]) // 2, len(page["items"])):
-            assert fold(state, page["items"][:cut]) == fold(empty_state(), items[: first + cut])
+            to_position = fold(empty_state(), items[: page["first"] + cut])
+            assert replay([*before, (state, page["items"][:cut])]) == to_position
     shown = conversation(whole)
     assert shown[0]["content"][2]["execution"] == {"name": "bash", "status": "done", "result": 1}
     assert len([m for m in shown if m["role"] == "assistant"]) == len(
         [e for e in events if e["type"] == "messageStart" and e["role"] == "assistant"]
     )
+
+
+def test_a_long_streaming_message_carries_on_in_a_checkpoint_by_reference(turn: Turn) -> None:
+    """One reply streamed over 600 deltas: the pages after the first begin inside it, so
+    their checkpoints hold its text so far, past the inline size: a content reference."""
+    events = [{"seq": 0, "type": "messageStart", "role": "assistant"}]
+    events += [
+        {"seq": seq, "type": "textDelta", "contentIndex": 0, "delta": f"{seq:04d}" * 256}
+        for seq in range(1, 600)
+    ]
+    events.append({"seq": 600, "type": "messageEnd", "entryId": "entry-long"})
+    for first in range(0, len(events), 200):
+        assert turn.record(events[first : first + 200])["outcome"] == "accepted"
+    with WorkflowClient(turn.server.state_dir, autostart=False, timeout=60) as client:
+        revision = client.call("run.get", run_id=turn.run_id)["receipt"]["revision"]
+        pages = []
+        cursor: str | None = "sessionEvents>0"
+        while cursor is not None:  # oldest first, then newer ones
+            page = client.call(
+                "view.page",
+                {"list": "sessionEvents", "revision": revision, "cursor": cursor},
+                run_id=turn.run_id,
+            )["receipt"]
+            protocol.validate("run-page.v1", page)
+            pages.append((checkpoint_state(client, turn.run_id, page), page["items"]))
+            cursor = page.get("previousCursor")
+        assert "stateContent" in page["checkpoint"]
+    items = [item for _, page_items in pages for item in page_items]
+    whole = fold(empty_state(), items)
+    assert replay(pages) == whole
+    [message] = conversation(whole)
+    assert message["settled"] and message["entryId"] == "entry-long"
+    assert len(message["content"][0]["text"]) == 599 * 1024
 
 
 # --- run show ------------------------------------------------------------------------------
