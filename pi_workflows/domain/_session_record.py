@@ -1,11 +1,8 @@
-"""`sessionEvents.record`: the session events of one workflow turn, as batches.
-
-Implements workflow-server.md § Interactive requests (the session record) and
-client-protocol.md § Origin-session activity and § Run and session views. Only the
-connection holding the session's coordinator epoch records (as `workflowTurn.report`),
-for a turn the server saved. Idempotent per (session, turn, seq); a gap, a count
-mismatch or a conflicting resend is an integrity finding on the segment, never an error.
-Pages are cut as events are stored, each with the checkpoint before its first event.
+"""`sessionEvents.record` (workflow-server.md § Interactive requests; client-protocol.md §
+Origin-session activity): a turn's session events in batches, from the connection holding
+the session's coordinator epoch. Idempotent per (session, turn, seq); a gap, a count
+mismatch or a conflicting resend is a finding on the segment, never an error. Pages are
+cut as events are stored, each with the checkpoint before its first event.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The session fold: recorded session events to the conversation they describe.
-
-Pure functions over JSON values (client-protocol.md § Run and session views). A page's
-replay checkpoint is `checkpoint` of the fold before it: the messages still streaming
-and the tools still running, so it stays small however long the conversation. `replay`
-over pages from the first gives what `fold` over every event gives; `conversation`
-turns a state into messages with text, thinking, tool calls and their results.
+"""The session fold (client-protocol.md § Run and session views): pure functions from
+recorded session events to the conversation. A page's replay checkpoint is `checkpoint`
+of the fold before it (what still streams or runs, so it stays small); `replay` over the
+pages from the first equals `fold` over every event; `conversation` renders a state.
 """
 
 from __future__ import annotations
