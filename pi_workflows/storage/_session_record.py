@@ -103,10 +103,13 @@ FROM session_events e JOIN session_segments s ON s.segment_id = e.segment_id
 WHERE e.run_id = :run_id AND e.position >= :first
 ORDER BY e.position LIMIT :limit
 """
-_COUNT_EVENTS = "SELECT count(*) FROM session_events WHERE run_id = :run_id"
+# Positions are dense from 0 (appended at max + 1, deleted only with the run): the count
+# is one step down the primary key, not a scan of a long record.
+_COUNT_EVENTS = _SELECT_NEXT_POSITION
 _COUNT_SEGMENTS = "SELECT count(*) FROM session_segments WHERE run_id = :run_id"
 # The newest segments of a run, with the node of the step each turn answered (a step
-# message's source is its interactive request; other messages name no node).
+# message's source is its interactive request; other messages name no node) and where
+# its lowest seq is stored (one index step, not a scan of a long turn's events).
 _SELECT_RUN_SEGMENTS = """
 SELECT s.segment_id, s.turn_id, s.message_id, s.status, s.failure, s.event_count, s.next_seq,
        s.gaps, s.missing, s.expected_count, s.conflicts, s.oversized, s.started_at,
@@ -114,8 +117,8 @@ SELECT s.segment_id, s.turn_id, s.message_id, s.status, s.failure, s.event_count
        (SELECT a.node_path FROM interactive_requests r
         JOIN node_attempts a ON a.attempt_id = r.attempt_id
         WHERE m.kind = 'step' AND r.request_id = m.source_id) AS node_path,
-       (SELECT min(position) FROM session_events e
-        WHERE e.segment_id = s.segment_id) AS first_position
+       (SELECT position FROM session_events e WHERE e.segment_id = s.segment_id
+        ORDER BY seq LIMIT 1) AS first_position
 FROM session_segments s JOIN workflow_messages m ON m.message_id = s.message_id
 WHERE s.run_id = :run_id ORDER BY s.segment_id DESC LIMIT :limit
 """
