@@ -54,6 +54,10 @@ EXPECTED_TABLES = {
     "resource_claims",
     "reconcile_history",
     "resource_child_runs",
+    "session_segments",
+    "session_events",
+    "session_entries",
+    "session_pages",
 }
 
 
