@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from pi_workflows.domain._epochs import ActiveEpochs
 from pi_workflows.domain._operations import OperationError, rejected, response
+from pi_workflows.domain._origin_reports import MAX_ID_CHARS, _opaque_id, _required_id
 from pi_workflows.domain._session_pages import event_item, page_checkpoint, segment_view
 from pi_workflows.storage import (
     SESSION_EVENT_BYTES,
@@ -56,25 +57,9 @@ SESSION_PAGE_BYTES: Final = 512 * 1024
 16 KiB inline threshold, else a reference) a page response stays far below 1 MiB."""
 ITEM_OVERHEAD: Final = 160
 """Bytes a page item adds to its stored payload (position, seq, type, turn, time)."""
-_MAX_ID_CHARS: Final = 256
 _MAX_SEQ: Final = 2**53 - 1
 _FAILURE_CODE_CHARS: Final = 64
 _ID_FIELDS: Final = ("toolCallId", "entryId", "name", "role", "contentIndex", "stopReason")
-
-
-def _opaque_id(value: object) -> bool:
-    return (
-        isinstance(value, str)
-        and 0 < len(value) <= _MAX_ID_CHARS
-        and not any(ord(char) < 0x20 or ord(char) == 0x7F for char in value)
-    )
-
-
-def _required_id(payload: Mapping[str, Any], name: str) -> str:
-    value = payload.get(name)
-    if not _opaque_id(value):
-        raise OperationError("rejected", f"{name}Invalid", f"{name} must be an opaque ID")
-    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +122,7 @@ def _event(raw: object) -> _Event:
 
 
 def _small(value: object) -> bool:
-    return not isinstance(value, str) or len(value) <= _MAX_ID_CHARS
+    return not isinstance(value, str) or len(value) <= MAX_ID_CHARS
 
 
 def _final(raw: object) -> _Final | None:
