@@ -24,6 +24,10 @@
  *   its end report carries the turn's final visible assistant text (`assistantText`,
  *   bounded to fit one frame), which the server settles the step with.
  *
+ * - Each turn's session events (`recorder.ts`) are recorded from its `agent_start` and sent
+ *   with `sessionEvents.record` once its start is accepted, in order, before its end
+ *   report; a reconnect re-sends what was not acknowledged (the server stores each seq once).
+ *
  * Nothing here writes to stdout or stderr: prompts and results are private.
  */
 
@@ -31,6 +35,7 @@ import { createHash, randomUUID } from "node:crypto";
 
 import type { JsonValue } from "../common/canonical.ts";
 import type { ResponseMessage } from "../common/protocol.ts";
+import { TurnRecording } from "./recorder.ts";
 import { LinkLostError, SessionLink } from "./session-link.ts";
 
 type JsonObject = { [key: string]: JsonValue };
@@ -42,6 +47,8 @@ export const POLL_MS = 1000;
 const TURN_KINDS = new Set(["step", "terminal", "follow_up"]);
 /** The most UTF-8 bytes of JSON-encoded reply text one end report carries (frames are 1 MiB). */
 export const MAX_REPLY_BYTES = 768 * 1024;
+/** A running turn's recorded events go out at most this long after they happened. */
+export const RECORD_FLUSH_MS = 250;
 
 /** What the coordinator needs from Pi (documented extension APIs only). */
 export interface PiSide {
@@ -76,6 +83,8 @@ interface Turn {
   visibleReply: boolean;
   /** `text`: the turn's final visible assistant text (null: none). */
   end: { stopReason: StopReason; responseEntryId: string | null; text: string | null } | null;
+  /** The turn's session events (null: recording is off). */
+  recording: TurnRecording | null;
 }
 
 export interface CoordinatorEvents {
@@ -87,6 +96,11 @@ export interface CoordinatorEvents {
   onView?(view: JsonObject): void;
   /** The connection closed, or could not be opened. */
   onLost?(): void;
+}
+
+export interface CoordinatorOptions {
+  /** Record each workflow turn's session events (default true). */
+  record?: boolean;
 }
 
 function isObject(value: JsonValue | undefined | unknown): value is JsonObject {
@@ -193,6 +207,8 @@ export class WorkflowMessageCoordinator {
   private stopped = false;
   /** `whenTurnReported` callers, released by the turn reports' settlement. */
   private readonly turnWaiters = new Set<() => void>();
+  private readonly recordEvents: boolean;
+  private flushTimer: NodeJS.Timeout | null = null;
 
   constructor(
     socketPath: string,
@@ -200,7 +216,9 @@ export class WorkflowMessageCoordinator {
     readonly sessionId: string,
     private readonly pi: PiSide,
     private readonly events: CoordinatorEvents = {},
+    options: CoordinatorOptions = {},
   ) {
+    this.recordEvents = options.record ?? true;
     this.link = new SessionLink(socketPath, clientId, sessionId, {
       onView: (view) => this.onView(view),
       onLost: () => this.onLost(),
@@ -218,6 +236,8 @@ export class WorkflowMessageCoordinator {
     this.stopped = true;
     if (this.timer !== null) clearInterval(this.timer);
     this.timer = null;
+    if (this.flushTimer !== null) clearTimeout(this.flushTimer);
+    this.flushTimer = null;
     this.link.stop();
     this.settleTurnWaiters();
   }
@@ -297,7 +317,10 @@ export class WorkflowMessageCoordinator {
   agentStart(): void {
     // Every new start replaces any older local copy: an unfinished older turn is over.
     for (const turn of this.turns) {
-      if (turn.end === null) turn.end = { stopReason: "error", responseEntryId: null, text: null };
+      if (turn.end === null) {
+        turn.end = { stopReason: "error", responseEntryId: null, text: null };
+        turn.recording?.end("turnReplaced");
+      }
     }
     const awaiting = this.lastUnconfirmedSend();
     this.turns.push({
@@ -308,14 +331,37 @@ export class WorkflowMessageCoordinator {
       startAccepted: false,
       visibleReply: false,
       end: null,
+      recording: this.recordEvents ? new TurnRecording() : null,
     });
     this.pump();
+  }
+
+  /**
+   * One session event of the running turn (`recorder.ts` numbers and coalesces it);
+   * outside a turn there is nothing to record. `message`: a `messageEnd`'s Pi message.
+   */
+  record(type: string, fields: JsonObject, message?: unknown): void {
+    const turn = this.turns.findLast((t) => t.end === null);
+    if (turn?.recording == null) return;
+    turn.recording.add(type, fields, message);
+    if (turn.startAccepted) this.flushSoon();
+  }
+
+  /** Send the recorded events shortly (one timer at a time). */
+  private flushSoon(): void {
+    if (this.flushTimer !== null || this.stopped) return;
+    this.flushTimer = setTimeout(() => {
+      this.flushTimer = null;
+      this.pump();
+    }, RECORD_FLUSH_MS);
+    this.flushTimer.unref();
   }
 
   agentEnd(messages: readonly unknown[]): void {
     const turn = this.turns.findLast((t) => t.end === null);
     if (turn !== undefined) {
       turn.end = { stopReason: stopReasonOf(messages), responseEntryId: this.lastAssistantEntry(), text: finalReplyText(messages) };
+      turn.recording?.end();
     }
     this.settleTurnWaiters(); // an ended turn's start no longer holds a tool call
     this.branchDirty = true; // the turn settled: report the branch (idle) after its end
@@ -487,12 +533,52 @@ export class WorkflowMessageCoordinator {
         turn.startAccepted = true;
         turn.visibleReply = receipt.visibleReply === true;
       }
-      if (turn.end === null) return true; // still running
+      const recorded = await this.flushRecording(turn);
+      if (recorded === "fenced") return false;
+      // The end goes after the capture's last batch (a messageEnd may wait for its entry).
+      if (turn.end === null || recorded === "wait") return true; // still running
       const receipt = await this.reportTurn(turn, "ended");
       if (receipt === null) return false;
       this.turns.shift();
     }
     return true;
+  }
+
+  /**
+   * Send the turn's recorded events that are due, batch by batch. `wait`: a batch waits
+   * for Pi's entry (a timer pumps again); `fenced`: keep them for a later epoch.
+   */
+  private async flushRecording(turn: Turn): Promise<"done" | "wait" | "fenced"> {
+    const recording = turn.recording;
+    while (recording !== null && recording.due) {
+      const batch = recording.nextBatch(this.pi.branch());
+      if (batch === null) {
+        this.flushSoon();
+        return "wait";
+      }
+      const payload: JsonObject = { sessionId: this.sessionId, turnId: turn.turnId, messageId: turn.messageId!, events: batch.events };
+      if (batch.final !== undefined) payload.final = batch.final;
+      let response: ResponseMessage;
+      try {
+        response = await this.link.request("sessionEvents.record", payload, { runId: turn.runId! });
+      } catch (error) {
+        if (!(error instanceof LinkLostError)) {
+          recording.abandon(); // a batch that cannot be encoded: never take Pi down for it
+          continue;
+        }
+        recording.unsent(); // the connection closed: the next epoch sends it again
+        throw error;
+      }
+      if (accepted(response)) {
+        recording.stored();
+      } else if (response.outcome === "claimLost") {
+        recording.unsent();
+        return "fenced";
+      } else {
+        recording.abandon(); // refused for good (the server names why in its answer)
+      }
+    }
+    return "done";
   }
 
   private async reportTurn(turn: Turn, phase: "started" | "ended"): Promise<JsonObject | null> {

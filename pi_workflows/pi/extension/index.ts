@@ -44,6 +44,7 @@ import type { JsonValue } from "../common/canonical.ts";
 import { CommandFailedError, ServerClient } from "./client.ts";
 import { MESSAGE_TYPE, WorkflowMessageCoordinator, type BranchEntry, type CoordinatorEvents, type PiSide } from "./coordinator.ts";
 import { answerRun, parseWorkflowArgs, USAGE, type Parsed } from "./commands.ts";
+import { recordingOn, sessionEventOf } from "./recorder.ts";
 import { TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, WorkflowTool, type ToolParams, type ToolResult } from "./tool.ts";
 import { socketPathFor, stateDir } from "./locate.ts";
 import { canOpenPiw, EXTENSION_DIR, openInTmux, parsePiwArgs, planPiw, type PiwArgs } from "./piw.ts";
@@ -472,7 +473,9 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
     shownRun = null;
     lost = false;
     paint();
-    coordinator = new WorkflowMessageCoordinator(socketPath, `${clientId}-coordinator`, originSession(ctx), side, viewEvents);
+    coordinator = new WorkflowMessageCoordinator(socketPath, `${clientId}-coordinator`, originSession(ctx), side, viewEvents, {
+      record: recordingOn(process.env),
+    });
     coordinator.start();
   });
 
@@ -488,9 +491,21 @@ export default function piWorkflowsExtension(pi: ExtensionAPI): void {
 
   pi.on("message_end", async (event, ctx) => {
     context = ctx;
+    record(event);
     const message = event.message as { role?: string; customType?: string };
     if (message.role === "custom" && message.customType === MESSAGE_TYPE) coordinator?.messageEnd();
   });
+
+  // The session record of workflow turns (recorder.ts): the coordinator keeps only the
+  // events of a running turn, and sends them once the server owns that turn.
+  function record(event: { type: string }): void {
+    const recorded = coordinator === null ? null : sessionEventOf(event as { type: string; [key: string]: unknown });
+    if (recorded !== null) coordinator?.record(recorded.type, recorded.fields, recorded.message);
+  }
+  pi.on("message_start", async (event) => record(event));
+  pi.on("message_update", async (event) => record(event));
+  pi.on("tool_execution_start", async (event) => record(event));
+  pi.on("tool_execution_end", async (event) => record(event));
 
   pi.on("session_shutdown", async () => {
     buses.delete(pi.events); // a reload loads the extension into this Pi again
