@@ -3,12 +3,15 @@
 Commands parse their arguments, call `WorkflowClient`, render the result and map
 errors to exit codes; none opens SQLite. Read commands take `--json` and print one
 JSON document on stdout; errors go to stderr as one sentence that says what to do.
+The module imports the wire client only: the server, actors, storage and engine load
+inside the commands that need them (tests/cli/test_light_imports.py pins it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import select
@@ -23,38 +26,12 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
-import psutil
-import pykka.debug
 
-from pi_workflows._paths import AGENT_DIR_ENV
+from pi_workflows._paths import AGENT_DIR_ENV, ensure_private_dir, workflows_dir
 from pi_workflows._version import __version__
-from pi_workflows.actors import VALIDATE_TIMEOUT_ENV
 from pi_workflows.cli._advice import Advice, advice, kind_words, node_kinds, status_words
-from pi_workflows.cli._backup import (
-    BackupUnusableError,
-    LiveDatabaseError,
-    verify_inactive_backup,
-)
 from pi_workflows.cli._chain import chain_rows, follow_chain
-from pi_workflows.domain import RETENTION_DAYS_ENV
-from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.pi import PI_BINARY_ENV
-from pi_workflows.server import (
-    BLOB_GRACE_ENV,
-    DEFAULT_DRAIN_S,
-    DEFAULT_IDLE_EXIT_S,
-    DEFAULT_MAX_WORKERS,
-    IDLE_EXIT_ENV,
-    MAX_WORKERS_ENV,
-    ZYGOTE_ENV,
-    ServerStartError,
-    WorkflowServer,
-    redirect_output,
-)
-from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
-from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
-from pi_workflows.wire import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV
 from pi_workflows.wire.client import (
     HostUnavailableError,
     InvalidRequestError,
@@ -65,7 +42,6 @@ from pi_workflows.wire.client import (
 )
 from pi_workflows.wire.live import DEFAULT_RECONNECT_TIMEOUT_S
 from pi_workflows.wire.protocol import ResponseMessage
-from pi_workflows.wire.runner import MAX_VALUE_ENV
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -75,6 +51,16 @@ EXIT_STATE = 5
 EXIT_TIMEOUT = 6
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 20.0
+
+# The server's defaults that `server run --help` and `server stop` show, copied here so
+# that no client command loads the server to print them (test_light_imports pins each
+# copy to the server's value).
+DEFAULT_DRAIN_S = 30.0
+DEFAULT_IDLE_EXIT_S = 600.0
+DEFAULT_MAX_WORKERS = 4
+IDLE_EXIT_ENV = "PI_WORKFLOWS_IDLE_EXIT_SECONDS"
+MAX_WORKERS_ENV = "PI_WORKFLOWS_MAX_WORKERS"
+CRASH_ENV = "PI_WORKFLOWS_CRASH"
 
 STATUS_KEYS = (
     "state",
@@ -233,32 +219,55 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("pi-extension install", 0): "linked, or already linked",
     ("pi-extension install", EXIT_FAILED): "another file has the link's name",
 }
-ENV_WORDS = {
+
+
+@functools.cache
+def env_words() -> dict[str, str]:
+    """The environment variables the server reads, and what each means.
+
+    Their names live in the floors that read them, so this loads those modules: it runs
+    only to print help.
+    """
+    from pi_workflows.actors import VALIDATE_TIMEOUT_ENV  # noqa: PLC0415 (help only)
+    from pi_workflows.domain import RETENTION_DAYS_ENV  # noqa: PLC0415
+    from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV  # noqa: PLC0415
+    from pi_workflows.pi import PI_BINARY_ENV  # noqa: PLC0415
+    from pi_workflows.server import BLOB_GRACE_ENV, ZYGOTE_ENV  # noqa: PLC0415
+    from pi_workflows.wire import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV  # noqa: PLC0415
+    from pi_workflows.wire.runner import MAX_VALUE_ENV  # noqa: PLC0415
+
+    return {
+        AGENT_DIR_ENV: LIGHT_ENV_WORDS[AGENT_DIR_ENV],
+        IDLE_EXIT_ENV: f"seconds idle before the server exits (default {DEFAULT_IDLE_EXIT_S:.0f}; "
+        "0: never)",
+        MAX_WORKERS_ENV: f"runs executing at once (default {DEFAULT_MAX_WORKERS})",
+        MAX_CONNECTIONS_ENV: "open client connections (default 512)",
+        FIRST_FRAME_ENV: "seconds a new connection has to send its first frame (default 10)",
+        PI_BINARY_ENV: "the pi binary for agent steps (default: pi on PATH)",
+        VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
+        BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
+        "(default 86400)",
+        RETENTION_DAYS_ENV: "days terminal run trees are kept after they finish (default 30; "
+        "0: no automatic cleanup)",
+        MEMORY_ENV: "default memory limit of a node's processes, in MiB",
+        PROCESSES_ENV: "default process limit of a node",
+        MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
+        "(default 67108864: 64 MiB)",
+        ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
+        CRASH_ENV: LIGHT_ENV_WORDS[CRASH_ENV],
+    }
+
+
+LIGHT_ENV_WORDS = {
     AGENT_DIR_ENV: "Pi's agent directory; the state folder is its workflows/ (default: "
     "~/.pi/agent)",
-    IDLE_EXIT_ENV: f"seconds idle before the server exits (default {DEFAULT_IDLE_EXIT_S:.0f}; "
-    "0: never)",
-    MAX_WORKERS_ENV: f"runs executing at once (default {DEFAULT_MAX_WORKERS})",
-    MAX_CONNECTIONS_ENV: "open client connections (default 512)",
-    FIRST_FRAME_ENV: "seconds a new connection has to send its first frame (default 10)",
-    PI_BINARY_ENV: "the pi binary for agent steps (default: pi on PATH)",
-    VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
-    BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
-    "(default 86400)",
-    RETENTION_DAYS_ENV: "days terminal run trees are kept after they finish (default 30; "
-    "0: no automatic cleanup)",
-    MEMORY_ENV: "default memory limit of a node's processes, in MiB",
-    PROCESSES_ENV: "default process limit of a node",
-    MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
-    "(default 67108864: 64 MiB)",
-    ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
     CRASH_ENV: "<point>[@<n>] arms one crash point (fault-injection tests)",
-}
-VIEWER_ENV_WORDS = {
     "PIW_CONFIG_PATH": "piw's settings file (default: ~/.config/piw/config.toml)",
     "PIW_THEME": "piw's theme, over the settings file (see --list-themes)",
 }
-SERVER_ENV = tuple(ENV_WORDS)
+"""The variables that client commands and `piw` read: their help loads no server part."""
+SERVER_ENV = ("",)
+"""Stands for every variable in `env_words()` (they load only to print help)."""
 COMMAND_ENV: dict[str, tuple[str, ...]] = {
     "": SERVER_ENV,
     "server run": SERVER_ENV,
@@ -308,9 +317,13 @@ def _format_exits_and_env(ctx: click.Context, formatter: click.HelpFormatter) ->
             [(str(code), EXIT_WORDS_FOR.get((key, code), EXIT_WORDS[code])) for code in codes]
         )
     env = COMMAND_ENV.get(key, (AGENT_DIR_ENV,))
+    if env == SERVER_ENV:
+        env = tuple(env_words())
     if env:
         with formatter.section("Environment"):
-            words = {**ENV_WORDS, **VIEWER_ENV_WORDS}
+            words = LIGHT_ENV_WORDS
+            if not set(env) <= words.keys():
+                words = {**env_words(), **words}
             formatter.write_dl([(name, words[name]) for name in env])
     if key not in STARTS_NO_SERVER and key not in VIEWER_EXITS:
         formatter.write_paragraph()
@@ -410,6 +423,15 @@ def server_run(
 
     Example: pi-workflows server run --idle-exit 600
     """
+    # The one command that hosts the server: it alone loads it.
+    from pi_workflows.server import (  # noqa: PLC0415
+        ServerStartError,
+        WorkflowServer,
+        redirect_output,
+    )
+    from pi_workflows.storage import SchemaMismatchError  # noqa: PLC0415
+    from pi_workflows.supervision import ServerAlreadyRunningError  # noqa: PLC0415
+
     if detached:  # started by `server start`: stdout and stderr are logs/server.out
         redirect_output(_state_dir(ctx) / "logs" / "server.out")
     if idle_exit is None:
@@ -446,6 +468,8 @@ def server_run(
 
 
 def _install_signal_handlers(instance: Any) -> None:
+    import pykka.debug  # noqa: PLC0415 (the server's actors are loaded by now)
+
     def on_signal(signum: int, frame: object) -> None:
         instance.stop_async(f"signal {signal.Signals(signum).name}")
 
@@ -605,6 +629,8 @@ def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> No
     with client:
         client.call("server.stop", {"drainSeconds": drain_s})
     if pid is not None:
+        import psutil  # noqa: PLC0415 (only to wait for the exit)
+
         limit = timeout if timeout is not None else drain_s + STOP_TIMEOUT_S
         try:
             psutil.Process(pid).wait(limit)
@@ -843,6 +869,8 @@ def workflows_list(ctx: click.Context, project: Path | None, as_json: bool) -> N
 
     Example: pi-workflows workflows list --json
     """
+    from pi_workflows.engine import discover  # noqa: PLC0415 (lists files, imports none)
+
     found = discover((project or Path.cwd()).resolve(), _state_dir(ctx).parent)
     rows = [
         {"name": name, "origin": str(source.origin), "path": str(source.path)}
@@ -1187,6 +1215,12 @@ def state_verify(
             report = dict(client.call("state.verify")["receipt"])
         report["source"] = "server"
     else:
+        from pi_workflows.cli._backup import (  # noqa: PLC0415 (storage loads for a file)
+            BackupUnusableError,
+            LiveDatabaseError,
+            verify_inactive_backup,
+        )
+
         try:
             findings = verify_inactive_backup(backup, _state_dir(ctx))
         except (LiveDatabaseError, BackupUnusableError) as exc:
@@ -1235,6 +1269,8 @@ def debug_crash_points(as_json: bool) -> None:
 
     Example: pi-workflows debug crash-points --json
     """
+    from pi_workflows.supervision import CRASH_POINTS  # noqa: PLC0415
+
     rows = [
         {"name": point.name, "process": point.process, "interrupts": point.interrupts}
         for point in CRASH_POINTS.values()
