@@ -458,6 +458,60 @@ def _branch_validator(name: str, value: Any) -> Any:
     return _fast_branch(branch) or _protocol_validator_class()(branch)
 
 
+def _clause_values(clause: object) -> tuple[str, frozenset[str]] | None:
+    """`(key, values)` for an `allOf` clause `{"if": key is one of values, "then": ...}`
+    over strings; None for any other clause."""
+    if not isinstance(clause, dict) or set(clause) != {"if", "then"}:
+        return None
+    condition = clause["if"]
+    if not isinstance(condition, dict) or set(condition) != {"required", "properties"}:
+        return None
+    required, properties = condition["required"], condition["properties"]
+    if not (isinstance(required, list) and len(required) == 1 and [*properties] == required):
+        return None
+    rule = properties[required[0]]
+    values = [rule["const"]] if set(rule) == {"const"} else rule.get("enum")
+    if set(rule) - {"const", "enum"} or not isinstance(values, list):
+        return None
+    if not all(isinstance(v, str) for v in values):
+        return None
+    return required[0], frozenset(values)
+
+
+@functools.cache
+def _conditional_clauses(name: str, value: Any) -> tuple[tuple[int, str, frozenset[str]], ...]:
+    """The branch's `allOf` clauses that apply only when a field holds given strings."""
+    clauses = _branch_schemas(name)[1][value].get("allOf", [])
+    found = ((index, _clause_values(clause)) for index, clause in enumerate(clauses))
+    return tuple((index, *shape) for index, shape in found if shape is not None)
+
+
+@functools.cache
+def _applying_validator(name: str, value: Any, skipped: frozenset[int]) -> Any:
+    """The branch without the conditional clauses in `skipped` (whose `if` a message
+    fails, so they hold for it anyway): a request compiles its operation's clause only."""
+    branch = dict(_branch_schemas(name)[1][value])
+    if skipped:
+        clauses = [c for i, c in enumerate(branch["allOf"]) if i not in skipped]
+        if clauses:
+            branch["allOf"] = clauses
+        else:
+            del branch["allOf"]
+    return _fast_branch(branch) or _protocol_validator_class()(branch)
+
+
+def _branch_is_valid(name: str, value: Any, message: dict[str, Any]) -> bool:
+    conditional = _conditional_clauses(name, value)
+    if not conditional:
+        return bool(_branch_validator(name, value).is_valid(message))
+    skipped = frozenset(
+        index
+        for index, key, values in conditional
+        if not (isinstance(message.get(key), str) and message[key] in values)
+    )
+    return bool(_applying_validator(name, value, skipped).is_valid(message))
+
+
 # A branch is compiled with fastjsonschema (draft-07 code generation, ~30x faster than
 # jsonschema here) only when that can never accept what jsonschema rejects: every keyword
 # is one it checks exactly as jsonschema does, or one where it is only stricter (`pattern`
@@ -571,7 +625,7 @@ def _valid_by_branch(name: str, message: object) -> bool:
     value = message.get(discriminator)
     if not isinstance(value, str | int | bool) or value not in branches:
         return False
-    return bool(_branch_validator(name, value).is_valid(message))
+    return _branch_is_valid(name, value, message)
 
 
 def validate(schema_name: str, message: object) -> None:
