@@ -197,8 +197,11 @@ def install_completion(group: click.Group) -> None:
 
 
 def _commands(group: click.Group) -> list[click.Command]:
+    """The commands registered so far (a lazy group's other modules stay unloaded)."""
     found: list[click.Command] = [group]
-    for command in group.commands.values():
+    loaded = getattr(group, "loaded_commands", None)
+    commands = loaded() if loaded is not None else group.commands
+    for command in commands.values():
         if isinstance(command, click.Group):
             found += _commands(command)
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import importlib
 import json
 import os
 import select
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from functools import wraps
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -341,10 +342,55 @@ class DocumentedCommand(click.Command):
 
 
 class DocumentedGroup(click.Group):
-    """A group that documents itself, its commands and its subgroups the same way."""
+    """A group that documents itself, its commands and its subgroups the same way.
+
+    A command defined in another module of the command line is named in `lazy` (command
+    name → module): the module is imported, and registers its commands here, when the
+    command is looked up, or when every command is listed or `commands` is read. So
+    `server status` does not pay for `run watch`'s imports.
+    """
 
     command_class = DocumentedCommand
     group_class = type  # subgroups are DocumentedGroups too
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.lazy: dict[str, str] = {}
+        self._adding = False
+        super().__init__(*args, **kwargs)
+
+    @property
+    def commands(self) -> dict[str, click.Command]:
+        if not self._adding:  # a module being loaded registers a command
+            self._load(*self.lazy)
+        return self._registered
+
+    @commands.setter
+    def commands(self, value: MutableMapping[str, click.Command]) -> None:
+        self._registered = dict(value)
+
+    def loaded_commands(self) -> dict[str, click.Command]:
+        """The commands registered so far (loads no module)."""
+        return self._registered
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        self._adding = True
+        try:
+            super().add_command(cmd, name)
+        finally:
+            self._adding = False
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load(cmd_name)
+        return self._registered.get(cmd_name)
+
+    def _load(self, *names: str) -> None:
+        modules = {self.lazy.pop(name) for name in names if name in self.lazy}
+        for module in sorted(modules):
+            importlib.import_module(module)
+        if modules:
+            from pi_workflows.cli._completion import install_completion  # noqa: PLC0415
+
+            install_completion(main)  # the new commands' run IDs and workflow names
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)
@@ -353,6 +399,12 @@ class DocumentedGroup(click.Group):
         else:
             formatter.write_paragraph()
             formatter.write_text("Each command's --help lists its exit codes and environment.")
+
+
+def lazy_commands(group: click.Group, modules: dict[str, str]) -> None:
+    """Name the modules that register `group`'s commands (command name → module)."""
+    assert isinstance(group, DocumentedGroup)
+    group.lazy.update(modules)
 
 
 @click.group(
@@ -1471,25 +1523,32 @@ def _announce(url: str) -> None:
     sys.stdout.flush()
 
 
-# Commands in their own modules register on the groups above when imported:
-# `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
-# `run watch` (_run_watch), `state prune` (_state_prune), `state backup`
-# (_state_backup), `decision list|answer` (_decision), `channel` (_channel), `run
-# recover` and `channel recover` (_recover), `resource-manager` (_resource_manager),
-# `completion`; then every
-# run-ID and workflow-name parameter gets its shell completion (_completion).
-from pi_workflows.cli import (  # noqa: E402, F401
-    _channel,
-    _completion,
-    _decision,
-    _pi_extension,
-    _recover,
-    _resource_manager,
-    _run_list,
-    _run_show,
-    _run_watch,
-    _state_backup,
-    _state_prune,
+# Commands in their own modules register on the groups above when their module is
+# imported, on first use (`DocumentedGroup.lazy`); `completion` (_completion) now, and
+# then every run-ID and workflow-name parameter gets its shell completion.
+_CLI = "pi_workflows.cli."
+lazy_commands(
+    main,
+    {
+        "channel": _CLI + "_channel",  # and `channel recover` (_recover)
+        "decision": _CLI + "_decision",
+        "pi-extension": _CLI + "_pi_extension",
+        "resource-manager": _CLI + "_resource_manager",
+    },
 )
+lazy_commands(
+    run,
+    {
+        "list": _CLI + "_run_list",
+        "logs": _CLI + "_run_list",
+        "show": _CLI + "_run_show",
+        "wait": _CLI + "_run_watch",
+        "watch": _CLI + "_run_watch",
+        "recover": _CLI + "_recover",
+    },
+)
+lazy_commands(state, {"backup": _CLI + "_state_backup", "prune": _CLI + "_state_prune"})
+
+from pi_workflows.cli import _completion  # noqa: E402
 
 _completion.install_completion(main)
