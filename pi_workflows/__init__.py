@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pi_workflows.engine import (
         action,
         agent,
+        assistant_message,
         checkpoint,
         choice,
         compute,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "action": "pi_workflows.engine",
     "agent": "pi_workflows.engine",
+    "assistant_message": "pi_workflows.engine",
     "checkpoint": "pi_workflows.engine",
     "choice": "pi_workflows.engine",
     "compute": "pi_workflows.engine",
@@ -149,6 +151,7 @@ __all__ = [
     "__version__",
     "action",
     "agent",
+    "assistant_message",
     "checkpoint",
     "choice",
     "compute",

@@ -6,7 +6,8 @@ revision and loads every referenced value (input, outputs, errors, tracebacks, t
 reason), verified against its digest, before anything is printed; content that fails
 verification is reported and never shown. Then: status and reason in words, timings,
 execution mode, lineage, input, output, and every attempt with its outcome and its
-output or error, including the traceback of a failed node. Rich tables and colour on
+output or error, including the traceback of a failed node, and the recorded conversation
+of each interactive step (cli/_conversation.py). Rich tables and colour on
 a terminal; plain lines otherwise (pipes, scripts, tests); `--json` prints the
 hydrated view. A value longer than `HEAD_CHARS` prints its head and its size unless
 `--full` is given (a 5 MiB output would otherwise flood the terminal).
@@ -28,6 +29,7 @@ from rich.text import Text
 
 from pi_workflows.cli._advice import advice, kind_words, node_kinds, status_words
 from pi_workflows.cli._chain import Chain, chain_rows, follow_chain
+from pi_workflows.cli._conversation import conversation_lines, load_conversation
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     _client,
@@ -80,6 +82,7 @@ def run_show(ctx: click.Context, run_id: str, full: bool, as_json: bool) -> None
         with _client(ctx) as client:
             view = client.hydrated_run_view(run_id)
             chain = None if as_json else _chain_of(client, view)
+            messages = [] if as_json else load_conversation(client, view)
     except ContentVerificationError as exc:
         _fail(f"content failed verification: {exc}", EXIT_FAILED)
     except RunChangingError as exc:
@@ -88,9 +91,10 @@ def run_show(ctx: click.Context, run_id: str, full: bool, as_json: bool) -> None
     if as_json:
         _print_json(view)
     elif sys.stdout.isatty():
-        show_rich(view, full=full, chain=chain, prefix=prefix)
+        show_rich(view, full=full, chain=chain, prefix=prefix, conversation=messages)
     else:
-        for line in plain_lines(view, full=full, chain=chain, prefix=prefix):
+        lines = plain_lines(view, full=full, chain=chain, prefix=prefix, conversation=messages)
+        for line in lines:
             click.echo(line)
 
 
@@ -244,6 +248,7 @@ def plain_lines(
     full: bool = False,
     chain: Chain | None = None,
     prefix: str = "pi-workflows",
+    conversation: list[dict[str, Any]] | None = None,
 ) -> Iterator[str]:
     """The plain-text form: stable lines for pipes and scripts."""
     title = f" ({view['title']})" if view.get("title") else ""
@@ -265,6 +270,7 @@ def plain_lines(
             else:
                 yield f"     {label}:"
                 yield from (f"       {line}" for line in lines)
+    yield from conversation_lines(view, conversation or [], lambda text: _head(text, full))
 
 
 # --- rich ------------------------------------------------------------------------------
@@ -277,6 +283,7 @@ def show_rich(
     full: bool = False,
     chain: Chain | None = None,
     prefix: str = "pi-workflows",
+    conversation: list[dict[str, Any]] | None = None,
 ) -> None:
     """The terminal form: colour and tables (rich)."""
     console = console or Console()
@@ -313,3 +320,5 @@ def show_rich(
             Text(details),
         )
     console.print(table)
+    for line in conversation_lines(view, conversation or [], lambda text: _head(text, full)):
+        console.print(Text(line))

@@ -61,7 +61,12 @@ from pi_workflows.domain._operations import (
     start_request_fields,
     start_run,
 )
-from pi_workflows.domain._origin_reports import clear_terminal_view, report_branch, report_turn
+from pi_workflows.domain._origin_reports import (
+    clear_terminal_view,
+    report_branch,
+    report_turn,
+    visible_output,
+)
 from pi_workflows.domain._recovery import RecoveryReport, recover_at_startup
 from pi_workflows.domain._resource_ops import (
     RESOURCE_MANAGER_COMMANDS,
@@ -157,6 +162,7 @@ from pi_workflows.domain._units import (
     RecordChannelResult,
     RecordPrune,
     RecordRunnerExit,
+    RecordSessionEvents,
     RecordSpawn,
     RecoverChannel,
     RecoverResourceClaims,
@@ -266,6 +272,7 @@ __all__ = [
     "RecordChannelResult",
     "RecordPrune",
     "RecordRunnerExit",
+    "RecordSessionEvents",
     "RecordSpawn",
     "RecoverChannel",
     "RecoverResourceClaims",
@@ -379,4 +386,5 @@ __all__ = [
     "unit_label",
     "update_interaction",
     "validations_to_resume",
+    "visible_output",
 ]

@@ -635,7 +635,7 @@ ORIGIN_SESSION_KINDS: Final = frozenset({"assistant"})
 """Snapshot node kinds that run only in an origin Pi session: a visible assistant-message
 step (interactive request kind `assistant`) has no tool completion action, so headless
 `pi --mode rpc` cannot perform it (workflow-server.md § Interactive Pi execution). The
-authoring API has no such kind yet; this guard bites once one is added."""
+authoring API's `assistant_message` is an agent node marked `visible: true`."""
 
 
 def origin_session_steps(definition: Mapping[str, Any]) -> list[str]:

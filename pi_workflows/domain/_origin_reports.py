@@ -45,10 +45,12 @@ from pi_workflows.storage import (
     read_request,
     read_turn,
     record_interaction_event,
+    record_submission,
     requeue_run,
     resume_session_time,
     run_unfinished_unpaused,
     set_unproductive_turn_ends,
+    settle_submission,
     start_active_time,
     suspend_request_time,
     unproductive_turn_ends,
@@ -58,10 +60,12 @@ from pi_workflows.wire.protocol import RequestMessage
 
 __all__ = [
     "MAX_BRANCH_ENTRIES",
+    "MAX_REPLY_CHARS",
     "TURN_END_RESULTS",
     "clear_terminal_view",
     "report_branch",
     "report_turn",
+    "visible_output",
 ]
 
 MAX_BRANCH_ENTRIES: Final = 256
@@ -69,6 +73,10 @@ MAX_BRANCH_ENTRIES: Final = 256
 MAX_ID_CHARS: Final = 256
 TURN_END_RESULTS: Final = frozenset({"completed", "aborted", "error"})
 """The `stopReason` of an ended turn, derived by the extension from Pi's messages."""
+MAX_REPLY_CHARS: Final = 1_000_000
+"""The most characters of a visible reply an end report carries (one frame holds them)."""
+VISIBLE_KIND: Final = "assistant"
+"""The request kind of an assistant-message step: its turn's visible reply is the output."""
 
 EVENT_MESSAGE_SENT: Final = "workflow_message_sent"
 EVENT_MESSAGE_CREATED: Final = "workflow_message_created"
@@ -227,6 +235,10 @@ class _TurnReport:
     run_id: str
     stop_reason: str | None
     response_entry_id: str | None
+    reply: str | None = None
+    """The turn's final visible assistant text (sent for an assistant-message step)."""
+    reply_cut: bool = False
+    """The extension cut the reply to fit one frame."""
 
 
 def _turn_report(request: RequestMessage) -> _TurnReport:
@@ -251,6 +263,7 @@ def _turn_report(request: RequestMessage) -> _TurnReport:
                 "rejected", "responseEntryIdInvalid", "responseEntryId is an ID or null"
             )
         entry = raw_entry
+    reply, cut = _reply(payload) if phase == "ended" else (None, False)
     return _TurnReport(
         str(phase),
         _required_id(payload, "sessionId"),
@@ -259,11 +272,33 @@ def _turn_report(request: RequestMessage) -> _TurnReport:
         str(run_id),
         stop_reason,
         entry,
+        reply,
+        cut,
     )
 
 
-def _receipt(ownership: str, turn: TurnRow | None) -> dict[str, Any]:
+def _reply(payload: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """An end report's `assistantText` (optional) and `assistantTextCut` (optional)."""
+    text = payload.get("assistantText")
+    if text is not None and (not isinstance(text, str) or len(text) > MAX_REPLY_CHARS):
+        raise OperationError(
+            "rejected",
+            "assistantTextInvalid",
+            f"assistantText is text of at most {MAX_REPLY_CHARS} characters, or absent",
+        )
+    cut = payload.get("assistantTextCut", False)
+    if not isinstance(cut, bool):
+        raise OperationError("rejected", "assistantTextCutInvalid", "assistantTextCut is a bool")
+    return text, cut
+
+
+def _receipt(
+    ownership: str, turn: TurnRow | None, *, visible_reply: bool = False
+) -> dict[str, Any]:
     receipt: dict[str, Any] = {"version": 1, "ownership": ownership}
+    if visible_reply:
+        # The turn answers an assistant-message step: its end report carries the reply.
+        receipt["visibleReply"] = True
     if turn is not None:
         receipt["turn"] = {
             "turnId": turn.turn_id,
@@ -313,7 +348,9 @@ def _start(tx: Tx, report: _TurnReport) -> dict[str, Any]:
     existing = read_turn(tx, report.turn_id)
     if existing is not None:
         _same_turn(existing, report)  # a repeat adopts the saved turn
-        return _receipt("active" if existing.status == "open" else "settled", existing)
+        if existing.status != "open":
+            return _receipt("settled", existing)
+        return _receipt("active", existing, visible_reply=_visible_step(tx, existing.message_id))
     message = read_message(tx, report.message_id)
     if (
         message is None
@@ -335,7 +372,16 @@ def _start(tx: Tx, report: _TurnReport) -> dict[str, Any]:
         {"turnId": report.turn_id, "messageId": message.message_id},
     )
     turn = read_turn(tx, report.turn_id)
-    return _receipt("active", turn)
+    return _receipt("active", turn, visible_reply=_visible_step(tx, message.message_id))
+
+
+def _visible_step(tx: Tx, message_id: str) -> bool:
+    """Whether the message is a step of an assistant-message request."""
+    message = read_message(tx, message_id)
+    if message is None or message.kind != "step":
+        return False
+    request = read_request(tx, message.source_id)
+    return request is not None and request.kind == VISIBLE_KIND
 
 
 def _message_open(tx: Tx, message: MessageRow) -> bool:
@@ -365,13 +411,16 @@ def _finish(tx: Tx, report: _TurnReport) -> dict[str, Any]:
     if turn.status != "open":
         return _receipt("settled", turn)  # a repeat, or a turn closed as lost meanwhile
     assert report.stop_reason is not None
-    _end(tx, turn, report.stop_reason, report.response_entry_id)
+    _end(tx, turn, report.stop_reason, report.response_entry_id, report)
     return _receipt("settled", read_turn(tx, report.turn_id))
 
 
-def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
+def _end(
+    tx: Tx, turn: TurnRow, status: str, entry: str | None, report: _TurnReport | None = None
+) -> None:
     """End one open turn with its consequences, in the caller's transaction: an aborted
-    step turn pauses its run (which cancels its pending step messages)."""
+    step turn pauses its run (which cancels its pending step messages); a completed turn
+    of an assistant-message step with a visible reply settles the step with it."""
     end_turn(tx, turn, status, entry)
     record_interaction_event(
         tx, turn.run_id, EVENT_TURN_ENDED, {"turnId": turn.turn_id, "status": status}
@@ -382,8 +431,10 @@ def _end(tx: Tx, turn: TurnRow, status: str, entry: str | None) -> None:
     if message is None or message.kind != "step":
         return
     suspend_request_time(tx, message.source_id)  # the time used in this turn is kept
+    if status == "completed" and report is not None and report.reply:
+        _settle_visible_step(tx, turn, message, report)
     if status != "aborted":
-        _count_unproductive(tx, message)
+        _count_unproductive(tx, message)  # nothing to count once the reply settled it
         return
     if run_unfinished_unpaused(tx, turn.run_id):
         try:
@@ -401,11 +452,56 @@ def _present_follow_up(tx: Tx, run_id: str) -> None:
         )
 
 
+# --- assistant-message steps ---------------------------------------------------------
+
+
+def visible_output(text: str, max_chars: int | None, *, cut: bool = False) -> dict[str, Any]:
+    """The output of an assistant-message step: `{"text": ...}` bounded by `max_chars`; a
+    longer reply keeps its rest as `overflow` (`truncated: true`). `cut`: the extension
+    already cut the reply to fit a frame (`truncated: true`, nothing more is known)."""
+    output: dict[str, Any] = {"text": text}
+    if max_chars is not None and len(text) > max_chars:
+        output = {"text": text[:max_chars], "truncated": True, "overflow": text[max_chars:]}
+    if cut:
+        output["truncated"] = True
+    return output
+
+
+def _settle_visible_step(tx: Tx, turn: TurnRow, message: MessageRow, report: _TurnReport) -> None:
+    """The turn's visible reply is the output of its assistant-message step: recorded and
+    accepted under the submission checks (binding, pending, attempt unfinished, not
+    paused), idempotent by the turn ID. A refusal settles nothing: the turn then counts
+    as unproductive, as any turn without an output does."""
+    request = read_request(tx, message.source_id)
+    if request is None or request.kind != VISIBLE_KIND or report.reply is None:
+        return
+    contract = read_json_blob(tx, request.contract_hash)
+    bound = contract.get("maxChars") if isinstance(contract, Mapping) else None
+    max_chars = bound if isinstance(bound, int) and not isinstance(bound, bool) else None
+    result = record_submission(
+        tx,
+        request_id=request.request_id,
+        submission_id=f"submission-{turn.turn_id}",
+        idempotency_key=turn.turn_id,
+        value=visible_output(report.reply, max_chars, cut=report.reply_cut),
+        kind=VISIBLE_KIND,
+        origin_session_id=turn.session_id,
+    )
+    if result.status == "new" and result.submission is not None:
+        # Nothing to validate (no schema, no `validate`): accepted in this transaction,
+        # which also puts the waiting run back in the admission line.
+        settle_submission(tx, submission_id=result.submission.submission_id, accepted=True)
+
+
 # --- reminders and unproductive turns ------------------------------------------------
 
 REMINDER_NOTE: Final = (
     "This workflow step is still waiting for its output (reason: reminder). Complete it "
     "by calling the `workflow` tool with action submit, as the step contract says."
+)
+VISIBLE_REMINDER_NOTE: Final = (
+    "This workflow step is still waiting for its output (reason: reminder). Answer with a "
+    "normal visible reply: your final reply of this turn is the step's output."
 )
 
 
@@ -431,6 +527,7 @@ def _count_unproductive(tx: Tx, message: MessageRow) -> None:
         return  # a pending step (a reminder or a re-presentation) is already there
     first = read_json_blob(tx, message.content_digest)
     contract = first.get("contract") if isinstance(first, Mapping) else None
+    visible = isinstance(contract, Mapping) and contract.get("visible") is True
     reminder = insert_message(
         tx,
         run_id=message.run_id,
@@ -438,7 +535,11 @@ def _count_unproductive(tx: Tx, message: MessageRow) -> None:
         kind="step",
         reason="reminder",
         source_id=message.source_id,
-        content={"prompt": REMINDER_NOTE, "contract": contract, "reminder": count},
+        content={
+            "prompt": VISIBLE_REMINDER_NOTE if visible else REMINDER_NOTE,
+            "contract": contract,
+            "reminder": count,
+        },
     )
     record_interaction_event(
         tx,
@@ -453,9 +554,10 @@ def _fail_unproductive(tx: Tx, message: MessageRow, count: int) -> None:
     to the admission line, so a new runner routes the failure (or fails the run)."""
     request = read_request(tx, message.source_id)
     assert request is not None
-    error = (
-        f"agentUnproductive: the agent ended {count} turns without an accepted workflow submission"
+    missing = (
+        "a visible reply" if request.kind == VISIBLE_KIND else "an accepted workflow submission"
     )
+    error = f"agentUnproductive: the agent ended {count} turns without {missing}"
 
     def fail(tx: Tx) -> None:
         close_attempt(tx, request.attempt_id, status="failed", error=error)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pi_workflows.domain._display_status import StatusFacts, display_status
+from pi_workflows.domain._session_pages import session_record_view
 from pi_workflows.domain._view_content import (
     json_blob_value,
     json_text_value,
@@ -347,6 +348,9 @@ def _view(db: Database, facts: _Facts) -> dict[str, Any]:
         view["ambiguousEffects"] = facts.ambiguous
     if facts.deliveries:
         view["channelDeliveries"] = facts.deliveries
+    record = session_record_view(db, run.run_id)
+    if record is not None:  # capture status and integrity of each recorded turn
+        view["sessionRecord"] = record
     return view
 
 

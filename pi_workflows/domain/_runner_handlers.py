@@ -13,7 +13,7 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import psutil
 from msgspec import UNSET
@@ -493,6 +493,11 @@ def _on_notification(
     return written.revision, None
 
 
+_REQUEST_KINDS: Final = {"agent": "agent", "visibleResponse": "assistant"}
+"""The runner's interaction kind → the stored request kind (an assistant-message step's
+request is `assistant`: it completes through no tool, workflow-server.md § Live run view)."""
+
+
 def _on_interaction_requested(
     tx: Tx, view: RunnerView, message: RunnerMessage, delta: Delta, extra: list[RunnerCommand]
 ) -> tuple[int, Any]:
@@ -501,14 +506,16 @@ def _on_interaction_requested(
     body = message.body
     assert isinstance(body, InteractionRequested) and message.attempt_id is not None
     contract = _object(_uploaded(tx, view, body.request, body.request_ref), "request")
-    if body.interaction_kind != "agent":
+    kind = _REQUEST_KINDS.get(body.interaction_kind)
+    if kind is None:
         raise InvalidTransitionError(view.run_id, body.interaction_kind, "request interaction")
     origin = interactive_origin_session(tx, view.run_id)
     names_session = (body.target_session_id or None) is not None
-    if names_session != (origin is not None):
+    if names_session != (origin is not None) or (kind == "assistant" and origin is None):
         # A runner names an origin session exactly when its run is interactive (none for
         # a headless run). The binding names which one: a run adopted by another Pi
-        # session while this runner ran is presented there (`run.adopt`).
+        # session while this runner ran is presented there (`run.adopt`). A visible
+        # assistant-message step has no headless form at all.
         raise InvalidTransitionError(view.run_id, "another execution mode", "request interaction")
     if read_request_for_attempt(tx, message.attempt_id) is None:
         # A runner died after the step's output was accepted: adopt it, ask nothing.
@@ -525,7 +532,7 @@ def _on_interaction_requested(
             return read_head(tx, view.run_id).revision, InteractionAnswer(status="validating")
     if origin is not None:
         return _request_in_origin_session(
-            tx, view, message.attempt_id, body, contract, session_id=origin, delta=delta
+            tx, view, message.attempt_id, body, contract, session_id=origin, delta=delta, kind=kind
         )
     written = request_interaction(
         tx,
@@ -571,8 +578,10 @@ def _request_in_origin_session(
     *,
     session_id: str,
     delta: Delta,
+    kind: str = "agent",
 ) -> tuple[int, Any]:
-    """An interactive agent step (workflow-server.md § Interactive Pi execution).
+    """An interactive agent or assistant-message step (workflow-server.md § Interactive
+    Pi execution).
 
     In one transaction: the request, one pending `step` message (reason `initial`) whose
     content is the step prompt and its tool contract, the attempt `waiting`, the queue
@@ -590,7 +599,7 @@ def _request_in_origin_session(
         view.claim,
         attempt_id=attempt_id,
         request_id=body.interaction_id,
-        kind="agent",
+        kind=kind,
         contract=contract,
         target_session_id=session_id,
     )

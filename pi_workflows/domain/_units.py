@@ -86,6 +86,7 @@ from pi_workflows.domain._server_claims import (
     renew_server_claims,
     retake_server_claims,
 )
+from pi_workflows.domain._session_record import record_session_events
 from pi_workflows.domain._state_backup import BackupOutcome, record_backup
 from pi_workflows.domain._state_prune import (
     PruneProgress,
@@ -156,6 +157,7 @@ __all__ = [
     "RecordChannelResult",
     "RecordPrune",
     "RecordRunnerExit",
+    "RecordSessionEvents",
     "RecordSpawn",
     "RecoverChannel",
     "RecoverResourceClaims",
@@ -477,6 +479,15 @@ class ReportBranch:
 @dataclass(frozen=True, slots=True)
 class ReportTurn:
     label: ClassVar[str] = "workflowTurn.report"
+    request: RequestMessage
+    connection_id: str
+    epochs: ActiveEpochs
+
+
+@_runs(record_session_events)
+@dataclass(frozen=True, slots=True)
+class RecordSessionEvents:
+    label: ClassVar[str] = "sessionEvents.record"
     request: RequestMessage
     connection_id: str
     epochs: ActiveEpochs

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pi_workflows.domain._session_pages import SESSION_LIST, session_events_page
 from pi_workflows.domain._view_content import (
     ViewRequestError,
     json_blob_value,
@@ -62,7 +63,7 @@ PAGE_BYTES: Final = 512 * 1024
 """The most encoded item bytes one `view.page` response holds."""
 VIEW_TRACE_BYTES: Final = 384 * 1024
 """The most encoded trace bytes the run view itself holds, so it stays below 1 MiB."""
-LISTS: Final = ("trace", "transitions", "graphSteps")
+LISTS: Final = ("trace", "transitions", "graphSteps", SESSION_LIST)
 _CURSOR = re.compile(r"^(trace|transitions|graphSteps)([<>])([0-9]{1,15})$")
 
 
@@ -245,7 +246,9 @@ def _page_request(payload: Mapping[str, Any]) -> tuple[str, str | None, str | No
     name = payload.get("list")
     if name not in LISTS:
         raise ViewRequestError(
-            "rejected", "unknownList", "payload.list is trace, transitions or graphSteps"
+            "rejected",
+            "unknownList",
+            "payload.list is trace, transitions, graphSteps or sessionEvents",
         )
     revision = payload.get("revision")
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
@@ -288,6 +291,15 @@ def run_page(reader: Reader, run_id: str, payload: Mapping[str, Any]) -> dict[st
     revision = run_view_revision(reader, run_id)
     if revision is None or get_run(reader, run_id) is None:
         raise ViewRequestError("notFound", "runNotFound", f"no run {run_id}")
+    if name == SESSION_LIST:  # stored pages, each with its replay checkpoint
+        return {
+            "schema": RUN_PAGE_SCHEMA,
+            "runId": run_id,
+            "list": name,
+            "revision": revision,
+            "cursor": cursor,
+            **session_events_page(reader, run_id, payload),
+        }
     history = _history(reader, run_id, name)
     if cursor is not None:
         window = _cursor_window(history, reader, run_id, name, cursor)

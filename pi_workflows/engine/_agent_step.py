@@ -38,6 +38,7 @@ __all__ = [
     "run_agent_step",
     "step_prompt",
     "turn_ended",
+    "visible_step_prompt",
 ]
 
 MAX_REMINDERS: Final = 2
@@ -121,6 +122,20 @@ def step_prompt(
     )
 
 
+def visible_step_prompt(
+    prompt: str, workflow: str, step: str, attempt: str, *, resumed: bool = False
+) -> str:
+    """An assistant-message step's prompt: the task and the visible-reply contract (no
+    `workflow` tool call: the final visible reply of the turn is the output)."""
+    note = f"{RESUMED_NOTE}\n" if resumed else ""
+    return (
+        f"{prompt}{_CONTRACT_SEPARATOR}{note}"
+        f"Workflow step (workflow: {workflow}, step: {step}, attempt: {attempt})\n"
+        "Answer with a normal visible reply in this conversation: your final reply of "
+        "this turn is the step's output. Do not call the `workflow` tool for this step."
+    )
+
+
 def reminder_prompt(step: str, attempt: str, reason: str | None) -> str:
     """The prompt for a turn that ended without an accepted submission (same attempt)."""
     why = f" The last submission was not accepted: {reason}." if reason else ""
@@ -143,6 +158,14 @@ def _left(deadline: float | None, cap: float | None) -> float:
 
 
 def _contract(node: CompiledNode, spec: AgentNode, attempt_id: str) -> dict[str, Any]:
+    if spec.visible:
+        # The server bounds the reply's text by `maxChars` when it settles the step.
+        return {
+            "step": node.path,
+            "attempt": attempt_id,
+            "visible": True,
+            "maxChars": spec.max_chars,
+        }
     return {
         "step": node.path,
         "attempt": attempt_id,
@@ -165,6 +188,11 @@ def run_agent_step(
     """
     if place.origin_session_id is not None:
         return _in_origin_session(place, node, spec, ctx, place.origin_session_id)
+    if spec.visible:
+        # `run.start` and `run.resumeHeadless` refuse such a run; this is a backstop.
+        raise RuntimeError(
+            "headlessVisibleStep: an assistant_message step needs the run's origin Pi session"
+        )
     # `tools=None` on the node means no built-in tool beside `workflow`.
     options = PiOptions(
         spec.provider, spec.model, spec.thinking, spec.tools if spec.tools is not None else ()
@@ -220,7 +248,8 @@ def run_agent_step(
 def _in_origin_session(
     place: NodePlace, node: CompiledNode, spec: AgentNode, ctx: EngineContext, session_id: str
 ) -> Any:
-    """An interactive agent step: propose the request with its step prompt; no pi here.
+    """An interactive agent or assistant-message step: propose the request with its step
+    prompt; no pi here.
 
     The node's deadline was committed with `node.started`. The server commits the
     request and the origin session's `step` message, parks the run (waiting) and
@@ -230,10 +259,13 @@ def _in_origin_session(
     """
     prompt = spec.prompt(ctx) if callable(spec.prompt) else spec.prompt
     contract = _contract(node, spec, place.attempt_id)
-    text = step_prompt(str(prompt), place.workflow, node.path, place.attempt_id, spec)
+    if spec.visible:
+        text = visible_step_prompt(str(prompt), place.workflow, node.path, place.attempt_id)
+    else:
+        text = step_prompt(str(prompt), place.workflow, node.path, place.attempt_id, spec)
     requested = InteractionRequested(
         interaction_id=f"request-{place.attempt_id}",
-        interaction_kind="agent",
+        interaction_kind="visibleResponse" if spec.visible else "agent",
         contract_hash=sha256_digest(contract),
         # The server keeps the prompt as the step message's content, not the contract;
         # a long prompt goes by reference (`requestRef`).

@@ -452,6 +452,11 @@ def _decision_snapshot(node: HumanDecisionNode) -> dict[str, Any]:
 def _agent_snapshot(node: AgentNode) -> dict[str, Any]:
     # The prompt is private (never in the snapshot); the schema is the tool's contract.
     snap: dict[str, Any] = {"validate": node.validate is not None}
+    if node.visible:
+        # An assistant-message step: it needs an origin Pi session (`headlessVisibleStep`).
+        snap["visible"] = True
+        if node.max_chars is not None:
+            snap["maxChars"] = node.max_chars
     if node.output_schema_json is not None:
         snap["outputSchema"] = node.output_schema
     for key, value in (

@@ -59,6 +59,7 @@ __all__ = [
     "WorkflowDefinition",
     "action",
     "agent",
+    "assistant_message",
     "checkpoint",
     "choice",
     "compute",
@@ -224,6 +225,11 @@ class AgentNode:
     thinking: str | None
     timeout_ms: int | None
     """Node deadline in milliseconds, `None` for no deadline."""
+    visible: bool = False
+    """An assistant-message step (`assistant_message`): the model's final visible reply
+    of its turn is the output, with no `workflow` tool submission; interactive runs only."""
+    max_chars: int | None = None
+    """A visible step's bound on `text` (the rest is kept as `overflow`); `None`: none."""
 
     @property
     def output_schema(self) -> Any:
@@ -744,6 +750,62 @@ def agent(
     )
 
 
+MAX_ASSISTANT_CHARS = 1_000_000
+"""The largest `max_chars` an assistant-message step may set."""
+
+
+def assistant_message(
+    prompt: str | Callback,
+    max_chars: int | None = None,
+    *,
+    timeout: float | None = None,
+    output_schema: object = None,
+    validate: object = None,
+) -> AgentNode:
+    """A visible assistant-message step: the model answers the prompt with a normal reply
+    in the run's origin Pi session, and its final visible text of that turn becomes the
+    output `{"text": ...}` (no `workflow` tool call). Interactive runs only: a headless
+    start of a workflow with one is refused (`headlessVisibleStep`).
+
+    Args:
+        prompt: the task text, or `prompt(ctx) -> str`.
+        max_chars: the most characters `text` keeps; a longer reply's rest is kept in
+            the output as `overflow` (with `truncated: true`). `None`: no bound.
+        timeout: seconds of model turns; `None` uses DEFAULT_AGENT_TIMEOUT, `math.inf`
+            means no deadline.
+        output_schema, validate: not allowed (a reply is text, and nothing checks it);
+            given, they raise WorkflowDefinitionError.
+    """
+    if output_schema is not None or validate is not None:
+        raise WorkflowDefinitionError(
+            "assistant_message: a visible reply takes no output_schema or validate; use "
+            "agent(...) for a checked, submitted output"
+        )
+    if not callable(prompt) and not (isinstance(prompt, str) and prompt.strip()):
+        raise WorkflowDefinitionError(
+            "assistant_message: prompt must be non-empty text or a function of the context"
+        )
+    if max_chars is not None and (
+        not _is_int(max_chars) or not 0 < max_chars <= MAX_ASSISTANT_CHARS
+    ):
+        raise WorkflowDefinitionError(
+            f"assistant_message: max_chars must be a positive integer (at most "
+            f"{MAX_ASSISTANT_CHARS:,}) or None, got {max_chars!r}"
+        )
+    return AgentNode(
+        prompt=prompt,
+        output_schema_json=None,
+        validate=None,
+        tools=None,
+        model=None,
+        provider=None,
+        thinking=None,
+        timeout_ms=_timeout_ms(timeout, what="assistant_message", default=DEFAULT_AGENT_TIMEOUT),
+        visible=True,
+        max_chars=max_chars,
+    )
+
+
 # ---------------------------------------------------------------------------
 # Includes, exits, edges
 
@@ -928,7 +990,8 @@ def define_workflow(
         name: the workflow's name (WORKFLOW_NAME_PATTERN).
         start_at: the first node id (or mount name).
         nodes: node id (NODE_ID_PATTERN) → `compute(...)`, `action(...)`, `shell(...)`,
-            `checkpoint(...)`, `human_decision(...)`, `notify(...)` or `agent(...)`.
+            `checkpoint(...)`, `human_decision(...)`, `notify(...)`, `agent(...)` or
+            `assistant_message(...)`.
         edges: `{"from": a, "to": b}` or `{"from": a, "switch": {"on": "$.field" |
             "$result.outcome", "cases": {value: target}, "default": target}}`; at most one
             per source. Sources of an include are `"mount.exit"`.
@@ -1041,6 +1104,16 @@ def _parse_nodes(nodes: Mapping[str, Node], fail: _Fail) -> dict[str, Node]:
                 f"is a {type(node).__name__}, not a node; wrap it with compute(fn), action(fn), "
                 "shell(argv_fn), checkpoint(...), human_decision(...), notify(message_fn) or "
                 "agent(prompt=...)",
+            )
+        if (
+            isinstance(node, AgentNode)
+            and node.visible
+            and (node.validate is not None or node.output_schema_json is not None)
+        ):
+            raise fail(
+                node_id,
+                "is an assistant_message step with an output_schema or validate; a visible "
+                "reply is not checked: use agent(...) for a checked, submitted output",
             )
         node_map[node_id] = node
     return node_map

@@ -66,6 +66,7 @@ from pi_workflows.domain import (
     OperationContext,
     OperationError,
     PriorAnswer,
+    RecordSessionEvents,
     RecoverChannel,
     ReportBranch,
     ReportTurn,
@@ -278,6 +279,7 @@ class Router:
             "state.backup": self._state_backup,
             "workflowMessage.reportBranch": self._origin_report,
             "workflowTurn.report": self._origin_report,
+            "sessionEvents.record": self._origin_report,
             "sessionView.clearTerminal": self._origin_report,
             "channel.status": self._channel_request,
             "channel.reload": self._channel_request,
@@ -811,10 +813,11 @@ class Router:
             )
 
 
-_OriginReport = ReportBranch | ReportTurn | ClearTerminalView
+_OriginReport = ReportBranch | ReportTurn | RecordSessionEvents | ClearTerminalView
 _ORIGIN_REPORTS: Mapping[str, Callable[[RequestMessage, str, ActiveEpochs], _OriginReport]] = {
     "workflowMessage.reportBranch": ReportBranch,
     "workflowTurn.report": ReportTurn,
+    "sessionEvents.record": RecordSessionEvents,
     "sessionView.clearTerminal": ClearTerminalView,
 }
 """The unit of each origin-session operation (request, connection ID, epochs)."""

@@ -244,6 +244,13 @@ def record_submission(
     if refusal is not None:
         return _refuse("rejected", refusal, request)
     if request.kind != kind:
+        if request.kind == "assistant":
+            # The model called the `workflow` tool on an assistant-message step: say what to do.
+            message = (
+                "this step takes no workflow tool submission: answer with a normal visible "
+                "reply, which becomes the step's output"
+            )
+            return _refuse("rejected", message, request)
         return _refuse("rejected", f"the request takes no {kind} submission", request)
     # Nothing is stored until every check has passed: a blob written here would be
     # committed with the refusal and named by no row. The output is encoded and hashed

@@ -196,7 +196,7 @@ SELECT i.request_id, i.run_id,
        (SELECT m.content_digest FROM workflow_messages m WHERE m.source_id = i.request_id
         AND m.kind = 'step' ORDER BY m.session_order LIMIT 1) AS content_digest
 FROM interactive_requests i JOIN runs r ON r.run_id = i.run_id
-WHERE i.target_session_id = :s AND i.status = 'pending' AND i.kind = 'agent'
+WHERE i.target_session_id = :s AND i.status = 'pending' AND i.kind IN ('agent', 'assistant')
   AND r.paused = 0 AND r.finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
                   AND m.kind = 'step' AND m.state = 'pending')
@@ -353,7 +353,7 @@ SELECT i.request_id, i.run_id,
         AND m.kind = 'step' ORDER BY m.session_order LIMIT 1) AS content_digest,
        i.target_session_id
 FROM interactive_requests i
-WHERE i.run_id = :r AND i.status = 'pending' AND i.kind = 'agent'
+WHERE i.run_id = :r AND i.status = 'pending' AND i.kind IN ('agent', 'assistant')
   AND i.target_session_id IS NOT NULL
   AND EXISTS (SELECT 1 FROM workflow_messages m WHERE m.source_id = i.request_id
               AND m.kind = 'step')

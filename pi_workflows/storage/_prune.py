@@ -92,6 +92,13 @@ _BLOCKERS: tuple[tuple[str, str], ...] = (
         "openTurn",
         f"SELECT 1 FROM workflow_turns WHERE run_id IN {_TREE} AND status = 'open'",
     ),
+    # A capture still recording (its last batch within the retention window): the
+    # extension may still send the rest of the turn's session events.
+    (
+        "recordingSegment",
+        f"SELECT 1 FROM session_segments WHERE run_id IN {_TREE}"
+        " AND status = 'recording' AND updated_at >= :cutoff",
+    ),
     (
         "followUpFromOutside",
         f"SELECT 1 FROM follow_ups WHERE chain_run_id IN {_TREE} AND run_id NOT IN {_TREE}",
@@ -148,6 +155,8 @@ _DIGEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("runner_epochs", "diagnostic_hash"),
     ("runner_messages", "reply_hash"),
     ("follow_ups", "content_hash"),
+    ("session_entries", "content_hash"),
+    ("session_pages", "checkpoint_hash"),
 )
 # The digests a tree's rows name, by the tables' path to the run.
 _TREE_DIGESTS = f"""
@@ -170,6 +179,8 @@ UNION SELECT diagnostic_hash FROM runner_epochs WHERE run_id IN {_TREE}
 UNION SELECT m.reply_hash FROM runner_messages AS m
     JOIN runner_epochs AS x ON x.runner_epoch = m.runner_epoch WHERE x.run_id IN {_TREE}
 UNION SELECT content_hash FROM follow_ups WHERE run_id IN {_TREE}
+UNION SELECT content_hash FROM session_entries WHERE run_id IN {_TREE}
+UNION SELECT checkpoint_hash FROM session_pages WHERE run_id IN {_TREE}
 """
 # Every column whose value may be a blob's digest: the referencing columns above, and
 # those that name a blob without a foreign key (a run's definition snapshot, a workflow
@@ -274,7 +285,8 @@ def prunable_trees(reader: Reader, cutoff: int) -> tuple[list[PruneTree], int]:
     interaction, decision or workflow message (a terminal result not yet delivered), an
     open workflow turn, a queued follow-up, a validating submission, an unsettled or
     ambiguous effect, a run a resource manager's resource reserved as its child, or a
-    run, decision, follow-up or channel message outside the tree that points into it.
+    run, decision, follow-up or channel message outside the tree that points into it,
+    or a session capture still recording.
     """
     trees: list[PruneTree] = []
     kept = 0

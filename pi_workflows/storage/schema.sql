@@ -448,6 +448,97 @@ CREATE UNIQUE INDEX workflow_turns_one_open ON workflow_turns (session_id)
 CREATE INDEX workflow_turns_by_message ON workflow_turns (message_id);
 CREATE INDEX workflow_turns_by_run ON workflow_turns (run_id, status);
 
+-- The session record (sessionEvents.record): what happened in the origin Pi session during
+-- one workflow turn, as its coordinator reported it. One recording segment per turn, tied
+-- to the run, the message and the turn; `recording` until the extension reports the
+-- capture finished (`complete`) or the turn is proved lost (`failed`). Integrity
+-- findings are counted on the segment, never raised: `missing` sequence numbers (and
+-- the `gaps` they came in), a final `expected_count` that is not `event_count`,
+-- resends with other content (`conflicts`), and events too large to keep whole.
+CREATE TABLE session_segments (
+    segment_id INTEGER PRIMARY KEY,
+    turn_id TEXT NOT NULL UNIQUE REFERENCES workflow_turns (turn_id) ON DELETE CASCADE,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    message_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('recording', 'complete', 'failed')),
+    failure TEXT CHECK (failure IS NULL OR length(failure) <= 64),
+    event_count INTEGER NOT NULL DEFAULT 0 CHECK (event_count >= 0),
+    next_seq INTEGER NOT NULL DEFAULT 0 CHECK (next_seq >= 0),
+    gaps INTEGER NOT NULL DEFAULT 0 CHECK (gaps >= 0),
+    missing INTEGER NOT NULL DEFAULT 0 CHECK (missing >= 0),
+    expected_count INTEGER CHECK (expected_count IS NULL OR expected_count >= 0),
+    conflicts INTEGER NOT NULL DEFAULT 0 CHECK (conflicts >= 0),
+    oversized INTEGER NOT NULL DEFAULT 0 CHECK (oversized >= 0),
+    started_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    CHECK ((status = 'failed') = (failure IS NOT NULL))
+) STRICT;
+CREATE INDEX session_segments_by_run ON session_segments (run_id, segment_id);
+CREATE INDEX session_segments_recording ON session_segments (run_id) WHERE status = 'recording';
+-- A turn proved lost (an idle branch report, a newer turn, the run's end) fails its capture.
+CREATE TRIGGER session_segments_fail_lost_turn AFTER UPDATE OF status ON workflow_turns
+WHEN NEW.status = 'lost'
+BEGIN
+    UPDATE session_segments SET status = 'failed', failure = 'turnLost', updated_at = NEW.ended_at
+    WHERE turn_id = NEW.turn_id AND status = 'recording';
+END;
+
+-- The session events of a run in recording order: `position` counts them from 0 across
+-- the run's segments (pages are positions), `seq` is the extension's sequence number in
+-- its turn (the idempotency key). Payloads are bounded like resource events; a finished
+-- message's verbatim Pi entry lives in `session_entries`.
+CREATE TABLE session_events (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    position INTEGER NOT NULL CHECK (position >= 0),
+    segment_id INTEGER NOT NULL REFERENCES session_segments (segment_id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL CHECK (seq >= 0),
+    event_type TEXT NOT NULL,
+    payload TEXT NOT NULL CHECK (json_valid(payload) AND length(CAST(payload AS BLOB)) <= 65536),
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, position)
+) STRICT, WITHOUT ROWID;
+CREATE UNIQUE INDEX session_events_by_seq ON session_events (segment_id, seq);
+CREATE TRIGGER session_events_are_immutable BEFORE UPDATE ON session_events
+BEGIN
+    SELECT RAISE(ABORT, 'session events are immutable');
+END;
+
+-- Finished messages with their Pi entry ID and, when reported, the verbatim message (a
+-- JSON blob): a settled message shows the entry instead of its folded deltas.
+CREATE TABLE session_entries (
+    segment_id INTEGER NOT NULL REFERENCES session_segments (segment_id) ON DELETE CASCADE,
+    entry_id TEXT NOT NULL,
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    role TEXT,
+    content_hash TEXT REFERENCES blobs (digest),
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (segment_id, entry_id)
+) STRICT;
+CREATE INDEX session_entries_by_run ON session_entries (run_id, position);
+CREATE INDEX session_entries_by_content ON session_entries (content_hash)
+    WHERE content_hash IS NOT NULL;
+
+-- Session-event pages, cut when recorded (at most 256 events and a byte budget each), so
+-- a page's first position never moves; each holds the replay checkpoint before its first
+-- event: the folded conversation, inline JSON or, when large, a JSON blob (also copied to
+-- the run's view content so a page can reference it).
+CREATE TABLE session_pages (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    page_index INTEGER NOT NULL CHECK (page_index >= 0),
+    first_position INTEGER NOT NULL CHECK (first_position >= 0),
+    item_count INTEGER NOT NULL DEFAULT 0 CHECK (item_count >= 0),
+    byte_count INTEGER NOT NULL DEFAULT 0 CHECK (byte_count >= 0),
+    checkpoint TEXT CHECK (checkpoint IS NULL OR json_valid(checkpoint)),
+    checkpoint_hash TEXT REFERENCES blobs (digest),
+    CHECK ((checkpoint IS NULL) != (checkpoint_hash IS NULL)),
+    PRIMARY KEY (run_id, page_index),
+    UNIQUE (run_id, first_position)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX session_pages_by_checkpoint ON session_pages (checkpoint_hash)
+    WHERE checkpoint_hash IS NOT NULL;
+
 -- Follow-ups (`followUp.add`): text for the origin session, delivered as `follow_up`
 -- workflow messages, in order, after the continuation chain's final completed outcome,
 -- its terminal turn, earlier follow-ups and the release of the reservation. `chain_run_id`
@@ -612,6 +703,14 @@ BEGIN
     UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
 END;
 CREATE TRIGGER run_view_after_runner_epochs_update AFTER UPDATE ON runner_epochs
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_session_segments_insert AFTER INSERT ON session_segments
+BEGIN
+    UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER run_view_after_session_segments_update AFTER UPDATE ON session_segments
 BEGIN
     UPDATE runs SET view_changes = view_changes + 1 WHERE run_id = NEW.run_id;
 END;

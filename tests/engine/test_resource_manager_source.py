@@ -386,11 +386,11 @@ def test_apply_answer_is_the_resolver_response(roots: Roots) -> None:
 
 
 def test_the_documented_example_resolves_and_reconciles(roots: Roots) -> None:
-    """The manager in docs/authoring.md § Resource managers loads, applies and passes."""
-    page = (Path(__file__).parents[2] / "docs" / "authoring.md").read_text()
-    section = page[page.index("## Resource managers") :]
-    code = section[section.index("```python\n") + 10 : section.index("\n```\n")]
-    roots.write("project", "summaries", code + "\n")
+    """The shipped example the authoring guide documents (docs/authoring.md § Resource
+    managers shows its `reconcile`) loads, applies and passes."""
+    shipped = Path(__file__).parents[2] / "pi_workflows" / "examples" / "summaries"
+    code = (shipped / "summaries.resource_manager.py").read_text()
+    roots.write("project", "summaries", code)
     folder = roots.project / "notes"
     folder.mkdir()
     (folder / "a.md").write_text("hello")

@@ -12,7 +12,7 @@ import { test } from "node:test";
 
 import { NoServerError, ServerClient } from "../../pi_workflows/pi/extension/client.ts";
 import { parseWorkflowArgs } from "../../pi_workflows/pi/extension/commands.ts";
-import { entryMessageId, MESSAGE_TYPE, messageText, stopReasonOf } from "../../pi_workflows/pi/extension/coordinator.ts";
+import { boundedReply, entryMessageId, finalReplyText, MESSAGE_TYPE, messageText, stopReasonOf } from "../../pi_workflows/pi/extension/coordinator.ts";
 import { callIdentity, presentedStep } from "../../pi_workflows/pi/extension/tool.ts";
 import { socketPathFor, stateDir } from "../../pi_workflows/pi/extension/locate.ts";
 import { applyPatch, PatchError } from "../../pi_workflows/pi/extension/patch.ts";
@@ -224,4 +224,27 @@ test("the tool finds the presented step from the branch's hidden entry details",
   assert.deepEqual(callIdentity("request-a-1", "call-1"), one, "the same call, the same durable identity");
   assert.notEqual(callIdentity("request-a-1", "call-2").idempotencyKey, one.idempotencyKey);
   assert.match(one.submissionId, /^submission-[0-9a-f]{32}$/);
+});
+
+test("an assistant-message step's reply is the last assistant text of the turn, never thinking or tool calls", () => {
+  const turn = [
+    { role: "user", content: [{ type: "text", text: "Plan it" }] },
+    { role: "assistant", content: [{ type: "text", text: "Let me look." }, { type: "toolCall", name: "read" }], stopReason: "toolUse" },
+    { role: "toolResult", content: [{ type: "text", text: "file contents" }] },
+    { role: "assistant", content: [{ type: "thinking", thinking: "hidden" }, { type: "text", text: "Ship it " }, { type: "text", text: "on Friday." }], stopReason: "stop" },
+  ];
+  assert.equal(finalReplyText(turn), "Ship it on Friday.");
+  assert.equal(finalReplyText([...turn, { role: "assistant", content: [{ type: "thinking", thinking: "x" }], stopReason: "stop" }]), "Ship it on Friday.");
+  assert.equal(finalReplyText([{ role: "assistant", content: "plain" }]), "plain");
+  assert.equal(finalReplyText([{ role: "assistant", content: [{ type: "text", text: "  " }] }]), null);
+  assert.equal(finalReplyText([{ role: "user", content: "hi" }]), null);
+});
+
+test("a reply over the frame budget is cut at a character boundary and says so", () => {
+  assert.deepEqual(boundedReply("short", 100), { text: "short", cut: false });
+  const cut = boundedReply("é".repeat(100), 42); // 2 bytes each, plus the quotes
+  assert.equal(cut.cut, true);
+  assert.equal(cut.text, "é".repeat(20));
+  const pairs = boundedReply("😀".repeat(10), 11); // never half a surrogate pair
+  assert.equal(pairs.text, "😀".repeat(2));
 });

@@ -2,11 +2,11 @@
 
 workflow-server.md § Interactive Pi execution: a visible assistant-message step has no
 tool completion action and needs the origin Pi session, so a run started without one
-(CLI, library: `headless`) must be refused at `run.start` with a clear error. The
-authoring API has no such node kind yet (workflow-model.md § 4.1: no assistant-message
-node in the snapshot; upstream names the request kind `assistant`), so these tests take a
-real resolver answer for an agent workflow and mark its step the way a future snapshot
-would, then drive `run.start`'s commit (`start_run`) on a real database.
+(CLI, library: `headless`) must be refused at `run.start` with a clear error. The first
+tests take a real resolver answer for an agent workflow and mark its step (kind
+`assistant`, or `visible: true` as `assistant_message` does), then drive `run.start`'s
+commit (`start_run`) on a real database; the last starts an `assistant_message` workflow
+through a real server and the CLI (issue 29).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pi_workflows import WorkflowClient
 from pi_workflows.domain._operations import (
     OperationContext,
     StartRequest,
@@ -29,7 +30,7 @@ from pi_workflows.domain._operations import (
 )
 from pi_workflows.storage import Database
 from pi_workflows.wire.canonical import dumps, sha256_digest
-from tests.conftest import write_workflow
+from tests.conftest import Processes, write_workflow
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,3 +126,41 @@ def test_origin_session_steps_names_every_marked_node(resolved: dict[str, Any]) 
     definition["nodes"]["prep"]["kind"] = "assistant"
     definition["nodes"]["ask"]["visible"] = True
     assert origin_session_steps(definition) == ["ask", "prep"]
+
+
+PLAN = """
+from pi_workflows import assistant_message, compute, define_workflow
+
+workflow = define_workflow(
+    name="plan",
+    start_at="prep",
+    nodes={
+        "prep": compute(lambda ctx: {}),
+        "propose": assistant_message("Propose a plan", max_chars=500),
+    },
+    edges=[{"from": "prep", "to": "propose"}],
+)
+"""
+
+
+def test_cli_run_start_of_an_assistant_message_workflow_is_refused_naming_the_node(
+    processes: Processes, state_dir: Path, short_tmp: Path
+) -> None:
+    """Through a real server: the CLI's (headless) start is refused, and no run exists."""
+    project = short_tmp / "project"
+    write_workflow(project, "plan", PLAN)
+    started = processes.cli(state_dir, "run", "start", "plan", "--project", str(project))
+    lock = state_dir / "host" / "server.lock"
+    if lock.exists() and lock.read_text().strip():
+        processes.adopt(int(lock.read_text().strip()))
+    assert started.returncode != 0, started.stdout
+    assert "visible assistant-message step (propose)" in started.stderr, started.stderr
+    with WorkflowClient(state_dir, autostart=False) as client:
+        answer = client.request(
+            "run.start", {"workflow": "plan", "input": {}, "projectPath": str(project)}
+        )
+        assert answer["outcome"] == "rejected", answer
+        assert answer["error"]["code"] == "headlessVisibleStep"
+        assert "(propose)" in answer["error"]["message"]
+        assert client.call("run.list")["receipt"]["items"] == []
+    processes.cli(state_dir, "server", "stop")

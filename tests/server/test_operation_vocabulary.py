@@ -113,6 +113,14 @@ def _request(operation: str, payload: dict[str, Any], key: str = "k") -> dict[st
     if operation == "decision.answer":
         request["runId"] = "run-1"
         request["payload"] = {"answer": {"choice": "approve"}}
+    if operation == "sessionEvents.record":
+        request["runId"] = "run-1"
+        request["payload"] = {
+            "sessionId": "session-1",
+            "turnId": "turn-1",
+            "messageId": "message-1",
+            "events": [],
+        }
     return request
 
 

@@ -54,6 +54,10 @@ EXPECTED_TABLES = {
     "resource_claims",
     "reconcile_history",
     "resource_child_runs",
+    "session_segments",
+    "session_events",
+    "session_entries",
+    "session_pages",
 }
 
 
@@ -121,7 +125,8 @@ def test_query_constant_compiles_against_a_fresh_schema(
 ) -> None:
     sql = getattr(_queries, name)
     params = {param: None for param in PARAM.findall(sql)}
-    fresh.execute("EXPLAIN " + sql, params).fetchall()
+    program = fresh.execute("EXPLAIN " + sql, params).fetchall()  # raises if it does not compile
+    assert program, f"{name} compiled to no program"
 
 
 def test_queries_use_no_select_star() -> None:

@@ -20,6 +20,9 @@
  *   ID made here and kept across reconnects. They are buffered until the view is there
  *   and the message is confirmed `sent`, then reported in order. The server alone
  *   decides whether a turn is workflow work (`active`, `settled` or `absent`).
+ * - A turn whose start receipt says `visibleReply` answers an assistant-message step:
+ *   its end report carries the turn's final visible assistant text (`assistantText`,
+ *   bounded to fit one frame), which the server settles the step with.
  *
  * Nothing here writes to stdout or stderr: prompts and results are private.
  */
@@ -37,6 +40,8 @@ export const MESSAGE_TYPE = "pi-workflows.message";
 export const POLL_MS = 1000;
 /** Kinds whose message starts a model turn; decisions and notifications are passive. */
 const TURN_KINDS = new Set(["step", "terminal", "follow_up"]);
+/** The most UTF-8 bytes of JSON-encoded reply text one end report carries (frames are 1 MiB). */
+export const MAX_REPLY_BYTES = 768 * 1024;
 
 /** What the coordinator needs from Pi (documented extension APIs only). */
 export interface PiSide {
@@ -67,7 +72,10 @@ interface Turn {
   /** A message sent by this coordinator just before the turn started (it waits for it). */
   awaiting: string | null;
   startAccepted: boolean;
-  end: { stopReason: StopReason; responseEntryId: string | null } | null;
+  /** The start receipt asked for the turn's visible reply (an assistant-message step). */
+  visibleReply: boolean;
+  /** `text`: the turn's final visible assistant text (null: none). */
+  end: { stopReason: StopReason; responseEntryId: string | null; text: string | null } | null;
 }
 
 export interface CoordinatorEvents {
@@ -129,6 +137,43 @@ export function stopReasonOf(messages: readonly unknown[]): StopReason {
     return "completed";
   }
   return "error"; // the turn ended with no assistant reply at all
+}
+
+/** The final visible assistant text of one `agent_end`: the text blocks of the last
+ * assistant message that has any (thinking and tool calls are not visible text). */
+export function finalReplyText(messages: readonly unknown[]): string | null {
+  for (let index = messages.length - 1; index >= 0; index -= 1) {
+    const message = messages[index] as { role?: unknown; content?: unknown } | null;
+    if (message?.role !== "assistant") continue;
+    const content = message.content;
+    const texts = typeof content === "string"
+      ? [content]
+      : Array.isArray(content)
+        ? content.filter((block) => block?.type === "text" && typeof block.text === "string").map((block) => String(block.text))
+        : [];
+    const text = texts.join("");
+    if (text.trim() !== "") return text;
+  }
+  return null;
+}
+
+/** The reply cut (at a character boundary) to at most `maxBytes` of UTF-8 JSON; `cut`: it was. */
+export function boundedReply(text: string, maxBytes: number = MAX_REPLY_BYTES): { text: string; cut: boolean } {
+  const size = (value: string): number => Buffer.byteLength(JSON.stringify(value), "utf8");
+  if (size(text) <= maxBytes) return { text, cut: false };
+  // Never half a surrogate pair: that also keeps the size growing with the length.
+  const head = (length: number): string => {
+    const last = text.charCodeAt(length - 1);
+    return text.slice(0, length > 0 && last >= 0xd800 && last <= 0xdbff ? length - 1 : length);
+  };
+  let low = 0;
+  let high = text.length;
+  while (low < high) {
+    const middle = Math.ceil((low + high) / 2);
+    if (size(head(middle)) <= maxBytes) low = middle;
+    else high = middle - 1;
+  }
+  return { text: head(low), cut: true };
 }
 
 export class WorkflowMessageCoordinator {
@@ -252,16 +297,26 @@ export class WorkflowMessageCoordinator {
   agentStart(): void {
     // Every new start replaces any older local copy: an unfinished older turn is over.
     for (const turn of this.turns) {
-      if (turn.end === null) turn.end = { stopReason: "error", responseEntryId: null };
+      if (turn.end === null) turn.end = { stopReason: "error", responseEntryId: null, text: null };
     }
     const awaiting = this.lastUnconfirmedSend();
-    this.turns.push({ turnId: `turn-${randomUUID()}`, messageId: null, runId: null, awaiting, startAccepted: false, end: null });
+    this.turns.push({
+      turnId: `turn-${randomUUID()}`,
+      messageId: null,
+      runId: null,
+      awaiting,
+      startAccepted: false,
+      visibleReply: false,
+      end: null,
+    });
     this.pump();
   }
 
   agentEnd(messages: readonly unknown[]): void {
     const turn = this.turns.findLast((t) => t.end === null);
-    if (turn !== undefined) turn.end = { stopReason: stopReasonOf(messages), responseEntryId: this.lastAssistantEntry() };
+    if (turn !== undefined) {
+      turn.end = { stopReason: stopReasonOf(messages), responseEntryId: this.lastAssistantEntry(), text: finalReplyText(messages) };
+    }
     this.settleTurnWaiters(); // an ended turn's start no longer holds a tool call
     this.branchDirty = true; // the turn settled: report the branch (idle) after its end
     this.pumpSoon();
@@ -430,6 +485,7 @@ export class WorkflowMessageCoordinator {
           continue;
         }
         turn.startAccepted = true;
+        turn.visibleReply = receipt.visibleReply === true;
       }
       if (turn.end === null) return true; // still running
       const receipt = await this.reportTurn(turn, "ended");
@@ -444,6 +500,13 @@ export class WorkflowMessageCoordinator {
     if (phase === "ended") {
       payload.stopReason = turn.end!.stopReason;
       payload.responseEntryId = turn.end!.responseEntryId;
+      const text = turn.end!.text;
+      if (turn.visibleReply && turn.end!.stopReason === "completed" && text !== null) {
+        // An assistant-message step's output: only sent when the server asked for it.
+        const reply = boundedReply(text);
+        payload.assistantText = reply.text;
+        if (reply.cut) payload.assistantTextCut = true;
+      }
     }
     const response = await this.link.request("workflowTurn.report", payload, { runId: turn.runId! });
     if (response.outcome === "conflict" || response.outcome === "rejected") {

@@ -1,0 +1,97 @@
+"""An assistant-message step in the real `pi --mode rpc` with the extension (issue 29,
+part 1): `/workflow start` makes an interactive run of this Pi session, its step message
+appears once and starts one model turn, the turn's final visible reply (not its thinking)
+becomes the node's output `{"text": ...}`, and the run goes on to its next node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pi_workflows import WorkflowServer
+from pi_workflows.testing import Turn, text_turn
+from tests.conftest import write_workflow
+from tests.pi.origin_pi import (
+    OriginRig,
+    is_workflow_message,
+    message_id_of,
+    origin_rig,
+    origin_server,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(180)
+__all__ = ["origin_rig", "origin_server"]
+
+STARTED = re.compile(r"^Started workflow ask: (run-[0-9a-f]+)$", re.M)
+
+VISIBLE = """
+from pi_workflows import assistant_message, compute, define_workflow
+
+workflow = define_workflow(
+    name="ask",
+    start_at="plan",
+    nodes={
+        "plan": assistant_message(lambda ctx: "Propose a release plan", max_chars=4000),
+        "after": compute(lambda ctx: {"seen": ctx.outputs["plan"]["text"].upper()}),
+    },
+    edges=[{"from": "plan", "to": "after"}],
+)
+"""
+
+REPLY = "Plan: freeze on Thursday, ship on Friday."
+
+
+def test_the_visible_reply_of_one_turn_is_the_output_and_the_run_goes_on(
+    origin_rig: OriginRig, origin_server: WorkflowServer
+) -> None:
+    write_workflow(origin_rig.project, "ask", VISIBLE)
+    origin_rig.provider.script(
+        Turn(thinking="PRIVATE-THOUGHT", text=REPLY), text_turn("The workflow finished.")
+    )
+    origin = origin_rig.spawn()
+    found = STARTED.match(origin.notice("/workflow start ask"))
+    assert found is not None
+    run_id = found.group(1)
+    wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
+    outputs = dict(
+        origin_rig.rows(
+            "SELECT a.node_path, b.content FROM node_attempts a "
+            "JOIN blobs b ON b.digest = a.output_hash WHERE a.run_id = ?",
+            run_id,
+        )
+    )
+    assert json.loads(outputs["plan"]) == {"text": REPLY}, "the visible reply, not its thinking"
+    assert json.loads(outputs["after"]) == {"seen": REPLY.upper()}, "the next node read it"
+    [(kind, status, accepted)] = origin_rig.rows(
+        "SELECT kind, status, accepted_submission_id IS NOT NULL FROM interactive_requests "
+        "WHERE run_id = ?",
+        run_id,
+    )
+    assert (kind, status, accepted) == ("assistant", "settled", 1)
+    # One step message, sent once, and one model turn on it.
+    messages = origin_rig.messages(run_id)
+    steps = [m for m in messages if m[1] == "step"]
+    assert [(kind, reason, state) for _, kind, reason, state, _ in steps] == [
+        ("step", "initial", "sent")
+    ]
+    origin.drain()
+    shown = [message_id_of(e) for e in origin.events if is_workflow_message(e)]
+    assert shown.count(steps[0][0]) == 1
+    wait_until(
+        lambda: [s for _, m, s in origin_rig.turns(run_id) if m == steps[0][0] and s != "open"],
+        "the step turn's end",
+    )
+    assert [s for _, m, s in origin_rig.turns(run_id) if m == steps[0][0]] == ["completed"]
+    # The model was asked for a normal reply, not for a `workflow` tool submission.
+    requests = origin_rig.provider.chat_requests()
+    first = json.dumps(requests[0].body)
+    assert "Propose a release plan" in first and "normal visible reply" in first
+    # The terminal message follows, with its own turn; the run's result is the next node's.
+    wait_until(lambda: origin_rig.provider.chat_requests()[1:], "the terminal turn")
+    view = origin_rig.view(run_id)
+    assert REPLY.upper() in json.dumps(view["result"])
+    assert "PRIVATE-THOUGHT" not in json.dumps(view)
