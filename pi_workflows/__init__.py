@@ -2,31 +2,31 @@
 
 The package root re-exports the names users need; everything else lives in the
 subpackages `wire`, `storage`, `actors`, `supervision`, `server`, `engine` and `cli`.
-The server, client and resource-manager names load on first use, so a workflow file
-that imports the authoring API (in a runner or resolver child) does not pay for the
-server's imports.
+Every name but the version and the base error loads on first use: a workflow file that
+imports the authoring API (in a runner or resolver child) does not pay for the server's
+imports, and the command line (a subpackage, so it runs this file) pays for none of them.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 from pi_workflows._version import __version__
-from pi_workflows.engine import (
-    action,
-    agent,
-    assistant_message,
-    checkpoint,
-    choice,
-    compute,
-    define_workflow,
-    human_decision,
-    include_workflow,
-    notify,
-    shell,
-)
 from pi_workflows.errors import PiWorkflowsError
 
 if TYPE_CHECKING:
+    from pi_workflows.engine import (
+        action,
+        agent,
+        assistant_message,
+        checkpoint,
+        choice,
+        compute,
+        define_workflow,
+        human_decision,
+        include_workflow,
+        notify,
+        shell,
+    )
     from pi_workflows.resource_managers import (
         Condition,
         ReconcileContext,
@@ -67,6 +67,17 @@ if TYPE_CHECKING:
     )
 
 _LAZY = {
+    "action": "pi_workflows.engine",
+    "agent": "pi_workflows.engine",
+    "assistant_message": "pi_workflows.engine",
+    "checkpoint": "pi_workflows.engine",
+    "choice": "pi_workflows.engine",
+    "compute": "pi_workflows.engine",
+    "define_workflow": "pi_workflows.engine",
+    "human_decision": "pi_workflows.engine",
+    "include_workflow": "pi_workflows.engine",
+    "notify": "pi_workflows.engine",
+    "shell": "pi_workflows.engine",
     "Condition": "pi_workflows.resource_managers",
     "ReconcileContext": "pi_workflows.resource_managers",
     "ReconcileResult": "pi_workflows.resource_managers",

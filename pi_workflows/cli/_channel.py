@@ -18,6 +18,7 @@ from pi_workflows.cli._main import (
     _fail,
     _print_json,
     json_option,
+    lazy_commands,
     main,
 )
 
@@ -27,6 +28,9 @@ __all__ = ["channel"]
 @main.group()
 def channel() -> None:
     """Telegram channel profiles: status, reload, and recovery of an ambiguous delivery."""
+
+
+lazy_commands(channel, {"recover": "pi_workflows.cli._recover"})
 
 
 def _echo_status(receipt: dict[str, Any]) -> None:

@@ -27,8 +27,7 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 from click.types import StringParamType
 
-from pi_workflows.engine import discover
-from pi_workflows.storage import workflows_dir
+from pi_workflows._paths import workflows_dir
 from pi_workflows.wire.client import WorkflowClient
 
 __all__ = [
@@ -146,6 +145,8 @@ def complete_workflow_names(ctx: click.Context, incomplete: str) -> list[Complet
     try:
         project = ctx.params.get("project")
         root = Path(project) if project else Path.cwd()
+        from pi_workflows.engine import discover  # noqa: PLC0415 (only when completing names)
+
         found = discover(root.resolve(), _state_dir(ctx).parent)
     except Exception:  # noqa: BLE001  (completion completes nothing rather than fail)
         return []
@@ -196,8 +197,11 @@ def install_completion(group: click.Group) -> None:
 
 
 def _commands(group: click.Group) -> list[click.Command]:
+    """The commands registered so far (a lazy group's other modules stay unloaded)."""
     found: list[click.Command] = [group]
-    for command in group.commands.values():
+    loaded = getattr(group, "loaded_commands", None)
+    commands = loaded() if loaded is not None else group.commands
+    for command in commands.values():
         if isinstance(command, click.Group):
             found += _commands(command)
         else:

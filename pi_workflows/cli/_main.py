@@ -3,12 +3,16 @@
 Commands parse their arguments, call `WorkflowClient`, render the result and map
 errors to exit codes; none opens SQLite. Read commands take `--json` and print one
 JSON document on stdout; errors go to stderr as one sentence that says what to do.
+The module imports the wire client only: the server, actors, storage and engine load
+inside the commands that need them (tests/cli/test_light_imports.py pins it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
+import importlib
 import json
 import os
 import select
@@ -17,44 +21,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from functools import wraps
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
-import psutil
-import pykka.debug
 
-from pi_workflows._paths import AGENT_DIR_ENV
+from pi_workflows._paths import AGENT_DIR_ENV, ensure_private_dir, workflows_dir
 from pi_workflows._version import __version__
-from pi_workflows.actors import VALIDATE_TIMEOUT_ENV
 from pi_workflows.cli._advice import Advice, advice, kind_words, node_kinds, status_words
-from pi_workflows.cli._backup import (
-    BackupUnusableError,
-    LiveDatabaseError,
-    verify_inactive_backup,
-)
 from pi_workflows.cli._chain import chain_rows, follow_chain
-from pi_workflows.domain import RETENTION_DAYS_ENV
-from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV, discover
 from pi_workflows.errors import PiWorkflowsError
-from pi_workflows.pi import PI_BINARY_ENV
-from pi_workflows.server import (
-    BLOB_GRACE_ENV,
-    DEFAULT_DRAIN_S,
-    DEFAULT_IDLE_EXIT_S,
-    DEFAULT_MAX_WORKERS,
-    IDLE_EXIT_ENV,
-    MAX_WORKERS_ENV,
-    ZYGOTE_ENV,
-    ServerStartError,
-    WorkflowServer,
-    redirect_output,
-)
-from pi_workflows.storage import SchemaMismatchError, ensure_private_dir, workflows_dir
-from pi_workflows.supervision import CRASH_ENV, CRASH_POINTS, ServerAlreadyRunningError
-from pi_workflows.wire import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV
 from pi_workflows.wire.client import (
     HostUnavailableError,
     InvalidRequestError,
@@ -65,7 +43,6 @@ from pi_workflows.wire.client import (
 )
 from pi_workflows.wire.live import DEFAULT_RECONNECT_TIMEOUT_S
 from pi_workflows.wire.protocol import ResponseMessage
-from pi_workflows.wire.runner import MAX_VALUE_ENV
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -75,6 +52,16 @@ EXIT_STATE = 5
 EXIT_TIMEOUT = 6
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 20.0
+
+# The server's defaults that `server run --help` and `server stop` show, copied here so
+# that no client command loads the server to print them (test_light_imports pins each
+# copy to the server's value).
+DEFAULT_DRAIN_S = 30.0
+DEFAULT_IDLE_EXIT_S = 600.0
+DEFAULT_MAX_WORKERS = 4
+IDLE_EXIT_ENV = "PI_WORKFLOWS_IDLE_EXIT_SECONDS"
+MAX_WORKERS_ENV = "PI_WORKFLOWS_MAX_WORKERS"
+CRASH_ENV = "PI_WORKFLOWS_CRASH"
 
 STATUS_KEYS = (
     "state",
@@ -233,32 +220,55 @@ EXIT_WORDS_FOR: dict[tuple[str, int], str] = {
     ("pi-extension install", 0): "linked, or already linked",
     ("pi-extension install", EXIT_FAILED): "another file has the link's name",
 }
-ENV_WORDS = {
+
+
+@functools.cache
+def env_words() -> dict[str, str]:
+    """The environment variables the server reads, and what each means.
+
+    Their names live in the floors that read them, so this loads those modules: it runs
+    only to print help.
+    """
+    from pi_workflows.actors import VALIDATE_TIMEOUT_ENV  # noqa: PLC0415 (help only)
+    from pi_workflows.domain import RETENTION_DAYS_ENV  # noqa: PLC0415
+    from pi_workflows.engine import MEMORY_ENV, PROCESSES_ENV  # noqa: PLC0415
+    from pi_workflows.pi import PI_BINARY_ENV  # noqa: PLC0415
+    from pi_workflows.server import BLOB_GRACE_ENV, ZYGOTE_ENV  # noqa: PLC0415
+    from pi_workflows.wire import FIRST_FRAME_ENV, MAX_CONNECTIONS_ENV  # noqa: PLC0415
+    from pi_workflows.wire.runner import MAX_VALUE_ENV  # noqa: PLC0415
+
+    return {
+        AGENT_DIR_ENV: LIGHT_ENV_WORDS[AGENT_DIR_ENV],
+        IDLE_EXIT_ENV: f"seconds idle before the server exits (default {DEFAULT_IDLE_EXIT_S:.0f}; "
+        "0: never)",
+        MAX_WORKERS_ENV: f"runs executing at once (default {DEFAULT_MAX_WORKERS})",
+        MAX_CONNECTIONS_ENV: "open client connections (default 512)",
+        FIRST_FRAME_ENV: "seconds a new connection has to send its first frame (default 10)",
+        PI_BINARY_ENV: "the pi binary for agent steps (default: pi on PATH)",
+        VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
+        BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
+        "(default 86400)",
+        RETENTION_DAYS_ENV: "days terminal run trees are kept after they finish (default 30; "
+        "0: no automatic cleanup)",
+        MEMORY_ENV: "default memory limit of a node's processes, in MiB",
+        PROCESSES_ENV: "default process limit of a node",
+        MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
+        "(default 67108864: 64 MiB)",
+        ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
+        CRASH_ENV: LIGHT_ENV_WORDS[CRASH_ENV],
+    }
+
+
+LIGHT_ENV_WORDS = {
     AGENT_DIR_ENV: "Pi's agent directory; the state folder is its workflows/ (default: "
     "~/.pi/agent)",
-    IDLE_EXIT_ENV: f"seconds idle before the server exits (default {DEFAULT_IDLE_EXIT_S:.0f}; "
-    "0: never)",
-    MAX_WORKERS_ENV: f"runs executing at once (default {DEFAULT_MAX_WORKERS})",
-    MAX_CONNECTIONS_ENV: "open client connections (default 512)",
-    FIRST_FRAME_ENV: "seconds a new connection has to send its first frame (default 10)",
-    PI_BINARY_ENV: "the pi binary for agent steps (default: pi on PATH)",
-    VALIDATE_TIMEOUT_ENV: "seconds a submission's validation child may take",
-    BLOB_GRACE_ENV: "seconds an unnamed blob is kept before state prune --apply collects it "
-    "(default 86400)",
-    RETENTION_DAYS_ENV: "days terminal run trees are kept after they finish (default 30; "
-    "0: no automatic cleanup)",
-    MEMORY_ENV: "default memory limit of a node's processes, in MiB",
-    PROCESSES_ENV: "default process limit of a node",
-    MAX_VALUE_ENV: "largest value a runner may send (an output, an error), in bytes "
-    "(default 67108864: 64 MiB)",
-    ZYGOTE_ENV: "0 starts every runner as a cold interpreter",
     CRASH_ENV: "<point>[@<n>] arms one crash point (fault-injection tests)",
-}
-VIEWER_ENV_WORDS = {
     "PIW_CONFIG_PATH": "piw's settings file (default: ~/.config/piw/config.toml)",
     "PIW_THEME": "piw's theme, over the settings file (see --list-themes)",
 }
-SERVER_ENV = tuple(ENV_WORDS)
+"""The variables that client commands and `piw` read: their help loads no server part."""
+SERVER_ENV = ("",)
+"""Stands for every variable in `env_words()` (they load only to print help)."""
 COMMAND_ENV: dict[str, tuple[str, ...]] = {
     "": SERVER_ENV,
     "server run": SERVER_ENV,
@@ -308,9 +318,13 @@ def _format_exits_and_env(ctx: click.Context, formatter: click.HelpFormatter) ->
             [(str(code), EXIT_WORDS_FOR.get((key, code), EXIT_WORDS[code])) for code in codes]
         )
     env = COMMAND_ENV.get(key, (AGENT_DIR_ENV,))
+    if env == SERVER_ENV:
+        env = tuple(env_words())
     if env:
         with formatter.section("Environment"):
-            words = {**ENV_WORDS, **VIEWER_ENV_WORDS}
+            words = LIGHT_ENV_WORDS
+            if not set(env) <= words.keys():
+                words = {**env_words(), **words}
             formatter.write_dl([(name, words[name]) for name in env])
     if key not in STARTS_NO_SERVER and key not in VIEWER_EXITS:
         formatter.write_paragraph()
@@ -328,10 +342,55 @@ class DocumentedCommand(click.Command):
 
 
 class DocumentedGroup(click.Group):
-    """A group that documents itself, its commands and its subgroups the same way."""
+    """A group that documents itself, its commands and its subgroups the same way.
+
+    A command defined in another module of the command line is named in `lazy` (command
+    name → module): the module is imported, and registers its commands here, when the
+    command is looked up, or when every command is listed or `commands` is read. So
+    `server status` does not pay for `run watch`'s imports.
+    """
 
     command_class = DocumentedCommand
     group_class = type  # subgroups are DocumentedGroups too
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.lazy: dict[str, str] = {}
+        self._adding = False
+        super().__init__(*args, **kwargs)
+
+    @property
+    def commands(self) -> dict[str, click.Command]:
+        if not self._adding:  # a module being loaded registers a command
+            self._load(*self.lazy)
+        return self._registered
+
+    @commands.setter
+    def commands(self, value: MutableMapping[str, click.Command]) -> None:
+        self._registered = dict(value)
+
+    def loaded_commands(self) -> dict[str, click.Command]:
+        """The commands registered so far (loads no module)."""
+        return self._registered
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        self._adding = True
+        try:
+            super().add_command(cmd, name)
+        finally:
+            self._adding = False
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load(cmd_name)
+        return self._registered.get(cmd_name)
+
+    def _load(self, *names: str) -> None:
+        modules = {self.lazy.pop(name) for name in names if name in self.lazy}
+        for module in sorted(modules):
+            importlib.import_module(module)
+        if modules:
+            from pi_workflows.cli._completion import install_completion  # noqa: PLC0415
+
+            install_completion(main)  # the new commands' run IDs and workflow names
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)
@@ -340,6 +399,12 @@ class DocumentedGroup(click.Group):
         else:
             formatter.write_paragraph()
             formatter.write_text("Each command's --help lists its exit codes and environment.")
+
+
+def lazy_commands(group: click.Group, modules: dict[str, str]) -> None:
+    """Name the modules that register `group`'s commands (command name → module)."""
+    assert isinstance(group, DocumentedGroup)
+    group.lazy.update(modules)
 
 
 @click.group(
@@ -410,6 +475,15 @@ def server_run(
 
     Example: pi-workflows server run --idle-exit 600
     """
+    # The one command that hosts the server: it alone loads it.
+    from pi_workflows.server import (  # noqa: PLC0415
+        ServerStartError,
+        WorkflowServer,
+        redirect_output,
+    )
+    from pi_workflows.storage import SchemaMismatchError  # noqa: PLC0415
+    from pi_workflows.supervision import ServerAlreadyRunningError  # noqa: PLC0415
+
     if detached:  # started by `server start`: stdout and stderr are logs/server.out
         redirect_output(_state_dir(ctx) / "logs" / "server.out")
     if idle_exit is None:
@@ -446,6 +520,8 @@ def server_run(
 
 
 def _install_signal_handlers(instance: Any) -> None:
+    import pykka.debug  # noqa: PLC0415 (the server's actors are loaded by now)
+
     def on_signal(signum: int, frame: object) -> None:
         instance.stop_async(f"signal {signal.Signals(signum).name}")
 
@@ -605,6 +681,8 @@ def server_stop(ctx: click.Context, drain_s: float, timeout: float | None) -> No
     with client:
         client.call("server.stop", {"drainSeconds": drain_s})
     if pid is not None:
+        import psutil  # noqa: PLC0415 (only to wait for the exit)
+
         limit = timeout if timeout is not None else drain_s + STOP_TIMEOUT_S
         try:
             psutil.Process(pid).wait(limit)
@@ -843,6 +921,8 @@ def workflows_list(ctx: click.Context, project: Path | None, as_json: bool) -> N
 
     Example: pi-workflows workflows list --json
     """
+    from pi_workflows.engine import discover  # noqa: PLC0415 (lists files, imports none)
+
     found = discover((project or Path.cwd()).resolve(), _state_dir(ctx).parent)
     rows = [
         {"name": name, "origin": str(source.origin), "path": str(source.path)}
@@ -1187,6 +1267,12 @@ def state_verify(
             report = dict(client.call("state.verify")["receipt"])
         report["source"] = "server"
     else:
+        from pi_workflows.cli._backup import (  # noqa: PLC0415 (storage loads for a file)
+            BackupUnusableError,
+            LiveDatabaseError,
+            verify_inactive_backup,
+        )
+
         try:
             findings = verify_inactive_backup(backup, _state_dir(ctx))
         except (LiveDatabaseError, BackupUnusableError) as exc:
@@ -1235,6 +1321,8 @@ def debug_crash_points(as_json: bool) -> None:
 
     Example: pi-workflows debug crash-points --json
     """
+    from pi_workflows.supervision import CRASH_POINTS  # noqa: PLC0415
+
     rows = [
         {"name": point.name, "process": point.process, "interrupts": point.interrupts}
         for point in CRASH_POINTS.values()
@@ -1435,25 +1523,32 @@ def _announce(url: str) -> None:
     sys.stdout.flush()
 
 
-# Commands in their own modules register on the groups above when imported:
-# `run list` and `run logs` (_run_list), `run show` (_run_show), `run wait` and
-# `run watch` (_run_watch), `state prune` (_state_prune), `state backup`
-# (_state_backup), `decision list|answer` (_decision), `channel` (_channel), `run
-# recover` and `channel recover` (_recover), `resource-manager` (_resource_manager),
-# `completion`; then every
-# run-ID and workflow-name parameter gets its shell completion (_completion).
-from pi_workflows.cli import (  # noqa: E402, F401
-    _channel,
-    _completion,
-    _decision,
-    _pi_extension,
-    _recover,
-    _resource_manager,
-    _run_list,
-    _run_show,
-    _run_watch,
-    _state_backup,
-    _state_prune,
+# Commands in their own modules register on the groups above when their module is
+# imported, on first use (`DocumentedGroup.lazy`); `completion` (_completion) now, and
+# then every run-ID and workflow-name parameter gets its shell completion.
+_CLI = "pi_workflows.cli."
+lazy_commands(
+    main,
+    {
+        "channel": _CLI + "_channel",  # and `channel recover` (_recover)
+        "decision": _CLI + "_decision",
+        "pi-extension": _CLI + "_pi_extension",
+        "resource-manager": _CLI + "_resource_manager",
+    },
 )
+lazy_commands(
+    run,
+    {
+        "list": _CLI + "_run_list",
+        "logs": _CLI + "_run_list",
+        "show": _CLI + "_run_show",
+        "wait": _CLI + "_run_watch",
+        "watch": _CLI + "_run_watch",
+        "recover": _CLI + "_recover",
+    },
+)
+lazy_commands(state, {"backup": _CLI + "_state_backup", "prune": _CLI + "_state_prune"})
+
+from pi_workflows.cli import _completion  # noqa: E402
 
 _completion.install_completion(main)

@@ -33,13 +33,15 @@ from pi_workflows.cli._main import (
     json_option,
     main,
 )
-from pi_workflows.engine import MAX_SPEC_BYTES, discover_managers
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps
 from pi_workflows.wire.client import RequestFailedError
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
 
 __all__ = ["SPEC_SEND_LIMIT", "ManagerNameType", "get_lines", "resource_manager", "show_rich"]
 
+MAX_SPEC_BYTES = 1024 * 1024
+"""The engine's limit on a spec, copied so the command line does not load the engine
+(test_light_imports pins the copy)."""
 ENVELOPE_ROOM = 8192
 """Bytes of one request frame kept for the envelope, the manager, key and project."""
 SPEC_SEND_LIMIT = min(MAX_SPEC_BYTES, MAX_FRAME_BYTES - ENVELOPE_ROOM)
@@ -58,6 +60,10 @@ class ManagerNameType(StringParamType):
         try:
             project = ctx.params.get("project")
             root = Path(project) if project else Path.cwd()
+            from pi_workflows.engine import (  # noqa: PLC0415 (only when completing names)
+                discover_managers,
+            )
+
             found = discover_managers(root.resolve(), _completion_state_dir(ctx).parent)
         except Exception:  # noqa: BLE001  (completion completes nothing rather than fail)
             return []

@@ -30,8 +30,8 @@ from pi_workflows.cli._main import (
     run,
 )
 from pi_workflows.cli._palette import styled
-from pi_workflows.domain import DISPLAY_STATUSES
 from pi_workflows.wire.client import WorkflowClient
+from pi_workflows.wire.protocol import DISPLAY_STATUSES
 
 __all__ = ["parse_since", "run_list", "run_logs"]
 

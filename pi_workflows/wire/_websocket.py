@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import ipaddress
 from collections import deque
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
-
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.frames import Close
-from websockets.sync.client import ClientConnection, connect
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameError, decode_frame
+
+if TYPE_CHECKING:  # websockets loads only when a relay URL is opened
+    from websockets.frames import Close
+    from websockets.sync.client import ClientConnection
 
 __all__ = [
     "LOOPBACK_HOSTS",
@@ -108,6 +108,13 @@ class RelayTransport:
         Raises:
             RelayOpenError: no relay answers, or it refused the handshake.
         """
+        from websockets.exceptions import (  # noqa: PLC0415 (loads only for a relay URL)
+            InvalidHandshake,
+            InvalidStatus,
+            InvalidURI,
+        )
+        from websockets.sync.client import connect  # noqa: PLC0415
+
         try:
             connection = connect(
                 url,
@@ -139,6 +146,8 @@ class RelayTransport:
 
     def sendall(self, data: bytes) -> None:
         """Send each newline-ended frame of `data` as one text frame."""
+        from websockets.exceptions import ConnectionClosed  # noqa: PLC0415 (loaded by open)
+
         try:
             for body in data.rstrip(b"\n").split(b"\n"):
                 self._ws.send(body, text=True)
@@ -187,6 +196,8 @@ class RelayTransport:
         return self._ready[0]
 
     def _receive(self, timeout: float | None) -> dict[str, Any] | None:
+        from websockets.exceptions import ConnectionClosed  # noqa: PLC0415 (loaded by open)
+
         try:
             body = self._ws.recv(timeout=timeout, decode=False)
         except ConnectionClosed as exc:

@@ -8,14 +8,16 @@ sans-IO; thin readers adapt it to blocking sockets and asyncio streams.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
+
+if TYPE_CHECKING:  # asyncio loads with the server, not with the client
+    import asyncio
 
 __all__ = [
     "MAX_FRAME_BYTES",

@@ -14,16 +14,27 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from importlib import resources
-from typing import Any, Final, Literal, NotRequired, TypeAlias, TypedDict, cast, get_args
-
-import fastjsonschema
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match, by_relevance
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    NotRequired,
+    TypeAlias,
+    TypedDict,
+    cast,
+    get_args,
+)
 
 from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire._runner_payloads import MessageKind as RunnerMessageKind
 from pi_workflows.wire.canonical import dumps, loads
 from pi_workflows.wire.framing import MAX_FRAME_BYTES, FrameTooLargeError
+
+if TYPE_CHECKING:
+    # jsonschema loads when a message fails its fast branch check (to word the error) or
+    # has no fast branch; a client that sends and reads valid messages never loads it.
+    from jsonschema.exceptions import ValidationError
 
 __all__ = [
     "CHANNEL_ADAPTER_KINDS",
@@ -351,29 +362,41 @@ def _ecma_regex(pattern: str) -> re.Pattern[str]:
 def _pattern_keyword(
     validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]
 ) -> Iterator[ValidationError]:
+    from jsonschema.exceptions import ValidationError  # noqa: PLC0415 (see TYPE_CHECKING)
+
     if validator.is_type(instance, "string") and not _ecma_regex(pattern).search(instance):
         yield ValidationError("string does not match the pattern")
 
 
-# jsonschema's `extend` is untyped in its stubs; the result is a Draft 2020-12 validator class.
-_ProtocolValidator: Any = validators.extend(  # type: ignore[no-untyped-call]
-    Draft202012Validator, {"pattern": _pattern_keyword}
-)
+@functools.cache
+def _protocol_validator_class() -> Any:
+    """Draft 2020-12 with ECMA-262 `pattern` (jsonschema loads on the first call)."""
+    from jsonschema import Draft202012Validator, validators  # noqa: PLC0415
+
+    # jsonschema's `extend` is untyped in its stubs; the result is a validator class.
+    return validators.extend(  # type: ignore[no-untyped-call]
+        Draft202012Validator, {"pattern": _pattern_keyword}
+    )
 
 
-_default_relevance: Any = by_relevance()
+@functools.cache
+def _default_relevance() -> Any:
+    from jsonschema.exceptions import by_relevance  # noqa: PLC0415 (see TYPE_CHECKING)
+
+    return by_relevance()
 
 
 def _relevance(error: ValidationError) -> tuple[bool, Any]:
     """Rank `unevaluatedProperties` last: it also fires when a shared-field `allOf` fails."""
-    return (error.validator != "unevaluatedProperties", _default_relevance(error))
+    return (error.validator != "unevaluatedProperties", _default_relevance()(error))
 
 
 @functools.cache
 def _validator(name: str) -> Any:
+    validator_class = _protocol_validator_class()
     document = _schema_document(name)
-    Draft202012Validator.check_schema(document)
-    return _ProtocolValidator(document)
+    validator_class.check_schema(document)
+    return validator_class(document)
 
 
 _MAX_INLINE_DEPTH = 32
@@ -402,12 +425,12 @@ def _inline_refs(node: Any, defs: Mapping[str, Any], depth: int = 0) -> Any:
 
 
 @functools.cache
-def _branch_validators(name: str) -> tuple[str | None, dict[Any, Any]]:
-    """Per-discriminator validators for a schema shaped as `allOf` of if-const/then branches.
+def _branch_schemas(name: str) -> tuple[str | None, dict[Any, Any]]:
+    """Per-discriminator subschemas for a schema shaped as `allOf` of if-const/then branches.
 
-    The schema file stays the one contract: each branch validator is its `then` subschema
-    with local references inlined, which jsonschema checks about four times faster than
-    the whole document. The full validator still decides, and words, every rejection.
+    The schema file stays the one contract: each branch is its `then` subschema with
+    local references inlined, which jsonschema checks about four times faster than the
+    whole document. The full validator still decides, and words, every rejection.
     """
     document = _schema_document(name)
     defs = document.get("$defs", {})
@@ -423,9 +446,70 @@ def _branch_validators(name: str) -> tuple[str | None, dict[Any, Any]]:
         if discriminator not in (None, key) or "const" not in properties[key]:
             return None, {}
         discriminator = key
-        branch = _inline_refs(clause["then"], defs)
-        branches[properties[key]["const"]] = _fast_branch(branch) or _ProtocolValidator(branch)
+        branches[properties[key]["const"]] = _inline_refs(clause["then"], defs)
     return discriminator, branches
+
+
+@functools.cache
+def _branch_validator(name: str, value: Any) -> Any:
+    """The validator of one branch, compiled on its first message (a client compiles
+    only the few operations it uses)."""
+    branch = _branch_schemas(name)[1][value]
+    return _fast_branch(branch) or _protocol_validator_class()(branch)
+
+
+def _clause_values(clause: object) -> tuple[str, frozenset[str]] | None:
+    """`(key, values)` for an `allOf` clause `{"if": key is one of values, "then": ...}`
+    over strings; None for any other clause."""
+    if not isinstance(clause, dict) or set(clause) != {"if", "then"}:
+        return None
+    condition = clause["if"]
+    if not isinstance(condition, dict) or set(condition) != {"required", "properties"}:
+        return None
+    required, properties = condition["required"], condition["properties"]
+    if not (isinstance(required, list) and len(required) == 1 and [*properties] == required):
+        return None
+    rule = properties[required[0]]
+    values = [rule["const"]] if set(rule) == {"const"} else rule.get("enum")
+    if set(rule) - {"const", "enum"} or not isinstance(values, list):
+        return None
+    if not all(isinstance(v, str) for v in values):
+        return None
+    return required[0], frozenset(values)
+
+
+@functools.cache
+def _conditional_clauses(name: str, value: Any) -> tuple[tuple[int, str, frozenset[str]], ...]:
+    """The branch's `allOf` clauses that apply only when a field holds given strings."""
+    clauses = _branch_schemas(name)[1][value].get("allOf", [])
+    found = ((index, _clause_values(clause)) for index, clause in enumerate(clauses))
+    return tuple((index, *shape) for index, shape in found if shape is not None)
+
+
+@functools.cache
+def _applying_validator(name: str, value: Any, skipped: frozenset[int]) -> Any:
+    """The branch without the conditional clauses in `skipped` (whose `if` a message
+    fails, so they hold for it anyway): a request compiles its operation's clause only."""
+    branch = dict(_branch_schemas(name)[1][value])
+    if skipped:
+        clauses = [c for i, c in enumerate(branch["allOf"]) if i not in skipped]
+        if clauses:
+            branch["allOf"] = clauses
+        else:
+            del branch["allOf"]
+    return _fast_branch(branch) or _protocol_validator_class()(branch)
+
+
+def _branch_is_valid(name: str, value: Any, message: dict[str, Any]) -> bool:
+    conditional = _conditional_clauses(name, value)
+    if not conditional:
+        return bool(_branch_validator(name, value).is_valid(message))
+    skipped = frozenset(
+        index
+        for index, key, values in conditional
+        if not (isinstance(message.get(key), str) and message[key] in values)
+    )
+    return bool(_applying_validator(name, value, skipped).is_valid(message))
 
 
 # A branch is compiled with fastjsonschema (draft-07 code generation, ~30x faster than
@@ -488,7 +572,10 @@ class _FastBranch:
     """A branch validator compiled by fastjsonschema; same `is_valid` as jsonschema's."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
+        import fastjsonschema  # noqa: PLC0415 (loads with the first branch compiled)
+
         self.schema = schema
+        self._error = fastjsonschema.JsonSchemaException
         self._check = fastjsonschema.compile(
             {"$schema": "http://json-schema.org/draft-07/schema#", **schema}, use_formats=False
         )
@@ -496,7 +583,7 @@ class _FastBranch:
     def is_valid(self, message: object) -> bool:
         try:
             self._check(message)
-        except fastjsonschema.JsonSchemaException:
+        except self._error:
             return False
         return True
 
@@ -505,9 +592,29 @@ def _fast_branch(schema: dict[str, Any]) -> _FastBranch | None:
     return _FastBranch(schema) if _fast_safe(schema) else None
 
 
+_DOCUMENT_KEYWORDS = frozenset({"$schema", "$id", "$defs"})
+"""Keywords of a schema file that name or hold its parts; inlined away by `_inline_refs`."""
+
+
+@functools.cache
+def _whole_fast(name: str) -> _FastBranch | None:
+    """A schema without if-const branches (such as a run list page), compiled whole when
+    fastjsonschema checks it as jsonschema does or stricter; else None."""
+    document = _schema_document(name)
+    body = {key: value for key, value in document.items() if key not in _DOCUMENT_KEYWORDS}
+    try:
+        inlined = _inline_refs(body, document.get("$defs", {}))
+    except (ValueError, KeyError):
+        return None
+    return _fast_branch(inlined)
+
+
 def _valid_by_branch(name: str, message: object) -> bool:
-    discriminator, branches = _branch_validators(name)
-    if discriminator is None or not isinstance(message, dict):
+    discriminator, branches = _branch_schemas(name)
+    if discriminator is None:
+        whole = _whole_fast(name)
+        return whole is not None and whole.is_valid(message)
+    if not isinstance(message, dict):
         return False
     document = _schema_document(name)
     if any(field not in message for field in document.get("required", [])):
@@ -515,8 +622,10 @@ def _valid_by_branch(name: str, message: object) -> bool:
     for field, rule in document.get("properties", {}).items():
         if field in message and "const" in rule and message[field] != rule["const"]:
             return False
-    branch = branches.get(message.get(discriminator))
-    return branch is not None and bool(branch.is_valid(message))
+    value = message.get(discriminator)
+    if not isinstance(value, str | int | bool) or value not in branches:
+        return False
+    return _branch_is_valid(name, value, message)
 
 
 def validate(schema_name: str, message: object) -> None:
@@ -533,6 +642,8 @@ def validate(schema_name: str, message: object) -> None:
     name = _schema_file_name(schema_name)
     if _valid_by_branch(name, message):
         return
+    from jsonschema.exceptions import best_match  # noqa: PLC0415 (see TYPE_CHECKING)
+
     error = best_match(_validator(name).iter_errors(message), key=_relevance)
     if error is not None:
         raise _violation(name, error)
