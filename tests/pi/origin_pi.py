@@ -10,7 +10,12 @@ only) and `WorkflowClient`.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -238,3 +243,27 @@ def origin_rig(
 def origin_server(origin_rig: OriginRig) -> Iterator[WorkflowServer]:
     with running_server(origin_rig.state_dir) as instance:
         yield instance
+
+
+@contextlib.contextmanager
+def server_process(rig: OriginRig) -> Iterator[subprocess.Popen[str]]:
+    """`pi-workflows server run` as a child in its own session; at exit its whole group
+    (zygote and runners included) is killed by PID."""
+    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(rig.state_dir)]
+    child = subprocess.Popen(
+        [*command, "server", "run", "--idle-exit", "0"],
+        env={**os.environ, "PI_CODING_AGENT_DIR": str(rig.agent_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and "running" in child.stdout.readline()
+        yield child
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
+        if child.stdout is not None:
+            child.stdout.close()

@@ -9,7 +9,6 @@ origin session have one active coordinator, and only it sends.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -17,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from tests.pi.origin_pi import (
     message_id_of,
     origin_rig,
     origin_server,
+    server_process,
     wait_until,
 )
 
@@ -164,30 +163,6 @@ def test_a_server_restart_closes_no_turn_and_a_turn_end_meanwhile_is_reported_af
         assert origin_rig.turns(run_id) == [(turn, first, "aborted")]
         assert origin_rig.messages(run_id)[0][3] == "sent"
         assert shown(origin) == [first]
-
-
-@contextlib.contextmanager
-def server_process(rig: OriginRig) -> Iterator[subprocess.Popen[str]]:
-    """`pi-workflows server run` as a child in its own session; at exit its whole group
-    (zygote and runners included) is killed by PID."""
-    command = [sys.executable, "-m", "pi_workflows.cli", "--state-dir", str(rig.state_dir)]
-    child = subprocess.Popen(
-        [*command, "server", "run", "--idle-exit", "0"],
-        env={**os.environ, "PI_CODING_AGENT_DIR": str(rig.agent_dir)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert child.stdout is not None and "running" in child.stdout.readline()
-        yield child
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait(30)
-        if child.stdout is not None:
-            child.stdout.close()
 
 
 def test_a_server_killed_with_an_open_turn_closes_no_turn_and_the_end_is_reported_after(
