@@ -31,6 +31,7 @@ from pi_workflows.storage import (
     cancel_step_messages,
     close_attempt,
     end_turn,
+    fail_orphaned_captures,
     insert_message,
     insert_step_again,
     insert_turn,
@@ -173,6 +174,8 @@ def report_branch(
                 for turn in open_turns(tx, branch.session_id):
                     _end(tx, turn, "lost", None)
                     closed.append(turn.turn_id)
+                # No turn of this Pi runs: a capture still recording lost its Pi.
+                fail_orphaned_captures(tx, branch.session_id)
             # The active epoch reported: a step turn still open runs its timer again.
             resume_session_time(tx, branch.session_id)
     except OperationError as exc:

@@ -16,6 +16,7 @@ from pi_workflows.storage._bindings import interactive_origin_session
 from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
 from pi_workflows.storage._errors import ContentUnavailableError
+from pi_workflows.storage._session_record import fail_turn_capture
 from pi_workflows.storage._view_reads import store_view_blob
 from pi_workflows.wire.canonical import dumps
 
@@ -336,12 +337,15 @@ def insert_turn(tx: Tx, *, turn_id: str, message: MessageRow) -> None:
 
 
 def end_turn(tx: Tx, turn: TurnRow, status: str, response_entry_id: str | None) -> None:
-    """End an open turn (`completed`, `aborted`, `error` or `lost`)."""
-    tx.execute(
+    """End an open turn (`completed`, `aborted`, `error` or `lost`). A turn ended
+    `lost` here was proved lost (an idle branch report, a newer start): its capture fails."""
+    ended = tx.execute(
         "UPDATE workflow_turns SET status = :st, response_entry_id = :e, ended_at = :now "
         "WHERE turn_id = :t AND status = 'open'",
         {"st": status, "e": response_entry_id, "t": turn.turn_id, "now": tx.now},
     )
+    if ended and status == "lost":
+        fail_turn_capture(tx, turn.turn_id)
     touch_run_view(tx, turn.run_id)
 
 

@@ -45,6 +45,15 @@ _SEGMENT_COLUMNS = (
     "next_seq, gaps, missing, expected_count, conflicts, oversized, started_at, updated_at"
 )
 _SELECT_SEGMENT = f"SELECT {_SEGMENT_COLUMNS} FROM session_segments WHERE turn_id = :turn_id"
+_FAIL_TURN_CAPTURE = """
+UPDATE session_segments SET status = 'failed', failure = 'turnLost', updated_at = :now
+WHERE turn_id = :t AND status = 'recording'
+"""
+_FAIL_ORPHANED_CAPTURES = """
+UPDATE session_segments SET status = 'failed', failure = 'turnLost', updated_at = :now
+WHERE session_id = :s AND status = 'recording'
+  AND turn_id NOT IN (SELECT turn_id FROM workflow_turns WHERE status = 'open')
+"""
 _INSERT_SEGMENT = """
 INSERT INTO session_segments (turn_id, run_id, message_id, session_id, status, started_at,
                               updated_at)
@@ -214,6 +223,18 @@ class SegmentSummary:
     message_kind: str
     node_path: str | None
     first_position: int | None
+
+
+def fail_turn_capture(tx: Tx, turn_id: str) -> None:
+    """A turn proved lost: its capture, if still recording, fails with `turnLost`."""
+    tx.execute(_FAIL_TURN_CAPTURE, {"t": turn_id, "now": tx.now})
+
+
+def fail_orphaned_captures(tx: Tx, session_id: str) -> None:
+    """The session's Pi is idle: a capture still recording for a turn that is no longer
+    open (closed by its run's end, its Pi gone before the last batch) fails with
+    `turnLost`."""
+    tx.execute(_FAIL_ORPHANED_CAPTURES, {"s": session_id, "now": tx.now})
 
 
 def read_segment(reader: Reader, turn_id: str) -> SegmentRow | None:

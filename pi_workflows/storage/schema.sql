@@ -476,13 +476,11 @@ CREATE TABLE session_segments (
 ) STRICT;
 CREATE INDEX session_segments_by_run ON session_segments (run_id, segment_id);
 CREATE INDEX session_segments_recording ON session_segments (run_id) WHERE status = 'recording';
--- A turn proved lost (an idle branch report, a newer turn, the run's end) fails its capture.
-CREATE TRIGGER session_segments_fail_lost_turn AFTER UPDATE OF status ON workflow_turns
-WHEN NEW.status = 'lost'
-BEGIN
-    UPDATE session_segments SET status = 'failed', failure = 'turnLost', updated_at = NEW.ended_at
-    WHERE turn_id = NEW.turn_id AND status = 'recording';
-END;
+-- Only a proved interruption fails a capture (`turnLost`): a turn closed `lost` by an idle
+-- branch report or a newer start (storage `end_turn`), or a capture still recording when
+-- its session's Pi reports idle with its turn no longer open (`fail_orphaned_captures`).
+-- A run's end or handover closes its open turns `lost` but leaves their captures open
+-- until the Pi turn ends (a normal runner continuation fails nothing).
 
 -- The session events of a run in recording order: `position` counts them from 0 across
 -- the run's segments (pages are positions), `seq` is the extension's sequence number in

@@ -192,3 +192,18 @@ test("a Pi message with undefined fields is sent in its JSON form", () => {
   const batch = recording.nextBatch([{ type: "message", id: "e1", message } as BranchEntry])!;
   assert.deepEqual(batch.events[0]!.message, { role: "assistant", content: [{ type: "text", text: "Hi" }] });
 });
+
+test("a delta longer than an event holds is split, whole, never inside a surrogate pair", () => {
+  const recording = new TurnRecording();
+  const text = "ab😀".repeat(MAX_DELTA_CHARS); // 4 UTF-16 units each
+  recording.add("textDelta", { contentIndex: 0, delta: text });
+  const batch = recording.nextBatch(NO_BRANCH)!;
+  assert.ok(batch.events.length >= 4);
+  for (const event of batch.events) {
+    const delta = String(event.delta);
+    assert.ok(delta.length <= MAX_DELTA_CHARS);
+    assert.ok(!/[\ud800-\udbff]$/.test(delta), "no event ends inside a pair");
+    assert.equal(event.omitted, undefined);
+  }
+  assert.equal(batch.events.map((event) => String(event.delta)).join(""), text);
+});

@@ -231,6 +231,48 @@ def test_a_proved_lost_turn_fails_its_capture(turn: Turn) -> None:
     assert late["receipt"]["stored"] == 2 and late["receipt"]["segment"]["status"] == "failed"
 
 
+def _cancel(turn: Turn) -> None:
+    with WorkflowClient(turn.server.state_dir, autostart=False, timeout=30) as client:
+        client.call("run.cancel", run_id=turn.run_id)
+        wait_for(client, turn.run_id, {"cancelled"})
+
+
+def _idle_report(turn: Turn) -> dict[str, Any]:
+    return turn.coordinator.request(
+        "workflowMessage.reportBranch",
+        {"sessionId": SESSION, "entries": [], "isIdle": True, "hasPendingMessages": False},
+    )
+
+
+def test_a_run_ending_under_an_open_turn_leaves_its_capture_open_until_the_turn_ends(
+    turn: Turn,
+) -> None:
+    """Bullet 40: the run's end closes its open turns `lost` (no later ownership), but
+    that is no proved interruption of the Pi turn: the capture goes on recording, and
+    the turn's last batch and final complete it."""
+    assert turn.record(reply(0, "partial", "entry-a")[:2])["outcome"] == "accepted"
+    _cancel(turn)
+    [(status,)] = rows(
+        turn.server.state_dir, "SELECT status FROM workflow_turns WHERE turn_id = 'turn-1'"
+    )
+    assert status == "lost"
+    assert segment(turn.view())["status"] == "recording"
+    done = turn.record(reply(0, "partial", "entry-a")[2:], final={"count": 4})
+    assert done["receipt"]["segment"]["status"] == "complete", done
+    assert segment(turn.view())["findings"] == []
+
+
+def test_an_idle_report_fails_a_capture_whose_turn_ended_without_its_final(turn: Turn) -> None:
+    """The run ended under the turn, then the Pi reports idle (a new Pi: the old one died
+    before its last batch): the capture still recording is proved orphaned."""
+    assert turn.record(reply(0, "partial", "entry-a")[:2])["outcome"] == "accepted"
+    _cancel(turn)
+    assert segment(turn.view())["status"] == "recording"
+    assert _idle_report(turn)["outcome"] == "accepted"
+    shown = segment(turn.view())
+    assert (shown["status"], shown["failure"]) == ("failed", "turnLost")
+
+
 # --- pages and checkpoints ---------------------------------------------------------------
 
 

@@ -5,7 +5,8 @@
  * batches once the server owns the turn.
  *
  * - Text, thinking and tool-call deltas of the same block are coalesced (each event at most
- *   `MAX_DELTA_CHARS`), so a long reply costs a few events, not one per token.
+ *   `MAX_DELTA_CHARS`, a longer delta split), so a long reply costs a few events, not one
+ *   per token, and every event fits the server's limit whole.
  * - An event stays buffered until a batch holding it is accepted: a reconnect re-sends it
  *   with the same seq, and the server stores each (turn, seq) once.
  * - An event too large for a frame keeps only its identifying fields (`omitted`,
@@ -41,6 +42,22 @@ export const RECORD_ENV = "PI_WORKFLOWS_SESSION_RECORD";
 export function recordingOn(env: Record<string, string | undefined>): boolean {
   const value = (env[RECORD_ENV] ?? "").trim().toLowerCase();
   return !["off", "0", "false", "no"].includes(value);
+}
+
+const DELTA_TYPES = new Set(["textDelta", "thinkingDelta", "toolCallDelta"]);
+
+/** `text` in pieces of at most `size` UTF-16 units, never splitting a surrogate pair. */
+export function pieces(text: string, size: number): string[] {
+  const out: string[] = [];
+  let start = 0;
+  while (start < text.length) {
+    let end = Math.min(text.length, start + size);
+    const last = text.charCodeAt(end - 1);
+    if (end < text.length && last >= 0xd800 && last <= 0xdbff) end -= 1;
+    out.push(text.slice(start, end));
+    start = end;
+  }
+  return out;
 }
 
 const ID_FIELDS = ["toolCallId", "entryId", "name", "role", "contentIndex", "stopReason"] as const;
@@ -97,12 +114,16 @@ export class TurnRecording {
     return this.pending.length > 0 || (this.ended && !this.finalSent);
   }
 
-  /** Record one event (its `seq` is assigned here). */
+  /** Record one event (its `seq` is assigned here); a long delta becomes several. */
   add(type: string, fields: JsonObject, message?: unknown): void {
     if (this.ended) return;
+    if (DELTA_TYPES.has(type) && typeof fields.delta === "string" && fields.delta.length > MAX_DELTA_CHARS) {
+      for (const piece of pieces(fields.delta, MAX_DELTA_CHARS)) this.add(type, { ...fields, delta: piece });
+      return;
+    }
     const last = this.pending.at(-1);
     if (
-      (type === "textDelta" || type === "thinkingDelta" || type === "toolCallDelta") &&
+      DELTA_TYPES.has(type) &&
       last !== undefined &&
       !last.sent &&
       last.event.type === type &&
