@@ -23,12 +23,16 @@ from pi_workflows.viewer._conversation import (
 from pi_workflows.viewer._inspector import Inspector
 from pi_workflows.wire.conversation import SessionPage, pages_conversation
 from pi_workflows.wire.session_fold import conversation, empty_state, fold
-from tests.server.origin import ask_project, running  # noqa: F401 (fixtures)
-from tests.server.test_session_record import Turn, reply, turn  # noqa: F401 (a fixture)
-from tests.viewer.test_once import conversation_events
+from tests.server import origin, test_session_record
+from tests.server.test_session_record import Turn, reply
 from tests.viewer.test_app import drive, until
+from tests.viewer.test_once import conversation_events
 
 pytestmark = pytest.mark.timeout(180)
+
+running = origin.running
+ask_project = origin.ask_project
+turn = test_session_record.turn
 
 
 def pane_of(app: PiwApp) -> ConversationPane:
@@ -116,10 +120,9 @@ def test_a_conversation_over_several_pages_shows_what_folding_every_event_gives(
         assert len(newest) == 1 and newest[0].first > 0 and newest[0].end == 700
         assert "o: older" in shown(app)
         loaded["newest"] = pages_conversation(newest)
-        while pane.window.first > 0:  # older pages, one `o` each
-            first = pane.window.first
+        while (first := pane.window.first) > 0:  # older pages, one `o` each
             await pilot.press("o")
-            await until(pilot, lambda first=first: pane.window.first < first, "an older page")
+            await until(pilot, lambda: pane.window.first < first, "an older page")
         assert len(pane.window.pages) == 3
         loaded["all"] = pages_conversation(pane.window.pages)
         loaded["items"] = [item for page in pane.window.pages for item in page.items]

@@ -24,20 +24,24 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from tests.cli.test_relay import _start_relay, _start_server
 from tests.conftest import Processes, write_workflow
+from tests.server import origin, test_session_record
 from tests.server.conftest import running_server  # noqa: F401 (a fixture)
-from tests.server.origin import ask_project, running  # noqa: F401 (fixtures)
 from tests.server.runs import TERMINAL, start_run, wait_for
 from tests.server.test_cli_output import OUTCOMES
 from tests.server.test_human_decisions import SHIP_NOW, start_waiting
 from tests.server.test_includes import REVIEW
 from tests.server.test_includes import SHIP as INCLUDING
-from tests.server.test_session_record import Turn, reply, turn  # noqa: F401 (a fixture)
+from tests.server.test_session_record import Turn, reply
 
 pytestmark = pytest.mark.timeout(120)
 
 PIW = Path(sys.executable).parent / "piw"
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("PIW_GOLDEN_UPDATE") == "1"
+
+running = origin.running
+ask_project = origin.ask_project
+turn = test_session_record.turn
 
 CHAIN = """
 from pi_workflows import compute, define_workflow
@@ -275,9 +279,7 @@ def conversation_events() -> list[dict[str, object]]:
     ]
 
 
-def test_once_shows_the_newest_lines_of_a_recorded_conversation(
-    turn: Turn,  # noqa: F811
-) -> None:
+def test_once_shows_the_newest_lines_of_a_recorded_conversation(turn: Turn) -> None:
     assert turn.record(conversation_events(), final={"count": 14})["outcome"] == "accepted"
     result = piw(turn.server.state_dir, turn.run_id, "--once")
     assert result.returncode == 0, result.stderr
