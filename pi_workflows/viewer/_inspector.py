@@ -1,10 +1,9 @@
 """The inspector: Steps, Trace, Info and Conversation tabs of the selected run.
 
-Steps shows one window of attempts at a time: the view's own newest window, or one
-older `view.page` window reached with "load older" (`o`) and left with "newer" (`n`);
-only that window is held, so memory does not grow with the run's length. Selecting an
-attempt expands its complete output, error and traceback, loaded and verified.
-Conversation (viewer/_conversation.py) shows a run's session record, when it has one.
+Steps shows one window of attempts: the view's newest, or an older `view.page` window
+(`o` loads older, `n` newer); only that window is held, so memory does not grow with
+the run's length. Selecting an attempt expands its complete output, error and traceback,
+loaded and verified. Conversation is viewer/_conversation.py (the session record).
 """
 
 from __future__ import annotations
