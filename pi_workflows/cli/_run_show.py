@@ -7,7 +7,7 @@ reason), verified against its digest, before anything is printed; content that f
 verification is reported and never shown. Then: status and reason in words, timings,
 execution mode, lineage, input, output, and every attempt with its outcome and its
 output or error, including the traceback of a failed node, and the recorded conversation
-of each interactive step (cli/_conversation.py). Rich tables and colour on
+of each interactive step (wire/conversation.py). Rich tables and colour on
 a terminal; plain lines otherwise (pipes, scripts, tests); `--json` prints the
 hydrated view. A value longer than `HEAD_CHARS` prints its head and its size unless
 `--full` is given (a 5 MiB output would otherwise flood the terminal).
@@ -29,7 +29,6 @@ from rich.text import Text
 
 from pi_workflows.cli._advice import advice, kind_words, node_kinds, status_words
 from pi_workflows.cli._chain import Chain, chain_rows, follow_chain
-from pi_workflows.cli._conversation import conversation_lines, load_conversation
 from pi_workflows.cli._main import (
     EXIT_FAILED,
     _client,
@@ -43,6 +42,7 @@ from pi_workflows.cli._main import (
 )
 from pi_workflows.cli._palette import STATUS_STYLES, styled
 from pi_workflows.wire.client import WorkflowClient
+from pi_workflows.wire.conversation import conversation_lines, load_conversation
 from pi_workflows.wire.hydrate import ContentVerificationError, RunChangingError
 
 __all__ = ["HEAD_CHARS", "plain_lines", "run_show", "show_rich"]

@@ -42,11 +42,13 @@ from pi_workflows.viewer._controls import (
     choices_schema,
     recover_words,
 )
+from pi_workflows.viewer._conversation import ConversationPane
 from pi_workflows.viewer._graph import GraphView
 from pi_workflows.viewer._inspector import Inspector
 from pi_workflows.viewer._target import Target
 from pi_workflows.viewer._timeline import SPEEDS, Replay, Timeline, timeline_text
 from pi_workflows.wire.client import WorkflowClient
+from pi_workflows.wire.conversation import load_page
 
 __all__ = ["PiwApp", "run_app"]
 
@@ -253,6 +255,11 @@ class PiwApp(App[int]):
                 self._render_graph()
         elif done.tag == "page":
             self._page_done(done)
+        elif done.tag == "session-page":
+            run_id, generation = done.context
+            if run_id == self.selected:
+                conversation = self.query_one(Inspector).conversation
+                conversation.page_arrived(generation, done.value, done.error)
         elif done.tag == "attempt":
             texts = done.value if done.error is None else {"problem": done.error}
             self.query_one(Inspector).show_expanded(str(done.context), texts)
@@ -419,12 +426,16 @@ class PiwApp(App[int]):
 
     def _replay_to(self, index: int | None) -> None:
         items = self._window_items()
+        inspector = self.query_one(Inspector)
         if index is None or not items or index >= len(items):
             self.replay_attempt = None
             self._stop_play()
+            inspector.conversation.replay_until(None)
         else:
-            self.replay_attempt = str(items[max(0, index)]["attemptId"])
-            self.query_one(Inspector).select_attempt(self.replay_attempt)
+            item = items[max(0, index)]
+            self.replay_attempt = str(item["attemptId"])
+            inspector.select_attempt(self.replay_attempt)
+            inspector.conversation.replay_until(_replayed_until(item))
         self._render_graph()
         self._render_timeline()
 
@@ -469,6 +480,7 @@ class PiwApp(App[int]):
     def _stop_replay(self) -> None:
         self._stop_play()
         self.replay_attempt = None
+        self.query_one(Inspector).conversation.replay_until(None)
         self._render_graph()
         self._render_timeline()
 
@@ -488,6 +500,16 @@ class PiwApp(App[int]):
             "page",
             lambda client: client.run_page(run_id, "trace", revision=revision, cursor=cursor),
             context=(run_id, cursor),
+        )
+
+    def on_conversation_pane_page_wanted(self, message: ConversationPane.PageWanted) -> None:
+        run_id, revision, cursor = message.run_id, message.revision, message.cursor
+        if run_id != self.selected:
+            return
+        self.commands.submit(
+            "session-page",
+            lambda client: load_page(client, run_id, revision, cursor),
+            context=(run_id, message.generation),
         )
 
     def on_inspector_attempt_selected(self, message: Inspector.AttemptSelected) -> None:
@@ -657,6 +679,13 @@ class PiwApp(App[int]):
 
     async def action_quit(self) -> None:
         self.exit(0)
+
+
+def _replayed_until(item: Mapping[str, Any]) -> int | None:
+    """When the replayed attempt ended: the conversation is shown as it was then (all
+    of it for an attempt still running: what is recorded so far is its own)."""
+    finished = item.get("finishedAt")
+    return finished if isinstance(finished, int) else None
 
 
 def _attempt_texts(client: WorkflowClient, run_id: str, item: Mapping[str, Any]) -> dict[str, str]:

@@ -1,9 +1,9 @@
-"""The inspector: Steps, Trace, Info and (later) Conversation tabs of the selected run.
+"""The inspector: Steps, Trace, Info and Conversation tabs of the selected run.
 
-Steps shows one window of attempts at a time: the view's own newest window, or one
-older `view.page` window reached with "load older" (`o`) and left with "newer" (`n`);
-only that window is held, so memory does not grow with the run's length. Selecting an
-attempt expands its complete output, error and traceback, loaded and verified.
+Steps shows one window of attempts: the view's newest, or an older `view.page` window
+(`o` loads older, `n` newer); only that window is held, so memory does not grow with
+the run's length. Selecting an attempt expands its complete output, error and traceback,
+loaded and verified. Conversation is viewer/_conversation.py (the session record).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.widgets import Button, DataTable, Static, TabbedContent, TabPane
 
 from pi_workflows.viewer._browser import elapsed_words
+from pi_workflows.viewer._conversation import ConversationPane
 
 __all__ = ["Inspector", "StepWindow", "attempt_text", "info_text"]
 
@@ -120,11 +121,11 @@ class Inspector(Vertical):
                 yield Static("", id="trace-text")
             with TabPane("Info", id="info"), VerticalScroll():
                 yield Static("", id="info-text")
-            with TabPane("Conversation", id="conversation", disabled=True):
-                yield Static(
-                    "The conversation of an interactive run comes with the session record.",
-                    id="conversation-text",
-                )
+            with (
+                TabPane("Conversation", id="conversation", disabled=True),
+                VerticalScroll(id="conversation-scroll"),
+            ):
+                yield ConversationPane(id="conversation-text")
 
     @property
     def active(self) -> str:
@@ -148,6 +149,10 @@ class Inspector(Vertical):
     def steps_table(self) -> DataTable[str]:
         return self.query_one("#steps-table", DataTable)
 
+    @property
+    def conversation(self) -> ConversationPane:
+        return self.query_one(ConversationPane)
+
     # --- feeding -----------------------------------------------------------------------
 
     def clear_run(self) -> None:
@@ -157,6 +162,8 @@ class Inspector(Vertical):
         self.query_one("#trace-text", Static).update("")
         self.query_one("#info-text", Static).update("")
         self.query_one("#steps-where", Static).update("")
+        self.conversation.clear_run()
+        self._offer_conversation(False)
 
     def show_view(self, view: dict[str, Any]) -> None:
         """A new view of the selected run: the live window follows it, older ones stay."""
@@ -165,6 +172,16 @@ class Inspector(Vertical):
             self._show_window(StepWindow.of_view(view))
         self.query_one("#info-text", Static).update(info_text(view))
         self._show_trace()
+        self._offer_conversation("sessionRecord" in view)
+        self.conversation.show_view(view)
+
+    def _offer_conversation(self, recorded: bool) -> None:
+        """The Conversation tab opens only for a run with a session record."""
+        pane = self.query_one("#conversation", TabPane)
+        if pane.disabled == recorded:
+            pane.disabled = not recorded
+            if not recorded and self.active == "conversation":
+                self.active = "steps"
 
     def show_page(self, page: Mapping[str, Any]) -> None:
         """An older or newer window arrived (only its own window is kept)."""
@@ -198,11 +215,17 @@ class Inspector(Vertical):
     # --- actions -----------------------------------------------------------------------
 
     def load_older(self) -> None:
+        if self.active == "conversation":
+            self.conversation.load_older()
+            return
         window = self.window
         if window is not None and window.older is not None:
             self.post_message(self.PageWanted(window.older, window.revision))
 
     def load_newer(self) -> None:
+        if self.active == "conversation":
+            self.conversation.load_newer()
+            return
         window = self.window
         if window is None or window.live:
             return
@@ -229,12 +252,14 @@ class Inspector(Vertical):
             return
         self.selected_item = item
         self.expanded = Expanded(str(attempt_id))
+        self.conversation.select_node(str(item.get("node")))
         self.query_one("#steps-text", Static).update(attempt_text(item, {}))
         self._show_trace()
         self.post_message(self.AttemptSelected(item))
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self._show_trace()
+        self.conversation.set_open(self.active == "conversation")
 
     # --- rendering ---------------------------------------------------------------------
 

@@ -1,18 +1,21 @@
 """`piw RUN_ID --once`: one plain-text 120 × 40 frame of a run, for scripts and tests.
 
 It waits for the run's view (a subscription, which starts a server when none runs),
-loads the definition it references (verified), prints the header, the graph and the
-last steps, and exits. It reads only the view's newest trace window, never its pages,
-so a 30,000-step run prints as fast as a short one.
+loads the definition it references (verified), prints the header, the graph, the
+newest lines of a recorded conversation and the last steps, and exits. It reads the
+view's newest trace window and at most `CONVERSATION_PAGES` session-event pages, so a
+30,000-step run or a long conversation prints as fast as a short one.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from rich.cells import set_cell_size
@@ -27,7 +30,13 @@ from pi_workflows.viewer._layout import (
     render_graph,
 )
 from pi_workflows.viewer._target import Target, open_client, open_live
-from pi_workflows.wire.client import HostUnavailableError, PackageMismatchError
+from pi_workflows.wire.client import HostUnavailableError, PackageMismatchError, WorkflowClient
+from pi_workflows.wire.conversation import (
+    conversation_rows,
+    load_recent,
+    pages_conversation,
+    plain_lines,
+)
 from pi_workflows.wire.live import RunNotFoundError, ViewKey, WatchTimeoutError
 
 __all__ = ["FRAME_HEIGHT", "FRAME_WIDTH", "print_once", "render_frame"]
@@ -37,6 +46,11 @@ FRAME_HEIGHT: Final = 40
 LAST_STEPS: Final = 4
 HEADER_LINES: Final = 4
 GRAPH_LINES: Final = FRAME_HEIGHT - HEADER_LINES - 1 - LAST_STEPS
+CONVERSATION_LINES: Final = 16
+"""The lines of a recorded conversation under its title (taken from the graph's)."""
+CONVERSATION_PAGES: Final = 4
+HEAD_CHARS: Final = 300
+"""The most characters of one text, arguments or result the frame shows."""
 
 EXIT_FAILED: Final = 1
 EXIT_UNAVAILABLE: Final = 3
@@ -44,14 +58,26 @@ EXIT_TIMEOUT: Final = 6
 """`piw view`'s exit codes (cli/_main.py COMMAND_EXITS; the CLI floor is above this one)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What one frame shows: the view, its definition and its newest conversation."""
+
+    view: Mapping[str, Any]
+    definition: Mapping[str, Any] | None
+    messages: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    """The folded messages of the newest session-event pages."""
+    first: int = 0
+    """The position of the first event `messages` were folded from."""
+
+
 def print_once(target: Target, run_id: str, *, timeout: float) -> int:
     """Print one 120 × 40 frame of `run_id`'s view; return the exit code.
 
-    `timeout` bounds everything (a server start, the connection, the view and the
-    definition): the fetch runs in a daemon thread, so a server that accepts the
-    connection but never answers cannot hold the frame past it.
+    `timeout` bounds everything (a server start, the connection, the view, the
+    definition and the conversation): the fetch runs in a daemon thread, so a server
+    that accepts the connection but never answers cannot hold the frame past it.
     """
-    fetched: list[tuple[Mapping[str, Any], Mapping[str, Any] | None] | BaseException] = []
+    fetched: list[Fetched | BaseException] = []
 
     def fetch() -> None:
         try:
@@ -67,18 +93,32 @@ def print_once(target: Target, run_id: str, *, timeout: float) -> int:
     outcome = fetched[0]
     if isinstance(outcome, BaseException):
         return _failure(outcome, run_id, timeout)
-    view, definition = outcome
-    sys.stdout.write(render_frame(view, definition, now_ms=int(time.time() * 1000)))
+    frame = render_frame(
+        outcome.view,
+        outcome.definition,
+        now_ms=int(time.time() * 1000),
+        messages=outcome.messages,
+        first=outcome.first,
+    )
+    sys.stdout.write(frame)
     sys.stdout.flush()
     return 0
 
 
-def _fetch(
-    target: Target, run_id: str, timeout: float
-) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+def _fetch(target: Target, run_id: str, timeout: float) -> Fetched:
     deadline = time.monotonic() + timeout
     view = _wait_for_view(target, run_id, timeout)
-    return view, _load_definition(target, run_id, view, max(1.0, deadline - time.monotonic()))
+    ref = ((view.get("graph") or {}).get("definition")) or {}
+    if "digest" not in ref and "sessionRecord" not in view:
+        return Fetched(view, None)
+    with open_client(target, timeout=max(1.0, deadline - time.monotonic())) as client:
+        definition = _load_definition(client, run_id, ref)
+        pages = load_recent(
+            client, view, max_pages=CONVERSATION_PAGES, min_messages=CONVERSATION_LINES
+        )
+    if not pages:
+        return Fetched(view, definition)
+    return Fetched(view, definition, pages_conversation(pages), pages[0].first)
 
 
 def _failure(exc: BaseException, run_id: str, timeout: float) -> int:
@@ -121,14 +161,12 @@ def _wait_for_view(target: Target, run_id: str, timeout: float) -> Mapping[str, 
 
 
 def _load_definition(
-    target: Target, run_id: str, view: Mapping[str, Any], timeout: float
+    client: WorkflowClient, run_id: str, ref: Mapping[str, Any]
 ) -> Mapping[str, Any] | None:
     """The verified definition snapshot, or None when the view holds no reference."""
-    ref = ((view.get("graph") or {}).get("definition")) or {}
     if "digest" not in ref:
         return None
-    with open_client(target, timeout=timeout) as client:
-        loaded = json.loads(client.run_content(run_id, ref))
+    loaded = json.loads(client.run_content(run_id, ref))
     return loaded if isinstance(loaded, dict) else None
 
 
@@ -136,15 +174,27 @@ def _load_definition(
 
 
 def render_frame(
-    view: Mapping[str, Any], definition: Mapping[str, Any] | None, *, now_ms: int
+    view: Mapping[str, Any],
+    definition: Mapping[str, Any] | None,
+    *,
+    now_ms: int,
+    messages: Sequence[Mapping[str, Any]] = (),
+    first: int = 0,
 ) -> str:
     """The frame as text: exactly `FRAME_HEIGHT` lines of `FRAME_WIDTH` columns.
 
     Only a running run's elapsed time depends on `now_ms`; a finished run's frame
-    depends on the view and the definition alone.
+    depends on the view, the definition and the conversation alone. A run with a
+    session record shows the newest lines of its conversation (`messages`, folded
+    from the event at `first` on) between the graph and the last steps.
     """
     layout = None if definition is None else layout_definition(definition)
-    lines = [*_header(view, now_ms), *_graph(view, layout), *_steps(view, layout)]
+    if "sessionRecord" in view:
+        height = GRAPH_LINES - CONVERSATION_LINES - 1
+        middle = [*_graph(view, layout, height), *_conversation(view, messages, first)]
+    else:
+        middle = _graph(view, layout, GRAPH_LINES)
+    lines = [*_header(view, now_ms), *middle, *_steps(view, layout)]
     lines = lines[:FRAME_HEIGHT] + [""] * (FRAME_HEIGHT - len(lines))
     return "".join(set_cell_size(line, FRAME_WIDTH) + "\n" for line in lines)
 
@@ -182,33 +232,65 @@ def _run_elapsed(view: Mapping[str, Any], now_ms: int) -> str:
     return format_elapsed(max(0, finished - created))
 
 
-def _graph(view: Mapping[str, Any], layout: GraphLayout | None) -> list[str]:
+def _graph(view: Mapping[str, Any], layout: GraphLayout | None, height: int) -> list[str]:
     if layout is None:
-        return ["(the definition is not available)"] + [""] * (GRAPH_LINES - 1)
+        return ["(the definition is not available)"] + [""] * (height - 1)
     states = node_states(view)
     cards = [line.plain.rstrip() for line in render_graph(layout, states, "cards")]
     while cards and not cards[-1]:
         cards.pop()
-    if layout.width <= FRAME_WIDTH and len(cards) <= GRAPH_LINES:
-        return cards + [""] * (GRAPH_LINES - len(cards))
+    if layout.width <= FRAME_WIDTH and len(cards) <= height:
+        return cards + [""] * (height - len(cards))
     compact = [line.plain.rstrip() for line in render_graph(layout, states, "compact")]
     focus = focus_node(view, states)
     order = [card.node for card in layout.cards]
-    return _crop(compact, order.index(focus) if focus in order else 0)
+    return _crop(compact, order.index(focus) if focus in order else 0, height)
 
 
-def _crop(lines: list[str], focus: int) -> list[str]:
-    """`GRAPH_LINES` of `lines` around `focus`, with a count of what is left out."""
-    if len(lines) <= GRAPH_LINES:
-        return lines + [""] * (GRAPH_LINES - len(lines))
-    first = max(0, min(focus - GRAPH_LINES // 2, len(lines) - GRAPH_LINES))
-    window = lines[first : first + GRAPH_LINES]
+def _crop(lines: list[str], focus: int, height: int) -> list[str]:
+    """`height` of `lines` around `focus`, with a count of what is left out."""
+    if len(lines) <= height:
+        return lines + [""] * (height - len(lines))
+    first = max(0, min(focus - height // 2, len(lines) - height))
+    window = lines[first : first + height]
     if first > 0:
         window[0] = f"   ↑ {first + 1} more"
-    hidden = len(lines) - (first + GRAPH_LINES)
+    hidden = len(lines) - (first + height)
     if hidden > 0:
         window[-1] = f"   ↓ {hidden + 1} more"
     return window
+
+
+def _head(text: str) -> str:
+    """`text`, or its first `HEAD_CHARS` characters and a note of its size."""
+    if len(text) <= HEAD_CHARS:
+        return text
+    return f"{text[:HEAD_CHARS]} … ({len(text.encode('utf-8'))} bytes in all)"
+
+
+def _conversation(
+    view: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], first: int
+) -> list[str]:
+    """The conversation's title and its newest `CONVERSATION_LINES` lines (as `run
+    show` prints them, each text bounded and wrapped), with a count of the earlier."""
+    rows = list(conversation_rows(view, messages, _head, first=first))
+    title = rows[0].text if rows else "conversation"
+    lines = [wrapped for row in rows[1:] for line in plain_lines(row) for wrapped in _wrap(line)]
+    if len(lines) > CONVERSATION_LINES:
+        kept = lines[len(lines) - CONVERSATION_LINES + 1 :]
+        hidden = len(lines) - len(kept)
+        lines = [f"   ↑ {hidden} earlier lines (run show prints them)", *kept]
+    heading = f"── {title} ".ljust(FRAME_WIDTH, "─")
+    return [heading, *lines] + [""] * (CONVERSATION_LINES - len(lines))
+
+
+def _wrap(line: str) -> list[str]:
+    """A line broken to the frame's width, its further lines under its text."""
+    if len(line) <= FRAME_WIDTH:
+        return [line]
+    indent = " " * (16 if line.startswith("    ") else 4)  # a message's text, or a turn's
+    wrapped = textwrap.wrap(line, FRAME_WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+    return wrapped or [line]
 
 
 def _steps(view: Mapping[str, Any], layout: GraphLayout | None) -> list[str]:

@@ -4,7 +4,8 @@ A real server (embedded, executing runs in runner processes) runs real workflows
 `piw` program prints one frame of each, which must equal the committed golden text
 under tests/viewer/golden/ once run IDs and times are normalised. Regenerate them with
 `PIW_GOLDEN_UPDATE=1` (and read the diff). The failure exits: a missing run (1), no
-server that can be reached or started (3), no view in time (6).
+server that can be reached or started (3), no view in time (6). An interactive run
+with a recorded conversation shows its newest lines, bounded, in the same frame.
 """
 
 from __future__ import annotations
@@ -23,18 +24,24 @@ import pytest
 from pi_workflows import WorkflowClient, WorkflowServer
 from tests.cli.test_relay import _start_relay, _start_server
 from tests.conftest import Processes, write_workflow
+from tests.server import origin, test_session_record
 from tests.server.conftest import running_server  # noqa: F401 (a fixture)
 from tests.server.runs import TERMINAL, start_run, wait_for
 from tests.server.test_cli_output import OUTCOMES
 from tests.server.test_human_decisions import SHIP_NOW, start_waiting
 from tests.server.test_includes import REVIEW
 from tests.server.test_includes import SHIP as INCLUDING
+from tests.server.test_session_record import Turn, reply
 
 pytestmark = pytest.mark.timeout(120)
 
 PIW = Path(sys.executable).parent / "piw"
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("PIW_GOLDEN_UPDATE") == "1"
+
+running = origin.running
+ask_project = origin.ask_project
+turn = test_session_record.turn
 
 CHAIN = """
 from pi_workflows import compute, define_workflow
@@ -249,3 +256,43 @@ def test_once_through_a_relay_with_no_server_says_so(short_tmp: Path, processes:
     assert result.returncode == 3, result.stderr
     assert result.stderr.startswith("piw: ") and result.stderr.count("\n") == 1
     assert not (state_dir / "host" / "host.sock").exists(), "no server was started"
+
+
+def conversation_events() -> list[dict[str, object]]:
+    """A reply, a tool call and its long result, then the turn's last reply."""
+    return [
+        *reply(0, "Here is the plan.", "entry-a"),
+        {"seq": 4, "type": "messageStart", "role": "assistant"},
+        {"seq": 5, "type": "thinkingDelta", "contentIndex": 0, "delta": "Look first."},
+        {
+            "seq": 6,
+            "type": "toolCallEnd",
+            "contentIndex": 1,
+            "toolCallId": "call-1",
+            "name": "bash",
+            "arguments": {"command": "ls"},
+        },
+        {"seq": 7, "type": "messageEnd", "entryId": "entry-b", "role": "assistant"},
+        {"seq": 8, "type": "toolStart", "toolCallId": "call-1", "name": "bash"},
+        {"seq": 9, "type": "toolEnd", "toolCallId": "call-1", "result": "a.txt " * 2000},
+        *reply(10, "All files are listed.", "entry-c"),
+    ]
+
+
+def test_once_shows_the_newest_lines_of_a_recorded_conversation(turn: Turn) -> None:
+    assert turn.record(conversation_events(), final={"count": 14})["outcome"] == "accepted"
+    result = piw(turn.server.state_dir, turn.run_id, "--once")
+    assert result.returncode == 0, result.stderr
+    frame = result.stdout
+    lines = frame.split("\n")
+    assert len(lines) == 41 and all(len(line) == 120 for line in lines[:-1]), "120 × 40"
+    assert lines[0].startswith(f"piw  {turn.run_id}  ask")
+    assert "── conversation: 1 recorded turns ──" in frame
+    assert "step ask, turn turn-1: capture complete" in frame
+    assert "assistant:  Here is the plan." in frame
+    assert "thinking: Look first." in frame
+    assert 'assistant:  tool call bash {"command": "ls"}' in frame
+    assert "→ done: a.txt a.txt" in frame
+    assert "(12000 bytes in all)" in frame, "the long result is cut with its size"
+    assert "assistant:  All files are listed." in frame
+    assert "── last steps" in frame
