@@ -149,7 +149,8 @@ PINNED = {
     "has_expired_resource_claims",
     # the session record (sessionEvents.record, session-event pages)
     "SESSION_EVENT_BYTES", "SegmentCounts", "SegmentRow", "SegmentSummary", "SessionEventRow",
-    "SessionPageRow", "StoredSeq", "append_session_event", "count_session_events",
+    "SessionPageRow", "StoredSeq", "fail_orphaned_captures", "append_session_event",
+    "count_session_events",
     "count_session_pages", "count_session_segments", "grow_session_page", "insert_session_page",
     "last_session_page", "open_segment", "put_session_entry", "read_segment", "run_segments",
     "session_event_range", "session_page", "session_page_of", "stored_seq", "update_segment",

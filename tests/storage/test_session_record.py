@@ -18,12 +18,15 @@ from pi_workflows.storage import (
     append_session_event,
     collect_unreferenced_blobs,
     delete_tree,
+    end_turn,
+    fail_orphaned_captures,
     insert_session_page,
     open_database,
     open_segment,
     put_json_blob,
     put_session_entry,
     read_segment,
+    read_turn,
     tree_blockers,
     update_segment,
     verify,
@@ -142,14 +145,32 @@ def test_a_recording_capture_keeps_its_tree_and_deletion_takes_the_record_and_it
     assert verify(db) == []
 
 
-def test_a_turn_ended_lost_fails_its_recording_capture(db: Database) -> None:
+def test_a_turn_proved_lost_fails_its_recording_capture(db: Database) -> None:
     _finished_run(db, "lost", {"l": 1}, failing=False)
     _recorded(db, "lost", "open")
     with db.write() as tx:
+        turn = read_turn(tx, "lost-t")
+        assert turn is not None
+        end_turn(tx, turn, "lost", None)  # an idle branch report or a newer start
+    segment = read_segment(db, "lost-t")
+    assert segment is not None
+    assert (segment.status, segment.failure) == ("failed", "turnLost")
+
+
+def test_a_turn_closed_by_its_runs_end_leaves_the_capture_recording(db: Database) -> None:
+    """The run's end (or handover) closes its open turns `lost` without ending the Pi
+    turn: its capture records on; an idle report of the session then fails it."""
+    _finished_run(db, "ended", {"e": 1}, failing=False)
+    _recorded(db, "ended", "open")
+    with db.write() as tx:
         tx.execute(
-            "UPDATE workflow_turns SET status = 'lost', ended_at = :now WHERE run_id = 'lost'",
+            "UPDATE workflow_turns SET status = 'lost', ended_at = :now WHERE run_id = 'ended'",
             {"now": tx.now},
         )
-    segment = read_segment(db, "lost-t")
+    segment = read_segment(db, "ended-t")
+    assert segment is not None and segment.status == "recording"
+    with db.write() as tx:
+        fail_orphaned_captures(tx, segment.session_id)
+    segment = read_segment(db, "ended-t")
     assert segment is not None
     assert (segment.status, segment.failure) == ("failed", "turnLost")
