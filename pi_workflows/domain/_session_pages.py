@@ -77,7 +77,9 @@ def segment_view(counts: SegmentCounts | SegmentSummary) -> dict[str, Any]:
 
 
 def event_item(row: SessionEventRow) -> dict[str, Any]:
-    """One page item: the event's fields with its position, turn, seq and type."""
+    """One page item: the event's fields with its position, turn, seq and type; a
+    finished message Pi saved names its verbatim entry (`entryContent`, read with
+    `view.content`: settled messages show it instead of their folded deltas)."""
     item: dict[str, Any] = json.loads(row.payload)
     item.update(
         {
@@ -88,6 +90,13 @@ def event_item(row: SessionEventRow) -> dict[str, Any]:
             "recordedAt": row.recorded_at,
         }
     )
+    if row.entry_hash is not None and row.entry_bytes is not None:
+        item["entryContent"] = {
+            "marker": "server",
+            "digest": row.entry_hash,
+            "mediaType": VIEW_JSON_MEDIA_TYPE,
+            "byteCount": row.entry_bytes,
+        }
     return item
 
 

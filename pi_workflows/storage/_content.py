@@ -57,6 +57,7 @@ class _Location:
 
     row_id: int
     byte_length: int
+    table: str = "run_view_content"
 
 
 def content_digest(data: bytes) -> str:
@@ -246,11 +247,11 @@ def put_view_content(tx: Tx, run_id: str, media_type: str, data: bytes) -> Conte
 
 
 def _view_location(reader: Reader, ref: ContentRef) -> _Location:
-    where = reader.fetch_one(
-        q.SELECT_VIEW_CONTENT_LOCATION,
-        {"run_id": ref.run_id, "digest": ref.digest, "media_type": ref.media_type},
-        _Location,
-    )
+    params = {"run_id": ref.run_id, "digest": ref.digest, "media_type": ref.media_type}
+    where = reader.fetch_one(q.SELECT_VIEW_CONTENT_LOCATION, params, _Location)
+    if where is None and ref.media_type == q.JSON_MEDIA_TYPE:
+        # A verbatim Pi entry of the run's session record: read in place, never copied.
+        where = reader.fetch_one(q.SELECT_SESSION_ENTRY_LOCATION, params, _Location)
     if where is None:
         raise ContentUnavailableError(ref.digest, "notFound")
     return where
@@ -279,7 +280,7 @@ def read_view_content_part(
         ValueError: `length` is not 1..512 KiB.
     """
     where = _view_location(reader, ref)
-    return _read_part(reader, "run_view_content", ref.digest, where, offset=offset, length=length)
+    return _read_part(reader, where.table, ref.digest, where, offset=offset, length=length)
 
 
 def iter_view_content_parts(reader: Reader, ref: ContentRef) -> Iterator[bytes]:
@@ -293,7 +294,7 @@ def iter_view_content_parts(reader: Reader, ref: ContentRef) -> Iterator[bytes]:
         ref.digest,
         where.byte_length,
         lambda offset: _read_part(
-            reader, "run_view_content", ref.digest, where, offset=offset, length=CONTENT_PART_BYTES
+            reader, where.table, ref.digest, where, offset=offset, length=CONTENT_PART_BYTES
         ),
     )
 

@@ -106,9 +106,14 @@ _GROW_PAGE = """
 UPDATE session_pages SET item_count = item_count + :items, byte_count = byte_count + :bytes
 WHERE run_id = :run_id AND page_index = :page_index
 """
+# Each event with its segment's turn and, for a finished message Pi saved, the verbatim
+# entry's blob (its digest and size: clients read it with view.content).
 _SELECT_EVENT_RANGE = """
-SELECT e.position, e.seq, e.event_type, e.payload, e.recorded_at, s.turn_id
+SELECT e.position, e.seq, e.event_type, e.payload, e.recorded_at, s.turn_id,
+       n.content_hash AS entry_hash, b.byte_length AS entry_bytes
 FROM session_events e JOIN session_segments s ON s.segment_id = e.segment_id
+LEFT JOIN session_entries n ON n.run_id = e.run_id AND n.position = e.position
+LEFT JOIN blobs b ON b.digest = n.content_hash
 WHERE e.run_id = :run_id AND e.position >= :first
 ORDER BY e.position LIMIT :limit
 """
@@ -186,6 +191,9 @@ class SessionEventRow:
     payload: str
     recorded_at: int
     turn_id: str
+    entry_hash: str | None = None
+    """A finished message's verbatim Pi entry (a JSON blob), when reported."""
+    entry_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from pi_workflows.errors import PiWorkflowsError
 from pi_workflows.wire.client import WorkflowClient
 from pi_workflows.wire.session_fold import conversation, empty_state, replay
 
@@ -27,10 +28,13 @@ __all__ = [
     "load_recent",
     "pages_conversation",
     "plain_lines",
+    "verbatim_blocks",
 ]
 
 SESSION_LIST: Final = "sessionEvents"
 """The `view.page` list of a run's session events."""
+MAX_ENTRY_BYTES: Final = 256 * 1024
+"""The largest verbatim entry loaded with a page (a larger one stays folded)."""
 
 LineKind = Literal[
     "summary", "note", "step", "text", "thinking", "toolCall", "toolResult", "toolError"
@@ -54,6 +58,8 @@ class SessionPage:
     """The cursor of the page after this one (None: this was the newest)."""
     checkpoint_missing: bool = False
     """The checkpoint's content is gone: the page replays from an empty state."""
+    entries: Mapping[str, Any] = field(default_factory=dict)
+    """The verbatim Pi entries of the page's settled assistant messages, by digest."""
 
     @property
     def end(self) -> int:
@@ -76,15 +82,36 @@ def load_page(
         state = checkpoint["state"]
     else:
         state, missing = empty_state(), True
+    items = list(page["items"])
     return SessionPage(
         first=int(page.get("first", 0)),
-        items=list(page["items"]),
+        items=items,
         state={**empty_state(), **state},
         count=int(page.get("count", 0)),
         older=page.get("nextCursor"),
         newer=page.get("previousCursor"),
         checkpoint_missing=missing,
+        entries=_load_entries(client, run_id, items),
     )
+
+
+def _load_entries(
+    client: WorkflowClient, run_id: str, items: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The verbatim entries the page's finished assistant messages name (each checked
+    against its digest; one that cannot be read leaves its message folded)."""
+    entries: dict[str, Any] = {}
+    for item in items:
+        ref = item.get("entryContent")
+        if item.get("type") != "messageEnd" or item.get("role") != "assistant":
+            continue
+        if not isinstance(ref, Mapping) or int(ref.get("byteCount") or 0) > MAX_ENTRY_BYTES:
+            continue
+        try:
+            entries[str(ref["digest"])] = json.loads(client.run_content(run_id, ref))
+        except (PiWorkflowsError, ValueError, KeyError):
+            continue
+    return entries
 
 
 def load_conversation(client: WorkflowClient, view: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -135,14 +162,70 @@ def cut_at(pages: Sequence[SessionPage], until_ms: int | None) -> list[SessionPa
 
 def _with_items(page: SessionPage, items: list[dict[str, Any]]) -> SessionPage:
     return SessionPage(
-        page.first, items, page.state, page.count, page.older, page.newer, page.checkpoint_missing
+        page.first,
+        items,
+        page.state,
+        page.count,
+        page.older,
+        page.newer,
+        page.checkpoint_missing,
+        page.entries,
     )
 
 
 def pages_conversation(pages: Iterable[SessionPage]) -> list[dict[str, Any]]:
     """The folded messages of consecutive pages (oldest first); from a page after the
-    first, what settled before it is left out, and everything after it is there."""
-    return conversation(replay((page.state, page.items) for page in pages))
+    first, what settled before it is left out, and everything after it is there. A
+    settled assistant message whose verbatim entry was loaded shows that entry."""
+    held = list(pages)
+    messages = conversation(replay((page.state, page.items) for page in held))
+    entries = {digest: entry for page in held for digest, entry in page.entries.items()}
+    for message in messages:
+        ref = message.get("entryContent")
+        if message.get("settled") and isinstance(ref, Mapping) and ref.get("digest") in entries:
+            blocks = verbatim_blocks(entries[str(ref["digest"])], message["content"])
+            if blocks is not None:
+                message["content"], message["verbatim"] = blocks, True
+    return messages
+
+
+def verbatim_blocks(entry: Any, folded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """A Pi assistant message's content as folded blocks (text, thinking, tool calls
+    with the execution the fold found for them); None: not a message with content."""
+    content = entry.get("content") if isinstance(entry, Mapping) else None
+    if isinstance(content, str):
+        return [{"type": "text", "index": 0, "text": content}]
+    if not isinstance(content, list):
+        return None
+    executions = {
+        block.get("id"): block["execution"]
+        for block in folded
+        if block.get("type") == "toolCall" and "execution" in block
+    }
+    blocks: list[dict[str, Any]] = []
+    for index, raw in enumerate(content):
+        if not isinstance(raw, Mapping):
+            continue
+        kind = raw.get("type")
+        if kind == "text":
+            blocks.append({"type": "text", "index": index, "text": str(raw.get("text", ""))})
+        elif kind == "thinking":
+            blocks.append(
+                {"type": "thinking", "index": index, "thinking": str(raw.get("thinking", ""))}
+            )
+        elif kind == "toolCall":
+            call: dict[str, Any] = {
+                "type": "toolCall",
+                "index": index,
+                "id": raw.get("id"),
+                "name": raw.get("name"),
+                "arguments": raw.get("arguments"),
+                "complete": True,
+            }
+            if raw.get("id") in executions:
+                call["execution"] = executions[raw.get("id")]
+            blocks.append(call)
+    return blocks
 
 
 # --- lines ---------------------------------------------------------------------------------

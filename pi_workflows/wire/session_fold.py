@@ -156,6 +156,8 @@ def _end(state: dict[str, Any], item: Mapping[str, Any]) -> None:
     for key in ("entryId", "stopReason", "role"):
         if isinstance(item.get(key), str):
             message[key] = item[key]
+    if isinstance(item.get("entryContent"), Mapping):
+        message["entryContent"] = dict(item["entryContent"])  # the verbatim Pi entry
     state["open"] = None
 
 

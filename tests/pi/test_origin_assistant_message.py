@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,15 @@ def test_the_turn_is_recorded_and_run_show_prints_the_reply_and_the_tool_call(
     assert REPLY in shown and "Let me look first." in shown
     assert "bash" in shown and "TOOL-SAID-$((40 + 2))" in shown
     assert "TOOL-SAID-42" in _run_show(origin_rig, run_id, "--full")
+    # piw's one frame shows the same turn: the reply and the tool call.
+    piw_program = str(Path(sys.executable).with_name("piw"))
+    piw = subprocess.run(
+        [piw_program, "--state-dir", str(origin_rig.state_dir), run_id, "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert piw.returncode == 0, piw.stderr
+    assert "conversation:" in piw.stdout and REPLY in piw.stdout
+    assert "tool call bash" in piw.stdout

@@ -20,6 +20,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire import protocol
+from pi_workflows.wire.conversation import load_conversation
 from pi_workflows.wire.session_fold import conversation, empty_state, fold, replay
 from tests.conftest import Processes
 from tests.server import origin
@@ -409,6 +410,39 @@ def test_a_long_streaming_message_carries_on_in_a_checkpoint_by_reference(turn: 
 
 
 # --- run show ------------------------------------------------------------------------------
+
+
+def test_a_settled_message_names_its_verbatim_entry_readable_only_by_its_run(
+    turn: Turn, ask_project: Path
+) -> None:
+    big = "verbatim " * 4000  # 36 KB: past the inline size, still read in place
+    events = reply(0, "Short.", "entry-a")
+    events[3]["message"] = {"role": "assistant", "content": [{"type": "text", "text": big}]}
+    assert turn.record(events)["outcome"] == "accepted"
+    with WorkflowClient(turn.server.state_dir, autostart=False, timeout=30) as client:
+        revision = client.call("run.get", run_id=turn.run_id)["receipt"]["revision"]
+        page = client.call(
+            "view.page",
+            {"list": "sessionEvents", "revision": revision, "cursor": None},
+            run_id=turn.run_id,
+        )["receipt"]
+        protocol.validate("run-page.v1", page)
+        [end] = [item for item in page["items"] if item["type"] == "messageEnd"]
+        ref = end["entryContent"]
+        assert ref["mediaType"] == "application/json" and ref["byteCount"] > 36_000
+        assert json.loads(client.run_content(turn.run_id, ref)) == events[3]["message"]
+        other = start(client, ask_project, "ask", "another-session")["receipt"]["runId"]
+        refused = client.request(
+            "view.content", {"digest": ref["digest"], "mediaType": ref["mediaType"]}, run_id=other
+        )
+    assert refused["outcome"] != "accepted", "another run cannot read the entry"
+    [started] = [item for item in page["items"] if item["type"] == "messageStart"]
+    assert "entryContent" not in started
+    # Clients show the settled message from its entry, not from the folded deltas.
+    with WorkflowClient(turn.server.state_dir, autostart=False, timeout=30) as client:
+        [message] = load_conversation(client, turn.view())
+    assert message["verbatim"] is True
+    assert [block["text"] for block in message["content"]] == [big]
 
 
 def test_run_show_prints_the_conversation_of_the_step_bounded_unless_full(
