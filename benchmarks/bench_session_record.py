@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from _server import workflow_server
 from bench_origin_messages import pct, rows, take_slot
 
@@ -93,6 +94,12 @@ class Pi:
     samples: dict[str, list[float]] = field(
         default_factory=lambda: {"step": [], "terminal": [], "settle": []}
     )
+    cpu_s: float = 0.0
+    """pi's own CPU time (user + system) over the timed runs."""
+
+    def cpu(self) -> float:
+        times = psutil.Process(self.child.pi_pid or self.child.pid).cpu_times()
+        return float(times.user + times.system)
 
 
 def spawn(root: Path, label: str, *, records: bool) -> Pi:
@@ -214,9 +221,14 @@ def interleave(
     runs of the recording pi recorded and how many captures the others have (none)."""
     run_ids: dict[str, list[str]] = {pi.label: [] for pi in pis}
     for index in range(warmup + runs):
+        if index == warmup:
+            for pi in pis:
+                pi.cpu_s = -pi.cpu()
         turn = index % len(pis)
         for pi in pis[turn:] + pis[:turn]:
             run_ids[pi.label].append(one_run(pi, provider, state, keep=index >= warmup))
+    for pi in pis:
+        pi.cpu_s += pi.cpu()
     timed = [run_id for pi in pis if pi.records for run_id in run_ids[pi.label][warmup:]]
     unrecorded = [run_id for pi in pis if not pi.records for run_id in run_ids[pi.label]]
     return recorded(state, timed), len(recorded(state, unrecorded))
@@ -288,6 +300,9 @@ def report(pis: list[Pi], segments: list[tuple[Any, ...]], unrecorded: int) -> N
         f"noise floor, off' / off step turn: p50 {p50:5.3f}x, p90 {p90:5.3f}x, "
         f"median of rounds {pairs:5.3f}x"
     )
+    runs = len(on.samples["step"])
+    cpu = ", ".join(f"{pi.label} {pi.cpu_s / runs * 1000:.1f} ms" for pi in pis)
+    print(f"pi CPU per run (both turns, pi's own process): {cpu}")
     terminal = ratios(on.samples["terminal"], off.samples["terminal"])[0]
     print(f"on / off p50 terminal turn:   {terminal:5.3f}x (no target)")
     extra = statistics.median(on.samples["settle"]) - statistics.median(off.samples["settle"])
