@@ -624,6 +624,7 @@ def _apply_pragmas(conn: sqlite3.Connection) -> None:
     if str(mode).lower() != "wal":
         raise sqlite3.OperationalError(f"could not switch the database to WAL (got {mode})")
     conn.execute(q.PRAGMA_SYNCHRONOUS_FULL)
+    conn.execute(q.PRAGMA_TEMP_STORE_MEMORY)
 
 
 def _ensure_schema(db: Database) -> None:

@@ -263,6 +263,8 @@ PRAGMA_FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
 PRAGMA_JOURNAL_MODE_WAL = "PRAGMA journal_mode = WAL"
 # Sync the WAL on every commit, so a returned COMMIT survives power loss.
 PRAGMA_SYNCHRONOUS_FULL = "PRAGMA synchronous = FULL"
+# Statement journals and sorter spills stay in memory: no temp file on a hot path.
+PRAGMA_TEMP_STORE_MEMORY = "PRAGMA temp_store = MEMORY"
 # Refuse every write on this connection (read-only opens and schema inspection).
 PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
 # SQLite's structural self-check; one row 'ok' when healthy.

@@ -207,3 +207,13 @@ test("a delta longer than an event holds is split, whole, never inside a surroga
   }
   assert.equal(batch.events.map((event) => String(event.delta)).join(""), text);
 });
+
+test("a running turn's events are ripe after a wait or a full batch; an ended turn's at once", () => {
+  const recording = new TurnRecording();
+  assert.equal(recording.ripe(250), false, "nothing to send");
+  recording.add("messageStart", { role: "assistant" });
+  assert.equal(recording.ripe(250, Date.now()), false, "too fresh");
+  assert.equal(recording.ripe(250, Date.now() + 300), true, "waited long enough");
+  recording.end();
+  assert.equal(recording.ripe(250, Date.now()), true, "the end sends at once");
+});

@@ -50,6 +50,7 @@ def test_pragmas_are_set(db: Database) -> None:
     conn = db.connection
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY: no temp files
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     assert conn.isolation_level is None  # driver autocommit; write() issues BEGIN

@@ -550,6 +550,10 @@ export class WorkflowMessageCoordinator {
    */
   private async flushRecording(turn: Turn): Promise<"done" | "wait" | "fenced"> {
     const recording = turn.recording;
+    if (recording !== null && !recording.ripe(RECORD_FLUSH_MS)) {
+      if (recording.due) this.flushSoon(); // a running turn's events wait a little
+      return "done";
+    }
     while (recording !== null && recording.due) {
       const batch = recording.nextBatch(this.pi.branch());
       if (batch === null) {

@@ -114,6 +114,16 @@ export class TurnRecording {
     return this.pending.length > 0 || (this.ended && !this.finalSent);
   }
 
+  /**
+   * Worth a batch now: the turn ended, an event waited `afterMs`, or a full batch is
+   * buffered. A short turn then costs no round trip while it runs.
+   */
+  ripe(afterMs: number, now: number = Date.now()): boolean {
+    if (this.ended) return this.due;
+    const unsent = this.pending.filter((item) => !item.sent);
+    return unsent.length >= MAX_BATCH_EVENTS || (unsent.length > 0 && now - unsent[0]!.at >= afterMs);
+  }
+
   /** Record one event (its `seq` is assigned here); a long delta becomes several. */
   add(type: string, fields: JsonObject, message?: unknown): void {
     if (this.ended) return;
