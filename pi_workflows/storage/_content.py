@@ -41,6 +41,10 @@ CONTENT_PART_BYTES = 512 * 1024
 """The largest part one read returns (and the size of every part but the last)."""
 
 
+_JSON_MEDIA_TYPE = "application/json"
+"""The media type of a run's JSON view content (and of its session record's entries)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ContentRef:
     """A digest-bound reference to stored view content of one run."""
@@ -249,7 +253,7 @@ def put_view_content(tx: Tx, run_id: str, media_type: str, data: bytes) -> Conte
 def _view_location(reader: Reader, ref: ContentRef) -> _Location:
     params = {"run_id": ref.run_id, "digest": ref.digest, "media_type": ref.media_type}
     where = reader.fetch_one(q.SELECT_VIEW_CONTENT_LOCATION, params, _Location)
-    if where is None and ref.media_type == q.JSON_MEDIA_TYPE:
+    if where is None and ref.media_type == _JSON_MEDIA_TYPE:
         # A verbatim Pi entry of the run's session record: read in place, never copied.
         where = reader.fetch_one(q.SELECT_SESSION_ENTRY_LOCATION, params, _Location)
     if where is None:

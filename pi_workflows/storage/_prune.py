@@ -567,7 +567,13 @@ def compact_state(
         return CompactOutcome(truncated, False, reclaimable)
     crash_point("server.retention.before_vacuum")
     try:
-        conn.execute("VACUUM")
+        # VACUUM's copy of the whole database goes to a temp file, never to memory (the
+        # connection keeps statement journals and sorts in memory otherwise).
+        conn.execute("PRAGMA temp_store = FILE")
+        try:
+            conn.execute("VACUUM")
+        finally:
+            conn.execute("PRAGMA temp_store = MEMORY")
     except sqlite3.Error as exc:  # a full disk, a reader in the way: nothing is lost
         return CompactOutcome(truncated, False, reclaimable, skipped=type(exc).__name__)
     crash_point("server.retention.after_vacuum")

@@ -1160,7 +1160,6 @@ SELECT_VIEW_CONTENT_LOCATION = """
 SELECT rowid AS row_id, byte_length FROM run_view_content
 WHERE run_id = :run_id AND digest = :digest AND media_type = :media_type
 """
-JSON_MEDIA_TYPE = "application/json"
 # A verbatim Pi entry of a run's session record, readable as that run's JSON view content.
 SELECT_SESSION_ENTRY_LOCATION = """
 SELECT b.rowid AS row_id, b.byte_length, 'blobs' AS "table" FROM session_entries n

@@ -268,7 +268,8 @@ def test_a_runner_continuation_mid_turn_leaves_the_capture_open_until_the_turn_e
         "SELECT status FROM node_attempts WHERE run_id = ? AND node_path = 'then'", run_id
     )
     assert then_status == "completed"
-    [segment] = segments(origin_rig, run_id)
+    # The running turn's events go out within 250 ms: its capture opens meanwhile.
+    [segment] = wait_until(lambda: segments(origin_rig, run_id), "the capture to open")
     assert segment["status"] == "recording", "the continuation left the capture open"
     assert segment["findings"] == []
     gate.open()
