@@ -504,11 +504,12 @@ class PiwApp(App[int]):
 
     def on_conversation_pane_page_wanted(self, message: ConversationPane.PageWanted) -> None:
         run_id, revision, cursor = message.run_id, message.revision, message.cursor
+        known = message.known
         if run_id != self.selected:
             return
         self.commands.submit(
             "session-page",
-            lambda client: load_page(client, run_id, revision, cursor),
+            lambda client: load_page(client, run_id, revision, cursor, known),
             context=(run_id, message.generation),
         )
 

@@ -147,12 +147,21 @@ class ConversationPane(Static):
         """Load the session-event page at `cursor` (None: the newest) for the window
         of `generation` (a window started again ignores answers meant for the old)."""
 
-        def __init__(self, run_id: str, revision: int, cursor: str | None, generation: int):
+        def __init__(
+            self,
+            run_id: str,
+            revision: int,
+            cursor: str | None,
+            generation: int,
+            known: Mapping[str, Any],
+        ):
             super().__init__()
             self.run_id = run_id
             self.revision = revision
             self.cursor = cursor
             self.generation = generation
+            self.known = known
+            """Verbatim entries the window holds (by digest): not loaded again."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__("", **kwargs)
@@ -239,7 +248,13 @@ class ConversationPane(Static):
         # To the app itself: a message made while the inspector or the app handles one
         # would stop bubbling at its sender (textual's rule), before the app.
         self.app.post_message(
-            self.PageWanted(str(view["runId"]), int(view["revision"]), cursor, self.generation)
+            self.PageWanted(
+                str(view["runId"]),
+                int(view["revision"]),
+                cursor,
+                self.generation,
+                {d: e for page in self.window.pages for d, e in page.entries.items()},
+            )
         )
 
     def _show(self) -> None:

@@ -67,11 +67,16 @@ class SessionPage:
 
 
 def load_page(
-    client: WorkflowClient, run_id: str, revision: int, cursor: str | None
+    client: WorkflowClient,
+    run_id: str,
+    revision: int,
+    cursor: str | None,
+    known: Mapping[str, Any] | None = None,
 ) -> SessionPage:
     """The page holding `cursor` (`sessionEvents<N` / `sessionEvents>N`), or the newest
     page when `cursor` is None. Stored pages never change (only the newest grows), so
-    the revision is the caller's, not matched."""
+    the revision is the caller's, not matched. `known`: verbatim entries already loaded
+    (by digest), not read again when the newest page is fetched as it grows."""
     payload = {"list": SESSION_LIST, "revision": revision, "cursor": cursor}
     page = client.call("view.page", payload, run_id=run_id)["receipt"]
     checkpoint = page["checkpoint"]
@@ -91,12 +96,15 @@ def load_page(
         older=page.get("nextCursor"),
         newer=page.get("previousCursor"),
         checkpoint_missing=missing,
-        entries=_load_entries(client, run_id, items),
+        entries=_load_entries(client, run_id, items, known or {}),
     )
 
 
 def _load_entries(
-    client: WorkflowClient, run_id: str, items: Iterable[Mapping[str, Any]]
+    client: WorkflowClient,
+    run_id: str,
+    items: Iterable[Mapping[str, Any]],
+    known: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The verbatim entries the page's finished assistant messages name (each checked
     against its digest; one that cannot be read leaves its message folded)."""
@@ -106,6 +114,9 @@ def _load_entries(
         if item.get("type") != "messageEnd" or item.get("role") != "assistant":
             continue
         if not isinstance(ref, Mapping) or int(ref.get("byteCount") or 0) > MAX_ENTRY_BYTES:
+            continue
+        if ref.get("digest") in known:
+            entries[str(ref["digest"])] = known[str(ref["digest"])]
             continue
         try:
             entries[str(ref["digest"])] = json.loads(client.run_content(run_id, ref))

@@ -52,6 +52,16 @@ workflow = define_workflow(
 REPLY = "Plan: freeze on Thursday, ship on Friday."
 
 
+def node_outputs(rig: OriginRig, run_id: str) -> dict[str, bytes]:
+    """Each finished node's output (canonical JSON), by node path."""
+    rows = rig.rows(
+        "SELECT a.node_path, b.content FROM node_attempts a "
+        "JOIN blobs b ON b.digest = a.output_hash WHERE a.run_id = ?",
+        run_id,
+    )
+    return {str(path): bytes(content) for path, content in rows}
+
+
 def test_the_visible_reply_of_one_turn_is_the_output_and_the_run_goes_on(
     origin_rig: OriginRig, origin_server: WorkflowServer
 ) -> None:
@@ -64,13 +74,7 @@ def test_the_visible_reply_of_one_turn_is_the_output_and_the_run_goes_on(
     assert found is not None
     run_id = found.group(1)
     wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
-    outputs = dict(
-        origin_rig.rows(
-            "SELECT a.node_path, b.content FROM node_attempts a "
-            "JOIN blobs b ON b.digest = a.output_hash WHERE a.run_id = ?",
-            run_id,
-        )
-    )
+    outputs = node_outputs(origin_rig, run_id)
     assert json.loads(outputs["plan"]) == {"text": REPLY}, "the visible reply, not its thinking"
     assert json.loads(outputs["after"]) == {"seen": REPLY.upper()}, "the next node read it"
     [(kind, status, accepted)] = origin_rig.rows(
@@ -135,13 +139,7 @@ def test_the_turn_is_recorded_and_run_show_prints_the_reply_and_the_tool_call(
     assert found is not None
     run_id = found.group(1)
     wait_until(lambda: origin_rig.status(run_id) == "completed", "the run to complete", 120)
-    outputs = dict(
-        origin_rig.rows(
-            "SELECT a.node_path, b.content FROM node_attempts a "
-            "JOIN blobs b ON b.digest = a.output_hash WHERE a.run_id = ?",
-            run_id,
-        )
-    )
+    outputs = node_outputs(origin_rig, run_id)
     assert json.loads(outputs["plan"]) == {"text": REPLY}, "the final reply after the tool"
 
     def step_segment() -> dict[str, object] | None:

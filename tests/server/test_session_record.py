@@ -20,7 +20,7 @@ import pytest
 
 from pi_workflows import WorkflowClient, WorkflowServer
 from pi_workflows.wire import protocol
-from pi_workflows.wire.conversation import load_conversation
+from pi_workflows.wire.conversation import load_conversation, load_page
 from pi_workflows.wire.session_fold import conversation, empty_state, fold, replay
 from tests.conftest import Processes
 from tests.server import origin
@@ -443,6 +443,11 @@ def test_a_settled_message_names_its_verbatim_entry_readable_only_by_its_run(
         [message] = load_conversation(client, turn.view())
     assert message["verbatim"] is True
     assert [block["text"] for block in message["content"]] == [big]
+    # An entry the caller holds already (a growing newest page) is not read again.
+    with WorkflowClient(turn.server.state_dir, autostart=False, timeout=30) as client:
+        held = {ref["digest"]: {"role": "assistant", "content": "held"}}
+        again = load_page(client, turn.run_id, revision, None, held)
+    assert again.entries == held
 
 
 def test_run_show_prints_the_conversation_of_the_step_bounded_unless_full(
