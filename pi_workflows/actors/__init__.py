@@ -19,7 +19,12 @@ from pi_workflows.actors._coordinator_epoch import (
 from pi_workflows.actors._database import DatabaseActor, Transact, WatchCommits
 from pi_workflows.actors._deadlines import DeadlinesActor
 from pi_workflows.actors._process_supervisor import ProcessSupervisorActor
-from pi_workflows.actors._reader import Read, ReaderActor
+from pi_workflows.actors._reader import (
+    RUN_VIEW_CACHE_ENV,
+    Read,
+    ReaderActor,
+    run_view_cache_enabled,
+)
 from pi_workflows.actors._resource_runners import (
     RECONCILE_DEADLINE_ENV,
     RESOURCE_RUNNER_MODULE,
@@ -73,6 +78,7 @@ __all__ = [
     "RESOURCE_RUNNER_MODULE",
     "RETRY_BOUND_ENV",
     "RUNNER_MODULE",
+    "RUN_VIEW_CACHE_ENV",
     "VACUUM_MIN_BYTES",
     "VALIDATE_TIMEOUT_ENV",
     "VALIDATOR_MODULE",
@@ -130,6 +136,7 @@ __all__ = [
     "Wake",
     "WatchCommits",
     "reconcile_deadline_from_env",
+    "run_view_cache_enabled",
     "validate_timeout_from_env",
     "wait_reply",
 ]

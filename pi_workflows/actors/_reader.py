@@ -5,22 +5,35 @@ python-port.md decisions 2 and 3 for reads: `server.status`, `run.get` and `run.
 are answered from a WAL reader connection in the server process, so they never queue
 behind the database actor's writes and never block them. Each `Read` is one read
 transaction, so one answer comes from one consistent snapshot.
+
+A run's view (`run.get`, and a run subscription's read) is served from the actor's
+`RunViewCache` (issue 30 item 4): built once per revision, checked against the run's
+current revision in the same read transaction, memory only.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pi_workflows.actors._base import ActorFailureHandler, Address, Reply, ServerActor, answer
-from pi_workflows.domain import Perform, perform, unit_label
+from pi_workflows.domain import Perform, RunViewCache, perform, unit_label, with_run_views
 from pi_workflows.storage import Clock, open_live_reader
 
-__all__ = ["Read", "ReaderActor"]
+__all__ = ["RUN_VIEW_CACHE_ENV", "Read", "ReaderActor", "run_view_cache_enabled"]
 
 log = logging.getLogger(__name__)
+
+RUN_VIEW_CACHE_ENV = "PI_WORKFLOWS_RUN_VIEW_CACHE"
+"""`0` turns the run view cache off: every `run.get` builds its view (benchmarks compare)."""
+
+
+def run_view_cache_enabled() -> bool:
+    """False only when `PI_WORKFLOWS_RUN_VIEW_CACHE=0` (a benchmark's baseline)."""
+    return os.environ.get(RUN_VIEW_CACHE_ENV) != "0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +57,8 @@ class ReaderActor(ServerActor):
     Invariants: it never writes (the connection refuses to); each `Read` runs in one
         read transaction, so everything it reads is one committed snapshot, at least as
         new as every commit whose reply was released before the `Read` arrived. The
-        database actor's connection stays the only writer.
+        database actor's connection stays the only writer. A run view it serves from
+        its cache is the one built at the run's revision in that snapshot.
     On failure: an error in one `Read` is that read's reply; the actor carries on (it
         runs no code of its askers: answers are messages).
     """
@@ -58,15 +72,21 @@ class ReaderActor(ServerActor):
         on_actor_failure: ActorFailureHandler,
         *,
         units: Perform = perform,
+        run_views: RunViewCache | None = None,
     ) -> None:
         super().__init__(on_actor_failure)
         self._db = open_live_reader(path, clock=clock)
         self._perform = units
         """Resolves a unit record to its work (`domain.perform`; tests extend it)."""
+        self.run_views = run_views
+        """Built run views by revision (None: every run view is built); only this
+        actor's thread touches it."""
 
     def on_receive(self, message: Any) -> Any:
         match message:
             case Read(unit=unit, reply_to=reply_to, tag=tag):
+                if self.run_views is not None:
+                    unit = with_run_views(unit, self.run_views)
                 try:
                     with self._db.read():
                         result = Reply(value=self._perform(self._db, unit))

@@ -43,6 +43,7 @@ from pi_workflows.wire.client import (
 )
 from pi_workflows.wire.live import DEFAULT_RECONNECT_TIMEOUT_S
 from pi_workflows.wire.protocol import ResponseMessage
+from pi_workflows.wire.views import is_settled
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -849,23 +850,9 @@ def run_start(
     wait_and_report(ctx, receipt["runId"], timeout, reconnect, as_json)
 
 
-SETTLED_PARK_REASONS = (
-    "runnerNoProgress",
-    "workflowSourceChanged",
-    "effectAmbiguous",
-    "workerCrashed",
-    "contentUnavailable",
-    "serverCrashLoop",
-)
-TERMINAL_STATUSES = ("completed", "failed", "timed_out", "cancelled")
-
-
 def _settled(item: dict[str, Any]) -> bool:
     """True once a run needs nothing more from the server: terminal, waiting or held."""
-    display = item["display"]
-    if display["status"] in (*TERMINAL_STATUSES, "waiting", "paused", "ambiguous"):
-        return True
-    return bool(display.get("parked")) or display.get("reason") in SETTLED_PARK_REASONS
+    return is_settled(item["display"])
 
 
 @run.command("answer")

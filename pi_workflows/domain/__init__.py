@@ -84,6 +84,7 @@ from pi_workflows.domain._retention import (
 )
 from pi_workflows.domain._retention_report import RetentionReport
 from pi_workflows.domain._run_list import DISPLAY_STATUSES
+from pi_workflows.domain._run_view_cache import RunViewCache
 from pi_workflows.domain._runner_exits import ExitFacts, hand_back, record_exit
 from pi_workflows.domain._runner_handlers import Delta, Handled, RunnerView, apply_message, reply_to
 from pi_workflows.domain._runner_launch import LaunchPlan, prepare_launch, record_spawn
@@ -195,6 +196,7 @@ from pi_workflows.domain._units import (
     ValidationsToResume,
     perform,
     unit_label,
+    with_run_views,
 )
 from pi_workflows.domain._view_subscriptions import read_view
 from pi_workflows.domain._view_types import ViewGone, ViewSnapshot, ViewSpec
@@ -297,6 +299,7 @@ __all__ = [
     "RetentionSelection",
     "RetryResourceEffect",
     "RoundResult",
+    "RunViewCache",
     "RunViewRevision",
     "RunnerView",
     "SelectAndBackUp",
@@ -387,4 +390,5 @@ __all__ = [
     "update_interaction",
     "validations_to_resume",
     "visible_output",
+    "with_run_views",
 ]

@@ -28,6 +28,7 @@ from pi_workflows.domain._run_list import (
 )
 from pi_workflows.domain._run_logs import RunLogsQueryError, parse_run_logs_query, run_logs
 from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._run_view_cache import RunViewCache
 from pi_workflows.domain._view_content import ViewRequestError, view_content
 from pi_workflows.domain._view_pages import run_page
 from pi_workflows.errors import PiWorkflowsError
@@ -367,11 +368,16 @@ def _run_logs(
 
 
 def _run_get(
-    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+    db: Database,
+    request: RequestMessage,
+    ctx: OperationContext,
+    claim: Claim | None = None,
+    views: RunViewCache | None = None,
 ) -> dict[str, Any]:
-    """`run.get`: the run's `pi-workflows.run-view.v1`, from one consistent read."""
+    """`run.get`: the run's `pi-workflows.run-view.v1`, from one consistent read (with
+    `views`, the reader actor's cache: built once per revision)."""
     run_id = _run_id(request)
-    view = build_run_view(db, run_id)
+    view = build_run_view(db, run_id) if views is None else views.view(db, run_id)
     if view is None:
         raise OperationError("notFound", "runNotFound", f"no run {run_id}")
     return response(request, "accepted", revision=view["revision"], receipt=view)
@@ -1030,15 +1036,24 @@ COMMANDS: dict[str, Operation] = {
 
 
 def handle_operation(
-    db: Database, request: RequestMessage, ctx: OperationContext, claim: Claim | None = None
+    db: Database,
+    request: RequestMessage,
+    ctx: OperationContext,
+    claim: Claim | None = None,
+    views: RunViewCache | None = None,
 ) -> dict[str, Any]:
-    """Run one read or command and return its response; never raises for bad input."""
+    """Run one read or command and return its response; never raises for bad input.
+
+    `views`: the reader actor's built run views, which `run.get` is served from.
+    """
     operation = READS.get(request["operation"]) or COMMANDS.get(request["operation"])
     if operation is None:
         return rejected(
             request, "rejected", "unknownOperation", f"unknown operation {request['operation']}"
         )
     try:
+        if views is not None and operation is _run_get:
+            return _run_get(db, request, ctx, claim, views)
         return operation(db, request, ctx, claim)
     except OperationError as exc:
         return rejected(request, exc.outcome, exc.code, str(exc))

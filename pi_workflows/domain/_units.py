@@ -78,6 +78,7 @@ from pi_workflows.domain._retention import (
     select_expired,
     sweep_tree,
 )
+from pi_workflows.domain._run_view_cache import RunViewCache
 from pi_workflows.domain._runner_exits import ExitFacts, hand_back, record_exit
 from pi_workflows.domain._runner_handlers import RunnerView, apply_message
 from pi_workflows.domain._runner_launch import record_spawn
@@ -190,6 +191,7 @@ __all__ = [
     "ValidationsToResume",
     "perform",
     "unit_label",
+    "with_run_views",
 ]
 
 Perform = Callable[[Database, object], Any]
@@ -224,6 +226,18 @@ def perform(db: Database, unit: object) -> Any:
     except KeyError:
         raise TypeError(f"not a unit of work: {type(unit).__name__}") from None
     return work(db, **{name: getattr(unit, name) for name in names})
+
+
+def with_run_views(unit: object, views: RunViewCache) -> object:
+    """`unit` as the reader actor performs it: a run's view (`run.get`, or a run
+    subscription's read) is served from `views`, built once per revision. Any other
+    unit is returned as it is."""
+    match unit:
+        case ClientOperation(request=request) if request["operation"] == "run.get":
+            return dataclasses.replace(unit, views=views)
+        case ReadView(spec=spec) if spec.kind == "run":
+            return dataclasses.replace(unit, views=views)
+    return unit
 
 
 def unit_label(unit: object) -> str:
@@ -347,6 +361,8 @@ class ClientOperation:
     ctx: OperationContext
     claim: Claim | None = None
     """The live runner's claim a run command presents (the runner host knows it)."""
+    views: RunViewCache | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The reader actor's built run views (`with_run_views`); never set by an asker."""
 
     @property
     def label(self) -> str:
@@ -567,6 +583,8 @@ class ReadView:
     spec: ViewSpec
     since: int
     epochs: ActiveEpochs | None = None
+    views: RunViewCache | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The reader actor's built run views (`with_run_views`); never set by an asker."""
 
 
 # --- state prune -------------------------------------------------------------------------

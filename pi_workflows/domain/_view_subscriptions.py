@@ -13,6 +13,7 @@ from typing import Final
 from pi_workflows.domain._epochs import ActiveEpochs
 from pi_workflows.domain._operations import build_run_list
 from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.domain._run_view_cache import RunViewCache
 from pi_workflows.domain._session_view import build_session_view
 from pi_workflows.domain._view_types import ViewGone, ViewSnapshot, ViewSpec
 from pi_workflows.storage import Database, run_view_revision
@@ -23,33 +24,42 @@ RUN_GONE: Final = ViewGone("runNotFound", "the run no longer exists (it was prun
 
 
 def read_view(
-    db: Database, spec: ViewSpec, since: int, *, epochs: ActiveEpochs | None = None
+    db: Database,
+    spec: ViewSpec,
+    since: int,
+    *,
+    epochs: ActiveEpochs | None = None,
+    views: RunViewCache | None = None,
 ) -> ViewSnapshot | ViewGone | None:
     """The view `spec` names if its revision differs from `since`; None when unchanged.
 
     `epochs`: the coordinator epochs the server published, for a coordinator's view.
+    `views`: the reader actor's built run views, which a run's view is served from.
     """
     match spec.kind:
         case "runList":
             built = build_run_list(db, since)
             return None if built is None else ViewSnapshot(*built)
         case "run" if spec.run_id is not None:
-            return run_view_read(db, spec.run_id, since)
+            return run_view_read(db, spec.run_id, since, views)
         case "sessionView" if spec.session_id is not None:
             return session_view_read(db, spec, since, epochs)
         case _:
             raise ValueError(f"no view of kind {spec.kind}")
 
 
-def run_view_read(db: Database, run_id: str, since: int) -> ViewSnapshot | ViewGone | None:
-    """One run's `pi-workflows.run-view.v1`, built only when its revision moved."""
+def run_view_read(
+    db: Database, run_id: str, since: int, views: RunViewCache | None = None
+) -> ViewSnapshot | ViewGone | None:
+    """One run's `pi-workflows.run-view.v1`, built only when its revision moved (and,
+    with `views`, only if no view of that revision was built before)."""
     with db.read():  # the revision and the view it names come from one snapshot
         revision = run_view_revision(db, run_id)
         if revision is None:
             return RUN_GONE
         if revision == since:
             return None
-        view = build_run_view(db, run_id)
+        view = build_run_view(db, run_id) if views is None else views.at(db, run_id, revision)
     if view is None:
         return RUN_GONE
     return ViewSnapshot(int(view["revision"]), view)

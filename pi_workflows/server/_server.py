@@ -65,6 +65,7 @@ from pi_workflows.actors import (
     ValidationsConfig,
     WatchCommits,
     reconcile_deadline_from_env,
+    run_view_cache_enabled,
     validate_timeout_from_env,
     wait_reply,
 )
@@ -75,6 +76,7 @@ from pi_workflows.domain import (
     RecoveryReport,
     ReleaseServerClaim,
     RetentionReport,
+    RunViewCache,
     ServerHasWork,
     channels_path,
     perform,
@@ -446,7 +448,8 @@ class WorkflowServer:
             database, self.max_workers, launches, fail, self.owner_id
         )
         runner_host.tell(ConnectScheduler(self._scheduler))
-        reader = ReaderActor.start(db.path, self.clock, fail, units=self._units)
+        views = RunViewCache() if run_view_cache_enabled() else None
+        reader = ReaderActor.start(db.path, self.clock, fail, units=self._units, run_views=views)
         # The coordinator actor publishes its epochs; a coordinator's session view reads them.
         epochs = ActiveEpochs()
         self._subscriptions = SubscriptionActor.start(reader, fail, epochs=epochs)

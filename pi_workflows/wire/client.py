@@ -43,6 +43,7 @@ from pi_workflows.wire.run_list import RunList, collect_run_list
 
 if typing.TYPE_CHECKING:  # `live` imports this module
     from pi_workflows.wire.live import LiveViews
+    from pi_workflows.wire.views import RunView
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
@@ -172,6 +173,9 @@ class WorkflowClient:
     _sock: socket.socket | RelayTransport | None = None
     _reader: SocketFrameReader | RelayTransport | None = None
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _waiter: LiveViews | None = field(default=None, init=False, repr=False)
+    """The subscriptions `wait` follows, on a connection of their own (made at the
+    first `wait`, closed with this client)."""
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -213,7 +217,10 @@ class WorkflowClient:
             self._open()
 
     def close(self) -> None:
-        """Close the connection (a later request reconnects)."""
+        """Close the connection (a later request reconnects), and `wait`'s."""
+        if self._waiter is not None:
+            waiter, self._waiter = self._waiter, None
+            waiter.close()
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -303,6 +310,38 @@ class WorkflowClient:
             "url": self.url,
         }
         return LiveViews(self.state_dir, **{**defaults, **options})
+
+    def wait(
+        self,
+        run_id: str,
+        *,
+        timeout: float | None = None,
+        reconnect_timeout: float | None = None,
+    ) -> RunView:
+        """Wait until the run settles and return its settled `pi-workflows.run-view.v1`.
+
+        Settled: terminal (completed, failed, timed_out, cancelled) or needing someone
+        (waiting, paused, ambiguous, parked for a reason only an operator clears;
+        `views.is_settled`). It follows the run's subscription (`view.subscribe`), never
+        polls `run.get`: it returns as soon as the server commits the settling change.
+        A run already settled returns at once. A lost server is reconnected (never
+        started) and the subscription resumed from the revision held, for at most
+        `reconnect_timeout` seconds of outage (default: `LiveViews`'s, 120 s). The
+        subscription has a connection of its own, opened at the first wait and kept
+        for the next until `close()`.
+
+        Raises:
+            RunNotFoundError: there is no such run (`pi_workflows.RunNotFoundError`).
+            ViewUnavailableError: the run was pruned while it was waited for.
+            WatchTimeoutError: `timeout` seconds passed first; the run goes on.
+            HostUnavailableError: no server could be reached (or started, with
+                `autostart`), or it stayed unreachable for `reconnect_timeout` seconds.
+        """
+        if self._waiter is None:
+            self._waiter = self.live()
+        if reconnect_timeout is not None:
+            self._waiter.reconnect_timeout = reconnect_timeout
+        return self._waiter.wait_run(run_id, timeout=timeout)
 
     def list_runs(
         self,

@@ -40,7 +40,7 @@ from pi_workflows.wire.client import (
 from pi_workflows.wire.framing import FrameError
 from pi_workflows.wire.protocol import ProtocolViolation, client_message_from_wire
 from pi_workflows.wire.view_patch import PatchError, PatchOperation, apply_patch
-from pi_workflows.wire.views import RunListPage, RunView, SessionView
+from pi_workflows.wire.views import RunListPage, RunView, SessionView, is_settled
 
 __all__ = [
     "DEFAULT_RECONNECT_TIMEOUT_S",
@@ -282,6 +282,21 @@ class LiveViews:
         return cast(
             Generator[RunView, None, None], self.watch(ViewKey.run(run_id), timeout=timeout)
         )
+
+    def wait_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        """Follow the run's subscription until it settles (`views.is_settled`: terminal,
+        or it needs someone) and return that view; one already settled returns at once.
+
+        Raises:
+            RunNotFoundError: there is no such run.
+            ViewUnavailableError: the run was pruned while it was waited for.
+            WatchTimeoutError: `timeout` passed first (the run goes on).
+            HostUnavailableError: the server stayed unreachable for `reconnect_timeout`.
+        """
+        for view in self.watch_run(run_id, timeout=timeout):
+            if is_settled(view["display"]):
+                return view
+        raise AssertionError("a watch ends only by a view or an error")
 
     def watch_run_list(self, *, timeout: float | None = None) -> Generator[RunListPage, None, None]:
         """`watch` of the run list's first page (newest runs)."""

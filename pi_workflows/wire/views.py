@@ -17,11 +17,14 @@ Keys a view may leave out are `NotRequired`: read them with `.get()`. Views are 
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
+from collections.abc import Mapping
+from typing import Any, Final, Literal, NotRequired, TypeAlias, TypedDict
 
 from pi_workflows.wire.protocol import DisplayStatus
 
 __all__ = [
+    "SETTLED_PARK_REASONS",
+    "TERMINAL_STATUSES",
     "Activity",
     "AmbiguousEffectItem",
     "ChannelDeliveryItem",
@@ -54,6 +57,7 @@ __all__ = [
     "Traceback",
     "Unavailable",
     "Value",
+    "is_settled",
 ]
 
 RunStatus: TypeAlias = Literal[
@@ -418,3 +422,24 @@ class SessionView(TypedDict):
     messages: SessionMessages
     nextMessage: dict[str, Any] | None
     """The next eligible pending message with its content (coordinator only)."""
+
+
+TERMINAL_STATUSES: Final = ("completed", "failed", "timed_out", "cancelled")
+SETTLED_PARK_REASONS: Final = (
+    "runnerNoProgress",
+    "workflowSourceChanged",
+    "effectAmbiguous",
+    "workerCrashed",
+    "contentUnavailable",
+    "serverCrashLoop",
+)
+"""Park reasons only an operator clears: a run parked for one waits for someone."""
+
+
+def is_settled(display: Mapping[str, Any]) -> bool:
+    """True once a run needs nothing more from the server: terminal, or it needs
+    someone (waiting, paused, ambiguous, or parked for a reason only an operator
+    clears). `display` is a run view's or a run list item's `display`."""
+    if display["status"] in (*TERMINAL_STATUSES, "waiting", "paused", "ambiguous"):
+        return True
+    return bool(display.get("parked")) or display.get("reason") in SETTLED_PARK_REASONS
