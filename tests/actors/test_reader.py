@@ -20,8 +20,16 @@ from pi_workflows._address import ReplyBox
 from pi_workflows.actors._base import wait_reply
 from pi_workflows.actors._database import DatabaseActor, Transact
 from pi_workflows.actors._reader import Read, ReaderActor
+from pi_workflows.domain import ClientOperation, RunViewCache
 from pi_workflows.domain._operations import OperationContext, handle_operation
-from pi_workflows.storage import Database, SystemClock, open_database, put_blob
+from pi_workflows.domain._run_view import build_run_view
+from pi_workflows.storage import (
+    Database,
+    SystemClock,
+    open_database,
+    put_blob,
+    start_node_attempt,
+)
 from pi_workflows.testing import CallUnit, perform_with_calls
 from tests.storage.storage_helpers import enqueue, running
 
@@ -154,3 +162,55 @@ def test_server_status_counts_live_runner_epochs_from_the_database(
     assert receipt["activeRunners"] == 1
     assert receipt["runs"] == {"queued": 1, "running": 1, "parked": 0, "waiting": 0}
     assert receipt["epoch"] == 7
+
+
+def test_run_get_on_the_reader_is_served_from_its_cache_until_a_commit_moves_the_run(
+    writer: Database,
+) -> None:
+    """The reader's cache answers an unchanged run without a build, and the first
+    `run.get` after a commit (through the database actor) has the new revision."""
+    failures: list[str] = []
+    database = DatabaseActor.start(
+        writer, lambda name, exc: failures.append(name), units=perform_with_calls
+    )
+    views = RunViewCache()
+    reader = ReaderActor.start(
+        writer.path, SystemClock(), lambda name, exc: failures.append(name), run_views=views
+    )
+    try:
+        claim = running(writer, "run-1")
+        request: Any = {
+            "schema": "pi-workflows.client.v1",
+            "type": "request",
+            "requestId": "r-1",
+            "clientId": "c-1",
+            "operation": "run.get",
+            "idempotencyKey": "k-1",
+            "payload": {},
+            "runId": "run-1",
+        }
+        ctx = OperationContext(epoch=7, owner_id="server-1")
+
+        def run_get() -> dict[str, Any]:
+            unit = ClientOperation(request, ctx)
+            answer = wait_reply(lambda box: reader.tell(Read(unit, box)), WAIT_S)
+            receipt: dict[str, Any] = answer["receipt"]
+            return receipt
+
+        first = run_get()
+        assert run_get() == first and views.counts.builds == 1 and views.counts.hits == 1
+
+        def start_attempt(db: Database) -> None:
+            with db.write() as tx:
+                start_node_attempt(tx, claim, attempt_id="a1", node_path="n", node_type="compute")
+
+        wait_reply(lambda box: database.tell(Transact(CallUnit(start_attempt), box)), WAIT_S)
+        second = run_get()
+        assert second["revision"] > first["revision"]
+        assert second["display"].get("currentNode") == "n"
+        assert second == build_run_view(writer, "run-1")
+        assert views.counts.builds == 2
+    finally:
+        for ref in (reader, database):
+            ref.stop(block=True, timeout=WAIT_S)
+    assert failures == []

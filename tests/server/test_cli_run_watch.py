@@ -13,14 +13,17 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from pi_workflows import WorkflowClient
+from pi_workflows import HostUnavailableError, RunNotFoundError, WatchTimeoutError, WorkflowClient
 from tests.conftest import Processes, write_workflow
 from tests.server.runs import start_run, wait_fifo
 
@@ -275,4 +278,89 @@ def test_run_watch_on_a_terminal_draws_a_live_display(
         os.close(master)
         if terminal >= 0:
             os.close(terminal)
+    processes.cli(state_dir, "server", "stop")
+
+
+# --- WorkflowClient.wait: the same subscription, from Python ---------------------------
+
+
+def test_workflow_client_wait_returns_the_settled_view_and_says_why_it_cannot(
+    processes: Processes, state_dir: Path, short_tmp: Path, gated: tuple[Path, dict[str, str]]
+) -> None:
+    """A run that settles, one already settled, one that does not exist, a timeout."""
+    project, fifos = gated
+    write_workflow(
+        project,
+        "boom",
+        "from pi_workflows import compute, define_workflow\n"
+        "def boom(ctx):\n    raise RuntimeError('no luck')\n"
+        "workflow = define_workflow(name='boom', start_at='b', nodes={'b': compute(boom)})\n",
+    )
+    _start_server(processes, state_dir)
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        failed = client.wait(start_run(client, project, "boom"), timeout=120)
+        assert failed["display"]["status"] == "failed"
+        again = client.wait(failed["runId"], timeout=5)
+        assert again == failed, "an already settled run: the same view at once"
+        with pytest.raises(RunNotFoundError):
+            client.wait("run-does-not-exist", timeout=30)
+        gated_run = start_run(client, project, "gated", fifos)
+        assert wait_fifo(Path(fifos["ready"])) == "at gate"
+        with pytest.raises(WatchTimeoutError):
+            client.wait(gated_run, timeout=0.5)
+        _release(fifos)
+        done = client.wait(gated_run, timeout=120)
+        assert done["display"]["status"] == "completed"
+        assert done["result"]["output"] == {"value": {"opened": True}}
+    processes.cli(state_dir, "server", "stop")
+
+
+def test_workflow_client_wait_with_no_server_fails_at_once(state_dir: Path) -> None:
+    client = WorkflowClient(state_dir, autostart=False, timeout=5, connect_on_enter=False)
+    with client, pytest.raises(HostUnavailableError, match="not running"):
+        client.wait("run-any", timeout=30)
+
+
+def test_workflow_client_wait_survives_a_sigkilled_server(
+    processes: Processes, state_dir: Path, gated: tuple[Path, dict[str, str]]
+) -> None:
+    """The server is SIGKILLed mid-node; the wait reconnects to the next server,
+    subscribes again from the revision it holds, and returns the completed view."""
+    project, fifos = gated
+    first_pid = _start_server(processes, state_dir)
+    with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
+        run_id = start_run(client, project, "gated", fifos)
+    assert wait_fifo(Path(fifos["ready"])) == "at gate"
+    before = _connected_unix_sockets(os.getpid())
+    waited: dict[str, Any] = {}
+
+    def wait() -> None:
+        with WorkflowClient(state_dir, autostart=False, timeout=30) as waiter:
+            try:
+                waited["view"] = waiter.wait(run_id, timeout=180, reconnect_timeout=120)
+            except Exception as exc:
+                waited["error"] = exc
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    for _ in range(600):  # each round a real wait on the thread
+        if _connected_unix_sockets(os.getpid()) > before or not thread.is_alive():
+            break
+        thread.join(0.1)
+    assert thread.is_alive() and _connected_unix_sockets(os.getpid()) > before
+
+    os.kill(first_pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(first_pid)], timeout=30)
+    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
+    second_pid = _start_server(processes, state_dir)
+    assert second_pid != first_pid
+    assert wait_fifo(Path(fifos["ready"])) == "at gate"  # the next server runs it again
+    assert thread.is_alive(), waited
+    _release(fifos)
+    thread.join(150)
+    assert not thread.is_alive() and "error" not in waited, waited
+    settled = waited["view"]
+    assert settled["display"]["status"] == "completed"
+    assert settled["result"]["output"] == {"value": {"opened": True}}
+    assert settled["generation"] >= 2, "the view of the next server's claim"
     processes.cli(state_dir, "server", "stop")
