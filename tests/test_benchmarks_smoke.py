@@ -21,6 +21,15 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = {
+    "bench_observation.py": (
+        ["--calls", "20", "--rounds", "2", "--runs", "2"],
+        [
+            "cached / uncached run.get server CPU:",
+            "idle run.get / unix-socket echo:",
+            "subscription / polling p50:",
+            "subscription / polling server CPU per run:",
+        ],
+    ),
     "bench_resource_managers.py": (
         ["--samples", "2", "--seconds", "0.5", "--resources", "5"],
         ["p50 pass / p50 run:", "passes/s / runs/s:", "events settled / runs completed:"],

@@ -174,7 +174,8 @@ def test_the_reader_serves_run_get_and_run_reads_from_its_cache(db: Database) ->
     assert answer["receipt"] == build_run_view(db, "run-1") and cache.counts.builds == 1
     read = with_run_views(ReadView(ViewSpec("run", run_id="run-1"), -1), cache)
     assert isinstance(read, ReadView) and read.views is cache
-    missing = handle_operation(db, {**request, "runId": "run-none"}, unit.ctx, None, cache)
+    gone: Any = {**request, "runId": "run-none"}
+    missing = handle_operation(db, gone, unit.ctx, None, cache)
     assert missing["outcome"] == "notFound"
     other = ReadView(ViewSpec("runList"), -1)
     assert with_run_views(other, cache) is other, "only a run's view is served from it"
