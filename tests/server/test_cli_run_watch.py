@@ -300,8 +300,9 @@ def test_workflow_client_wait_returns_the_settled_view_and_says_why_it_cannot(
     with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
         failed = client.wait(start_run(client, project, "boom"), timeout=120)
         assert failed["display"]["status"] == "failed"
-        again = client.wait(failed["runId"], timeout=5)
-        assert again == failed, "an already settled run: the same view at once"
+        again = client.wait(failed["runId"], timeout=5)  # already settled: at once
+        assert again["display"]["status"] == "failed"
+        assert again["revision"] >= failed["revision"], "its runner may still end after it"
         with pytest.raises(RunNotFoundError):
             client.wait("run-does-not-exist", timeout=30)
         gated_run = start_run(client, project, "gated", fifos)
@@ -321,34 +322,34 @@ def test_workflow_client_wait_with_no_server_fails_at_once(state_dir: Path) -> N
         client.wait("run-any", timeout=30)
 
 
-def test_workflow_client_wait_survives_a_sigkilled_server(
+def test_run_wait_and_workflow_client_wait_survive_a_sigkilled_server(
     processes: Processes, state_dir: Path, gated: tuple[Path, dict[str, str]]
 ) -> None:
-    """The server is SIGKILLed mid-node; the wait reconnects to the next server,
-    subscribes again from the revision it holds, and returns the completed view."""
+    """The server is SIGKILLed mid-node; `run wait` and `WorkflowClient.wait` reconnect
+    to the next server, subscribe again from the revision they hold, and return the
+    completed view; a `run wait` of the settled run then returns it at once."""
     project, fifos = gated
     first_pid = _start_server(processes, state_dir)
     with WorkflowClient(state_dir, autostart=False, timeout=30) as client:
         run_id = start_run(client, project, "gated", fifos)
     assert wait_fifo(Path(fifos["ready"])) == "at gate"
-    before = _connected_unix_sockets(os.getpid())
+    cli_waiter = processes.spawn_cli(state_dir, "run", "wait", run_id, "--json", "--timeout", "180")
+    _wait_connected(cli_waiter)
+    waiter = WorkflowClient(state_dir, autostart=False, timeout=30)
+    with pytest.raises(WatchTimeoutError):  # its subscription connection is open now
+        waiter.wait(run_id, timeout=0.5)
     waited: dict[str, Any] = {}
 
-    def wait() -> None:
-        with WorkflowClient(state_dir, autostart=False, timeout=30) as waiter:
-            try:
-                waited["view"] = waiter.wait(run_id, timeout=180, reconnect_timeout=120)
-            except Exception as exc:
-                waited["error"] = exc
+    def wait() -> None:  # the waiter is this thread's alone from here on
+        try:
+            waited["view"] = waiter.wait(run_id, timeout=180, reconnect_timeout=120)
+        except Exception as exc:
+            waited["error"] = exc
+        finally:
+            waiter.close()
 
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
-    for _ in range(600):  # each round a real wait on the thread
-        if _connected_unix_sockets(os.getpid()) > before or not thread.is_alive():
-            break
-        thread.join(0.1)
-    assert thread.is_alive() and _connected_unix_sockets(os.getpid()) > before
-
     os.kill(first_pid, signal.SIGKILL)
     psutil.wait_procs([psutil.Process(first_pid)], timeout=30)
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
@@ -363,4 +364,12 @@ def test_workflow_client_wait_survives_a_sigkilled_server(
     assert settled["display"]["status"] == "completed"
     assert settled["result"]["output"] == {"value": {"opened": True}}
     assert settled["generation"] >= 2, "the view of the next server's claim"
+    out, err = cli_waiter.communicate(timeout=120)
+    assert cli_waiter.returncode == 0, err
+    assert json.loads(out)["revision"] == settled["revision"]
+    again = processes.cli(state_dir, "run", "wait", run_id, "--json", "--timeout", "30")
+    assert again.returncode == 0, again.stderr
+    view = json.loads(again.stdout)  # already settled: at once, the same outcome
+    assert view["display"]["status"] == "completed" and view["result"] == settled["result"]
+    assert view["revision"] >= settled["revision"], "its runner may still end after it"
     processes.cli(state_dir, "server", "stop")
