@@ -80,13 +80,9 @@ def _run(client: WorkflowClient, project: Path, name: str, given: dict[str, Any]
     run_id = client.call(
         "run.start", {"workflow": name, "input": given, "projectPath": str(project)}
     )["receipt"]["runId"]
-    while True:
-        view = client.call("run.get", run_id=run_id)["receipt"]
-        status = view["display"]["status"]
-        if status in ("completed", "failed", "timed_out", "cancelled", "ambiguous"):
-            assert status == "completed", view
-            return time.monotonic() - started
-        time.sleep(0.05)
+    view = client.wait(run_id, timeout=600)  # the run's subscription, not a poll
+    assert view["display"]["status"] == "completed", view
+    return time.monotonic() - started
 
 
 def _newest_log(state: Path) -> Path:

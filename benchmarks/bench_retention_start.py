@@ -65,10 +65,10 @@ def _last_sweep(client: WorkflowClient) -> dict[str, Any] | None:
 
 
 def _finish(client: WorkflowClient, run_id: str) -> None:
-    """Poll `run.get` (the run list's window, all runs at one manual-clock time, may not
-    show a new run) until the run is terminal."""
-    while client.call("run.get", run_id=run_id)["receipt"]["display"]["status"] not in TERMINAL:
-        time.sleep(0.005)
+    """Wait on the run's own subscription (the run list's window, all runs at one
+    manual-clock time, may not show a new run) until the run is terminal."""
+    status = client.wait(run_id, timeout=600)["display"]["status"]
+    assert status in TERMINAL, status
 
 
 def _during_sweep(
