@@ -167,9 +167,26 @@ def throughput(clients: Sequence[Callable[[], object]], seconds: float) -> Throu
 class DatabaseSize(TypedDict):
     used_bytes: int
     runs: int
+    empty_bytes: int
 
 
-def used_bytes(path: Path, count_sql: str) -> DatabaseSize:
+def live_used_bytes(path: Path) -> int:
+    """Used pages of a database in use, as a reader sees it (WAL frames included).
+
+    Read before the first run, it is the empty schema's share, which a short benchmark
+    would otherwise spread over few runs.
+    """
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        pages = connection.execute("PRAGMA page_count").fetchone()[0]
+        free = connection.execute("PRAGMA freelist_count").fetchone()[0]
+        size = connection.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        connection.close()
+    return int((pages - free) * size)
+
+
+def used_bytes(path: Path, count_sql: str, empty_bytes: int) -> DatabaseSize:
     """Used pages of a closed SQLite database after a WAL checkpoint, and its run count.
 
     Used pages are `page_count - freelist_count`, so free pages a VACUUM would drop do
@@ -184,7 +201,7 @@ def used_bytes(path: Path, count_sql: str) -> DatabaseSize:
         runs = connection.execute(count_sql).fetchone()[0]
     finally:
         connection.close()
-    return {"used_bytes": (pages - free) * size, "runs": int(runs)}
+    return {"used_bytes": (pages - free) * size, "runs": int(runs), "empty_bytes": empty_bytes}
 
 
 def commit_floor_s(folder: Path, commits: int = 50) -> float:

@@ -14,7 +14,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from _peers_common import chain_outputs, figures, latency, throughput, used_bytes
+from _peers_common import (
+    chain_outputs,
+    figures,
+    latency,
+    live_used_bytes,
+    throughput,
+    used_bytes,
+)
 
 
 def _launch(database: Path) -> tuple[Any, Any, dict[str, Any]]:
@@ -66,12 +73,15 @@ def _runner(dbos: Any, chain: Any, nodes: int) -> Any:
 def main_phase(folder: Path, runs: int, clients: int, seconds: float) -> dict[str, Any]:
     database = folder / "dbos.sqlite"
     dbos, chain, pragmas = _launch(database)
+    empty = live_used_bytes(database)
     try:
         samples = latency(_runner(dbos, chain, 3), runs)
         flow = throughput([_runner(dbos, chain, 3) for _ in range(clients)], seconds)
     finally:
         dbos.destroy()
-    size = used_bytes(database, "SELECT COUNT(*) FROM workflow_status WHERE status = 'SUCCESS'")
+    size = used_bytes(
+        database, "SELECT COUNT(*) FROM workflow_status WHERE status = 'SUCCESS'", empty
+    )
     return figures(samples, flow, database=size, pragmas=pragmas)
 
 

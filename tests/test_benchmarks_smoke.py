@@ -35,6 +35,7 @@ BENCHMARKS = {
             "pi-workflows/Restate throughput:",
             "pi-workflows/DBOS cost per extra node:",
             "pi-workflows/DBOS database bytes per run:",
+            "pi-workflows/DBOS database bytes per run beyond the empty database:",
             "run.get idle / Unix-socket echo:",
         ],
     ),
