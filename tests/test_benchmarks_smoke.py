@@ -30,6 +30,24 @@ BENCHMARKS = {
             "subscription / polling server CPU per run:",
         ],
     ),
+    # Runs its peers (DBOS, Restate) only where the bench extra and `npm ci` put them;
+    # CI has neither, and their ratios print "skipped".
+    "bench_peers.py": (
+        [
+            *("--runs", "3", "--seconds", "0.5", "--clients", "2"),
+            *("--chain-runs", "1", "--long-nodes", "5", "--get-samples", "10"),
+        ],
+        [
+            "pi-workflows/DBOS p50:",
+            "pi-workflows/DBOS throughput:",
+            "pi-workflows/DBOS CPU per run:",
+            "pi-workflows/Restate throughput:",
+            "pi-workflows/DBOS cost per extra node:",
+            "pi-workflows/DBOS database bytes per run:",
+            "pi-workflows/DBOS database bytes per run beyond the empty database:",
+            "run.get idle / Unix-socket echo:",
+        ],
+    ),
     "bench_resource_managers.py": (
         ["--samples", "2", "--seconds", "0.5", "--resources", "5"],
         ["p50 pass / p50 run:", "passes/s / runs/s:", "events settled / runs completed:"],
