@@ -1,8 +1,8 @@
 """pi-workflows in bench_peers.py: a real `server run` and `WorkflowClient`s.
 
-The 3-node workflow is a chain of compute nodes in a temp project. Latency polls
-`run.get` every POLL_S (so the figure is not quantised to the server's tick), as
-bench_runs.py does; the throughput clients wait on one `view.subscribe` runList client,
+The 3-node workflow is a chain of compute nodes in a temp project. Latency waits for
+each run through its subscription (`WorkflowClient.wait`, pushed on the settling
+commit), as bench_runs.py does; the throughput clients wait on one `view.subscribe` runList client,
 which the server pushes on each commit, so eight pollers do not load a small machine.
 """
 
@@ -33,7 +33,6 @@ from _server import workflow_server
 from pi_workflows import WorkflowClient
 from pi_workflows.wire.framing import SocketFrameReader, encode_frame
 
-POLL_S = 0.002
 SETTLED = ("completed", "failed", "timed_out", "cancelled", "waiting", "paused", "ambiguous")
 
 
@@ -78,14 +77,12 @@ class Client:
     def status(self, run_id: str) -> str:
         return str(self.client.call("run.get", run_id=run_id)["receipt"]["display"]["status"])
 
-    def run_polling(self, workflow: str) -> str:
-        """Start one run and poll `run.get` until it settles; raise unless completed."""
+    def run_waiting(self, workflow: str) -> str:
+        """Start one run and wait until it settles (through its subscription, not by
+        polling); raise unless completed."""
         run_id = self.start(workflow)
-        deadline = time.perf_counter() + RUN_TIMEOUT_S
-        while (status := self.status(run_id)) not in SETTLED:
-            if time.perf_counter() > deadline:
-                raise TimeoutError(f"run still {status} after {RUN_TIMEOUT_S:.0f} s")
-            time.sleep(POLL_S)
+        view = self.client.wait(run_id, timeout=RUN_TIMEOUT_S)
+        status = view["display"]["status"]
         if status != "completed":
             raise RuntimeError(f"a run ended {status}, not completed")
         return run_id
@@ -272,9 +269,9 @@ def main_phase(
         empty = live_used_bytes(state_dir / "state.sqlite")
         client = Client(state_dir, project, "latency")
         try:
-            samples = latency(lambda: client.run_polling("three"), runs)
+            samples = latency(lambda: client.run_waiting("three"), runs)
             flow = _throughput(state_dir, project, clients, seconds)
-            idle = _idle_get(folder, client, client.run_polling("three"), get_samples)
+            idle = _idle_get(folder, client, client.run_waiting("three"), get_samples)
         finally:
             client.close()
     size = used_bytes(
@@ -293,8 +290,8 @@ def chain_phase(folder: Path, runs: int, long_nodes: int) -> dict[str, Any]:
         try:
             for index in range(runs):
                 warmup = WARMUP if index == 0 else 0
-                short += latency(lambda: client.run_polling("three"), 1, warmup)
-                long += latency(lambda: client.run_polling("long"), 1, warmup)
+                short += latency(lambda: client.run_waiting("three"), 1, warmup)
+                long += latency(lambda: client.run_waiting("long"), 1, warmup)
         finally:
             client.close()
     return {"short": short, "long": long, "long_nodes": long_nodes}
