@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 import psutil
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from pi_workflows.domain._runner_content import (
     CONTENT_MEDIA_TYPE,
@@ -105,6 +105,7 @@ from pi_workflows.wire.runner import (
     InteractionAnswer,
     InteractionRequested,
     JsonObject,
+    LastNode,
     NodeFailed,
     NodeFinished,
     NodeStarted,
@@ -377,24 +378,53 @@ def _on_node_finished(
     body = message.body
     assert isinstance(body, NodeFinished) and message.attempt_id is not None
     route = body.route if isinstance(body.route, str) else None
-    if isinstance(body.output_ref, UploadRef):
-        output, data = resolve_upload(tx, view.offered, body.output_ref)
-        digest = put_blob(tx, data)  # its own canonical bytes: not encoded again
-    else:
-        output = body.output
-        digest = put_json_blob(tx, output)
+    output, digest = _stored_output(tx, view, body.output, body.output_ref)
+    revision = _finish_node(
+        tx,
+        view,
+        message.attempt_id,
+        node_path=body.node_path,
+        route=route,
+        output=output,
+        digest=digest,
+    )
+    delta.attempt_ended = True
+    return revision, None
+
+
+def _stored_output(
+    tx: Tx, view: RunnerView, inline: Any, ref: UploadRef | UnsetType
+) -> tuple[Any, str]:
+    """A node's output (sent inline, or by the reference of its uploaded parts) and the
+    digest of its stored blob."""
+    if isinstance(ref, UploadRef):
+        output, data = resolve_upload(tx, view.offered, ref)
+        return output, put_blob(tx, data)  # its own canonical bytes: not encoded again
+    return inline, put_json_blob(tx, inline)
+
+
+def _finish_node(
+    tx: Tx,
+    view: RunnerView,
+    attempt_id: str,
+    *,
+    node_path: str,
+    route: str | None,
+    output: Any,
+    digest: str,
+) -> int:
+    """Finish a node's attempt with its stored output; the run's new revision."""
     result = finish_node_attempt(
         tx,
         view.claim,
-        attempt_id=message.attempt_id,
+        attempt_id=attempt_id,
         output_hash=digest,
         next_node_path=route,
-        payload={"nodePath": body.node_path, **({"route": route} if route else {})},
+        payload={"nodePath": node_path, **({"route": route} if route else {})},
     )
     # A notify node of an interactive run: its passive message, with its node result.
-    present_notification(tx, view.run_id, message.attempt_id, output)
-    delta.attempt_ended = True
-    return result.revision, None
+    present_notification(tx, view.run_id, attempt_id, output)
+    return result.revision
 
 
 def _on_node_failed(
@@ -666,6 +696,21 @@ def _on_run_finished(
     body = message.body
     assert isinstance(body, RunFinished)
     error = _error(tx, view, body.error, body.error_ref)
+    if isinstance(body.last_node, LastNode):
+        # The run's last pure node and the run end in one claim-checked unit: after a
+        # crash, either both are durable or neither (the node then runs again).
+        last = body.last_node
+        output, digest = _stored_output(tx, view, body.output, body.output_ref)
+        _finish_node(
+            tx,
+            view,
+            last.attempt_id,
+            node_path=last.node_path,
+            route=None,
+            output=output,
+            digest=digest,
+        )
+        delta.attempt_ended = True
     if body.status == "completed":
         payload = _run_output(tx, view, body)
         result = complete_run(tx, view.run_id, claim=view.claim, payload=payload)

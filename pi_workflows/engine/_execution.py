@@ -25,6 +25,7 @@ from pi_workflows.engine._routing import next_node
 from pi_workflows.engine._values import MAX_ERROR_TEXT, checked_output
 from pi_workflows.wire.runner import (
     UNSET,
+    LastNode,
     NodeFailed,
     NodeFinished,
     NodeStarted,
@@ -94,6 +95,8 @@ class Execution:
         # there: the answer does not exist yet, so wait again instead of going on.
         self.unanswered_checkpoint: str | None = None
         self.route_error: str | None = None
+        self.last_node: LastNode | None = None
+        """The pure node the run ended with: its finish goes in `run.finished`."""
         if unfinished is None and state.finished and self.ended is None:
             self._after_last(state, answered_checkpoint)
 
@@ -210,7 +213,10 @@ class Execution:
         finished = NodeFinished(
             node_path=node.path, output=output, route=UNSET if route is None else route
         )
-        if pipelined:
+        if pipelined and route is None:
+            # The run ends here: the node's finish goes with the run's, one unit.
+            self.last_node = LastNode(attempt_id=attempt_id, node_path=node.path)
+        elif pipelined:
             self.channel.post(finished, attempt_id)
         else:
             self.channel.send(finished, attempt_id)
@@ -310,10 +316,12 @@ class Execution:
         self._finish("failed", error=RunnerError(code=code, message=message))
 
     def _finish(self, status: Any, *, output: Any = None, error: RunnerError | None = None) -> None:
+        last_node = self.last_node if status == "completed" else None
         self.channel.send(
             RunFinished(
                 status=status,
                 output=output if status == "completed" else UNSET,
                 error=UNSET if error is None else error,
+                last_node=UNSET if last_node is None else last_node,
             )
         )

@@ -29,6 +29,7 @@ __all__ = [
     "InteractionRejected",
     "InteractionRequested",
     "JsonObject",
+    "LastNode",
     "MessageKind",
     "NodeFailed",
     "NodeFinished",
@@ -246,6 +247,16 @@ class RunParked(_Payload, frozen=True):
     wake_at: Count | UnsetType = UNSET
 
 
+class LastNode(Record, frozen=True):
+    """The pure node whose finish completes the run: committed with it in one unit.
+
+    Its output is the run's output (the run ends with what its last node returned), so
+    the value travels once."""
+
+    attempt_id: Id
+    node_path: NodePath
+
+
 class RunFinished(_Payload, frozen=True):
     kind: ClassVar[str] = "run.finished"
     referable: ClassVar[tuple[str, ...]] = ("output", "error")
@@ -254,12 +265,16 @@ class RunFinished(_Payload, frozen=True):
     error: RunnerError | UnsetType = UNSET
     output_ref: UploadRef | UnsetType = UNSET
     error_ref: UploadRef | UnsetType = UNSET
+    last_node: LastNode | UnsetType = UNSET
+    """A completed run's last (pure) node, finished in the same unit as the run."""
 
     def __post_init__(self) -> None:
         _one_of(self, "output", required=self.status == "completed")
         _one_of(self, "error", required=self.status in ("failed", "timed_out"))
         if self.status == "completed" and (self.error, self.error_ref) != (UNSET, UNSET):
             raise ValueError("a completed run has no error")
+        if self.status != "completed" and self.last_node is not UNSET:
+            raise ValueError("only a completed run names a last node")
 
 
 class InteractionRequested(_Payload, frozen=True):

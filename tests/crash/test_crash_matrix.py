@@ -321,6 +321,55 @@ def _lifecycle_after_finish(lab: Lab) -> None:
     lab.finish({run_id: "completed", continuation: "completed"})
 
 
+# --- the last pure node and the run's completion: one unit ------------------------------
+# `pure` ends with b: its runner sends b's finish inside `run.finished`, so the server
+# commits both in one transaction. Dead before that commit: neither is durable and b runs
+# again; dead after it: both are, and nothing runs again.
+
+
+def _attempts_of(db: Any, run_id: str, node: str) -> list[str]:
+    rows = db.execute(
+        "SELECT status FROM node_attempts WHERE run_id = ? AND node_path = ? ORDER BY rowid",
+        (run_id, node),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _merged_finish_crash(lab: Lab, point: str, durable: bool) -> None:
+    armed = lab.start_server(point)
+    start = lab.start_run("pure")
+    lab.expect_server_crash(armed)
+    run_id = _run_of(lab, start)
+    with lab.database() as db:
+        if durable:
+            assert _run(db, run_id)[0] == "completed"
+            assert _attempts_of(db, run_id, "b") == ["completed"], "b finished with the run"
+        else:
+            assert _run(db, run_id)[0] == "running"
+            assert _attempts_of(db, run_id, "b") == ["running"], "neither half committed"
+    lab.start_server()
+    lab.resend_lost()
+    view = lab.wait_status(run_id, "completed")
+    if durable:
+        assert view["generation"] == 1, "a completed run is never claimed again"
+        assert lab.count(run_id, "b") == 1
+    else:
+        assert lab.count(run_id, "b") == 2, "b ran again in the next generation"
+        with lab.database() as db:
+            assert _attempts_of(db, run_id, "b") == ["interrupted", "completed"]
+    lab.finish({run_id: "completed"})
+
+
+for _point, _durable in (
+    ("server.lifecycle.complete.before_commit", False),
+    ("server.lifecycle.node_finish.after_commit@2", True),
+    ("server.lifecycle.complete.after_commit", True),
+):
+    scenario(_point.split("@")[0], "last-node-with-run")(
+        functools.partial(_merged_finish_crash, point=_point, durable=_durable)
+    )
+
+
 # --- server.receipt.after_commit: the receipt is durable, the response is lost ---------
 
 

@@ -119,7 +119,11 @@ class FakeServer:
                 "result": payload.get("result"),
             }
         elif kind == "run.finished":
-            self.finished = payload
+            self.finished = {k: v for k, v in payload.items() if k != "lastNode"}
+            last = payload.get("lastNode")
+            if last is not None:  # the last pure node finishes with the run, as one unit
+                attempt = self._attempt(last["attemptId"])
+                attempt.status, attempt.output = "completed", payload["output"]
         elif kind == "run.parked":
             self.parked = payload["reason"]
         return None
