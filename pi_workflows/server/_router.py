@@ -590,6 +590,12 @@ class Router:
     def _commit_resolved(self, pending: Pending, unit: StartRun | RestartRun) -> None:
         try:
             self._write(unit, _Answer(pending, True))
+            # Woken now, not only after the answer: the admission round's unit then
+            # reaches the database while the start still runs, joins its group commit
+            # and claims the run in the same COMMIT when a slot is free (one commit less
+            # on a run's way). It runs after the start (the database keeps order); the
+            # wake after the answer covers a round that came too late.
+            _tell(self._ports.scheduler, Wake())
         except pykka.ActorDeadError:  # the server is stopping
             self._address.tell(Done(_Answer(pending, False), Reply(error=_stopping())))
 
