@@ -372,7 +372,8 @@ def test_a_refused_connection_or_a_passed_deadline_is_not_sent(fake: FakeTelegra
 
     async def two_calls() -> tuple[str, str]:
         # One connection: the first call holds it, the second waits and never starts.
-        transport = channel_adapter._BotTransport(connections=1, deadline=1.0)
+        # The deadline leaves a loaded machine time to connect the first.
+        transport = channel_adapter._BotTransport(connections=1, deadline=3.0)
         try:
             first = asyncio.create_task(transport.do_request(url, "POST"))
             second = asyncio.create_task(transport.do_request(url, "POST"))
