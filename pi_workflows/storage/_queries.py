@@ -59,6 +59,7 @@ __all__ = [
     "DELETE_RESOURCE",
     "DELETE_RESOURCE_CLAIM",
     "DELETE_RESOURCE_QUEUE_ROW",
+    "DELETE_RUNNER_MESSAGES",
     "DRIVERS_OF_DISPLAY",
     "INSERT_BLOB",
     "INSERT_CHECKPOINT_DECISION",
@@ -1097,14 +1098,16 @@ WHERE effect_id = :effect_id AND state = 'ambiguous'
 
 # The stored reply to one runner message.
 SELECT_RUNNER_MESSAGE = """
-SELECT fingerprint, reply_hash
+SELECT fingerprint, reply
 FROM runner_messages WHERE runner_epoch = :runner_epoch AND message_id = :message_id
 """
 # Store the reply to an accepted runner message, in the transaction of its change.
 INSERT_RUNNER_MESSAGE = """
-INSERT INTO runner_messages (runner_epoch, message_id, kind, fingerprint, reply_hash, created_at)
-VALUES (:runner_epoch, :message_id, :kind, :fingerprint, :reply_hash, :now)
+INSERT INTO runner_messages (runner_epoch, message_id, kind, fingerprint, reply, created_at)
+VALUES (:runner_epoch, :message_id, :kind, :fingerprint, :reply, :now)
 """
+# Forget an ended runner epoch's replies: no frame of it reaches the database again.
+DELETE_RUNNER_MESSAGES = "DELETE FROM runner_messages WHERE runner_epoch = :runner_epoch"
 # Whether a runner epoch's run revision advanced after its ready message.
 SELECT_RUNNER_PROGRESS = """
 SELECT w.ready_revision, r.revision FROM runner_epochs AS w JOIN runs AS r ON r.run_id = w.run_id
