@@ -48,7 +48,6 @@ from pi_workflows.storage._resources import enqueue_resource, run_parent_resourc
 from pi_workflows.storage._rows import QueueRow
 from pi_workflows.storage._view_reads import (
     VIEW_JSON_MEDIA_TYPE,
-    store_definition_content,
     store_view_text,
 )
 
@@ -348,9 +347,9 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
             "now": now,
         },
     )
-    # The run view's references: its input when large, and the definition snapshot.
+    # The run view's reference to its input when large (the definition snapshot is read
+    # in place from its blob: `_view_location`).
     store_view_text(tx, run.run_id, input_text, VIEW_JSON_MEDIA_TYPE)
-    store_definition_content(tx, run.run_id, run.definition_digest)
     payload = {"workflowName": run.workflow_name, "kind": kind.value}
     append_event(
         tx, run.run_id, revision=1, event_type=EventType.RUN_QUEUED, generation=0, payload=payload

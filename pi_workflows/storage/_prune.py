@@ -148,7 +148,6 @@ _DIGEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("effects", "request_hash"),
     ("effects", "result_hash"),
     ("effect_attempts", "result_hash"),
-    ("host_commands", "receipt_hash"),
     ("interactive_requests", "contract_hash"),
     ("interactive_submissions", "payload_hash"),
     ("interactive_submissions", "receipt_hash"),
@@ -168,7 +167,6 @@ UNION SELECT request_hash FROM effects WHERE run_id IN {_TREE}
 UNION SELECT result_hash FROM effects WHERE run_id IN {_TREE}
 UNION SELECT a.result_hash FROM effect_attempts AS a
     JOIN effects AS e ON e.effect_id = a.effect_id WHERE e.run_id IN {_TREE}
-UNION SELECT receipt_hash FROM host_commands WHERE run_id IN {_TREE}
 UNION SELECT contract_hash FROM interactive_requests WHERE run_id IN {_TREE}
 UNION SELECT s.payload_hash FROM interactive_submissions AS s
     JOIN interactive_requests AS i ON i.request_id = s.request_id WHERE i.run_id IN {_TREE}

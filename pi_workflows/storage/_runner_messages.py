@@ -1,11 +1,8 @@
 """Runner message receipts in `runner_messages`: a retried runner message gets the same reply.
 
-Implements workflow-server.md § Runner protocol ("The server stores receipts for accepted
-state-changing messages so a retry receives the same answer"): keyed by runner epoch and
-message ID, bound to the digest of the canonical message, committed with the change.
-The reply is kept inline (its canonical JSON) and only while its runner epoch is live:
-`record_runner_exit` deletes an ended epoch's replies, because the runner host refuses
-every frame of an ended epoch before it reaches the database (`refuse_frame`).
+Implements workflow-server.md § Runner protocol: keyed by runner epoch and message ID,
+bound to the digest of the canonical message, committed with the change, kept inline and
+only while the epoch lives (an ended epoch's frames are refused before the database).
 """
 
 from __future__ import annotations

@@ -338,6 +338,7 @@ CREATE INDEX run_bindings_by_session ON run_bindings (origin_session_id)
     WHERE origin_session_id IS NOT NULL;
 
 -- Command receipts. The request ID is transport identity and not in the fingerprint.
+-- The receipt is the canonical JSON of the response body, inline (never shared).
 CREATE TABLE host_commands (
     request_id TEXT PRIMARY KEY,
     client_id TEXT NOT NULL,
@@ -347,12 +348,11 @@ CREATE TABLE host_commands (
     run_id TEXT,
     accepted_revision INTEGER,
     outcome TEXT NOT NULL CHECK (outcome IN ('accepted', 'rejected')),
-    receipt_hash TEXT NOT NULL REFERENCES blobs (digest),
+    receipt BLOB NOT NULL,
     created_at INTEGER NOT NULL,
     UNIQUE (client_id, idempotency_key)
 ) STRICT;
 CREATE INDEX host_commands_by_run ON host_commands (run_id) WHERE run_id IS NOT NULL;
-CREATE INDEX host_commands_by_receipt ON host_commands (receipt_hash);
 
 -- Durable requests for agent, assistant, checkpoint and decision steps; one per attempt.
 CREATE TABLE interactive_requests (
