@@ -750,6 +750,7 @@ _EVENT_OF_MESSAGE = {
     "node_failed": "node.failed",
     "effect_reserved": "effect.reserve",
     "effect_settled": "effect.settle",
+    "interaction_requested": "interaction.requested",
 }
 _SERVER_EVENTS = frozenset({"run_queued", "run_claimed", "run_requeued", "run_parked"})
 
