@@ -217,6 +217,10 @@ def apply_transition(
             },
         )
         store_view_text(tx, run_id, failure_reason)  # a long reason: `reasonContent`
+    elif head.status == target.run_status.value and head.paused == int(paused):
+        # A step within the phase (a node started or finished): setting an unchanged
+        # status would still rewrite its index entry, a WAL page of every commit.
+        tx.execute(q.UPDATE_RUN_REVISION, {"run_id": run_id, "revision": revision, "now": now})
     else:
         tx.execute(
             q.UPDATE_RUN_STATUS,
@@ -230,6 +234,10 @@ def apply_transition(
         )
     if target is RunPhase.QUEUED and source is not RunPhase.QUEUED:
         tx.execute(q.UPDATE_QUEUE_REQUEUE, {"run_id": run_id, "now": now})
+    elif source is target is RunPhase.RUNNING and park_reason is None:
+        # Running stays running (its park reason was cleared on entry): the queue row
+        # and its active index keep their pages; `updated_at` is when it began running.
+        pass
     else:
         tx.execute(
             q.UPDATE_QUEUE_STATE,
