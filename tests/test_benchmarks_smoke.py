@@ -52,6 +52,7 @@ BENCHMARKS = {
         ["--samples", "2", "--seconds", "0.5", "--resources", "5"],
         ["p50 pass / p50 run:", "passes/s / runs/s:", "events settled / runs completed:"],
     ),
+    "bench_storage_per_run.py": (["--runs", "2"], ["bytes per run / DBOS reference"]),
     # The real pi (three children, one working at a time; it takes a real-pi slot itself).
     "bench_session_record.py": (
         ["--runs", "1", "--warmup", "0"],

@@ -254,8 +254,11 @@ def _view_location(reader: Reader, ref: ContentRef) -> _Location:
     params = {"run_id": ref.run_id, "digest": ref.digest, "media_type": ref.media_type}
     where = reader.fetch_one(q.SELECT_VIEW_CONTENT_LOCATION, params, _Location)
     if where is None and ref.media_type == _JSON_MEDIA_TYPE:
-        # A verbatim Pi entry of the run's session record: read in place, never copied.
-        where = reader.fetch_one(q.SELECT_SESSION_ENTRY_LOCATION, params, _Location)
+        # The run's definition snapshot, or a verbatim Pi entry of its session record:
+        # read in place, never copied.
+        where = reader.fetch_one(q.SELECT_DEFINITION_LOCATION, params, _Location)
+        if where is None:
+            where = reader.fetch_one(q.SELECT_SESSION_ENTRY_LOCATION, params, _Location)
     if where is None:
         raise ContentUnavailableError(ref.digest, "notFound")
     return where

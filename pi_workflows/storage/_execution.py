@@ -201,6 +201,9 @@ def record_runner_exit(
     """Record the one terminal outcome of a runner epoch (no run revision change).
 
     Needs no claim: the server records exits after claim loss and terminal states too.
+    The epoch's stored replies go in the same transaction: the runner host refuses every
+    frame of an ended epoch (`claimLost`) before it reaches the database, so none of
+    them can answer anyone again.
     Compare the returned `ready_revision` with the run's revision to detect
     `runnerNoProgress`.
 
@@ -222,6 +225,7 @@ def record_runner_exit(
             "now": tx.now,
         },
     )
+    tx.execute(q.DELETE_RUNNER_MESSAGES, {"runner_epoch": runner_epoch})
     done = tx.fetch_one(q.SELECT_RUNNER_EPOCH, {"runner_epoch": runner_epoch}, RunnerEpochRow)
     assert done is not None
     return done

@@ -48,7 +48,6 @@ from pi_workflows.storage._resources import enqueue_resource, run_parent_resourc
 from pi_workflows.storage._rows import QueueRow
 from pi_workflows.storage._view_reads import (
     VIEW_JSON_MEDIA_TYPE,
-    store_definition_content,
     store_view_text,
 )
 
@@ -218,6 +217,10 @@ def apply_transition(
             },
         )
         store_view_text(tx, run_id, failure_reason)  # a long reason: `reasonContent`
+    elif head.status == target.run_status.value and head.paused == int(paused):
+        # A step within the phase (a node started or finished): setting an unchanged
+        # status would still rewrite its index entry, a WAL page of every commit.
+        tx.execute(q.UPDATE_RUN_REVISION, {"run_id": run_id, "revision": revision, "now": now})
     else:
         tx.execute(
             q.UPDATE_RUN_STATUS,
@@ -231,6 +234,10 @@ def apply_transition(
         )
     if target is RunPhase.QUEUED and source is not RunPhase.QUEUED:
         tx.execute(q.UPDATE_QUEUE_REQUEUE, {"run_id": run_id, "now": now})
+    elif source is target is RunPhase.RUNNING and park_reason is None:
+        # Running stays running (its park reason was cleared on entry): the queue row
+        # and its active index keep their pages; `updated_at` is when it began running.
+        pass
     else:
         tx.execute(
             q.UPDATE_QUEUE_STATE,
@@ -348,9 +355,9 @@ def enqueue_run(tx: Tx, run: NewRun) -> TransitionResult:
             "now": now,
         },
     )
-    # The run view's references: its input when large, and the definition snapshot.
+    # The run view's reference to its input when large (the definition snapshot is read
+    # in place from its blob: `_view_location`).
     store_view_text(tx, run.run_id, input_text, VIEW_JSON_MEDIA_TYPE)
-    store_definition_content(tx, run.run_id, run.definition_digest)
     payload = {"workflowName": run.workflow_name, "kind": kind.value}
     append_event(
         tx, run.run_id, revision=1, event_type=EventType.RUN_QUEUED, generation=0, payload=payload

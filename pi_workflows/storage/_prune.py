@@ -148,12 +148,10 @@ _DIGEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("effects", "request_hash"),
     ("effects", "result_hash"),
     ("effect_attempts", "result_hash"),
-    ("host_commands", "receipt_hash"),
     ("interactive_requests", "contract_hash"),
     ("interactive_submissions", "payload_hash"),
     ("interactive_submissions", "receipt_hash"),
     ("runner_epochs", "diagnostic_hash"),
-    ("runner_messages", "reply_hash"),
     ("follow_ups", "content_hash"),
     ("session_entries", "content_hash"),
     ("session_pages", "checkpoint_hash"),
@@ -169,15 +167,12 @@ UNION SELECT request_hash FROM effects WHERE run_id IN {_TREE}
 UNION SELECT result_hash FROM effects WHERE run_id IN {_TREE}
 UNION SELECT a.result_hash FROM effect_attempts AS a
     JOIN effects AS e ON e.effect_id = a.effect_id WHERE e.run_id IN {_TREE}
-UNION SELECT receipt_hash FROM host_commands WHERE run_id IN {_TREE}
 UNION SELECT contract_hash FROM interactive_requests WHERE run_id IN {_TREE}
 UNION SELECT s.payload_hash FROM interactive_submissions AS s
     JOIN interactive_requests AS i ON i.request_id = s.request_id WHERE i.run_id IN {_TREE}
 UNION SELECT s.receipt_hash FROM interactive_submissions AS s
     JOIN interactive_requests AS i ON i.request_id = s.request_id WHERE i.run_id IN {_TREE}
 UNION SELECT diagnostic_hash FROM runner_epochs WHERE run_id IN {_TREE}
-UNION SELECT m.reply_hash FROM runner_messages AS m
-    JOIN runner_epochs AS x ON x.runner_epoch = m.runner_epoch WHERE x.run_id IN {_TREE}
 UNION SELECT content_hash FROM follow_ups WHERE run_id IN {_TREE}
 UNION SELECT content_hash FROM session_entries WHERE run_id IN {_TREE}
 UNION SELECT checkpoint_hash FROM session_pages WHERE run_id IN {_TREE}
@@ -205,10 +200,9 @@ _SELECT_UNNAMED_BLOBS = "SELECT digest FROM blobs WHERE created_at < :before" + 
 # gets the same reply, and its reference offered again (`apply_message`), so a digest
 # named in one counts as named while its runner may still ask.
 _LIVE_REPLIES_WITH_REFS = """
-SELECT b.content FROM runner_messages AS m
+SELECT m.reply FROM runner_messages AS m
 JOIN runner_epochs AS e ON e.runner_epoch = m.runner_epoch AND e.status IN ('starting', 'ready')
-JOIN blobs AS b ON b.digest = m.reply_hash
-WHERE instr(b.content, CAST('Ref"' AS BLOB)) > 0
+WHERE instr(m.reply, CAST('Ref"' AS BLOB)) > 0
 """
 _TREE_EVENT_PAYLOADS = f"SELECT payload FROM events WHERE run_id IN {_TREE}"
 _EVENT_PAYLOADS_WITH_DIGESTS = "SELECT payload FROM events WHERE instr(payload, 'sha256:') > 0"

@@ -59,6 +59,7 @@ __all__ = [
     "DELETE_RESOURCE",
     "DELETE_RESOURCE_CLAIM",
     "DELETE_RESOURCE_QUEUE_ROW",
+    "DELETE_RUNNER_MESSAGES",
     "DRIVERS_OF_DISPLAY",
     "INSERT_BLOB",
     "INSERT_CHECKPOINT_DECISION",
@@ -1097,14 +1098,16 @@ WHERE effect_id = :effect_id AND state = 'ambiguous'
 
 # The stored reply to one runner message.
 SELECT_RUNNER_MESSAGE = """
-SELECT fingerprint, reply_hash
+SELECT fingerprint, reply
 FROM runner_messages WHERE runner_epoch = :runner_epoch AND message_id = :message_id
 """
 # Store the reply to an accepted runner message, in the transaction of its change.
 INSERT_RUNNER_MESSAGE = """
-INSERT INTO runner_messages (runner_epoch, message_id, kind, fingerprint, reply_hash, created_at)
-VALUES (:runner_epoch, :message_id, :kind, :fingerprint, :reply_hash, :now)
+INSERT INTO runner_messages (runner_epoch, message_id, kind, fingerprint, reply, created_at)
+VALUES (:runner_epoch, :message_id, :kind, :fingerprint, :reply, :now)
 """
+# Forget an ended runner epoch's replies: no frame of it reaches the database again.
+DELETE_RUNNER_MESSAGES = "DELETE FROM runner_messages WHERE runner_epoch = :runner_epoch"
 # Whether a runner epoch's run revision advanced after its ready message.
 SELECT_RUNNER_PROGRESS = """
 SELECT w.ready_revision, r.revision FROM runner_epochs AS w JOIN runs AS r ON r.run_id = w.run_id
@@ -1116,23 +1119,23 @@ WHERE w.runner_epoch = :runner_epoch
 # The receipt stored under one request ID.
 SELECT_COMMAND_BY_REQUEST = """
 SELECT request_id, client_id, operation, idempotency_key, fingerprint, run_id,
-       accepted_revision, outcome, receipt_hash, created_at
+       accepted_revision, outcome, receipt, created_at
 FROM host_commands WHERE request_id = :request_id
 """
 # The receipt stored under one client's idempotency key.
 SELECT_COMMAND_BY_KEY = """
 SELECT request_id, client_id, operation, idempotency_key, fingerprint, run_id,
-       accepted_revision, outcome, receipt_hash, created_at
+       accepted_revision, outcome, receipt, created_at
 FROM host_commands WHERE client_id = :client_id AND idempotency_key = :idempotency_key
 """
 # Store a command receipt in the transaction of the change it acknowledges.
 INSERT_COMMAND = """
 INSERT INTO host_commands (
     request_id, client_id, operation, idempotency_key, fingerprint, run_id,
-    accepted_revision, outcome, receipt_hash, created_at
+    accepted_revision, outcome, receipt, created_at
 ) VALUES (
     :request_id, :client_id, :operation, :idempotency_key, :fingerprint, :run_id,
-    :accepted_revision, :outcome, :receipt_hash, :now
+    :accepted_revision, :outcome, :receipt, :now
 )
 """
 
@@ -1165,6 +1168,13 @@ SELECT_SESSION_ENTRY_LOCATION = """
 SELECT b.rowid AS row_id, b.byte_length, 'blobs' AS "table" FROM session_entries n
 JOIN blobs b ON b.digest = n.content_hash
 WHERE n.run_id = :run_id AND n.content_hash = :digest LIMIT 1
+"""
+# A run's definition snapshot, readable as that run's JSON view content: read in place
+# from its blob (named by `runs.definition_digest` while the run exists), never copied.
+SELECT_DEFINITION_LOCATION = """
+SELECT b.rowid AS row_id, b.byte_length, 'blobs' AS "table" FROM runs r
+JOIN blobs b ON b.digest = r.definition_digest
+WHERE r.run_id = :run_id AND r.definition_digest = :digest
 """
 
 # --- Invariant checks (read-only; each returns one row per finding) -----------------

@@ -12,10 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pi_workflows.storage import _queries as q
-from pi_workflows.storage._content import put_json_blob, read_json_blob
+from pi_workflows.storage._content import content_digest
 from pi_workflows.storage._db import Reader, Tx
-from pi_workflows.storage._errors import ReceiptConflictError
-from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.storage._errors import ContentUnavailableError, ReceiptConflictError
+from pi_workflows.wire.canonical import (
+    InvalidJSONError,
+    NonCanonicalError,
+    dumps,
+    loads,
+    sha256_digest,
+)
 
 __all__ = [
     "CommandRequest",
@@ -82,6 +88,7 @@ class StoredReceipt:
     receipt: Any
     """The receipt or safe error body (JSON) that the response carried."""
     receipt_hash: str
+    """`sha256:` of the receipt's canonical JSON, which is stored inline in its row."""
     created_at: int
 
 
@@ -103,7 +110,7 @@ class _CommandRow:
     run_id: str | None
     accepted_revision: int | None
     outcome: str
-    receipt_hash: str
+    receipt: bytes
     created_at: int
 
 
@@ -123,7 +130,12 @@ def command_fingerprint(client_id: str, operation: str, idempotency_key: str, pa
     )
 
 
-def _stored(reader: Reader, row: _CommandRow) -> StoredReceipt:
+def _stored(row: _CommandRow) -> StoredReceipt:
+    data = bytes(row.receipt)
+    try:
+        receipt = loads(data)
+    except (InvalidJSONError, NonCanonicalError):
+        raise ContentUnavailableError(f"receipt:{row.request_id}", "malformedJson") from None
     return StoredReceipt(
         request_id=row.request_id,
         client_id=row.client_id,
@@ -133,8 +145,8 @@ def _stored(reader: Reader, row: _CommandRow) -> StoredReceipt:
         run_id=row.run_id,
         accepted_revision=row.accepted_revision,
         outcome=ReceiptOutcome(row.outcome),
-        receipt=read_json_blob(reader, row.receipt_hash),
-        receipt_hash=row.receipt_hash,
+        receipt=receipt,
+        receipt_hash=content_digest(data),
         created_at=row.created_at,
     )
 
@@ -161,7 +173,7 @@ def lookup_receipt(reader: Reader, command: CommandRequest) -> ReceiptLookup:
             outcome = (
                 LookupOutcome.ADOPTED if row.fingerprint == fingerprint else LookupOutcome.CONFLICT
             )
-            return ReceiptLookup(outcome, _stored(reader, row))
+            return ReceiptLookup(outcome, _stored(row))
     return ReceiptLookup(LookupOutcome.NONE, None)
 
 
@@ -196,7 +208,7 @@ def record_receipt(
         raise ReceiptConflictError(
             f"request {command.request_id} or key {command.idempotency_key} already has a receipt"
         )
-    receipt_hash = put_json_blob(tx, receipt)
+    data = dumps(receipt)  # inline: a receipt is one response body, never shared
     fingerprint = command.fingerprint
     tx.execute(
         q.INSERT_COMMAND,
@@ -209,7 +221,7 @@ def record_receipt(
             "run_id": run_id,
             "accepted_revision": accepted_revision,
             "outcome": outcome.value,
-            "receipt_hash": receipt_hash,
+            "receipt": data,
             "now": tx.now,
         },
     )
@@ -223,6 +235,6 @@ def record_receipt(
         accepted_revision=accepted_revision,
         outcome=outcome,
         receipt=receipt,
-        receipt_hash=receipt_hash,
+        receipt_hash=content_digest(data),
         created_at=tx.now,
     )

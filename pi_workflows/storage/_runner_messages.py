@@ -1,8 +1,8 @@
 """Runner message receipts in `runner_messages`: a retried runner message gets the same reply.
 
-Implements workflow-server.md § Runner protocol ("The server stores receipts for accepted
-state-changing messages so a retry receives the same answer"): keyed by runner epoch and
-message ID, bound to the digest of the canonical message, committed with the change.
+Implements workflow-server.md § Runner protocol: keyed by runner epoch and message ID,
+bound to the digest of the canonical message, committed with the change, kept inline and
+only while the epoch lives (an ended epoch's frames are refused before the database).
 """
 
 from __future__ import annotations
@@ -11,11 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from pi_workflows.storage import _queries as q
-from pi_workflows.storage._content import put_json_blob, read_json_blob
 from pi_workflows.storage._db import Reader, Tx
-from pi_workflows.storage._errors import InvalidTransitionError, RunnerMessageConflictError
+from pi_workflows.storage._errors import (
+    ContentUnavailableError,
+    InvalidTransitionError,
+    RunnerMessageConflictError,
+)
 from pi_workflows.storage._rows import RunnerEpochRow
-from pi_workflows.wire.canonical import sha256_digest
+from pi_workflows.wire.canonical import (
+    InvalidJSONError,
+    NonCanonicalError,
+    dumps,
+    loads,
+    sha256_digest,
+)
 
 __all__ = [
     "lookup_runner_reply",
@@ -27,7 +36,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class _MessageRow:
     fingerprint: str
-    reply_hash: str
+    reply: bytes
 
 
 def runner_message_fingerprint(message: Any) -> str:
@@ -54,7 +63,7 @@ def lookup_runner_reply(
     Raises:
         RunnerMessageConflictError: the message ID names a message with another
             fingerprint (answer `protocolRejected`; change nothing).
-        ContentUnavailableError: the stored reply blob is missing or corrupt.
+        ContentUnavailableError: the stored reply is not canonical JSON (`malformedJson`).
     """
     row = reader.fetch_one(
         q.SELECT_RUNNER_MESSAGE,
@@ -67,7 +76,10 @@ def lookup_runner_reply(
         raise RunnerMessageConflictError(
             runner_epoch, message_id, "the message ID was used for another message"
         )
-    return read_json_blob(reader, row.reply_hash)
+    try:
+        return loads(row.reply)
+    except (InvalidJSONError, NonCanonicalError):
+        raise ContentUnavailableError(f"reply:{message_id}", "malformedJson") from None
 
 
 def record_runner_reply(  # noqa: PLR0917 (the receipt columns, in key order)
@@ -116,7 +128,7 @@ def record_runner_reply(  # noqa: PLR0917 (the receipt columns, in key order)
             "message_id": message_id,
             "kind": kind,
             "fingerprint": fingerprint,
-            "reply_hash": put_json_blob(tx, reply),
+            "reply": dumps(reply),
             "now": tx.now,
         },
     )

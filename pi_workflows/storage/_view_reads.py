@@ -35,7 +35,6 @@ __all__ = [
     "put_traceback",
     "run_result_payload",
     "session_base_revision",
-    "store_definition_content",
     "store_view_blob",
     "store_view_text",
     "terminal_message_retained",
@@ -332,18 +331,3 @@ def store_view_text(
     data = text.encode("utf-8")
     if len(data) > VIEW_INLINE_BYTES:
         put_view_content(tx, run_id, media_type, data)
-
-
-def store_definition_content(tx: Tx, run_id: str, digest: str) -> None:
-    """Copy the run's definition snapshot (always, whatever its size) into its view
-    content, so the view's `graph.definition` reference never names missing bytes."""
-    tx.execute(
-        _COPY_BLOB_TO_VIEW_CONTENT,
-        {
-            "run_id": run_id,
-            "digest": digest,
-            "media_type": VIEW_JSON_MEDIA_TYPE,
-            "now": tx.now,
-            "inline_bytes": -1,
-        },
-    )

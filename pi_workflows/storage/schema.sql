@@ -338,6 +338,7 @@ CREATE INDEX run_bindings_by_session ON run_bindings (origin_session_id)
     WHERE origin_session_id IS NOT NULL;
 
 -- Command receipts. The request ID is transport identity and not in the fingerprint.
+-- The receipt is the canonical JSON of the response body, inline (never shared).
 CREATE TABLE host_commands (
     request_id TEXT PRIMARY KEY,
     client_id TEXT NOT NULL,
@@ -347,12 +348,11 @@ CREATE TABLE host_commands (
     run_id TEXT,
     accepted_revision INTEGER,
     outcome TEXT NOT NULL CHECK (outcome IN ('accepted', 'rejected')),
-    receipt_hash TEXT NOT NULL REFERENCES blobs (digest),
+    receipt BLOB NOT NULL,
     created_at INTEGER NOT NULL,
     UNIQUE (client_id, idempotency_key)
 ) STRICT;
 CREATE INDEX host_commands_by_run ON host_commands (run_id) WHERE run_id IS NOT NULL;
-CREATE INDEX host_commands_by_receipt ON host_commands (receipt_hash);
 
 -- Durable requests for agent, assistant, checkpoint and decision steps; one per attempt.
 CREATE TABLE interactive_requests (
@@ -584,18 +584,19 @@ CREATE INDEX runner_epochs_by_diagnostic ON runner_epochs (diagnostic_hash)
     WHERE diagnostic_hash IS NOT NULL;
 
 -- Replies to accepted runner messages, so a retried message receives the same answer.
--- The fingerprint is the digest of the canonical message; the reply is a JSON blob.
--- Deleted with its runner epoch, and so with its run.
+-- The fingerprint is the digest of the canonical message; the reply is its canonical
+-- JSON, inline (a bounded frame: a large result is a blob the reply names).
+-- Deleted when its runner epoch ends (`record_runner_exit`): the runner host refuses
+-- every frame of an ended epoch before the database, so no one can ask for it again.
 CREATE TABLE runner_messages (
     runner_epoch TEXT NOT NULL REFERENCES runner_epochs (runner_epoch) ON DELETE CASCADE,
     message_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
-    reply_hash TEXT NOT NULL REFERENCES blobs (digest),
+    reply BLOB NOT NULL,
     created_at INTEGER NOT NULL,
     PRIMARY KEY (runner_epoch, message_id)
 ) STRICT, WITHOUT ROWID;
-CREATE INDEX runner_messages_by_reply ON runner_messages (reply_hash);
 
 -- Generated view content, readable only under its exact run, digest and media type.
 CREATE TABLE run_view_content (

@@ -430,16 +430,19 @@ def test_a_crash_at_the_group_commit_leaves_state_retries_adopt(tmp_path: Path, 
 
     db = open_database(path)
     try:
-        recover_at_startup(db, "server-next", _nothing_recorded)
         fingerprint = runner_message_fingerprint(message)
         stored = lookup_runner_reply(db, epoch, message["messageId"], fingerprint)
+        recover_at_startup(db, "server-next", _nothing_recorded)
+        # Recovery ends the crashed server's runner epoch (orphaned): a repeat from it is
+        # refused before the database, so its replies are not kept.
+        assert lookup_runner_reply(db, epoch, message["messageId"], fingerprint) is None
         attempts = db.fetch_value("SELECT count(*) FROM node_attempts", {})
         retry = handle_operation(
             db, _pause_request("request-2"), OperationContext(epoch=2, owner_id="s")
         )
         if point.endswith("after_commit"):
-            # Durable before the crash: the runner's retry finds its stored reply, and the
-            # client's retry adopts the stored receipt.
+            # Durable before the crash: the runner's reply was stored, and the client's
+            # retry adopts the stored receipt.
             assert stored is not None and stored["outcome"] == "accepted"
             assert attempts == 1
             assert retry["outcome"] == "adopted" and retry["receipt"]["state"] == "queued"

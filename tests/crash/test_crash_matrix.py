@@ -790,19 +790,42 @@ def _content_after_write(lab: Lab) -> None:
     assert json.loads(content) == {"node": "big", "count": 2, "text": "b" * 3 * 1024 * 1024}
 
 
+# The event each committed runner message writes (the replies themselves go with their
+# runner epoch: `record_runner_exit` deletes them, since no frame of it is answered again).
+_EVENT_OF_MESSAGE = {
+    "runner_live": "runner.ready",
+    "node_started": "node.started",
+    "node_finished": "node.finished",
+    "node_failed": "node.failed",
+    "effect_reserved": "effect.reserve",
+    "effect_settled": "effect.settle",
+    "interaction_requested": "interaction.requested",
+}
+_SERVER_EVENTS = frozenset({"run_queued", "run_claimed", "run_requeued", "run_parked"})
+
+
 def _messages_of_the_crashed_runner(lab: Lab, run_id: str) -> list[str]:
-    """The kinds of the messages the server committed from the run's first runner."""
+    """The kinds of the messages the server committed from the run's first runner.
+
+    Read from the events of its generation: its stored replies were deleted when its
+    epoch ended (a repeat from it is refused before the database).
+    """
     with lab.database() as db:
-        crashed = db.execute(
-            "SELECT runner_epoch FROM runner_epochs WHERE run_id = ?"
+        crashed, generation = db.execute(
+            "SELECT runner_epoch, generation FROM runner_epochs WHERE run_id = ?"
             " ORDER BY started_at, generation",
             (run_id,),
         ).fetchone()
-        rows = db.execute(
-            "SELECT message_id, kind FROM runner_messages WHERE runner_epoch = ?", crashed
+        kept = db.execute(
+            "SELECT count(*) FROM runner_messages WHERE runner_epoch = ?", (crashed,)
+        ).fetchone()[0]
+        events = db.execute(
+            "SELECT event_type FROM events WHERE run_id = ? AND generation = ? ORDER BY revision",
+            (run_id, generation),
         ).fetchall()
         assert runner_rows(db, run_id)[0] == ("crashed", signal.SIGKILL)
-    return [kind for _, kind in sorted(rows, key=lambda row: int(row[0].rsplit("-m", 1)[1]))]
+    assert kept == 0, "an ended runner epoch keeps no replies"
+    return [_EVENT_OF_MESSAGE.get(kind, kind) for (kind,) in events if kind not in _SERVER_EVENTS]
 
 
 def _message_crash(lab: Lab, hit: int, kind: str) -> None:

@@ -99,9 +99,8 @@ def runner_bytes(rig: OriginRig, run_id: str) -> dict[str, int]:
         ),
         "runner message replies": one(
             rig,
-            "SELECT SUM(LENGTH(b.content)) FROM runner_messages m "
-            "JOIN runner_epochs r ON r.runner_epoch = m.runner_epoch "
-            "JOIN blobs b ON b.digest = m.reply_hash WHERE r.run_id = ?",
+            "SELECT coalesce(SUM(LENGTH(m.reply)), 0) FROM runner_messages m "
+            "JOIN runner_epochs r ON r.runner_epoch = m.runner_epoch WHERE r.run_id = ?",
             run_id,
         ),
         "node outputs": one(

@@ -273,3 +273,45 @@ def test_a_reference_in_a_stored_reply_stays_readable_for_the_same_runner(db: Da
     (again,) = runner.handle(message)
     assert again["resultRef"] == ref
     assert loads(runner.read(ref))["effect"]["result"] == "z" * MAX_FRAME_BYTES
+
+
+def _kept_replies(db: Database, epoch: str) -> int:
+    return int(
+        db.fetch_value("SELECT count(*) FROM runner_messages WHERE runner_epoch = :e", {"e": epoch})
+    )
+
+
+def test_a_repeat_gets_its_reply_while_the_epoch_lives_and_the_fence_after_it_ends(
+    db: Database,
+) -> None:
+    run_id = _enqueue(db)
+    runner = Runner(db, run_id)
+    runner.ready()
+    started = runner.message(
+        "node.started", {"nodePath": "n", "nodeKind": "compute", "visit": 1}, "attempt-n"
+    )
+    (reply,) = runner.handle(started)
+    assert reply["outcome"] == "accepted"
+    revision = db.fetch_value("SELECT revision FROM runs WHERE run_id = :r", {"r": run_id})
+
+    (again,) = runner.handle(started)  # the reply was lost: the runner repeats the message
+    assert again == reply, "a repeat within a live generation gets its recorded reply"
+    assert db.fetch_value("SELECT revision FROM runs WHERE run_id = :r", {"r": run_id}) == revision
+    assert _kept_replies(db, runner.epoch) == 2  # runner.ready and node.started
+
+    assert runner.exit(-9) == "workerCrashed"  # the generation ends: the run is requeued
+    assert _kept_replies(db, runner.epoch) == 0, "an ended epoch's replies are not kept"
+    ended = db.fetch_value("SELECT revision FROM runs WHERE run_id = :r", {"r": run_id})
+
+    # The runner host no longer knows the epoch: the repeat is refused before the database.
+    frame = ChildFrame(runner.epoch, _NoChannel(), RunnerMessage.from_wire(started))
+    refused = refuse_frame(None, frame)
+    assert refused is not None and refused["outcome"] == "claimLost"
+    # Even a repeat that reached the database would meet the claim fence, unanswered by
+    # a reply and changing nothing.
+    (fenced,) = apply_message(
+        db, runner.active.view(False), RunnerMessage.from_wire(started)
+    ).frames
+    assert fenced["outcome"] == "claimLost"
+    assert db.fetch_value("SELECT revision FROM runs WHERE run_id = :r", {"r": run_id}) == ended
+    assert _kept_replies(db, runner.epoch) == 0

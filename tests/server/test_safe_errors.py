@@ -90,8 +90,7 @@ def _stored_rejections(state_dir: Path) -> list[dict[str, Any]]:
     database = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
     try:
         rows = database.execute(
-            "SELECT b.content FROM host_commands AS h JOIN blobs AS b ON b.digest = h.receipt_hash"
-            " WHERE h.outcome = 'rejected'"
+            "SELECT receipt FROM host_commands WHERE outcome = 'rejected'"
         ).fetchall()
     finally:
         database.close()

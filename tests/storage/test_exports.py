@@ -89,7 +89,7 @@ PINNED = {
     "lineage_links", "pending_requests", "put_traceback", "run_result_payload",
     # view content and trace pages (issue 13 items 5 and 6)
     "VIEW_INLINE_BYTES", "VIEW_JSON_MEDIA_TYPE", "VIEW_TEXT_MEDIA_TYPE", "NumberedAttempt",
-    "attempt_position", "attempt_window", "count_attempts", "store_definition_content",
+    "attempt_position", "attempt_window", "count_attempts",
     "store_view_blob", "store_view_text", "count_transitions", "transition_window",
     # run bindings and the session view: origin sessions, reservations, terminal retention
     "interactive_origin_session", "session_reservation", "latest_terminal_run",
