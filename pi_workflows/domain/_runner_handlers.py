@@ -45,6 +45,7 @@ from pi_workflows.storage import (
     cancel_superseded_step_messages,
     carry_turn_count,
     complete_run,
+    count_runner_replies,
     declare_effect_ambiguous,
     earlier_submission_validating,
     fail_node_attempt,
@@ -96,6 +97,7 @@ from pi_workflows.supervision import (
 from pi_workflows.wire.canonical import dumps, sha256_digest
 from pi_workflows.wire.protocol import ProtocolViolation
 from pi_workflows.wire.runner import (
+    PIPELINED_KINDS,
     ContentRead,
     ContentWrite,
     ContentWritten,
@@ -368,6 +370,10 @@ def _on_node_started(
         node_type=body.node_kind,
         deadline_at=deadline_at,
     )
+    if body.node_kind in PIPELINED_KINDS and started.visit != body.visit:
+        # The runner routes on the visit it assumed (a pipelined start is not waited
+        # for): a different count is refused, and with it the run's end behind it.
+        raise InvalidTransitionError(view.run_id, f"visit {started.visit}", "node.started")
     delta.started = (message.attempt_id, body.node_kind, deadline_at)
     return started.revision, StartedVisit(visit=started.visit)
 
@@ -695,6 +701,12 @@ def _on_run_finished(
 ) -> tuple[int, Any]:
     body = message.body
     assert isinstance(body, RunFinished)
+    if isinstance(body.receipts, int) and count_runner_replies(tx, view.runner_epoch) != (
+        body.receipts
+    ):
+        # Sent behind posted messages without their answers: one of them was refused,
+        # so the run's end the runner decided on does not stand.
+        raise InvalidTransitionError(view.run_id, "an earlier message refused", "run.finished")
     error = _error(tx, view, body.error, body.error_ref)
     if isinstance(body.last_node, LastNode):
         # The run's last pure node and the run end in one claim-checked unit: after a

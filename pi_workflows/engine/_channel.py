@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import itertools
 import socket
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 
@@ -51,65 +48,9 @@ from pi_workflows.wire.runner import (
     result_as,
 )
 
-__all__ = ["CORK_S", "Channel", "ClaimLost", "NodePlace", "Refused", "RunnerStopped"]
+__all__ = ["Channel", "ClaimLost", "NodePlace", "Refused", "RunnerStopped"]
 
 _T = TypeVar("_T")
-
-CORK_S: Final = 0.010
-"""The longest a posted message waits to go out with the next one. A short pure node's
-start and finish (and the next node's start) then reach the server in one write and
-commit together; a long node's start is still written, and shown, within this time."""
-
-
-class _Cork:
-    """Posted messages not yet written, and the thread that writes them once the oldest
-    waited `CORK_S`. Every write of the channel goes through `write`, under one lock, so
-    frames leave in the order they were made."""
-
-    def __init__(self, send: Callable[[list[RunnerMessage]], None]) -> None:
-        self._send = send
-        self._lock = threading.Condition()
-        self._held: list[RunnerMessage] = []
-        self._since = 0.0
-        self._thread: threading.Thread | None = None
-        self._broken = False
-
-    def hold(self, message: RunnerMessage) -> None:
-        """Keep a posted message for the next write (at most `CORK_S`)."""
-        with self._lock:
-            if not self._held:
-                self._since = time.monotonic()
-                self._lock.notify()
-            self._held.append(message)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="piw-cork", daemon=True)
-                self._thread.start()
-
-    def write(self, message: RunnerMessage | None = None) -> None:
-        """Write what is held, then `message` (None: only what is held)."""
-        with self._lock:
-            held, self._held = self._held, []
-            if message is not None:
-                held.append(message)
-            if held:
-                self._send(held)
-
-    def _run(self) -> None:
-        with self._lock:
-            while not self._broken:
-                if not self._held:
-                    self._lock.wait()
-                    continue
-                due = self._since + CORK_S - time.monotonic()
-                if due > 0:
-                    self._lock.wait(due)
-                    continue
-                held, self._held = self._held, []
-                try:
-                    self._send(held)
-                except OSError:
-                    # The server is gone: the runner learns it at its next read.
-                    self._broken = True
 
 
 class ClaimLost(Exception):  # noqa: N818 - the design's own name for the handoff
@@ -147,7 +88,9 @@ class Channel:
         self._uploaded: dict[str, UploadRef] = {}
         """The last value sent by reference, by digest: a shell result is named three
         times (settle, node finished, run finished) and written once."""
-        self._cork = _Cork(self._send)
+        self.proposals = 0
+        """Messages made so far that the server keeps a reply for when it accepts them
+        (all but content reads and writes): what `run.finished` counts as `receipts`."""
 
     # --- messages -------------------------------------------------------------------------
 
@@ -170,6 +113,17 @@ class Channel:
         value = self._resolve(answer.result_ref, f"the reply to {body.kind}")
         return msgspec.structs.replace(answer, result=value, result_ref=UNSET)
 
+    def send_behind_posts(self, body: RunnerPayload) -> RunnerReply:
+        """`send` without waiting first for the answers to the posted messages, so the
+        server can commit them together. Only for a message the server refuses unless
+        every earlier one was accepted (`run.finished` with its `receipts`); the posted
+        answers are still read and checked, before its own.
+
+        Raises:
+            ClaimLost, Refused: as `send` (a refused posted message included).
+        """
+        return self._exchange(self._by_reference(body), behind_posts=True)
+
     def ask(self, body: RunnerPayload, result_type: type[_T], attempt_id: str | None = None) -> _T:
         """`send`, and the accepted reply's result as its record.
 
@@ -191,12 +145,11 @@ class Channel:
         next `send` or `flush`, and a refusal then stops the runner there. Only progress
         that may repeat goes this way (a pure node's start and finish): the runner waits
         for every answer before an effect, a wait, an interaction or the end of the run.
-        `visit`: the visit a pipelined `node.started` reply must carry. The message
-        waits at most `CORK_S` to go out in one write with the next (`_Cork`).
+        `visit`: the visit a pipelined `node.started` reply must carry.
         """
         message = self._message(self._by_reference(body), attempt_id)
+        self._write(message)
         self._unanswered[message.message_id] = (body.kind, visit)
-        self._cork.hold(message)
 
     def flush(self) -> None:
         """Wait for the replies to every posted message; raise at the first refusal.
@@ -296,6 +249,8 @@ class Channel:
 
     def _message(self, body: RunnerPayload, attempt_id: str | None) -> RunnerMessage:
         address = self.address
+        if not isinstance(body, ContentRead | ContentWrite):  # those keep no reply
+            self.proposals += 1
         return RunnerMessage(
             run_id=address.run_id,
             generation=address.generation,
@@ -307,20 +262,14 @@ class Channel:
         )
 
     def _write(self, message: RunnerMessage) -> None:
-        self._cork.write(message)
-
-    def _send(self, messages: list[RunnerMessage]) -> None:
-        """Write `messages` in one write (the cork's lock is held)."""
-        self._sock.sendall(b"".join(message.encode() + b"\n" for message in messages))
-        for message in messages:
-            crash_point("runner.message.after_send")
-            kind = message.kind
-            if kind in RUNNER_SENT_KINDS:  # a content read or write has no point of its own
-                crash_point(f"runner.message.{kind.replace('.', '_')}.after_send")
+        self._sock.sendall(message.encode() + b"\n")
+        crash_point("runner.message.after_send")
+        kind = message.kind
+        if kind in RUNNER_SENT_KINDS:  # a content read or write has no point of its own
+            crash_point(f"runner.message.{kind.replace('.', '_')}.after_send")
 
     def _read_answer(self) -> RunnerReply | None:
         """The next reply from the server (a command is kept for `wait_command`)."""
-        self._cork.write()  # nothing held may wait for the answer it is about
         raw = self._reader.read_message()
         if raw is None:
             raise ClaimLost("the server closed the channel")
@@ -358,14 +307,25 @@ class Channel:
             self.revision = answer.revision
         return answer
 
-    def _exchange(self, body: RunnerPayload, attempt_id: str | None = None) -> RunnerReply:
-        """Send one message and return its accepted reply as it came (no reference read)."""
-        self.flush()
+    def _exchange(
+        self, body: RunnerPayload, attempt_id: str | None = None, *, behind_posts: bool = False
+    ) -> RunnerReply:
+        """Send one message and return its accepted reply as it came (no reference read).
+
+        The posted messages are answered first (`flush`), unless `behind_posts`: then
+        their answers are read, and checked, on the way to this one's."""
+        if not behind_posts:
+            self.flush()
         message = self._message(body, attempt_id)
         self._write(message)
         while True:
             answer = self._read_answer()
-            if answer is None or answer.reply_to != message.message_id:
+            if answer is None:
+                continue
+            if answer.reply_to in self._unanswered:
+                self._settle_posted(answer)
+                continue
+            if answer.reply_to != message.message_id:
                 continue
             return self._accepted(body.kind, answer)
 

@@ -24,6 +24,7 @@ from pi_workflows.engine._nodes import run_node_kind
 from pi_workflows.engine._routing import next_node
 from pi_workflows.engine._values import MAX_ERROR_TEXT, checked_output
 from pi_workflows.wire.runner import (
+    PIPELINED_KINDS,
     UNSET,
     LastNode,
     NodeFailed,
@@ -39,9 +40,6 @@ from pi_workflows.wire.runner import (
 
 __all__ = ["PIPELINED_KINDS", "Execution"]
 
-PIPELINED_KINDS: Final = frozenset({"compute"})
-"""Node kinds whose start and finish are sent without waiting: pure work that may run
-again. Every other kind (effects, waits, notifications) waits for each answer."""
 EFFECT_KINDS: Final = frozenset({"action", "shell"})
 
 
@@ -317,11 +315,14 @@ class Execution:
 
     def _finish(self, status: Any, *, output: Any = None, error: RunnerError | None = None) -> None:
         last_node = self.last_node if status == "completed" else None
-        self.channel.send(
+        # Behind the posted messages, in the same write: the server refuses the end
+        # unless it accepted every one of them (`receipts`), so none is waited for.
+        self.channel.send_behind_posts(
             RunFinished(
                 status=status,
                 output=output if status == "completed" else UNSET,
                 error=UNSET if error is None else error,
                 last_node=UNSET if last_node is None else last_node,
+                receipts=self.channel.proposals,
             )
         )

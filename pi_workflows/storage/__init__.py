@@ -435,6 +435,7 @@ from pi_workflows.storage._rows import (
     ServerLeaseRow,
 )
 from pi_workflows.storage._runner_messages import (
+    count_runner_replies,
     lookup_runner_reply,
     record_runner_reply,
     runner_message_fingerprint,
@@ -708,6 +709,7 @@ __all__ = [
     "count_due_reconciles",
     "count_reconciling",
     "count_runner_outcomes",
+    "count_runner_replies",
     "count_session_events",
     "count_session_pages",
     "count_session_segments",

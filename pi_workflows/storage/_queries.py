@@ -51,6 +51,7 @@ __all__ = [
     "COUNT_LIVE_RESOURCE_CLAIMS",
     "COUNT_PENDING_REQUESTS",
     "COUNT_QUEUE_BY_STATE",
+    "COUNT_RUNNER_MESSAGES",
     "COUNT_RUNNER_OUTCOMES",
     "COUNT_RUNS_BY_STATUS",
     "COUNT_RUN_AMBIGUOUS_EFFECTS",
@@ -1097,6 +1098,10 @@ WHERE effect_id = :effect_id AND state = 'ambiguous'
 # --- Runner message receipts ---------------------------------------------------------
 
 # The stored reply to one runner message.
+COUNT_RUNNER_MESSAGES = """
+SELECT COUNT(*) FROM runner_messages WHERE runner_epoch = :runner_epoch
+"""
+
 SELECT_RUNNER_MESSAGE = """
 SELECT fingerprint, reply
 FROM runner_messages WHERE runner_epoch = :runner_epoch AND message_id = :message_id

@@ -27,6 +27,7 @@ from pi_workflows.wire.canonical import (
 )
 
 __all__ = [
+    "count_runner_replies",
     "lookup_runner_reply",
     "record_runner_reply",
     "runner_message_fingerprint",
@@ -49,6 +50,12 @@ def runner_message_fingerprint(message: Any) -> str:
         pi_workflows.wire.canonical.NotSerializableError: no canonical form.
     """
     return sha256_digest(message)
+
+
+def count_runner_replies(reader: Reader, runner_epoch: str) -> int:
+    """How many of the runner epoch's messages were accepted (each has its stored reply)."""
+    count = reader.fetch_value(q.COUNT_RUNNER_MESSAGES, {"runner_epoch": runner_epoch})
+    return int(count or 0)
 
 
 def lookup_runner_reply(

@@ -267,6 +267,11 @@ class RunFinished(_Payload, frozen=True):
     error_ref: UploadRef | UnsetType = UNSET
     last_node: LastNode | UnsetType = UNSET
     """A completed run's last (pure) node, finished in the same unit as the run."""
+    receipts: Count | UnsetType = UNSET
+    """How many of this runner's messages before this one the server must have accepted
+    (all it sent, content reads and writes aside). The server refuses the run's end if
+    any was refused, so the runner sends it behind its posted messages without waiting
+    for their answers."""
 
     def __post_init__(self) -> None:
         _one_of(self, "output", required=self.status == "completed")

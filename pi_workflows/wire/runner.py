@@ -75,6 +75,7 @@ __all__ = [
     "MAX_VALUE_CAP",
     "MAX_VALUE_ENV",
     "MIN_VALUE_CAP",
+    "PIPELINED_KINDS",
     "RUNNER_PAYLOADS",
     "UNSET",
     "UPLOAD_PART_BYTES",
@@ -140,6 +141,12 @@ INLINE_VALUE_BYTES: Final = MAX_FRAME_BYTES - 64 * 1024
 INLINE_ERROR_BYTES: Final = 16 * 1024
 """The largest error (its JSON) sent inside a frame, the runner.v1 bound of `message`
 and `traceback`; a larger one goes whole by reference."""
+
+
+PIPELINED_KINDS: Final = frozenset({"compute"})
+"""Node kinds whose start and finish the runner sends without waiting: pure work that may
+run again. Every other kind (effects, waits, notifications) waits for each answer. The
+server refuses a pipelined start whose visit is not the one the runner assumed."""
 
 
 def max_value_bytes(environ: Mapping[str, str] | None = None) -> int:

@@ -174,12 +174,20 @@ def _lifecycle_before_launch(lab: Lab) -> None:
     armed = lab.start_server("server.lifecycle.launch.before_commit")
     start = lab.start_run("approve")
     lab.expect_server_crash(armed)
-    run_id = _run_of(lab, start)
-    with lab.database() as db:  # the claim never committed: the run is still queued
-        assert _queue(db, run_id) == "queued"
-        assert _run(db, run_id) == ("queued", 0, 0)
+    with lab.database() as db:
+        # The claim never committed. Its admission round either joined the start's group
+        # commit (then the start is not durable either, and was never answered) or came
+        # after it (then the run is still queued).
+        runs = [row[0] for row in db.execute("SELECT run_id FROM runs")]
         assert _row(db, "SELECT COUNT(*) FROM runner_epochs") == 0
+        for run_id in runs:
+            assert _queue(db, run_id) == "queued"
+            assert _run(db, run_id) == ("queued", 0, 0)
+    assert len(runs) == 1 or (not runs and start.response is None), runs
     lab.start_server()
+    lab.resend_lost()  # a start lost with its group adopts nothing: it starts the run now
+    run_id = start.new_run
+    assert runs in ([], [run_id])
     continuation = _approve_to_the_end(lab, run_id)
     _check_approve_ran_once(lab, run_id, continuation)
     lab.finish({run_id: "completed", continuation: "completed"})
@@ -345,18 +353,22 @@ def _merged_finish_crash(lab: Lab, point: str, durable: bool) -> None:
             assert _run(db, run_id)[0] == "completed"
             assert _attempts_of(db, run_id, "b") == ["completed"], "b finished with the run"
         else:
+            # b's start may have gone in the same group commit (the run's end is sent
+            # behind the posted messages): durable or not, b did not finish.
             assert _run(db, run_id)[0] == "running"
-            assert _attempts_of(db, run_id, "b") == ["running"], "neither half committed"
+            assert _attempts_of(db, run_id, "b") in ([], ["running"]), "neither half"
     lab.start_server()
     lab.resend_lost()
     view = lab.wait_status(run_id, "completed")
+    with lab.database() as db:
+        b_attempts = _attempts_of(db, run_id, "b")
     if durable:
         assert view["generation"] == 1, "a completed run is never claimed again"
         assert lab.count(run_id, "b") == 1
+        assert b_attempts == ["completed"]
     else:
         assert lab.count(run_id, "b") == 2, "b ran again in the next generation"
-        with lab.database() as db:
-            assert _attempts_of(db, run_id, "b") == ["interrupted", "completed"]
+        assert b_attempts in (["completed"], ["interrupted", "completed"])
     lab.finish({run_id: "completed"})
 
 

@@ -87,6 +87,15 @@ class FakeServer:
             result=self._apply(body.kind, msgspec.to_builtins(body), attempt_id),
         )
 
+    def send_behind_posts(self, body: RunnerPayload) -> RunnerReply:
+        """The run's end: every posted message was applied first (this server is in order)."""
+        return self.send(body)
+
+    @property
+    def proposals(self) -> int:
+        """The messages applied so far: the receipts a run's end counts."""
+        return len(self.messages)
+
     def _apply(self, kind: str, payload: dict[str, Any], attempt_id: str | None) -> Any:
         self.messages.append((kind, payload))
         if kind == "node.started":
@@ -119,7 +128,7 @@ class FakeServer:
                 "result": payload.get("result"),
             }
         elif kind == "run.finished":
-            self.finished = {k: v for k, v in payload.items() if k != "lastNode"}
+            self.finished = {k: v for k, v in payload.items() if k not in ("lastNode", "receipts")}
             last = payload.get("lastNode")
             if last is not None:  # the last pure node finishes with the run, as one unit
                 attempt = self._attempt(last["attemptId"])
