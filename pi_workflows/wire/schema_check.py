@@ -36,7 +36,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
     from pi_workflows.wire.schema_errors import Violation
 
-__all__ = ["MAX_CACHED_CHECKS", "SchemaCheck", "check_schema"]
+__all__ = ["MAX_CACHED_CHECKS", "SchemaCheck", "check_schema", "check_schema_json"]
 
 MAX_CACHED_CHECKS: Final = 256
 """Schema texts whose checks `check_schema` keeps (least recently used go first)."""
@@ -60,21 +61,11 @@ jsonschema reaches that estimate, so a schema checked once (in a runner child, s
 never pays for compiling, and one checked often pays at most twice the best case."""
 
 _DRAFT_2020_12: Final = frozenset(
-    {"https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2020-12/schema#"}
-)
-_KNOWN: Final = frozenset(
     {
-        # what `Draft202012Validator.VALIDATORS` applies, plus `then`/`else` (read by `if`)
-        # and minContains/maxContains (read by `contains`)
-        "$dynamicRef", "$ref", "additionalProperties", "allOf", "anyOf", "const", "contains",
-        "dependentRequired", "dependentSchemas", "enum", "exclusiveMaximum",
-        "exclusiveMinimum", "format", "if", "then", "else", "items", "maxItems", "maxLength",
-        "maxProperties", "maximum", "minItems", "minLength", "minProperties", "minimum",
-        "multipleOf", "not", "oneOf", "pattern", "patternProperties", "prefixItems",
-        "properties", "propertyNames", "required", "type", "unevaluatedItems",
-        "unevaluatedProperties", "uniqueItems", "minContains", "maxContains",
+        "https://json-schema.org/draft/2020-12/schema",
+        "https://json-schema.org/draft/2020-12/schema#",
     }
-)  # fmt: skip
+)
 _UNSUPPORTED: Final = frozenset(
     {"$dynamicRef", "multipleOf", "unevaluatedItems", "minContains", "maxContains"}
 )
@@ -83,10 +74,8 @@ _COUNTS: Final = frozenset(
     {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"}
 )
 _BOUNDS: Final = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-_ONE_SCHEMA: Final = frozenset(
-    {"additionalProperties", "items", "contains", "propertyNames", "then", "else"}
-)
-_SCHEMA_LISTS: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_ONE_SCHEMA: Final = ("additionalProperties", "items", "contains", "propertyNames", "then", "else")
+_SCHEMA_LISTS: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
 _APPLICATORS: Final = frozenset({"$ref", "allOf", "anyOf", "oneOf", "if", "dependentSchemas"})
 """Keywords whose subschemas also evaluate properties (`unevaluatedProperties` needs them)."""
 _DEF_NAME: Final = re.compile(r"[A-Za-z0-9_]{1,64}")
@@ -95,17 +84,13 @@ _WALKED_KEYS: Final = frozenset({"$ref", "$id", "id"})
 """Keys fastjsonschema's reference walk reads wherever they are, even inside `const`."""
 
 
-class _Unsupported(Exception):
-    """The schema uses something fastjsonschema does not check exactly as jsonschema."""
-
-
 class SchemaCheck:
     """One Draft 2020-12 schema's check: `is_valid`, and jsonschema's wording on failure.
 
     Thread-safe: the validators are built once (a race builds a spare, never a wrong one).
     """
 
-    __slots__ = ("_draft07", "_exact", "_fast", "_lock", "_schema", "_slow", "_spent", "_budget")
+    __slots__ = ("_budget", "_draft07", "_exact", "_fast", "_lock", "_schema", "_slow", "_spent")
 
     def __init__(self, schema: Any, *, size: int | None = None) -> None:
         """`schema` must not change afterwards (`check_schema` passes a private copy)."""
@@ -183,7 +168,8 @@ class SchemaCheck:
             return None
         from jsonschema.exceptions import best_match  # noqa: PLC0415 (see TYPE_CHECKING)
 
-        return best_match(self._errors(value))
+        error: ValidationError | None = best_match(self._errors(value))
+        return error
 
     def first_violation(self, value: Any, *, plain: bool = True) -> Violation | None:
         """The safe refusal of `value` (`schema_errors.first_violation`), or None."""
@@ -221,6 +207,15 @@ def check_schema(schema: Any) -> SchemaCheck:
         import copy  # noqa: PLC0415 (a rare path)
 
         return SchemaCheck(copy.deepcopy(schema))
+    return check_schema_json(text)
+
+
+def check_schema_json(text: bytes) -> SchemaCheck:
+    """The check of the schema whose canonical JSON is `text` (as `check_schema`).
+
+    Raises:
+        CanonicalJSONError: `text` is not canonical JSON.
+    """
     with _cache_lock:
         check = _cache.get(text)
         if check is not None:
@@ -274,13 +269,180 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
 # The draft-07 form of a schema
 
 
-class _Walk:
-    """State of one rewrite: the root's definitions and what the schema uses."""
+class _UnsupportedError(Exception):
+    """The schema uses something fastjsonschema does not check exactly as jsonschema."""
 
-    def __init__(self, defs: dict[str, Any], unique_in_refs: bool) -> None:
+
+def _require(condition: bool) -> None:
+    if not condition:
+        raise _UnsupportedError
+
+
+@dataclass(slots=True)
+class _Place:
+    """One subschema being rewritten: its keywords, the rewrite so far, and whether it
+    sits under `not`, `if` or `oneOf` (where a stricter keyword could accept what
+    jsonschema rejects)."""
+
+    node: dict[str, Any]
+    out: dict[str, Any]
+    exact: bool
+
+
+class _Rewrite:
+    """One schema's draft-07 form: its root definitions and what it uses."""
+
+    def __init__(self, defs: dict[str, Any], unique_anywhere: bool) -> None:
         self.defs = defs
-        self.unique_in_refs = unique_in_refs
+        self.unique_anywhere = unique_anywhere
         self.unique = False
+
+    def node(self, node: Any, *, exact: bool) -> Any:
+        if isinstance(node, bool):
+            return node
+        _require(isinstance(node, dict))
+        place = _Place(node, {}, exact)
+        for key, value in node.items():
+            if key in _KNOWN:
+                _KEYWORDS[key](self, place, key, value)
+            else:  # $id, $anchor, $dynamicAnchor, nested $defs: keep jsonschema
+                _require(not key.startswith("$") or key == "$comment")
+        self.dependencies(place)
+        return place.out
+
+    def dependencies(self, place: _Place) -> None:
+        required = place.node.get("dependentRequired", {})
+        schemas = place.node.get("dependentSchemas", {})
+        _require(isinstance(required, dict) and isinstance(schemas, dict))
+        _require(not set(required) & set(schemas))
+        merged: dict[str, Any] = {}
+        for name, needed in required.items():
+            _require(isinstance(needed, list) and all(isinstance(v, str) for v in needed))
+            _require(len(set(needed)) == len(needed))
+            merged[name] = needed
+        for name, sub in schemas.items():
+            merged[name] = self.node(sub, exact=place.exact)
+        if merged:
+            place.out["dependencies"] = merged
+
+
+Handler: TypeAlias = Callable[[_Rewrite, _Place, str, Any], None]
+
+
+def _unsupported(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    raise _UnsupportedError
+
+
+def _dropped(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    """`format` (asserted by neither), and what `_Rewrite.dependencies` merges."""
+
+
+def _type(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    types = value if isinstance(value, list) else [value]
+    _require(bool(types) and all(isinstance(t, str) and t in _TYPES for t in types))
+    _require(len(set(types)) == len(types))
+    place.out[key] = value
+
+
+def _values(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(key == "const" or isinstance(value, list))
+    _require(not _walked_keys(value))
+    place.out[key] = value
+
+
+def _required(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(isinstance(value, list) and all(isinstance(v, str) for v in value))
+    _require(len(set(value)) == len(value))
+    place.out[key] = value
+
+
+def _count(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(type(value) is int and value >= 0)
+    place.out[key] = value
+
+
+def _bound(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(type(value) in (int, float))
+    place.out[key] = value
+
+
+def _pattern_keyword(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    place.out[key] = _pattern(value)
+
+
+def _unique(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(isinstance(value, bool))
+    if value:
+        _require(not place.exact)
+        rewrite.unique = True
+        place.out[key] = True
+
+
+def _properties(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(isinstance(value, dict))
+    if key == "patternProperties":
+        for pattern in value:
+            re.compile(pattern)  # jsonschema and fastjsonschema both use `re.search`
+    place.out[key] = {name: rewrite.node(sub, exact=place.exact) for name, sub in value.items()}
+
+
+def _one_schema(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    if key in ("then", "else") and "if" not in place.node:
+        return  # ignored by both without `if`
+    sub = rewrite.node(value, exact=place.exact or key in ("not", "if"))
+    if key == "items" and "prefixItems" in place.node:
+        place.out["additionalItems"] = sub
+    else:
+        place.out[key] = sub
+
+
+def _schema_list(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(isinstance(value, list) and bool(value))
+    exact = place.exact or key == "oneOf"
+    subs = [rewrite.node(sub, exact=exact) for sub in value]
+    if key == "prefixItems":
+        place.out["items"] = subs
+    elif key == "allOf":
+        place.out["allOf"] = [*place.out.get("allOf", []), *subs]
+    else:
+        place.out[key] = subs
+
+
+def _reference(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(isinstance(value, str))
+    if value != "#":  # only the root and its own definitions
+        _require(value.startswith("#/$defs/") and value[8:] in rewrite.defs)
+    _require(not (place.exact and rewrite.unique_anywhere))
+    _require("unevaluatedProperties" not in place.node)
+    # Draft-07 ignores the siblings of `$ref`; 2020-12 applies both, as `allOf` does.
+    place.out["allOf"] = [{"$ref": value}, *place.out.get("allOf", [])]
+
+
+def _unevaluated(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
+    _require(not any(k in place.node for k in _APPLICATORS))
+    if "additionalProperties" not in place.node:  # else every property is evaluated
+        place.out["additionalProperties"] = rewrite.node(value, exact=place.exact)
+
+
+_KEYWORDS: Final[dict[str, Handler]] = {
+    **dict.fromkeys(_UNSUPPORTED, _unsupported),
+    **dict.fromkeys(("format", "dependentRequired", "dependentSchemas"), _dropped),
+    "type": _type,
+    "enum": _values,
+    "const": _values,
+    "required": _required,
+    **dict.fromkeys(_COUNTS, _count),
+    **dict.fromkeys(_BOUNDS, _bound),
+    "pattern": _pattern_keyword,
+    "uniqueItems": _unique,
+    "properties": _properties,
+    "patternProperties": _properties,
+    **dict.fromkeys((*_ONE_SCHEMA, "not", "if"), _one_schema),
+    **dict.fromkeys(_SCHEMA_LISTS, _schema_list),
+    "$ref": _reference,
+    "unevaluatedProperties": _unevaluated,
+}
+_KNOWN: Final = frozenset(_KEYWORDS)
 
 
 def _draft07_form(schema: Any) -> tuple[Any, bool] | None:
@@ -291,21 +453,23 @@ def _draft07_form(schema: Any) -> tuple[Any, bool] | None:
     if not isinstance(schema, dict):
         return None
     try:
-        root = dict(schema)
-        if root.pop("$schema", None) not in (None, *_DRAFT_2020_12):
-            raise _Unsupported
-        defs = root.pop("$defs", {})
-        if not isinstance(defs, dict) or any(not _DEF_NAME.fullmatch(k) for k in defs):
-            raise _Unsupported
-        if len({name.lower() for name in defs}) != len(defs):
-            raise _Unsupported  # fastjsonschema names a function per reference, lowercased
-        walk = _Walk(defs, _mentions_unique(defs) or _mentions_unique(root))
-        rewritten = _node(root, walk, exact=False)
-        if defs:
-            rewritten["$defs"] = {name: _node(sub, walk, exact=False) for name, sub in defs.items()}
-    except (_Unsupported, re.error, RecursionError):
+        return _root_form(schema)
+    except (_UnsupportedError, re.error, RecursionError):
         return None
-    return rewritten, not walk.unique
+
+
+def _root_form(schema: dict[str, Any]) -> tuple[Any, bool]:
+    root = dict(schema)
+    _require(root.pop("$schema", None) in (None, *_DRAFT_2020_12))
+    defs = root.pop("$defs", {})
+    _require(isinstance(defs, dict) and all(_DEF_NAME.fullmatch(k) for k in defs))
+    # fastjsonschema names a function per reference, lowercased
+    _require(len({name.lower() for name in defs}) == len(defs))
+    rewrite = _Rewrite(defs, _mentions_unique(schema))
+    rewritten = rewrite.node(root, exact=False)
+    if defs:
+        rewritten["$defs"] = {name: rewrite.node(sub, exact=False) for name, sub in defs.items()}
+    return rewritten, not rewrite.unique
 
 
 def _mentions_unique(node: Any) -> bool:
@@ -314,150 +478,6 @@ def _mentions_unique(node: Any) -> bool:
     if isinstance(node, list):
         return any(_mentions_unique(v) for v in node)
     return False
-
-
-def _node(node: Any, walk: _Walk, *, exact: bool) -> Any:
-    """One subschema in fastjsonschema's draft-07 dialect; `exact`: under `not`, `if` or
-    `oneOf`, where a stricter keyword could accept what jsonschema rejects."""
-    if isinstance(node, bool):
-        return node
-    if not isinstance(node, dict):
-        raise _Unsupported
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _KNOWN:
-            _keyword(key, value, node, out, walk, exact)
-        elif key.startswith("$") and key != "$comment":
-            raise _Unsupported  # $id, $anchor, $dynamicAnchor, nested $defs, ...
-    _merge_dependencies(node, out, walk, exact)
-    return out
-
-
-def _keyword(
-    key: str, value: Any, node: dict[str, Any], out: dict[str, Any], walk: _Walk, exact: bool
-) -> None:
-    if key in _UNSUPPORTED or key in ("dependentRequired", "dependentSchemas", "format"):
-        if key in _UNSUPPORTED:
-            raise _Unsupported
-        return  # format: not asserted; dependencies: see _merge_dependencies
-    if key == "type":
-        types = value if isinstance(value, list) else [value]
-        if not types or len(set(map(str, types))) != len(types):
-            raise _Unsupported
-        if not all(isinstance(t, str) and t in _TYPES for t in types):
-            raise _Unsupported
-        out[key] = value
-    elif key in ("enum", "const"):
-        if key == "enum" and not isinstance(value, list):
-            raise _Unsupported
-        if _walked_keys(value):
-            raise _Unsupported
-        out[key] = value
-    elif key == "required":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _Unsupported
-        if len(set(value)) != len(value):
-            raise _Unsupported
-        out[key] = value
-    elif key in _COUNTS:
-        if type(value) is not int or value < 0:
-            raise _Unsupported
-        out[key] = value
-    elif key in _BOUNDS:
-        if type(value) not in (int, float):
-            raise _Unsupported
-        out[key] = value
-    elif key == "pattern":
-        out[key] = _pattern(value)
-    elif key == "uniqueItems":
-        if not isinstance(value, bool):
-            raise _Unsupported
-        if value:
-            if exact:
-                raise _Unsupported
-            walk.unique = True
-            out[key] = True
-    elif key in ("properties", "patternProperties"):
-        if not isinstance(value, dict):
-            raise _Unsupported
-        if key == "patternProperties":
-            for pattern in value:
-                re.compile(pattern)  # jsonschema and fastjsonschema both use `re.search`
-        out[key] = {name: _node(sub, walk, exact=exact) for name, sub in value.items()}
-    elif key in _ONE_SCHEMA:
-        _one_schema(key, value, node, out, walk, exact)
-    elif key in _SCHEMA_LISTS:
-        _schema_list(key, value, node, out, walk, exact)
-    elif key in ("not", "if"):
-        out[key] = _node(value, walk, exact=True)
-    elif key == "$ref":
-        _reference(value, node, out, walk, exact)
-    elif key == "unevaluatedProperties":
-        if any(k in node for k in _APPLICATORS):
-            raise _Unsupported
-        if "additionalProperties" not in node:  # else every property is evaluated
-            out["additionalProperties"] = _node(value, walk, exact=exact)
-
-
-def _one_schema(
-    key: str, value: Any, node: dict[str, Any], out: dict[str, Any], walk: _Walk, exact: bool
-) -> None:
-    if key in ("then", "else") and "if" not in node:
-        return  # ignored by both without `if`
-    sub = _node(value, walk, exact=exact)
-    if key == "items" and "prefixItems" in node:
-        out["additionalItems"] = sub
-    else:
-        out[key] = sub
-
-
-def _schema_list(
-    key: str, value: Any, node: dict[str, Any], out: dict[str, Any], walk: _Walk, exact: bool
-) -> None:
-    if not isinstance(value, list) or not value:
-        raise _Unsupported
-    subs = [_node(sub, walk, exact=exact or key == "oneOf") for sub in value]
-    if key == "prefixItems":
-        out["items"] = subs
-    elif key == "allOf":
-        out["allOf"] = [*out.get("allOf", []), *subs]
-    else:
-        out[key] = subs
-
-
-def _reference(value: Any, node: dict[str, Any], out: dict[str, Any], walk: _Walk, exact: bool) -> None:
-    if not isinstance(value, str):
-        raise _Unsupported
-    if value != "#":
-        name = value.removeprefix("#/$defs/")
-        if name == value or name not in walk.defs:
-            raise _Unsupported  # only the root and its own definitions
-    if exact and walk.unique_in_refs:
-        raise _Unsupported
-    if "unevaluatedProperties" in node:
-        raise _Unsupported
-    # Draft-07 ignores the siblings of `$ref`; 2020-12 applies both, as `allOf` does.
-    out["allOf"] = [{"$ref": value}, *out.get("allOf", [])]
-
-
-def _merge_dependencies(node: dict[str, Any], out: dict[str, Any], walk: _Walk, exact: bool) -> None:
-    required = node.get("dependentRequired", {})
-    schemas = node.get("dependentSchemas", {})
-    if not isinstance(required, dict) or not isinstance(schemas, dict):
-        raise _Unsupported
-    if set(required) & set(schemas):
-        raise _Unsupported
-    merged: dict[str, Any] = {}
-    for name, needed in required.items():
-        if not isinstance(needed, list) or not all(isinstance(v, str) for v in needed):
-            raise _Unsupported
-        if len(set(needed)) != len(needed):
-            raise _Unsupported
-        merged[name] = needed
-    for name, sub in schemas.items():
-        merged[name] = _node(sub, walk, exact=exact)
-    if merged:
-        out["dependencies"] = merged
 
 
 def _walked_keys(value: Any) -> bool:
@@ -474,9 +494,9 @@ def _pattern(pattern: Any) -> str:
     fastjsonschema turns every unescaped `$` into `\\Z`; Python's `$` (what jsonschema
     uses) also matches before a final newline, which `(?=\\n?\\Z)` says without a `$`."""
     if not isinstance(pattern, str):
-        raise _Unsupported
+        raise _UnsupportedError
     if re.compile(pattern).flags & re.MULTILINE or _MULTILINE_FLAG.search(pattern):
-        raise _Unsupported  # `$` then also matches before inner newlines
+        raise _UnsupportedError  # `$` then also matches before inner newlines
     out: list[str] = []
     in_class = False
     index = 0
@@ -502,6 +522,6 @@ def _pattern(pattern: Any) -> str:
         index += 1
     spelled = "".join(out)
     if re.search(r"(?<!\\)\$", spelled):
-        raise _Unsupported
+        raise _UnsupportedError
     re.compile(spelled)
     return spelled

@@ -141,8 +141,19 @@ CASES: list[tuple[str, Any, list[Any], bool]] = [
     ),
     (
         "const-and-enum-tell-booleans-from-numbers",
-        {"type": "object", "properties": {"a": {"const": 1}, "b": {"enum": [False, [0], {"k": 1}]}}},
-        [{"a": 1}, {"a": 1.0}, {"a": True}, {"b": False}, {"b": 0}, {"b": [False]}, {"b": {"k": 1.0}}],
+        {
+            "type": "object",
+            "properties": {"a": {"const": 1}, "b": {"enum": [False, [0], {"k": 1}]}},
+        },
+        [
+            {"a": 1},
+            {"a": 1.0},
+            {"a": True},
+            {"b": False},
+            {"b": 0},
+            {"b": [False]},
+            {"b": {"k": 1.0}},
+        ],
         True,
     ),
     (
@@ -168,7 +179,9 @@ CASES: list[tuple[str, Any, list[Any], bool]] = [
             "dependencies": {"a": ["b"]},  # not a 2020-12 keyword: ignored
             "additionalItems": False,
             "contentEncoding": "base64",
-            "properties": {"a": {"type": "string", "default": "x", "contentMediaType": "application/json"}},
+            "properties": {
+                "a": {"type": "string", "default": "x", "contentMediaType": "application/json"}
+            },
         },
         [{"a": "not json"}, {"a": 1}, {}, ["x"]],
         True,
@@ -189,7 +202,9 @@ def _expected(schema: Any, value: Any) -> tuple[bool, Any]:
     return validator.is_valid(value), first_violation(validator.iter_errors(value))
 
 
-@pytest.mark.parametrize(("name", "schema", "values", "compilable"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "schema", "values", "compilable"), CASES, ids=[c[0] for c in CASES]
+)
 def test_compiled_and_jsonschema_paths_agree_with_jsonschema(
     name: str, schema: Any, values: list[Any], compilable: bool
 ) -> None:
@@ -266,9 +281,7 @@ SCALARS = st.one_of(
 )
 VALUES = st.recursive(
     SCALARS,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(NAMES, inner, max_size=3)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(NAMES, inner, max_size=3)),
     max_leaves=8,
 )
 
@@ -307,7 +320,11 @@ def _composed(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         ),
         st.builds(lambda s: {"patternProperties": {"^a": s}}, inner),
         st.builds(lambda s: {"items": s}, inner),
-        st.builds(lambda p, s: {"prefixItems": p, "items": s}, st.lists(inner, min_size=1, max_size=2), inner),
+        st.builds(
+            lambda p, s: {"prefixItems": p, "items": s},
+            st.lists(inner, min_size=1, max_size=2),
+            inner,
+        ),
         st.builds(lambda s: {"contains": s}, inner),
         st.builds(lambda s: {"propertyNames": s}, inner),
         st.builds(lambda s: {"not": s}, inner),
@@ -318,7 +335,11 @@ def _composed(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         st.builds(lambda s: {"oneOf": s}, st.lists(inner, min_size=1, max_size=3)),
         st.builds(lambda s: {"dependentSchemas": {"a": s}}, inner),
         st.just({"dependentRequired": {"a": ["b"]}}),
-        st.builds(lambda a, b: {**a, **b} if isinstance(a, dict) and isinstance(b, dict) else a, inner, inner),
+        st.builds(
+            lambda a, b: {**a, **b} if isinstance(a, dict) and isinstance(b, dict) else a,
+            inner,
+            inner,
+        ),
     )
 
 
@@ -326,7 +347,9 @@ SCHEMAS = st.recursive(_leaf_schemas(), _composed, max_leaves=6)
 
 
 @given(schema=SCHEMAS, values=st.lists(VALUES, min_size=1, max_size=6))
-def test_random_schemas_are_checked_as_jsonschema_checks_them(schema: Any, values: list[Any]) -> None:
+def test_random_schemas_are_checked_as_jsonschema_checks_them(
+    schema: Any, values: list[Any]
+) -> None:
     check = SchemaCheck(copy.deepcopy(schema))
     check.compile()
     validator = Draft202012Validator(schema)
