@@ -52,13 +52,14 @@ __all__ = ["MAX_CACHED_CHECKS", "SchemaCheck", "check_schema", "check_schema_jso
 MAX_CACHED_CHECKS: Final = 256
 """Schema texts whose checks `check_schema` keeps (least recently used go first)."""
 
-_COMPILE_SECONDS_PER_BYTE: Final = 4e-6
-_COMPILE_SECONDS_FLOOR: Final = 3e-4
-"""What compiling a schema costs, estimated from its canonical size (measured with
-benchmarks/bench_checks.py: about 0.3 ms for a tiny schema, 2 ms for a 160-byte answer
-schema, 6 ms for a 1 KB input schema). A check compiles once the time it has spent in
-jsonschema reaches that estimate, so a schema checked once (in a runner child, say)
-never pays for compiling, and one checked often pays at most twice the best case."""
+_COMPILE_SECONDS_PER_BYTE: Final = 6e-6
+_COMPILE_SECONDS_FLOOR: Final = 5e-4
+"""What compiling a schema costs, estimated from its canonical size (measured: about
+1 ms for bench_checks.py's 160-byte answer schema, 4 ms for its 650-byte input schema,
+on a loaded 2-core machine), against 30-600 us for one check by jsonschema. A check
+compiles once the time it has spent in jsonschema reaches that estimate (ski rental):
+a schema checked once (in a runner child, say) never pays for compiling, and one
+checked often pays at most about twice the best case."""
 
 _DRAFT_2020_12: Final = frozenset(
     {
@@ -84,6 +85,9 @@ _WALKED_KEYS: Final = frozenset({"$ref", "$id", "id"})
 """Keys fastjsonschema's reference walk reads wherever they are, even inside `const`."""
 
 
+_NOT_YET: Final = object()
+
+
 class SchemaCheck:
     """One Draft 2020-12 schema's check: `is_valid`, and jsonschema's wording on failure.
 
@@ -93,16 +97,21 @@ class SchemaCheck:
     __slots__ = ("_budget", "_draft07", "_exact", "_fast", "_lock", "_schema", "_slow", "_spent")
 
     def __init__(self, schema: Any, *, size: int | None = None) -> None:
-        """`schema` must not change afterwards (`check_schema` passes a private copy)."""
+        """`schema` must not change afterwards (`check_schema` passes a private copy);
+        `size`: the length of its canonical JSON, when the caller has it."""
         self._schema = schema
         self._slow: Any = None
         self._fast: tuple[Callable[[Any], Any], type[Exception]] | None = None
         self._lock = threading.Lock()
         self._spent = 0.0
-        form = _draft07_form(schema)
-        self._draft07: Any = None if form is None else form[0]
-        self._exact = form is not None and form[1]
-        self._budget = max(_COMPILE_SECONDS_FLOOR, _COMPILE_SECONDS_PER_BYTE * (size or 0))
+        self._draft07: Any = _NOT_YET  # the rewrite waits for the compile (a one-off never)
+        self._exact = False
+        if size is None:
+            try:
+                size = len(dumps(schema))
+            except CanonicalJSONError:
+                size = 0
+        self._budget = max(_COMPILE_SECONDS_FLOOR, _COMPILE_SECONDS_PER_BYTE * size)
 
     @property
     def schema(self) -> Any:
@@ -112,7 +121,7 @@ class SchemaCheck:
     @property
     def compilable(self) -> bool:
         """Whether fastjsonschema can check this schema exactly as jsonschema does."""
-        return self._draft07 is not None
+        return self._rewritten() is not None
 
     @property
     def compiled(self) -> bool:
@@ -123,11 +132,19 @@ class SchemaCheck:
         """Compile now (warm-ups, benchmarks, tests); True when the check is compiled."""
         if self._fast is None and self._draft07 is not None:
             with self._lock:
-                if self._fast is None and self._draft07 is not None:
-                    self._fast = _compiled(self._draft07)
+                draft07 = self._rewritten()
+                if self._fast is None and draft07 is not None:
+                    self._fast = _compiled(draft07)
                     if self._fast is None:
                         self._draft07 = None  # fastjsonschema refused it: keep jsonschema
         return self._fast is not None
+
+    def _rewritten(self) -> Any:
+        if self._draft07 is _NOT_YET:
+            form = _draft07_form(self._schema)
+            self._exact = form is not None and form[1]
+            self._draft07 = None if form is None else form[0]
+        return self._draft07
 
     def is_valid(self, value: Any, *, plain: bool = True) -> bool:
         """Whether `value` satisfies the schema, exactly as jsonschema decides.
@@ -137,47 +154,60 @@ class SchemaCheck:
             plain: False when the value may hold other Python types (say, from author
                 code); such a value is then checked by jsonschema.
         """
-        fast = self._fast
-        if fast is not None and (plain or _is_plain(value)):
-            function, rejected = fast
-            try:
-                function(value)
-            except rejected:
-                if self._exact:
-                    return False
-            except Exception:  # noqa: BLE001, S110 - a value it cannot read: jsonschema decides
-                pass
-            else:
-                return True
-            return bool(self._slow_validator().is_valid(value))
-        started = time.perf_counter()
-        valid = bool(self._slow_validator().is_valid(value))
-        if self._draft07 is not None:
-            self._spent += time.perf_counter() - started
-            if self._spent >= self._budget:
-                self.compile()
-        return valid
+        verdict = self._compiled_verdict(value, plain)
+        if verdict is not None:
+            return verdict
+        return bool(self._interpreted(lambda errors: next(errors, None) is None, value))
 
     def iter_errors(self, value: Any) -> Iterator[ValidationError]:
         """jsonschema's errors for `value` (none when it is valid)."""
-        return iter(()) if self.is_valid(value, plain=False) else self._errors(value)
+        if self._compiled_verdict(value, plain=False) is True:
+            return iter(())
+        return self._errors(value)
 
     def best_error(self, value: Any, *, plain: bool = True) -> ValidationError | None:
         """jsonschema's `best_match` for `value`, or None when it is valid."""
-        if self.is_valid(value, plain=plain):
+        if self._compiled_verdict(value, plain) is True:
             return None
         from jsonschema.exceptions import best_match  # noqa: PLC0415 (see TYPE_CHECKING)
 
-        error: ValidationError | None = best_match(self._errors(value))
+        error: ValidationError | None = self._interpreted(best_match, value)
         return error
 
     def first_violation(self, value: Any, *, plain: bool = True) -> Violation | None:
         """The safe refusal of `value` (`schema_errors.first_violation`), or None."""
-        if self.is_valid(value, plain=plain):
+        if self._compiled_verdict(value, plain) is True:
             return None
         from pi_workflows.wire.schema_errors import first_violation  # noqa: PLC0415
 
-        return first_violation(self._errors(value))
+        violation: Violation | None = self._interpreted(first_violation, value)
+        return violation
+
+    def _compiled_verdict(self, value: Any, plain: bool) -> bool | None:
+        """The compiled function's answer, or None when jsonschema must decide."""
+        fast = self._fast
+        if fast is None or not (plain or _is_plain(value)):
+            return None
+        function, rejected = fast
+        try:
+            function(value)
+        except rejected:
+            # final unless a stricter keyword (uniqueItems) may have refused it
+            return False if self._exact else None
+        except Exception:  # noqa: BLE001 - a value it cannot read: jsonschema decides
+            return None
+        return True
+
+    def _interpreted(self, read: Callable[[Iterator[ValidationError]], Any], value: Any) -> Any:
+        """`read(jsonschema's errors)`; the time counts toward compiling (while it may)."""
+        if self._fast is not None or self._draft07 is None:
+            return read(self._errors(value))
+        started = time.perf_counter()
+        result = read(self._errors(value))
+        self._spent += time.perf_counter() - started
+        if self._spent >= self._budget:
+            self.compile()
+        return result
 
     def _errors(self, value: Any) -> Iterator[ValidationError]:
         return iter(self._slow_validator().iter_errors(value))
@@ -247,7 +277,7 @@ def _compiled(draft07: Any) -> tuple[Callable[[Any], Any], type[Exception]] | No
             handlers={},
             use_default=False,  # never fill in defaults: a check does not change the value
             use_formats=False,  # as jsonschema without a format checker
-            detailed_exceptions=True,  # False breaks `const` in 2.22 (a KeyError)
+            detailed_exceptions=False,
         )
     except Exception:  # noqa: BLE001 - any refusal keeps jsonschema for this schema
         return None
@@ -347,7 +377,13 @@ def _type(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
 def _values(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
     _require(key == "const" or isinstance(value, list))
     _require(not _walked_keys(value))
-    place.out[key] = value
+    if key == "enum":
+        place.out["enum"] = value
+    else:
+        # the same test as a one-value `enum`; fastjsonschema's own `const` breaks
+        # without detailed exceptions (2.22), which cost a copy of the schema per refusal
+        _require("enum" not in place.node)
+        place.out["enum"] = [value]
 
 
 def _required(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
