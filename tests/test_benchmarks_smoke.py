@@ -21,6 +21,10 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = {
+    "bench_checks.py": (
+        ["--checks", "20", "--repeats", "1"],
+        ["new/old checks per second, valid values", "input first check new/old time:"],
+    ),
     "bench_resource_managers.py": (
         ["--samples", "2", "--seconds", "0.5", "--resources", "5"],
         ["p50 pass / p50 run:", "passes/s / runs/s:", "events settled / runs completed:"],
