@@ -499,13 +499,18 @@ def _root_form(schema: dict[str, Any]) -> tuple[Any, bool]:
     _require(root.pop("$schema", None) in (None, *_DRAFT_2020_12))
     defs = root.pop("$defs", {})
     _require(isinstance(defs, dict) and all(_DEF_NAME.fullmatch(k) for k in defs))
-    # fastjsonschema names a function per reference, lowercased
-    _require(len({name.lower() for name in defs}) == len(defs))
+    # fastjsonschema names a function per reference; two names must not meet
+    _require(len({_function_name(name) for name in defs}) == len(defs))
     rewrite = _Rewrite(defs, _mentions_unique(schema))
     rewritten = rewrite.node(root, exact=False)
     if defs:
         rewritten["$defs"] = {name: rewrite.node(sub, exact=False) for name, sub in defs.items()}
     return rewritten, not rewrite.unique
+
+
+def _function_name(name: str) -> str:
+    """What fastjsonschema's `get_scope_name` keeps of a definition's name."""
+    return re.sub(r"[^a-zA-Z0-9]", "_", name).lower().rstrip("_")
 
 
 def _mentions_unique(node: Any) -> bool:

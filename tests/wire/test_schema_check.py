@@ -186,6 +186,28 @@ CASES: list[tuple[str, Any, list[Any], bool]] = [
         [{"a": "not json"}, {"a": 1}, {}, ["x"]],
         True,
     ),
+    (
+        "definitions-fastjsonschema-would-name-alike-fall-back",
+        {
+            "$defs": {"a": {"type": "string"}, "a_": {"type": "integer"}, "A": {"type": "null"}},
+            "properties": {
+                "s": {"$ref": "#/$defs/a"},
+                "i": {"$ref": "#/$defs/a_"},
+                "n": {"$ref": "#/$defs/A"},
+            },
+        },
+        [{"s": "x", "i": 1, "n": None}, {"s": 1}, {"i": "x"}, {"n": 0}],
+        False,
+    ),
+    (
+        "definitions-with-distinct-names",
+        {
+            "$defs": {"a_b": {"type": "string"}, "ab": {"type": "integer"}},
+            "properties": {"s": {"$ref": "#/$defs/a_b"}, "i": {"$ref": "#/$defs/ab"}},
+        },
+        [{"s": "x", "i": 1}, {"s": 1}, {"i": "x"}],
+        True,
+    ),
     ("true", True, [1, None, {}], True),
     ("false", False, [1, None, {}], True),
     (
@@ -271,7 +293,7 @@ def test_a_cached_check_does_not_follow_later_changes_to_the_schema() -> None:
 # ---------------------------------------------------------------------------
 # Random schemas of the compiled keywords against random values
 
-NAMES = st.sampled_from(["a", "b", "a-b", "ab", "x y", "é", 'q"', "$ref", "id"])
+NAMES = st.sampled_from(["a", "b", "r", "a-b", "ab", "x y", "é", 'q"', "$ref", "id"])
 SCALARS = st.one_of(
     st.none(),
     st.booleans(),
@@ -344,9 +366,31 @@ def _composed(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 SCHEMAS = st.recursive(_leaf_schemas(), _composed, max_leaves=6)
+REFERENCES = st.sampled_from(
+    [
+        {"$ref": "#/$defs/d"},
+        {"$ref": "#/$defs/d", "type": "object"},
+        {"not": {"$ref": "#/$defs/d"}},
+        {"oneOf": [{"$ref": "#/$defs/d"}, {"type": "string"}]},
+        {"$ref": "#"},
+    ]
+)
+ROOTS = st.one_of(
+    SCHEMAS,
+    st.builds(
+        lambda defined, body, reference: {
+            "$defs": {"d": defined},
+            "allOf": [body],
+            "properties": {"r": reference},
+        },
+        SCHEMAS,
+        SCHEMAS,
+        REFERENCES,
+    ),
+)
 
 
-@given(schema=SCHEMAS, values=st.lists(VALUES, min_size=1, max_size=6))
+@given(schema=ROOTS, values=st.lists(VALUES, min_size=1, max_size=6))
 def test_random_schemas_are_checked_as_jsonschema_checks_them(
     schema: Any, values: list[Any]
 ) -> None:
