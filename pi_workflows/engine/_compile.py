@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
+# Loaded with the engine, not on a first refusal: the resolver counts each module first
+# imported while a workflow loads and checks its input as one of the workflow's own.
+import pi_workflows.wire.schema_errors  # noqa: F401
 from pi_workflows.engine._context import EffectHost, EngineContext, NodeContext
 from pi_workflows.engine._definition import (
     DEFAULT_NODE_TIMEOUT,
