@@ -47,7 +47,13 @@ if TYPE_CHECKING:
 
     from pi_workflows.wire.schema_errors import Violation
 
-__all__ = ["MAX_CACHED_CHECKS", "SchemaCheck", "check_schema", "check_schema_json"]
+__all__ = [
+    "MAX_CACHED_CHECKS",
+    "SchemaCheck",
+    "check_schema",
+    "check_schema_json",
+    "known_valid_schema",
+]
 
 MAX_CACHED_CHECKS: Final = 256
 """Schema texts whose checks `check_schema` keeps (least recently used go first)."""
@@ -81,6 +87,21 @@ _APPLICATORS: Final = frozenset({"$ref", "allOf", "anyOf", "oneOf", "if", "depen
 """Keywords whose subschemas also evaluate properties (`unevaluatedProperties` needs them)."""
 _DEF_NAME: Final = re.compile(r"[A-Za-z0-9_]{1,64}")
 _MULTILINE_FLAG: Final = re.compile(r"\(\?[aiLmsux-]*m[aiLmsux-]*[:)]")
+_ANNOTATIONS: Final[dict[str, type | tuple[type, ...]]] = {
+    "$comment": str,
+    "title": str,
+    "description": str,
+    "contentEncoding": str,
+    "contentMediaType": str,
+    "deprecated": bool,
+    "readOnly": bool,
+    "writeOnly": bool,
+    "examples": list,
+    "default": object,
+}
+"""Keywords that assert nothing, with the type the 2020-12 meta-schema gives them
+(`format`, read by `_dropped`, must be a string; `contentSchema` must be a schema)."""
+_TYPED_UNKNOWN: Final = frozenset({"definitions", "dependencies"})
 _WALKED_KEYS: Final = frozenset({"$ref", "$id", "id"})
 """Keys fastjsonschema's reference walk reads wherever they are, even inside `const`."""
 
@@ -259,6 +280,17 @@ def check_schema_json(text: bytes) -> SchemaCheck:
     return check
 
 
+def known_valid_schema(schema: Any) -> bool:
+    """True when `schema` is certainly a valid Draft 2020-12 schema, without jsonschema.
+
+    Every keyword of a schema `SchemaCheck` can compile has been read, with the type the
+    meta-schema gives it, so jsonschema's `check_schema` (a few milliseconds of pure
+    Python per schema, paid by every process that loads a workflow) can be skipped for
+    it. False means "ask `check_schema`", which also words the problem.
+    """
+    return _draft07_form(schema) is not None
+
+
 # ---------------------------------------------------------------------------
 # Compiling
 
@@ -335,8 +367,13 @@ class _Rewrite:
         for key, value in node.items():
             if key in _KNOWN:
                 _KEYWORDS[key](self, place, key, value)
-            else:  # $id, $anchor, $dynamicAnchor, nested $defs: keep jsonschema
-                _require(not key.startswith("$") or key == "$comment")
+            elif key in _ANNOTATIONS:  # dropped, but of the type the meta-schema says
+                _require(isinstance(value, _ANNOTATIONS[key]))
+            elif key == "contentSchema":
+                self.node(value, exact=exact)
+            else:  # $id, $anchor, nested $defs; `definitions`, `dependencies` (typed by
+                # the meta-schema, unknown to this module): keep jsonschema
+                _require(not key.startswith("$") and key not in _TYPED_UNKNOWN)
         self.dependencies(place)
         return place.out
 
@@ -365,6 +402,7 @@ def _unsupported(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None
 
 def _dropped(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
     """`format` (asserted by neither), and what `_Rewrite.dependencies` merges."""
+    _require(key != "format" or isinstance(value, str))
 
 
 def _type(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
@@ -423,9 +461,9 @@ def _properties(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
 
 
 def _one_schema(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
-    if key in ("then", "else") and "if" not in place.node:
-        return  # ignored by both without `if`
     sub = rewrite.node(value, exact=place.exact or key in ("not", "if"))
+    if key in ("then", "else") and "if" not in place.node:
+        return  # ignored by both without `if` (but a schema all the same)
     if key == "items" and "prefixItems" in place.node:
         place.out["additionalItems"] = sub
     else:

@@ -176,7 +176,6 @@ CASES: list[tuple[str, Any, list[Any], bool]] = [
             "default": {"a": 1},
             "examples": [1],
             "$comment": "c",
-            "dependencies": {"a": ["b"]},  # not a 2020-12 keyword: ignored
             "additionalItems": False,
             "contentEncoding": "base64",
             "properties": {
@@ -207,6 +206,12 @@ CASES: list[tuple[str, Any, list[Any], bool]] = [
         },
         [{"s": "x", "i": 1}, {"s": 1}, {"i": "x"}],
         True,
+    ),
+    (
+        "draft-07-keywords-the-meta-schema-types-fall-back",
+        {"dependencies": {"a": ["b"]}, "definitions": {"x": {"type": "string"}}},
+        [{"a": 1}, {"a": 1, "b": 2}, 3],
+        False,
     ),
     ("true", True, [1, None, {}], True),
     ("false", False, [1, None, {}], True),
@@ -399,3 +404,57 @@ def test_random_schemas_are_checked_as_jsonschema_checks_them(
     validator = Draft202012Validator(schema)
     for value in values:
         assert check.is_valid(value) is validator.is_valid(value), value
+
+
+# ---------------------------------------------------------------------------
+# A schema the rewrite reads whole is a valid schema (jsonschema's meta-schema check)
+
+JUNK = st.one_of(
+    SCALARS, st.just([]), st.just({}), st.just(["a", "a"]), st.just({"type": "nothing"})
+)
+KEYWORDS = st.sampled_from(
+    [
+        "type", "enum", "const", "required", "properties", "patternProperties",
+        "additionalProperties", "items", "prefixItems", "contains", "propertyNames",
+        "not", "if", "then", "else", "allOf", "anyOf", "oneOf", "minLength", "maxItems",
+        "minimum", "exclusiveMaximum", "pattern", "uniqueItems", "dependentRequired",
+        "dependentSchemas", "unevaluatedProperties", "format", "title", "description",
+        "$comment", "examples", "deprecated", "readOnly", "contentSchema", "definitions",
+        "dependencies", "$ref", "$defs", "$anchor", "madeUp",
+    ]
+)  # fmt: skip
+
+
+def _spoiled(schema: Any, keyword: str, junk: Any, depth: int) -> Any:
+    """`schema` with `keyword: junk` set at one nesting `depth` (where it can go)."""
+    if not isinstance(schema, dict):
+        return {keyword: junk}
+    for key, sub in schema.items():
+        if depth > 0 and isinstance(sub, dict) and key not in ("const", "enum", "examples"):
+            return {**schema, key: _spoiled(sub, keyword, junk, depth - 1)}
+    return {**schema, keyword: junk}
+
+
+@given(schema=ROOTS, keyword=KEYWORDS, junk=JUNK, depth=st.integers(0, 3))
+def test_a_schema_known_valid_is_valid_by_the_meta_schema(
+    schema: Any, keyword: str, junk: Any, depth: int
+) -> None:
+    for candidate in (schema, _spoiled(schema, keyword, junk, depth)):
+        if schema_check.known_valid_schema(candidate):
+            Draft202012Validator.check_schema(candidate)  # raises SchemaError if not
+
+
+def test_common_schemas_are_known_valid_and_broken_ones_are_not() -> None:
+    assert schema_check.known_valid_schema(TREE)
+    assert schema_check.known_valid_schema({"type": "string", "title": "t", "format": "email"})
+    for broken in (
+        {"type": "text"},
+        {"required": "a"},
+        {"minLength": -1},
+        {"pattern": "("},
+        {"title": 5},
+        {"properties": {"a": 3}},
+        {"then": {"type": 1}},
+        {"definitions": {"a": 1}},
+    ):
+        assert not schema_check.known_valid_schema(broken), broken
