@@ -409,7 +409,7 @@ def test_random_schemas_are_checked_as_jsonschema_checks_them(
 # ---------------------------------------------------------------------------
 # A schema the rewrite reads whole is a valid schema (jsonschema's meta-schema check)
 
-JUNK = st.one_of(
+JUNK: st.SearchStrategy[Any] = st.one_of(
     SCALARS, st.just([]), st.just({}), st.just(["a", "a"]), st.just({"type": "nothing"})
 )
 KEYWORDS = st.sampled_from(
