@@ -63,9 +63,9 @@ _COMPILE_SECONDS_FLOOR: Final = 5e-4
 """What compiling a schema costs, estimated from its canonical size (measured: about
 1 ms for bench_checks.py's 160-byte answer schema, 4 ms for its 650-byte input schema,
 on a loaded 2-core machine), against 30-600 us for one check by jsonschema. A check
-compiles once the time it has spent in jsonschema reaches that estimate (ski rental):
-a schema checked once (in a runner child, say) never pays for compiling, and one
-checked often pays at most about twice the best case."""
+compiles once the time it has spent in jsonschema reaches that estimate (ski rental),
+and never on its first use: a schema checked once (in a resolver or runner child) never
+pays for compiling, and one checked often pays at most about twice the best case."""
 
 _DRAFT_2020_12: Final = frozenset(
     {
@@ -115,7 +115,17 @@ class SchemaCheck:
     Thread-safe: the validators are built once (a race builds a spare, never a wrong one).
     """
 
-    __slots__ = ("_budget", "_draft07", "_exact", "_fast", "_lock", "_schema", "_slow", "_spent")
+    __slots__ = (
+        "_budget",
+        "_draft07",
+        "_exact",
+        "_fast",
+        "_lock",
+        "_schema",
+        "_slow",
+        "_spent",
+        "_uses",
+    )
 
     def __init__(self, schema: Any, *, size: int | None = None) -> None:
         """`schema` must not change afterwards (`check_schema` passes a private copy);
@@ -125,6 +135,7 @@ class SchemaCheck:
         self._fast: tuple[Callable[[Any], Any], type[Exception]] | None = None
         self._lock = threading.Lock()
         self._spent = 0.0
+        self._uses = 0
         self._draft07: Any = _NOT_YET  # the rewrite waits for the compile (a one-off never)
         self._exact = False
         if size is None:
@@ -226,7 +237,10 @@ class SchemaCheck:
         started = time.perf_counter()
         result = read(self._errors(value))
         self._spent += time.perf_counter() - started
-        if self._spent >= self._budget:
+        self._uses += 1
+        # Never on the first use, however slow (a loaded machine): a process that checks
+        # once (a resolver) never compiles, nor loads fastjsonschema mid-load.
+        if self._uses > 1 and self._spent >= self._budget:
             self.compile()
         return result
 

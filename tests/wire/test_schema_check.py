@@ -253,6 +253,12 @@ def test_a_check_compiles_only_after_enough_use() -> None:
     check = SchemaCheck(schema, size=1000)
     assert check.is_valid({"n": 1})
     assert not check.compiled  # one use never pays for compiling
+    slow = SchemaCheck({"type": "array", "items": schema}, size=0)
+    many = [{"n": index} for index in range(20_000)]  # longer than compiling: still not
+    assert slow.is_valid(many)
+    assert not slow.compiled
+    assert slow.is_valid(many)
+    assert slow.compiled
     for _ in range(100_000):
         if check.compiled:
             break
