@@ -508,8 +508,9 @@ def _reference(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
 
 def _unevaluated(rewrite: _Rewrite, place: _Place, key: str, value: Any) -> None:
     _require(not any(k in place.node for k in _APPLICATORS))
+    sub = rewrite.node(value, exact=place.exact)  # a schema even where it changes nothing
     if "additionalProperties" not in place.node:  # else every property is evaluated
-        place.out["additionalProperties"] = rewrite.node(value, exact=place.exact)
+        place.out["additionalProperties"] = sub
 
 
 _KEYWORDS: Final[dict[str, Handler]] = {

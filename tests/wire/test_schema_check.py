@@ -11,7 +11,7 @@ import copy
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
@@ -401,6 +401,7 @@ ROOTS = st.one_of(
 )
 
 
+@settings(max_examples=300)
 @given(schema=ROOTS, values=st.lists(VALUES, min_size=1, max_size=6))
 def test_random_schemas_are_checked_as_jsonschema_checks_them(
     schema: Any, values: list[Any]
@@ -441,6 +442,7 @@ def _spoiled(schema: Any, keyword: str, junk: Any, depth: int) -> Any:
     return {**schema, keyword: junk}
 
 
+@settings(max_examples=300)
 @given(schema=ROOTS, keyword=KEYWORDS, junk=JUNK, depth=st.integers(0, 3))
 def test_a_schema_known_valid_is_valid_by_the_meta_schema(
     schema: Any, keyword: str, junk: Any, depth: int
@@ -462,5 +464,6 @@ def test_common_schemas_are_known_valid_and_broken_ones_are_not() -> None:
         {"properties": {"a": 3}},
         {"then": {"type": 1}},
         {"definitions": {"a": 1}},
+        {"additionalProperties": False, "unevaluatedProperties": None},
     ):
         assert not schema_check.known_valid_schema(broken), broken
