@@ -21,6 +21,14 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = {
+    "bench_checks.py": (
+        ["--checks", "20", "--repeats", "1"],
+        [
+            "new/old checks per second, valid values",
+            "input first check new-old time:",
+            "input schema's own check new/old time:",
+        ],
+    ),
     "bench_observation.py": (
         ["--calls", "20", "--rounds", "2", "--runs", "2"],
         [

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
-from jsonschema import Draft202012Validator
 
-from pi_workflows.wire.schema_errors import first_violation
+from pi_workflows.wire.schema_check import SchemaCheck
 
 __all__ = [
     "CHANNELS_FILE",
@@ -80,7 +79,7 @@ _SCHEMA: Final[dict[str, Any]] = {
         },
     },
 }
-_VALIDATOR = Draft202012Validator(_SCHEMA)
+_CHECK = SchemaCheck(_SCHEMA)
 
 
 class ProfilesError(Exception):
@@ -175,7 +174,7 @@ def _read(path: Path) -> dict[str, ChannelProfile]:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise ProfilesError(f"{_FILE_WORDS} is not valid JSON") from None
-    violation = first_violation(_VALIDATOR.iter_errors(document))
+    violation = _CHECK.first_violation(document)
     if violation is not None:
         raise ProfilesError(f"{_FILE_WORDS} {violation.describe('the whole file')}")
     profiles: dict[str, ChannelProfile] = {}

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from jsonschema import Draft202012Validator
-
+# Loaded with the engine, not on a first refusal: the resolver counts each module first
+# imported while a workflow loads and checks its input as one of the workflow's own.
+import pi_workflows.wire.schema_errors  # noqa: F401
 from pi_workflows.engine._context import EffectHost, EngineContext, NodeContext
 from pi_workflows.engine._definition import (
     DEFAULT_NODE_TIMEOUT,
@@ -33,7 +34,7 @@ from pi_workflows.engine._errors import InputInvalidError, WorkflowDefinitionErr
 from pi_workflows.engine._keys import compiled_node_path
 from pi_workflows.engine._limits import Limits
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, sha256_digest
-from pi_workflows.wire.schema_errors import first_violation
+from pi_workflows.wire.schema_check import check_schema_json
 
 __all__ = [
     "DEFINITION_SNAPSHOT_SCHEMA",
@@ -492,9 +493,10 @@ def validate_input(definition: WorkflowDefinition, value: Any) -> Any:
         InputInvalidError: the schema refused it, the callable raised, or the result
             is not plain JSON.
     """
-    schema = definition.input_schema
-    if schema is not None:
-        violation = first_violation(Draft202012Validator(schema).iter_errors(value))
+    schema_json = definition.input_schema_json
+    if schema_json is not None:
+        # plain=False: the value may come from author code (an include's input mapper)
+        violation = check_schema_json(schema_json).first_violation(value, plain=False)
         if violation is not None:
             raise InputInvalidError.from_violation(violation)
     if definition.input_fn is not None:

@@ -33,6 +33,7 @@ from pi_workflows.wire.decisions import (
     label_problem,
 )
 from pi_workflows.wire.framing import MAX_FRAME_BYTES
+from pi_workflows.wire.schema_check import known_valid_schema
 
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT",
@@ -327,7 +328,8 @@ def _schema_json(schema: object, what: str, param: str = "input_schema") -> byte
             f"{what}: {param} must be a JSON Schema (a dict), got {type(schema).__name__}"
         )
     try:
-        Draft202012Validator.check_schema(schema)
+        if not known_valid_schema(schema):  # the common schema skips jsonschema's walk
+            Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise WorkflowDefinitionError(
             f"{what}: {param} is not a valid Draft 2020-12 JSON Schema: {exc.message}"

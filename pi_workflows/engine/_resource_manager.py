@@ -26,6 +26,7 @@ from pi_workflows.engine._resource_manager_services import (
     WorkflowsService,
 )
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads
+from pi_workflows.wire.schema_check import SchemaCheck, check_schema_json, known_valid_schema
 
 __all__ = [
     "CONDITION_REASON_PATTERN",
@@ -111,12 +112,12 @@ class ResourceManagerDefinition:
     """Canonical JSON of `spec_schema`."""
     source_path: str | None = None
     """The file that called `define_resource_manager` (None when unknown)."""
-    _validator: Any = field(default=None, repr=False)
-    """A `Draft202012Validator` built once for `spec_schema` (None: no schema)."""
+    _validator: SchemaCheck | None = field(default=None, repr=False)
+    """The check of `spec_schema` (`wire.schema_check`; None: no schema)."""
 
     @property
-    def spec_validator(self) -> Any:
-        """The compiled validator of `spec_schema`, or None."""
+    def spec_validator(self) -> SchemaCheck | None:
+        """The check of `spec_schema`, or None."""
         return self._validator
 
 
@@ -165,7 +166,7 @@ def define_resource_manager(
     )
 
 
-def _spec_schema(schema: object, what: str) -> tuple[bytes | None, Any]:
+def _spec_schema(schema: object, what: str) -> tuple[bytes | None, SchemaCheck | None]:
     if schema is None:
         return None, None
     if not isinstance(schema, Mapping | bool):
@@ -174,7 +175,8 @@ def _spec_schema(schema: object, what: str) -> tuple[bytes | None, Any]:
         )
     plain = dict(schema) if isinstance(schema, Mapping) else schema
     try:
-        Draft202012Validator.check_schema(plain)
+        if not known_valid_schema(plain):  # the common schema skips jsonschema's walk
+            Draft202012Validator.check_schema(plain)
     except SchemaError as exc:
         raise ResourceManagerDefinitionError(
             f"{what}: spec_schema is not a valid Draft 2020-12 JSON Schema: {exc.message}"
@@ -185,7 +187,7 @@ def _spec_schema(schema: object, what: str) -> tuple[bytes | None, Any]:
         raise ResourceManagerDefinitionError(
             f"{what}: spec_schema is not plain JSON: {exc}"
         ) from None
-    return schema_json, Draft202012Validator(loads(schema_json))
+    return schema_json, check_schema_json(schema_json)
 
 
 # ---------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from pi_workflows.engine._resource_manager import (
     ResourceManagerDefinition,
 )
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
-from pi_workflows.wire.schema_errors import first_violation
 
 __all__ = [
     "RESOURCE_MANAGER_ATTRIBUTE",
@@ -374,7 +373,7 @@ def check_spec(definition: ResourceManagerDefinition, spec: Any) -> tuple[Any, s
     value = loads(data)
     validator = definition.spec_validator
     if validator is not None:
-        violation = first_violation(validator.iter_errors(value))
+        violation = validator.first_violation(value)
         if violation is not None:
             raise SpecInvalidError(
                 f"{what} is invalid {violation.describe('the whole spec')}", violation=violation

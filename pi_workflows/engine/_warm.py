@@ -99,10 +99,11 @@ def _warm_protocol() -> None:
 
 
 def _warm_input_schemas() -> None:
-    # What `validate_input` does for a workflow's input schema, once, so jsonschema's
-    # lazily built keyword tables and its reference registry exist before the fork.
-    from jsonschema import Draft202012Validator  # noqa: PLC0415
-    from jsonschema.exceptions import best_match  # noqa: PLC0415
+    # What `validate_input` does for a workflow's input schema (a runner checks it once,
+    # with jsonschema: compiling would cost more), so jsonschema's lazily built keyword
+    # tables and its reference registry exist before the fork; and one compiled check,
+    # so fastjsonschema's code generator is loaded too.
+    from pi_workflows.wire.schema_check import SchemaCheck  # noqa: PLC0415
 
     schema = {
         "type": "object",
@@ -110,8 +111,11 @@ def _warm_input_schemas() -> None:
         "required": ["name"],
         "additionalProperties": False,
     }
+    interpreted, compiled = SchemaCheck(schema), SchemaCheck(schema)
+    compiled.compile()
     for value in ({"name": "ok"}, {"name": 1}, {}):
-        best_match(Draft202012Validator(schema).iter_errors(value))
+        interpreted.first_violation(value)
+        compiled.first_violation(value)
 
 
 _REHEARSAL = b"""

@@ -24,6 +24,7 @@ from pi_workflows.engine._loader import load_verified
 from pi_workflows.supervision import set_process_name
 from pi_workflows.wire.canonical import dumps
 from pi_workflows.wire.framing import FrameDecoder, FrameError, encode_frame
+from pi_workflows.wire.schema_check import check_schema
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -61,8 +62,11 @@ def node_context(
 
 
 def _schema_error(schema: Any, output: Any) -> str | None:
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(output))
+    validator_class = jsonschema.validators.validator_for(schema)
+    if validator_class is jsonschema.Draft202012Validator:
+        error = check_schema(schema).best_error(output)
+    else:  # a schema that names an older draft is checked by that draft's rules
+        error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(output))
     if error is None:
         return None
     where = error.json_path if error.path else "the output"

@@ -37,12 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from pi_workflows.engine import WORKFLOW_SUFFIX, InputInvalidError, command_name, search_dirs
 from pi_workflows.engine.resolve import input_invalid_message, safe_message
 from pi_workflows.wire.canonical import CanonicalJSONError, dumps, loads, sha256_digest
-from pi_workflows.wire.schema_errors import first_violation
+from pi_workflows.wire.schema_check import SchemaCheck, check_schema
 
 __all__ = ["CACHE_ENV", "DEFAULT_CAPACITY", "CacheStats", "CachedDefinition", "DefinitionCache"]
 
@@ -90,8 +88,8 @@ class CachedDefinition:
     """The resolver's answer without its per-request fields; treat as read-only."""
     lookups: tuple[_Lookup, ...]
     files: tuple[_File, ...]
-    validator: Any
-    """A `Draft202012Validator` for the root's input schema, or None (no schema)."""
+    check: SchemaCheck | None
+    """The check of the root's input schema (`wire.schema_check`), or None (no schema)."""
 
     def answer_for(self, name: str, workflow_input: Any) -> dict[str, Any] | None:
         """The resolver's answer for this input, or None when the cache cannot tell.
@@ -103,8 +101,8 @@ class CachedDefinition:
             value = loads(dumps(workflow_input))  # what the resolver's request line carries
         except CanonicalJSONError:
             return None
-        if self.validator is not None:
-            violation = first_violation(self.validator.iter_errors(value))
+        if self.check is not None:
+            violation = self.check.first_violation(value)
             if violation is not None:
                 refusal = InputInvalidError.from_violation(violation)
                 message = safe_message(input_invalid_message(name, refusal))
@@ -251,8 +249,8 @@ def _entry_from(answer: Mapping[str, Any]) -> CachedDefinition | None:
         return None
     if not lookups:
         return None
-    validator = Draft202012Validator(schema) if schema is not None else None
+    check = check_schema(schema) if schema is not None else None
     kept = {key: value for key, value in answer.items() if key not in _PER_REQUEST}
     return CachedDefinition(
-        answer=copy.deepcopy(kept), lookups=lookups, files=tuple(files), validator=validator
+        answer=copy.deepcopy(kept), lookups=lookups, files=tuple(files), check=check
     )

@@ -19,7 +19,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from pi_workflows.storage import _queries as q
@@ -44,7 +43,7 @@ from pi_workflows.wire.decisions import (
     choices_from_wire,
     presentation_text,
 )
-from pi_workflows.wire.schema_errors import first_violation
+from pi_workflows.wire.schema_check import check_schema
 
 __all__ = [
     "ANSWER_OUTCOMES",
@@ -306,7 +305,7 @@ def _check_answer(schema: Any | None, answer: Any) -> None:
     if schema is None:
         return
     try:
-        violation = first_violation(Draft202012Validator(schema).iter_errors(answer))
+        violation = check_schema(schema).first_violation(answer)
     except SchemaError as exc:  # the resolver checked it; a snapshot is never edited
         raise AnswerInvalidError(  # the schema's own text (the author's), not the answer
             "definitionUnavailable", f"the checkpoint's answerSchema is invalid: {exc.message}"

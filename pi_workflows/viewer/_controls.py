@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from textual.app import ComposeResult
 from textual.binding import BindingType
@@ -21,6 +20,8 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+
+from pi_workflows.wire.schema_check import check_schema
 
 __all__ = [
     "CLEAR_KEY",
@@ -130,8 +131,8 @@ def answer_problem(answer: Any, schema: Mapping[str, Any] | None) -> str | None:
     if schema is None:
         return None
     try:
-        validator = Draft202012Validator(schema)
-        error = next(iter(sorted(validator.iter_errors(answer), key=lambda e: list(e.path))), None)
+        errors = check_schema(schema).iter_errors(answer)
+        error = next(iter(sorted(errors, key=lambda e: list(e.path))), None)
     except SchemaError as exc:
         return f"the answer schema is not valid: {exc.message}"
     if error is None:

@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from pi_workflows.wire.schema_errors import first_violation
+from pi_workflows.wire.schema_check import check_schema
 
 __all__ = [
     "CHOICE_ID_PATTERN",
@@ -124,7 +123,7 @@ def answer_problem(
     if answer_schema is None:
         return None
     try:
-        violation = first_violation(Draft202012Validator(answer_schema).iter_errors(answer))
+        violation = check_schema(answer_schema).first_violation(answer)
     except SchemaError as exc:  # the engine checked it; a snapshot is never edited
         return "", f"the decision's answerSchema is invalid: {exc.message}"
     if violation is None:
