@@ -79,6 +79,8 @@ PINNED = {
     "CheckpointAnswer", "PendingDecision", "answer_checkpoint", "open_checkpoint_decision",
     "pending_decision", "read_continuation", "count_runner_outcomes", "AnswerInvalidError",
     "checkpoint_answer_schema",
+    # the run's end behind posted messages: the epoch's stored replies, counted
+    "count_runner_replies",
     # startup recovery
     "RecordedProcess", "RecoveredRun", "close_stale_runner_epoch", "forget_recorded_process",
     "forget_recorded_processes", "record_process", "recorded_processes", "recover_stale_run",
