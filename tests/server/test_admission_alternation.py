@@ -34,8 +34,10 @@ from pi_workflows import compute, define_workflow
 
 def gated(ctx):
     folder, name = ctx.input["dir"], ctx.input["name"]
-    with open(os.path.join(folder, "started-" + name), "w") as f:
+    # Written whole, then named: the test never reads a started file still empty.
+    with open(os.path.join(folder, ".part-" + name), "w") as f:
         f.write("workflow")
+    os.replace(os.path.join(folder, ".part-" + name), os.path.join(folder, "started-" + name))
     while not os.path.exists(os.path.join(folder, "go-" + name)):
         time.sleep(0.05)
     return {}
@@ -53,8 +55,10 @@ from pi_workflows.resource_managers import define_resource_manager
 
 def reconcile(ctx):
     folder, name = ctx.resource.spec["dir"], ctx.resource.spec["name"]
-    with open(os.path.join(folder, "started-" + name), "w") as f:
+    # Written whole, then named: the test never reads a started file still empty.
+    with open(os.path.join(folder, ".part-" + name), "w") as f:
         f.write("resource")
+    os.replace(os.path.join(folder, ".part-" + name), os.path.join(folder, "started-" + name))
     while not os.path.exists(os.path.join(folder, "go-" + name)):
         time.sleep(0.05)
     return ctx.settled(status={"done": True})
